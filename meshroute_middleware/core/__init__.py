@@ -1,0 +1,23 @@
+"""The pure routing core: topology, enumeration, statistics, policies. No I/O, no clock."""
+
+from .config import RouterConfig
+from .errors import (
+    InvalidNodeError,
+    InvalidPinError,
+    MeshRouteError,
+    NoRouteError,
+    UnknownModelError,
+)
+from .policies import Adr0021Policy, Arm, Outcome, Policy
+from .router import Decision, Router, make_policy, register_policy
+from .routes import Hop, Route, enumerate_routes, pinned_route
+from .stats import RouteStatsStore, RouteView, StatEntry, merge_states
+from .topology import NodeRecord, Topology, parse_node
+
+__all__ = [
+    "Adr0021Policy", "Arm", "Decision", "Hop", "InvalidNodeError", "InvalidPinError",
+    "MeshRouteError", "NoRouteError", "NodeRecord", "Outcome", "Policy", "Route",
+    "Router", "RouterConfig", "RouteStatsStore", "RouteView", "StatEntry", "Topology",
+    "UnknownModelError", "enumerate_routes", "make_policy", "merge_states", "parse_node",
+    "pinned_route", "register_policy",
+]

@@ -1,0 +1,135 @@
+"""Selection policies: given the candidate arms of one decision, pick one and say why."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from .routes import Route
+from .stats import PROVEN, RouteView
+
+SCOUT, EXPLOIT, PINNED, GREEDY, FALLBACK = "scout", "exploit", "pinned", "greedy-fallback", "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """One candidate route as a policy sees it at decision time."""
+
+    route: Route
+    view: RouteView
+    in_flight: int = 0
+
+    @property
+    def signature(self) -> str:
+        """The route signature."""
+        return self.route.signature
+
+    @property
+    def prior_tps(self) -> float:
+        """The enumeration prior (bottleneck effective throughput)."""
+        return self.route.prior_tps
+
+    @property
+    def proven(self) -> bool:
+        """Whether the arm is in the exploit pool."""
+        return self.view.status == PROVEN
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one forwarded request showed; `error` is empty on success."""
+
+    completion_tokens: int = 0
+    seconds: float = 0.0  # from forwarding to the last byte
+    ttfb_s: float = 0.0
+    error: str = ""  # "" | "connect" | "timeout" | "http_5xx" | "http_429" | "stream" | ...
+
+    @property
+    def ok(self) -> bool:
+        """Whether the request succeeded."""
+        return not self.error
+
+
+class Policy(Protocol):
+    """Chooses among arms; may learn from outcomes. Deterministic given its rng."""
+
+    name: str
+
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
+        """Return (index into arms, mode)."""
+        ...
+
+    def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+        """Learn from a finished request (most policies read the shared statistics instead)."""
+        ...
+
+
+def best_prior(arms: Sequence[Arm]) -> int:
+    """Index of the arm with the highest prior (arms come ranked, so the first on a tie)."""
+    best = 0
+    for i in range(1, len(arms)):
+        if arms[i].route.prior_tps > arms[best].route.prior_tps:
+            best = i
+    return best
+
+
+def least_measured(arms: Sequence[Arm], pool: Sequence[int]) -> int:
+    """ADR-0021 scout target: least decayed mass first, tie on the higher prior."""
+    return min(pool, key=lambda i: (arms[i].view.mass, -arms[i].route.prior_tps, i))
+
+
+def weighted_index(weights: Sequence[float], rng: random.Random) -> int:
+    """Draw an index with probability proportional to its weight."""
+    total = sum(weights)
+    x = rng.random() * total
+    acc = 0.0
+    for i, w in enumerate(weights):
+        acc += w
+        if x < acc:
+            return i
+    return len(weights) - 1
+
+
+class Adr0021Policy:
+    """ADR-0021 exactly: scout with probability explore_share, else exploit P ∝ tps^alpha."""
+
+    name: ClassVar[str] = "adr0021"
+
+    def __init__(self, explore_share: float = 0.3, weight_alpha: float = 1.0) -> None:
+        self.explore_share = explore_share
+        self.weight_alpha = weight_alpha
+
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
+        """Pick an arm as ADR-0021 does."""
+        proven = [i for i, a in enumerate(arms) if a.proven]
+        if not proven:
+            return best_prior(arms), GREEDY
+        if len(proven) < len(arms) and rng.random() < self.explore_share:
+            return least_measured(arms, [i for i, a in enumerate(arms) if not a.proven]), SCOUT
+        weights = [self._weight(arms[i]) for i in proven]
+        return proven[weighted_index(weights, rng)], EXPLOIT
+
+    def _weight(self, arm: Arm) -> float:
+        tps = arm.view.tps or 0.0
+        return max(tps, 1e-9) ** self.weight_alpha
+
+    def shares(self, arms: Sequence[Arm]) -> list[float]:
+        """Expected traffic share of each arm under this policy right now."""
+        proven = [i for i, a in enumerate(arms) if a.proven]
+        out = [0.0] * len(arms)
+        if not proven:
+            out[best_prior(arms)] = 1.0
+            return out
+        explore = self.explore_share if len(proven) < len(arms) else 0.0
+        if explore:
+            out[least_measured(arms, [i for i, a in enumerate(arms) if not a.proven])] = explore
+        weights = [self._weight(arms[i]) for i in proven]
+        total = sum(weights)
+        for i, w in zip(proven, weights, strict=True):
+            out[i] += (1 - explore) * w / total
+        return out
+
+    def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+        """ADR-0021 reads only the shared statistics."""

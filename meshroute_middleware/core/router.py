@@ -1,0 +1,249 @@
+"""The Router facade that every adapter uses: topology in, decisions out, outcomes back."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import policies as pol
+from .config import RouterConfig
+from .errors import NoRouteError, UnknownModelError
+from .policies import Arm, Outcome, Policy
+from .routes import Route, enumerate_routes, pinned_route
+from .stats import RouteStatsStore, RouteView
+from .topology import NodeRecord, Topology
+
+Clock = Callable[[], float]
+PolicyFactory = Callable[[RouterConfig], Policy]
+
+POLICIES: dict[str, PolicyFactory] = {
+    "adr0021": lambda c: pol.Adr0021Policy(c.explore_share, c.weight_alpha),
+}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Make a policy selectable by name (config `policy`, CLI `--policy`)."""
+    POLICIES[name] = factory
+
+
+def make_policy(config: RouterConfig) -> Policy:
+    """The policy the config names; ValueError listing the known names otherwise."""
+    try:
+        return POLICIES[config.policy](config)
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown policy {config.policy!r}; known: {known}") from None
+
+
+@dataclass(slots=True)
+class Decision:
+    """One routing decision: which route serves a request, and why."""
+
+    model: str
+    route: Route
+    mode: str
+    attempt: int = 0  # 0 for the first choice, k for the k-th fallback
+    ranked: tuple[Route, ...] = field(default=(), repr=False)  # the rest, best first
+
+    @property
+    def signature(self) -> str:
+        """The chosen route's signature."""
+        return self.route.signature
+
+    def event(self) -> dict[str, Any]:
+        """The route-selected event payload (ADR-0021: mode and signature)."""
+        return {"mode": self.mode, "signature": self.signature, "model": self.model,
+                "attempt": self.attempt, "head": self.route.head.node_id}
+
+
+class Router:
+    """Pure routing facade: no I/O; the clock and rng are injected."""
+
+    def __init__(self, config: RouterConfig | None = None, *, clock: Clock,
+                 rng: random.Random | None = None, origin: str = "local",
+                 policy: Policy | None = None) -> None:
+        self.config = config or RouterConfig()
+        self.clock = clock
+        self.rng = rng or random.Random(0)
+        self.topology = Topology()
+        self.stats = RouteStatsStore(origin, self.config.half_life_s, self.config.prune_after_s)
+        self.policy = policy or make_policy(self.config)
+        self._cache: dict[str, tuple[int, tuple[Route, ...]]] = {}
+        self._in_flight: dict[str, int] = {}
+
+    # -- topology -----------------------------------------------------------------
+    def upsert_node(self, record: NodeRecord) -> str:
+        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
+        return self.topology.upsert(record, self.clock())
+
+    def remove_node(self, node_id: str) -> bool:
+        """A node left; return whether it was known."""
+        return self.topology.remove(node_id, self.clock())
+
+    def models(self) -> list[str]:
+        """Models with at least one node."""
+        return self.topology.models()
+
+    def candidates(self, model: str) -> tuple[Route, ...]:
+        """The enumerated candidates of a model, cached per topology version."""
+        topo = self.topology.model(model)
+        if topo is None or not topo.nodes:
+            return ()
+        cached = self._cache.get(model)
+        if cached is not None and cached[0] == topo.version:
+            return cached[1]
+        routes = enumerate_routes(model, list(topo.nodes.values()), self.config.max_candidates)
+        self._cache[model] = (topo.version, routes)
+        return routes
+
+    def _changed_at(self, model: str) -> float:
+        topo = self.topology.model(model)
+        return float("-inf") if topo is None else topo.changed_at
+
+    # -- decisions ----------------------------------------------------------------
+    def arms(self, model: str, now: float | None = None) -> list[Arm]:
+        """The candidates of a model with their merged statistics."""
+        now = self.clock() if now is None else now
+        changed_at, view = self._changed_at(model), self.stats.view
+        return [Arm(r, view(model, r.signature, now, changed_at),
+                    self._in_flight.get(r.signature, 0)) for r in self.candidates(model)]
+
+    def choose(self, model: str, pin: Sequence[str] | None = None) -> Decision:
+        """Pick the route for one request; raise UnknownModelError / InvalidPinError /
+        NoRouteError. The decision counts as in flight until `record`."""
+        topo = self.topology.model(model)
+        if topo is None or not topo.nodes:
+            raise UnknownModelError(f"no node serves model {model!r}")
+        if pin is not None:
+            route = pinned_route(model, pin, topo.nodes)
+            return self._begin(Decision(model, route, pol.PINNED))
+        now = self.clock()
+        arms = self.arms(model, now)
+        if not arms:
+            raise NoRouteError(f"no route covers every layer of {model!r}",
+                               self.gaps(model))
+        i, mode = self.policy.choose(arms, now, self.rng)
+        rest = sorted((a for j, a in enumerate(arms) if j != i), key=_fallback_rank)
+        return self._begin(Decision(model, arms[i].route, mode, 0,
+                                    tuple(a.route for a in rest)))
+
+    def fallback(self, decision: Decision) -> Decision | None:
+        """The next ranked route after a failed attempt, or None when all are spent."""
+        if not decision.ranked:
+            return None
+        route, rest = decision.ranked[0], decision.ranked[1:]
+        return self._begin(Decision(decision.model, route, pol.FALLBACK,
+                                    decision.attempt + 1, rest))
+
+    def _begin(self, decision: Decision) -> Decision:
+        sig = decision.signature
+        self._in_flight[sig] = self._in_flight.get(sig, 0) + 1
+        return decision
+
+    def in_flight(self, signature: str) -> int:
+        """Requests currently in flight on a route."""
+        return self._in_flight.get(signature, 0)
+
+    def record(self, decision: Decision, outcome: Outcome) -> str:
+        """Record a finished attempt; return 'sample', 'success' (too few tokens to be a
+        sample) or 'failure'."""
+        sig, model, now = decision.signature, decision.model, self.clock()
+        left = self._in_flight.get(sig, 0) - 1
+        if left > 0:
+            self._in_flight[sig] = left
+        else:
+            self._in_flight.pop(sig, None)
+        changed_at = self._changed_at(model)
+        self.policy.observe(sig, outcome, now)
+        if not outcome.ok:
+            self.stats.record_failure(model, sig, outcome.error, now, changed_at)
+            return "failure"
+        if outcome.completion_tokens < self.config.min_sample_tokens or outcome.seconds <= 0:
+            self.stats.record_success(model, sig, now, changed_at)
+            return "success"
+        tps = outcome.completion_tokens / outcome.seconds
+        self.stats.record_sample(model, sig, tps, outcome.ttfb_s, now, changed_at)
+        return "sample"
+
+    def gaps(self, model: str) -> dict[str, str]:
+        """Why each head of a model cannot form a route (for 503 diagnostics)."""
+        topo = self.topology.model(model)
+        if topo is None:
+            return {}
+        heads = [n for n in topo.nodes.values() if n.start == 0]
+        if not heads:
+            return {"*": f"no node serves layer 0 of {model!r}"}
+        return {n.node_id: "no chain of nodes from this head reaches the last layer"
+                for n in heads}
+
+    # -- visibility ---------------------------------------------------------------
+    def shares(self, arms: Sequence[Arm]) -> list[float]:
+        """Expected traffic share per arm under the active policy."""
+        exact = getattr(self.policy, "shares", None)
+        if exact is not None:
+            return list(exact(arms))
+        return estimate_shares(self.policy, arms, self.clock())
+
+    def routing_table(self, model: str | None = None) -> dict[str, Any]:
+        """The /v1/routing document: config and, per model, epoch and candidate table."""
+        models = self.models() if model is None else [model]
+        now = self.clock()
+        out: dict[str, Any] = {}
+        for name in models:
+            topo = self.topology.model(name)
+            arms = self.arms(name, now)
+            out[name] = {"epoch": topo.epoch if topo else 0,
+                         "candidates": self._table(arms)}
+        return {"config": self.config.to_dict(), "models": out}
+
+    def _table(self, arms: Sequence[Arm]) -> list[dict[str, Any]]:
+        best = max((a.view.tps or 0.0 for a in arms if a.proven), default=0.0)
+        shares = self.shares(arms) if arms else []
+        return [_row(a, best, s) for a, s in zip(arms, shares, strict=True)]
+
+    def prune(self) -> int:
+        """Drop statistics unseen for the prune horizon (24 h)."""
+        return self.stats.prune(self.clock())
+
+
+def _fallback_rank(arm: Arm) -> tuple[int, float]:
+    """Fallback order: proven arms by learned tps, then the rest by prior."""
+    v: RouteView = arm.view
+    if arm.proven and v.tps is not None:
+        return (0, -v.tps)
+    return (1, -arm.route.prior_tps)
+
+
+def estimate_shares(policy: Policy, arms: Sequence[Arm], now: float,
+                    draws: int = 400) -> list[float]:
+    """Monte-Carlo traffic shares for policies without a closed form (display only)."""
+    rng = random.Random(0x5EED)
+    counts = [0] * len(arms)
+    for _ in range(draws):
+        counts[policy.choose(arms, now, rng)[0]] += 1
+    return [c / draws for c in counts]
+
+
+def _row(arm: Arm, best_tps: float, share: float) -> dict[str, Any]:
+    v = arm.view
+    return {
+        "signature": arm.signature,
+        "hops": [{"node_id": h.node.node_id, "start_layer": h.start_layer,
+                  "end_layer": h.end_layer} for h in arm.route.hops],
+        "head": arm.route.head.node_id,
+        "tps": v.tps,
+        "prior_tps": arm.prior_tps,
+        "coefficient": (v.tps / best_tps) if (v.tps is not None and best_tps > 0) else None,
+        "share": share,
+        "samples": v.count,
+        "weight": v.mass,
+        "status": v.status,
+        "ttfb_ms": None if v.ttfb_s is None else v.ttfb_s * 1000.0,
+        "successes": v.ok,
+        "failures": v.fail,
+        "in_flight": arm.in_flight,
+        "origins": v.origins,
+        "last_error": v.last_error or None,
+    }

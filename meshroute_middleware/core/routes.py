@@ -1,0 +1,161 @@
+"""Routes over layer shards and ADR-0021 candidate enumeration (`_enumerate_routes`)."""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidPinError
+from .topology import NodeRecord
+
+MAX_CANDIDATES = 8  # ADR-0021: "Capped at 8 candidates ranked by prior"
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One node running layers start_layer..end_layer (inclusive) of a route."""
+
+    node: NodeRecord
+    start_layer: int
+    end_layer: int
+
+    def plan_entry(self) -> dict[str, Any]:
+        """The hop as it travels in the x-meshroute-plan header."""
+        return {"node_id": self.node.node_id, "url": self.node.url,
+                "start_layer": self.start_layer, "end_layer": self.end_layer}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A chain of hops serving every layer of a model; the head is always hops[0]."""
+
+    model: str
+    hops: tuple[Hop, ...]
+    signature: str
+    prior_tps: float
+
+    @property
+    def head(self) -> NodeRecord:
+        """The node the request is proxied to (ADR-0021: always the route's own head)."""
+        return self.hops[0].node
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        """The node ids in hop order."""
+        return tuple(h.node.node_id for h in self.hops)
+
+    def plan(self) -> list[dict[str, Any]]:
+        """The plan as a JSON-ready list of hops."""
+        return [h.plan_entry() for h in self.hops]
+
+    def plan_header(self) -> str:
+        """The plan as the compact JSON of the x-meshroute-plan header."""
+        return json.dumps(self.plan(), separators=(",", ":"))
+
+
+def signature_of(model: str, hops: Sequence[Hop]) -> str:
+    """`model|node_a[0-21]->node_b[22-39]`: the arm identity of ADR-0021."""
+    chain = "->".join(f"{h.node.node_id}[{h.start_layer}-{h.end_layer}]" for h in hops)
+    return f"{model}|{chain}"
+
+
+def make_route(model: str, hops: Sequence[Hop]) -> Route:
+    """Build a route; its prior is the bottleneck hop's effective throughput."""
+    prior = min(h.node.effective_tps for h in hops)
+    return Route(model, tuple(hops), signature_of(model, hops), prior)
+
+
+class _NextHopIndex:
+    """Answers 'which node starting at or before layer p reaches furthest' in O(log n)."""
+
+    def __init__(self, nodes: Sequence[NodeRecord]) -> None:
+        ordered = sorted(nodes, key=lambda n: (n.start, n.node_id))
+        self._starts = [n.start for n in ordered]
+        self._best: list[NodeRecord] = []
+        best: NodeRecord | None = None
+        for node in ordered:
+            if best is None or _further(node, best):
+                best = node
+            self._best.append(best)
+
+    def furthest_from(self, layer: int) -> NodeRecord | None:
+        """The longest-advancing node whose shard contains `layer`, or None."""
+        i = bisect.bisect_right(self._starts, layer) - 1
+        if i < 0:
+            return None
+        node = self._best[i]
+        return node if node.end >= layer else None
+
+
+def _further(a: NodeRecord, b: NodeRecord) -> bool:
+    """Whether a beats b as a next hop: further end, then faster, then smaller id."""
+    if a.end != b.end:
+        return a.end > b.end
+    if a.effective_tps != b.effective_tps:
+        return a.effective_tps > b.effective_tps
+    return a.node_id < b.node_id
+
+
+def enumerate_routes(
+    model: str, nodes: Sequence[NodeRecord], max_candidates: int = MAX_CANDIDATES
+) -> tuple[Route, ...]:
+    """One candidate per distinct head, greedily completed; best `max_candidates` by prior."""
+    if not nodes:
+        return ()
+    first, last = 0, _layer_count(nodes) - 1
+    nodes = [n for n in nodes if n.layers == last + 1]
+    index = _NextHopIndex(nodes)
+    routes = []
+    for head in nodes:
+        if head.start != first:
+            continue
+        route = _complete(model, head, index, last)
+        if route is not None:
+            routes.append(route)
+    routes.sort(key=lambda r: (-r.prior_tps, r.signature))
+    return tuple(routes[:max_candidates])
+
+
+def _layer_count(nodes: Sequence[NodeRecord]) -> int:
+    """The model's layer count as most nodes report it (the larger on a tie)."""
+    counts: dict[int, int] = {}
+    for node in nodes:
+        counts[node.layers] = counts.get(node.layers, 0) + 1
+    return max(counts, key=lambda layers: (counts[layers], layers))
+
+
+def _complete(model: str, head: NodeRecord, index: _NextHopIndex, last: int) -> Route | None:
+    hops = [Hop(head, head.start, head.end)]
+    while hops[-1].end_layer < last:
+        nxt = index.furthest_from(hops[-1].end_layer + 1)
+        if nxt is None:
+            return None  # a gap: this head cannot reach the last layer
+        hops.append(Hop(nxt, hops[-1].end_layer + 1, nxt.end))
+    return make_route(model, hops)
+
+
+def pinned_route(model: str, node_ids: Sequence[str], nodes: dict[str, NodeRecord]) -> Route:
+    """Build the route a request pinned; raise InvalidPinError saying what is wrong."""
+    if not node_ids:
+        raise InvalidPinError("'route' must list at least one node id")
+    hops: list[Hop] = []
+    layers = None
+    for node_id in node_ids:
+        node = nodes.get(node_id) if isinstance(node_id, str) else None
+        if node is None:
+            raise InvalidPinError(f"'route' names node {node_id!r}, which does not serve {model!r}")
+        layers = node.layers
+        start = hops[-1].end_layer + 1 if hops else 0
+        if not node.start <= start <= node.end:
+            raise InvalidPinError(
+                f"'route' does not cover {model!r} contiguously: node {node_id!r} serves "
+                f"layers {node.start}-{node.end} but the hop must start at layer {start}")
+        hops.append(Hop(node, start, node.end))
+    assert layers is not None
+    if hops[-1].end_layer != layers - 1:
+        raise InvalidPinError(
+            f"'route' stops at layer {hops[-1].end_layer} but {model!r} has {layers} layers")
+    return make_route(model, hops)

@@ -1,0 +1,246 @@
+"""Decayed route statistics kept per origin tracker, so that gossip never double counts.
+
+An entry is (value, mass, t): a decayed mean of tokens/s, its decayed sample weight and the time
+of its last update, plus TTFB and decayed success/failure counts. A tracker writes only its own
+origin's entries; a received entry replaces the stored one for its origin when it is newer
+(last-writer-wins per origin). The routing view merges origins by decayed mass at read time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+
+LN2 = math.log(2.0)
+HALF_LIFE_S = 600.0  # ADR-0021 default
+DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
+PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
+
+PROVEN, UNSAMPLED, STALE, DECAYED = "proven", "unsampled", "stale", "decayed"
+
+
+def decay_factor(dt_s: float, half_life_s: float) -> float:
+    """0.5 ** (dt / half_life), never above 1 (a clock step backwards does not grow mass)."""
+    if dt_s <= 0:
+        return 1.0
+    return math.exp(-LN2 * dt_s / half_life_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StatEntry:
+    """One origin's decayed statistics of one route at time `t`."""
+
+    value: float = 0.0  # decayed mean end-to-end tokens/s
+    mass: float = 0.0  # decayed weight of the tps samples
+    t: float = 0.0  # wall-clock time of the last update
+    ttfb_s: float = 0.0  # decayed mean time to first byte, same weights as value
+    ok: float = 0.0  # decayed successes
+    fail: float = 0.0  # decayed failures
+    count: int = 0  # tps samples ever taken into this entry
+    last_error: str = ""
+
+    def decayed(self, now: float, half_life_s: float) -> StatEntry:
+        """The entry as seen at `now`: masses and counts decayed, t unchanged."""
+        d = decay_factor(now - self.t, half_life_s)
+        return replace(self, mass=self.mass * d, ok=self.ok * d, fail=self.fail * d)
+
+    def with_sample(self, tps: float, ttfb_s: float, now: float, half_life_s: float) -> StatEntry:
+        """Add one successful tps sample: m' = m·d + 1, v' = (v·m·d + x) / m'."""
+        d = decay_factor(now - self.t, half_life_s)
+        md = self.mass * d
+        mass = md + 1.0
+        return StatEntry(
+            value=(self.value * md + tps) / mass, mass=mass, t=max(now, self.t),
+            ttfb_s=(self.ttfb_s * md + ttfb_s) / mass, ok=self.ok * d + 1.0,
+            fail=self.fail * d, count=self.count + 1, last_error=self.last_error)
+
+    def with_success(self, now: float, half_life_s: float) -> StatEntry:
+        """A success that carries no tps sample (too few tokens)."""
+        d = decay_factor(now - self.t, half_life_s)
+        return replace(self, mass=self.mass * d, t=max(now, self.t), ok=self.ok * d + 1.0,
+                       fail=self.fail * d)
+
+    def with_failure(self, error: str, now: float, half_life_s: float) -> StatEntry:
+        """A failed request: a reliability sample, never a tps sample."""
+        d = decay_factor(now - self.t, half_life_s)
+        return replace(self, mass=self.mass * d, t=max(now, self.t), ok=self.ok * d,
+                       fail=self.fail * d + 1.0, last_error=error[:200])
+
+    def reset_tps(self) -> StatEntry:
+        """Forget the tps part (measured under an older topology); keep reliability."""
+        return replace(self, value=0.0, mass=0.0, ttfb_s=0.0, count=0)
+
+
+def newer(a: StatEntry, b: StatEntry) -> StatEntry:
+    """Last-writer-wins with a total order on ties, so merging is commutative."""
+    ka = (a.t, a.mass, a.value, a.count, a.ok, a.fail, a.ttfb_s, a.last_error)
+    kb = (b.t, b.mass, b.value, b.count, b.ok, b.fail, b.ttfb_s, b.last_error)
+    return a if ka >= kb else b
+
+
+# A whole statistics state: (model, signature) -> origin -> entry.
+State = dict[tuple[str, str], dict[str, StatEntry]]
+
+
+def merge_states(a: Mapping[tuple[str, str], Mapping[str, StatEntry]],
+                 b: Mapping[tuple[str, str], Mapping[str, StatEntry]]) -> State:
+    """Join of two states: per (route, origin) the newer entry. Idempotent, commutative,
+    associative (a state-based CRDT)."""
+    out: State = {key: dict(origins) for key, origins in a.items()}
+    for key, origins in b.items():
+        mine = out.setdefault(key, {})
+        for origin, entry in origins.items():
+            have = mine.get(origin)
+            mine[origin] = entry if have is None else newer(have, entry)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RouteView:
+    """The merged, decayed statistics of one route as a decision sees them."""
+
+    tps: float | None  # merged decayed mean tokens/s (fresh origins, else stale as prior)
+    mass: float  # merged decayed mass of fresh origins
+    ttfb_s: float | None
+    ok: float
+    fail: float
+    count: int
+    status: str
+    origins: int
+    last_error: str = ""
+
+
+UNSAMPLED_VIEW = RouteView(None, 0.0, None, 0.0, 0.0, 0, UNSAMPLED, 0)
+
+
+def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
+               half_life_s: float) -> RouteView:
+    """Merge origins at `now`: decay each mass, v = Σ m·v / Σ m; stale if older than the
+    model's last topology change."""
+    fm = fv = ft = sm = sv = ok = fail = 0.0
+    count = origins = 0
+    last_error, last_t = "", float("-inf")
+    for e in entries:
+        origins += 1
+        d = decay_factor(now - e.t, half_life_s)
+        ok += e.ok * d
+        fail += e.fail * d
+        m = e.mass * d
+        if e.last_error and e.t > last_t:
+            last_error, last_t = e.last_error, e.t
+        if e.count == 0:
+            continue
+        if e.t >= changed_at:
+            fm += m
+            fv += m * e.value
+            ft += m * e.ttfb_s
+            count += e.count
+        else:
+            sm += e.mass  # undecayed: a stale entry is only a display prior
+            sv += e.mass * e.value
+    if origins == 0:
+        return UNSAMPLED_VIEW
+    if count:
+        status = PROVEN if fm >= DECAYED_MASS else DECAYED
+        tps = fv / fm if fm > 0 else None
+        ttfb = ft / fm if fm > 0 else None
+        return RouteView(tps, fm, ttfb, ok, fail, count, status, origins, last_error)
+    if sm > 0:
+        return RouteView(sv / sm, 0.0, None, ok, fail, 0, STALE, origins, last_error)
+    return RouteView(None, 0.0, None, ok, fail, 0, UNSAMPLED, origins, last_error)
+
+
+class RouteStatsStore:
+    """Per (model, signature, origin) statistics; this tracker writes only `origin`."""
+
+    def __init__(self, origin: str, half_life_s: float = HALF_LIFE_S,
+                 prune_after_s: float = PRUNE_AFTER_S) -> None:
+        self.origin = origin
+        self.half_life_s = half_life_s
+        self.prune_after_s = prune_after_s
+        self._entries: State = {}
+
+    def _own(self, model: str, signature: str, changed_at: float) -> StatEntry:
+        entry = self._entries.get((model, signature), {}).get(self.origin, StatEntry())
+        if entry.count and entry.t < changed_at:
+            entry = entry.reset_tps()  # re-measured under the new topology
+        return entry
+
+    def _put(self, model: str, signature: str, entry: StatEntry) -> StatEntry:
+        self._entries.setdefault((model, signature), {})[self.origin] = entry
+        return entry
+
+    def record_sample(self, model: str, signature: str, tps: float, ttfb_s: float, now: float,
+                      changed_at: float = float("-inf")) -> StatEntry:
+        """Take one successful tps sample into this origin's entry."""
+        entry = self._own(model, signature, changed_at)
+        return self._put(model, signature, entry.with_sample(tps, ttfb_s, now, self.half_life_s))
+
+    def record_success(self, model: str, signature: str, now: float,
+                       changed_at: float = float("-inf")) -> StatEntry:
+        """A success without a usable tps sample."""
+        entry = self._own(model, signature, changed_at)
+        return self._put(model, signature, entry.with_success(now, self.half_life_s))
+
+    def record_failure(self, model: str, signature: str, error: str, now: float,
+                       changed_at: float = float("-inf")) -> StatEntry:
+        """A failure: counts against reliability only."""
+        entry = self._own(model, signature, changed_at)
+        return self._put(model, signature, entry.with_failure(error, now, self.half_life_s))
+
+    def view(self, model: str, signature: str, now: float,
+             changed_at: float = float("-inf")) -> RouteView:
+        """The merged view of one route at `now`."""
+        origins = self._entries.get((model, signature))
+        if not origins:
+            return UNSAMPLED_VIEW
+        return merge_view(origins.values(), now, changed_at, self.half_life_s)
+
+    def entries(self, model: str, signature: str) -> dict[str, StatEntry]:
+        """The raw per-origin entries of one route (a copy)."""
+        return dict(self._entries.get((model, signature), {}))
+
+    def signatures(self, model: str | None = None) -> list[tuple[str, str]]:
+        """Every (model, signature) with statistics, sorted."""
+        return sorted(k for k in self._entries if model is None or k[0] == model)
+
+    def state(self) -> State:
+        """A copy of the whole state, for gossip."""
+        return {k: dict(v) for k, v in self._entries.items()}
+
+    def merge(self, other: Mapping[tuple[str, str], Mapping[str, StatEntry]],
+              now: float | None = None) -> int:
+        """Merge a received state; entries of our own origin are ours alone, entries older
+        than the prune horizon are not resurrected. Return how many entries changed."""
+        cutoff = float("-inf") if now is None else now - self.prune_after_s
+        changed = 0
+        for key, origins in other.items():
+            mine = self._entries.setdefault(key, {})
+            for origin, entry in origins.items():
+                if origin == self.origin or entry.t < cutoff:
+                    continue
+                have = mine.get(origin)
+                best = entry if have is None else newer(have, entry)
+                if best is not have:
+                    mine[origin] = best
+                    changed += 1
+            if not mine:
+                del self._entries[key]
+        return changed
+
+    def prune(self, now: float) -> int:
+        """Drop entries not updated for `prune_after_s`; return how many went."""
+        cutoff = now - self.prune_after_s
+        dropped = 0
+        for key in list(self._entries):
+            origins = self._entries[key]
+            for origin in [o for o, e in origins.items() if e.t < cutoff]:
+                del origins[origin]
+                dropped += 1
+            if not origins:
+                del self._entries[key]
+        return dropped
+
+    def __iter__(self) -> Iterator[tuple[tuple[str, str], dict[str, StatEntry]]]:
+        return iter(self._entries.items())

@@ -1,0 +1,208 @@
+"""Node records and the per-model topology: joins, leaves and shard changes bump an epoch."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import InvalidNodeError
+
+MAX_LAYERS = 100_000
+MAX_TPS = 1_000_000.0  # tokens/s; anything above is a typo or a lie
+MAX_QUEUE = 1_000_000
+MAX_ID_CHARS = 128
+_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+-]+$")
+_URL_RE = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One inference node serving layers start..end (inclusive) of a model with `layers` layers."""
+
+    node_id: str
+    model: str
+    start: int
+    end: int
+    layers: int
+    url: str
+    tps: float = 10.0
+    queue: int = 0
+    rep: float = 1.0
+    seen_at: float = 0.0
+
+    @property
+    def effective_tps(self) -> float:
+        """Queue-adjusted throughput times reputation (ADR-0021's prior for one hop)."""
+        return self.tps / (1 + self.queue) * self.rep
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready fields, the shape POST /v1/nodes accepts."""
+        return {
+            "node_id": self.node_id, "model": self.model, "start": self.start,
+            "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
+            "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
+        }
+
+
+def _as_int(data: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = data.get(key, default)
+    if value is None:
+        raise InvalidNodeError(f"'{key}' is required")
+    if isinstance(value, bool):
+        raise InvalidNodeError(f"'{key}' must be an integer, not a boolean")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int):
+        raise InvalidNodeError(f"'{key}' must be an integer, got {value!r}")
+    return value
+
+
+def _as_float(data: Mapping[str, Any], key: str, default: float) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool):
+        raise InvalidNodeError(f"'{key}' must be a number, not a boolean")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidNodeError(f"'{key}' must be a number, got {value!r}") from None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidNodeError(f"'{key}' must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _as_text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidNodeError(f"'{key}' must be a non-empty string")
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidNodeError(f"'{key}' is longer than {MAX_ID_CHARS} characters")
+    return value
+
+
+def parse_node(data: Mapping[str, Any], *, now: float = 0.0) -> NodeRecord:
+    """Validate a node record from any source (mDNS, HTTP, file); raise InvalidNodeError."""
+    if not isinstance(data, Mapping):
+        raise InvalidNodeError("a node record must be a JSON object")
+    node_id, model = _as_text(data, "node_id"), _as_text(data, "model")
+    if not _ID_RE.match(node_id):
+        raise InvalidNodeError("'node_id' may hold only letters, digits and . _ : @ / + -")
+    url = data.get("url")
+    if not isinstance(url, str) or not _URL_RE.match(url) or len(url) > 2048:
+        raise InvalidNodeError(f"'url' must be an http(s) URL, got {url!r}")
+    layers = _as_int(data, "layers")
+    start, end = _as_int(data, "start"), _as_int(data, "end")
+    if not 0 < layers <= MAX_LAYERS:
+        raise InvalidNodeError(f"'layers' must be in 1..{MAX_LAYERS}, got {layers}")
+    if start < 0 or end < 0:
+        raise InvalidNodeError(f"layers cannot be negative (start={start}, end={end})")
+    if start > end:
+        raise InvalidNodeError(f"'start' ({start}) is after 'end' ({end})")
+    if end >= layers:
+        raise InvalidNodeError(f"'end' ({end}) must be below 'layers' ({layers})")
+    tps = _as_float(data, "tps", 10.0)
+    if not 0 < tps <= MAX_TPS:
+        raise InvalidNodeError(f"'tps' must be in (0, {MAX_TPS:g}], got {tps:g}")
+    queue = _as_int(data, "queue", 0)
+    if not 0 <= queue <= MAX_QUEUE:
+        raise InvalidNodeError(f"'queue' must be in 0..{MAX_QUEUE}, got {queue}")
+    rep = _as_float(data, "rep", 1.0)
+    if not 0 <= rep <= 1:
+        raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
+    return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now)
+
+
+@dataclass(slots=True)
+class ModelTopology:
+    """The nodes of one model, with a version that changes on any change and an epoch."""
+
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    epoch: int = 0  # bumped by join / leave / shard change (ADR-0021)
+    changed_at: float = float("-inf")  # wall-clock time of the last epoch bump
+    version: int = 0  # bumped by any change, including queue/tps refreshes
+
+
+class Topology:
+    """Node records per model. Pure: callers pass `now`; nothing here does I/O."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ModelTopology] = {}
+        self._model_of: dict[str, str] = {}
+
+    def models(self) -> list[str]:
+        """Every model with at least one node, sorted."""
+        return sorted(m for m, t in self._models.items() if t.nodes)
+
+    def model(self, name: str) -> ModelTopology | None:
+        """The topology of one model, or None."""
+        return self._models.get(name)
+
+    def node(self, node_id: str) -> NodeRecord | None:
+        """The record of a node, or None."""
+        model = self._model_of.get(node_id)
+        return None if model is None else self._models[model].nodes.get(node_id)
+
+    def nodes(self) -> list[NodeRecord]:
+        """Every node of every model."""
+        return [n for t in self._models.values() for n in t.nodes.values()]
+
+    def upsert(self, record: NodeRecord, now: float) -> str:
+        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
+        old_model = self._model_of.get(record.node_id)
+        if old_model is not None and old_model != record.model:
+            self.remove(record.node_id, now)
+            old_model = None
+        topo = self._models.setdefault(record.model, ModelTopology())
+        old = topo.nodes.get(record.node_id)
+        record = replace(record, seen_at=now)
+        topo.nodes[record.node_id] = record
+        self._model_of[record.node_id] = record.model
+        topo.version += 1
+        if old is None:
+            self._bump(topo, now)
+            return "join"
+        if (old.start, old.end, old.layers, old.url) != (
+            record.start, record.end, record.layers, record.url,
+        ):
+            self._bump(topo, now)
+            return "shard-change"
+        return "refresh"
+
+    def remove(self, node_id: str, now: float) -> bool:
+        """Remove a node (leave); return whether it was there."""
+        model = self._model_of.pop(node_id, None)
+        if model is None:
+            return False
+        topo = self._models[model]
+        del topo.nodes[node_id]
+        topo.version += 1
+        self._bump(topo, now)
+        return True
+
+    def replace_all(self, records: Iterable[NodeRecord], now: float) -> None:
+        """Make the node set exactly `records` (a static mesh file)."""
+        records = list(records)
+        keep = {r.node_id for r in records}
+        for node in self.nodes():
+            if node.node_id not in keep:
+                self.remove(node.node_id, now)
+        for record in records:
+            self.upsert(record, now)
+
+    def note_change(self, model: str, changed_at: float) -> None:
+        """Adopt a topology change time learned elsewhere (gossip) if it is newer."""
+        topo = self._models.setdefault(model, ModelTopology())
+        if changed_at > topo.changed_at:
+            topo.changed_at = changed_at
+            topo.epoch += 1
+            topo.version += 1
+
+    @staticmethod
+    def _bump(topo: ModelTopology, now: float) -> None:
+        topo.epoch += 1
+        topo.changed_at = max(topo.changed_at, now)

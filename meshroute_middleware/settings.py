@@ -1,0 +1,197 @@
+"""Configuration for `meshroute serve`, built in one place: defaults < TOML file < env < CLI.
+
+Every option has one table row: its field, type, default, CLI flags and environment variables.
+ADR-0021's names (`--route-explore-share`, `MESHNET_ROUTE_EXPLORE_SHARE`, ...) are aliases of
+our own. Library code never reads os.environ: only `load_settings` looks at the mapping given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .core.config import RouterConfig
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One configuration option: where it comes from and what it becomes."""
+
+    name: str
+    kind: type
+    flags: tuple[str, ...]
+    env: tuple[str, ...]
+    help: str
+    router: bool = False  # a RouterConfig field rather than a ServeSettings field
+    many: bool = False  # repeatable flag / comma-separated env value
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("policy", str, ("--policy",), ("MESHROUTE_POLICY",),
+           "route-selection policy by name", router=True),
+    Option("explore_share", float, ("--route-explore-share", "--explore-share"),
+           ("MESHROUTE_EXPLORE_SHARE", "MESHNET_ROUTE_EXPLORE_SHARE"),
+           "probability of scouting an unproven route (ADR-0021)", router=True),
+    Option("weight_alpha", float, ("--route-weight-alpha", "--weight-alpha"),
+           ("MESHROUTE_WEIGHT_ALPHA", "MESHNET_ROUTE_WEIGHT_ALPHA"),
+           "exploit weight exponent: P(route) ∝ tps^alpha", router=True),
+    Option("half_life_s", float, ("--route-stats-half-life", "--half-life"),
+           ("MESHROUTE_HALF_LIFE", "MESHNET_ROUTE_STATS_HALF_LIFE"),
+           "half-life of sample mass, seconds", router=True),
+    Option("min_sample_tokens", int, ("--min-sample-tokens",),
+           ("MESHROUTE_MIN_SAMPLE_TOKENS", "MESHNET_ROUTE_MIN_SAMPLE_TOKENS"),
+           "completions with fewer tokens are no tps sample", router=True),
+    Option("host", str, ("--host",), ("MESHROUTE_HOST",), "address to listen on"),
+    Option("port", int, ("--port",), ("MESHROUTE_PORT",), "port to listen on (0: any free)"),
+    Option("seed", int, ("--seed",), ("MESHROUTE_SEED",), "seed of the routing rng"),
+    Option("tracker_id", str, ("--tracker-id",), ("MESHROUTE_TRACKER_ID",),
+           "this tracker's origin id in gossip"),
+    Option("node_token", str, ("--node-token",), ("MESHROUTE_NODE_TOKEN",),
+           "bearer token required by /v1/nodes writes"),
+    Option("nodes_file", str, ("--nodes-file",), ("MESHROUTE_NODES_FILE",),
+           "JSON file listing a static mesh"),
+    Option("max_body_bytes", int, ("--max-body-bytes",), ("MESHROUTE_MAX_BODY_BYTES",),
+           "largest request body accepted"),
+    Option("connect_timeout_s", float, ("--connect-timeout",), ("MESHROUTE_CONNECT_TIMEOUT",),
+           "seconds to connect to a route head"),
+    Option("first_byte_timeout_s", float, ("--first-byte-timeout",),
+           ("MESHROUTE_FIRST_BYTE_TIMEOUT",), "seconds to wait for a head's first byte"),
+    Option("mdns", bool, ("--mdns",), ("MESHROUTE_MDNS",), "discover nodes over mDNS"),
+    Option("mdns_interfaces", str, ("--mdns-interfaces",), ("MESHROUTE_MDNS_INTERFACES",),
+           "interfaces for mDNS: 'all' or comma-separated addresses"),
+    Option("mesh_secret", str, ("--mesh-secret",), ("MESHROUTE_MESH_SECRET",),
+           "shared secret: node records must carry its HMAC"),
+    Option("health_interval_s", float, ("--health-interval",), ("MESHROUTE_HEALTH_INTERVAL",),
+           "seconds between node health probes"),
+    Option("gossip_listen", str, ("--gossip-listen",), ("MESHROUTE_GOSSIP_LISTEN",),
+           "HOST:PORT to gossip on"),
+    Option("gossip_peers", str, ("--gossip-peer",), ("MESHROUTE_GOSSIP_PEERS",),
+           "HOST:PORT of a peer tracker (repeatable)", many=True),
+    Option("gossip_interval_s", float, ("--gossip-interval",), ("MESHROUTE_GOSSIP_INTERVAL",),
+           "seconds between gossip rounds"),
+    Option("gossip_fanout", int, ("--gossip-fanout",), ("MESHROUTE_GOSSIP_FANOUT",),
+           "peers contacted per gossip round"),
+    Option("gossip_secret_file", str, ("--gossip-secret-file",),
+           ("MESHROUTE_GOSSIP_SECRET_FILE",), "file holding the gossip secret"),
+    Option("gossip_secret", str, (), ("MESHROUTE_GOSSIP_SECRET",), "gossip secret"),
+    Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """Everything `meshroute serve` needs; RouterConfig nested."""
+
+    router: RouterConfig = field(default_factory=RouterConfig)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    seed: int | None = None
+    tracker_id: str | None = None
+    node_token: str | None = None
+    nodes_file: str | None = None
+    max_body_bytes: int = 16 * MIB
+    connect_timeout_s: float = 5.0
+    first_byte_timeout_s: float = 60.0
+    mdns: bool = True
+    mdns_interfaces: str = "all"
+    mesh_secret: str | None = None
+    health_interval_s: float = 2.0
+    gossip_listen: str | None = None
+    gossip_peers: tuple[str, ...] = ()
+    gossip_interval_s: float = 1.0
+    gossip_fanout: int = 3
+    gossip_secret_file: str | None = None
+    gossip_secret: str | None = None
+    log_level: str = "info"
+
+
+class SettingsError(ValueError):
+    """A configuration value is malformed; the message names its source."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
+    """Add every option's flags to a parser; unset flags stay absent from the namespace."""
+    for opt in OPTIONS:
+        if not opt.flags or (only is not None and opt.name not in only):
+            continue
+        if opt.kind is bool:
+            parser.add_argument(*opt.flags, dest=opt.name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=opt.help)
+        elif opt.many:
+            parser.add_argument(*opt.flags, dest=opt.name, action="append",
+                                default=argparse.SUPPRESS, help=opt.help)
+        else:
+            parser.add_argument(*opt.flags, dest=opt.name, type=opt.kind,
+                                default=argparse.SUPPRESS, help=opt.help)
+    parser.add_argument("--config", dest="config", default=argparse.SUPPRESS,
+                        help="TOML configuration file (also MESHROUTE_CONFIG)")
+
+
+def _convert(opt: Option, raw: Any, source: str) -> Any:
+    if opt.many:
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, list | tuple):
+            raise SettingsError(f"{source}: {opt.name} must be a list")
+        return tuple(str(i).strip() for i in items if str(i).strip())
+    if opt.kind is bool and isinstance(raw, str):
+        low = raw.strip().lower()
+        if low not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+            raise SettingsError(f"{source}: {opt.name} must be a boolean, got {raw!r}")
+        return low in {"1", "true", "yes", "on"}
+    try:
+        if opt.kind is int and isinstance(raw, float):
+            raise TypeError
+        return opt.kind(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{source}: {opt.name} must be {opt.kind.__name__}, "
+                            f"got {raw!r}") from None
+
+
+def _from_file(path: str) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    flat = {**data.get("router", {}), **{k: v for k, v in data.items() if k != "router"}}
+    known = {o.name: o for o in OPTIONS}
+    unknown = sorted(set(flat) - set(known))
+    if unknown:
+        raise SettingsError(f"{path}: unknown option(s) {', '.join(unknown)}")
+    return {k: _convert(known[k], v, path) for k, v in flat.items()}
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for opt in OPTIONS:
+        for name in reversed(opt.env):  # the first name listed (ours) wins
+            if environ.get(name, "") != "":
+                out[opt.name] = _convert(opt, environ[name], name)
+    return out
+
+
+def load_settings(cli: Mapping[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None) -> ServeSettings:
+    """Build settings: defaults, then the TOML file, then the environment, then CLI flags."""
+    cli, environ = dict(cli or {}), dict(environ or {})
+    values: dict[str, Any] = {}
+    config_file = cli.pop("config", None) or environ.get("MESHROUTE_CONFIG")
+    if config_file:
+        values.update(_from_file(config_file))
+    values.update(_from_env(environ))
+    known = {o.name: o for o in OPTIONS}
+    for key, raw in cli.items():
+        if key in known:
+            values[key] = _convert(known[key], raw, "--" + key.replace("_", "-"))
+    router_names = {f.name for f in fields(RouterConfig)}
+    try:
+        router = RouterConfig(**{k: v for k, v in values.items() if k in router_names})
+        serve = {k: v for k, v in values.items() if k not in router_names}
+        return replace(ServeSettings(), router=router, **serve)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
