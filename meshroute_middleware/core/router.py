@@ -13,7 +13,7 @@ from .errors import NoRouteError, UnknownModelError
 from .policies import Arm, Outcome, Policy
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
-from .topology import NodeRecord, Topology
+from .topology import ModelTopology, NodeRecord, Topology
 
 Clock = Callable[[], float]
 PolicyFactory = Callable[[RouterConfig], Policy]
@@ -45,12 +45,21 @@ class Decision:
     route: Route
     mode: str
     attempt: int = 0  # 0 for the first choice, k for the k-th fallback
-    ranked: tuple[Route, ...] = field(default=(), repr=False)  # the rest, best first
+    _ranked: tuple[Route, ...] | None = field(default=(), repr=False)  # None: rank `_others`
+    _others: Sequence[Arm] = field(default=(), repr=False)  # the unchosen arms, unranked
 
     @property
     def signature(self) -> str:
         """The chosen route's signature."""
         return self.route.signature
+
+    @property
+    def ranked(self) -> tuple[Route, ...]:
+        """The fallback chain, best first; ranked on first use, not on every decision."""
+        if self._ranked is None:
+            self._ranked = tuple(a.route for a in sorted(self._others, key=_fallback_rank))
+            self._others = ()
+        return self._ranked
 
     def event(self) -> dict[str, Any]:
         """The route-selected event payload (ADR-0021: mode and signature)."""
@@ -91,6 +100,9 @@ class Router:
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
             return ()
+        return self._candidates(model, topo)
+
+    def _candidates(self, model: str, topo: ModelTopology) -> tuple[Route, ...]:
         cached = self._cache.get(model)
         if cached is not None and cached[0] == topo.version:
             return cached[1]
@@ -105,10 +117,15 @@ class Router:
     # -- decisions ----------------------------------------------------------------
     def arms(self, model: str, now: float | None = None) -> list[Arm]:
         """The candidates of a model with their merged statistics."""
-        now = self.clock() if now is None else now
-        changed_at, view = self._changed_at(model), self.stats.view
-        return [Arm(r, view(model, r.signature, now, changed_at),
-                    self._in_flight.get(r.signature, 0)) for r in self.candidates(model)]
+        topo = self.topology.model(model)
+        if topo is None or not topo.nodes:
+            return []
+        return self._arms(model, topo, self.clock() if now is None else now)
+
+    def _arms(self, model: str, topo: ModelTopology, now: float) -> list[Arm]:
+        changed_at, view, flying = topo.changed_at, self.stats.view, self._in_flight
+        return [Arm(r, view(model, r.signature, now, changed_at), flying.get(r.signature, 0))
+                for r in self._candidates(model, topo)]
 
     def choose(self, model: str, pin: Sequence[str] | None = None) -> Decision:
         """Pick the route for one request; raise UnknownModelError / InvalidPinError /
@@ -120,14 +137,13 @@ class Router:
             route = pinned_route(model, pin, topo.nodes)
             return self._begin(Decision(model, route, pol.PINNED))
         now = self.clock()
-        arms = self.arms(model, now)
+        arms = self._arms(model, topo, now)
         if not arms:
             raise NoRouteError(f"no route covers every layer of {model!r}",
                                self.gaps(model))
         i, mode = self.policy.choose(arms, now, self.rng)
-        rest = sorted((a for j, a in enumerate(arms) if j != i), key=_fallback_rank)
-        return self._begin(Decision(model, arms[i].route, mode, 0,
-                                    tuple(a.route for a in rest)))
+        route = arms.pop(i).route
+        return self._begin(Decision(model, route, mode, 0, None, arms))
 
     def fallback(self, decision: Decision) -> Decision | None:
         """The next ranked route after a failed attempt, or None when all are spent."""
@@ -146,15 +162,21 @@ class Router:
         """Requests currently in flight on a route."""
         return self._in_flight.get(signature, 0)
 
-    def record(self, decision: Decision, outcome: Outcome) -> str:
-        """Record a finished attempt; return 'sample', 'success' (too few tokens to be a
-        sample) or 'failure'."""
-        sig, model, now = decision.signature, decision.model, self.clock()
+    def cancel(self, decision: Decision) -> None:
+        """End an attempt that says nothing about the route (the client's own 4xx, or it
+        went away before any byte): no sample, no failure."""
+        sig = decision.signature
         left = self._in_flight.get(sig, 0) - 1
         if left > 0:
             self._in_flight[sig] = left
         else:
             self._in_flight.pop(sig, None)
+
+    def record(self, decision: Decision, outcome: Outcome) -> str:
+        """Record a finished attempt; return 'sample', 'success' (too few tokens to be a
+        sample) or 'failure'."""
+        sig, model, now = decision.signature, decision.model, self.clock()
+        self.cancel(decision)
         changed_at = self._changed_at(model)
         self.policy.observe(sig, outcome, now)
         if not outcome.ok:

@@ -1,0 +1,130 @@
+"""Forwarding a chat request to a route's head over HTTP (aiohttp, chosen by measurement).
+
+The transport seam: `Forwarder` opens an upstream response whose body can be relayed chunk by
+chunk. Failures before the first byte are raised as ForwardError with a kind the router records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
+    b"accept-encoding", b"content-encoding",
+})
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+class ForwardError(Exception):
+    """The head failed before its first byte; `kind` is what the statistics record."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None,
+                 body: bytes = b"") -> None:
+        super().__init__(message)
+        self.kind, self.status, self.body = kind, status, body
+
+
+class UpstreamResponse(Protocol):
+    """A response whose headers arrived; the body is read with `chunks()`."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; ForwardError('stream') if the head dies mid-way."""
+        ...
+
+    def close(self) -> None:
+        """Abort the upstream request (client went away) or release it."""
+        ...
+
+
+class Forwarder(Protocol):
+    """Opens a POST to an upstream URL."""
+
+    async def open(self, url: str, body: bytes,
+                   headers: Iterable[tuple[bytes, bytes]]) -> UpstreamResponse:
+        """Send the request and wait for the status line and headers."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(slots=True)
+class _AiohttpResponse:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    raw: aiohttp.ClientResponse
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.raw.content.iter_any():
+                yield chunk
+        except TimeoutError as exc:
+            raise ForwardError("stream", "the head stalled mid-response") from exc
+        except aiohttp.ClientError as exc:
+            raise ForwardError("stream", f"the head failed mid-response: {exc!r}") from exc
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class AiohttpForwarder:
+    """The real forwarder: one pooled aiohttp session, created on first use in the loop."""
+
+    def __init__(self, connect_timeout_s: float = 5.0, first_byte_timeout_s: float = 60.0) -> None:
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
+            sock_read=first_byte_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+        return self._session
+
+    async def open(self, url: str, body: bytes,
+                   headers: Iterable[tuple[bytes, bytes]]) -> UpstreamResponse:
+        """POST and wait for headers; 5xx and 429 become ForwardError (read, then released)."""
+        hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+        hdrs.append(("accept-encoding", "identity"))
+        try:
+            raw = await self._client().post(url, data=body, headers=hdrs)
+        except TimeoutError as exc:
+            raise ForwardError("timeout", f"no answer from {url} in time") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from exc
+        except aiohttp.ClientError as exc:
+            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+        if raw.status >= 500 or raw.status == 429:
+            err_body = await _read_bounded(raw)
+            raw.release()
+            kind = "http_429" if raw.status == 429 else "http_5xx"
+            raise ForwardError(kind, f"{url} answered {raw.status}", raw.status, err_body)
+        out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]
+        if (cl := raw.headers.get("content-length")) is not None:
+            out.append((b"content-length", cl.encode()))
+        return _AiohttpResponse(raw.status, out, raw)
+
+    async def aclose(self) -> None:
+        """Close the session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _read_bounded(raw: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await raw.content.read(_ERROR_BODY_LIMIT)
+    except (aiohttp.ClientError, TimeoutError):
+        return b""

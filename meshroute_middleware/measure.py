@@ -1,0 +1,69 @@
+"""Counting completion tokens in a response as it passes, without holding a byte back.
+
+A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
+otherwise every `data:` event whose delta carries non-empty content counts as one token
+(OpenAI-compatible servers send one chunk per token).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
+_MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
+_MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
+
+
+class TokenMeter:
+    """Feed it response chunks; it tells how many completion tokens went by."""
+
+    def __init__(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self.chunks_counted = 0
+        self.usage_tokens: int | None = None
+        self._line = b""
+        self._tail = b""
+        self.bytes_seen = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Account for one body chunk."""
+        self.bytes_seen += len(chunk)
+        if not self.streaming:
+            self._tail = (self._tail + chunk)[-_MAX_JSON_TAIL:]
+            return
+        data = self._line + chunk
+        lines = data.split(b"\n")
+        self._line = lines.pop()
+        if len(self._line) > _MAX_LINE:
+            self._line = b""
+        for line in lines:
+            self._line_done(line)
+
+    def _line_done(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        if b'"usage"' in line:
+            match = _COMPLETION_TOKENS.search(line)
+            if match:
+                self.usage_tokens = int(match.group(1))
+        if _NONEMPTY_CONTENT.search(line):
+            self.chunks_counted += 1
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens from `usage` when the upstream sent it, else the counted chunks."""
+        if self.streaming:
+            if self._line:
+                self._line_done(self._line)
+                self._line = b""
+            return self.usage_tokens if self.usage_tokens is not None else self.chunks_counted
+        found = _COMPLETION_TOKENS.findall(self._tail)
+        return int(found[-1]) if found else 0
+
+
+def sse_error_event(message: str, code: str = "upstream_failed") -> bytes:
+    """An OpenAI-style error as one SSE event, to end a stream whose upstream died."""
+    body = {"error": {"message": message, "type": "server_error", "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

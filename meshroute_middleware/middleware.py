@@ -1,0 +1,373 @@
+"""MeshRouteMiddleware: pure ASGI; picks a route for each chat request and measures it.
+
+forward:  the request goes to the chosen route's head; the response streams back untouched.
+annotate: the wrapped app serves the request itself, told the plan in headers and in
+          scope["state"]["meshroute"]; the middleware measures the app's response.
+Either way failures before the first byte fall back down the ranked routes, and every
+response carries x-meshroute-route and x-meshroute-mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .core import (
+    Decision,
+    InvalidPinError,
+    NoRouteError,
+    Outcome,
+    Router,
+    RouterConfig,
+    UnknownModelError,
+)
+from .forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
+from .httperrors import send_error
+from .measure import TokenMeter, sse_error_event
+from .request import ChatRequest, RequestError, parse_chat, read_body, replay
+from .telemetry import Telemetry
+
+CHAT_PATH = "/v1/chat/completions"
+H_ROUTE, H_PLAN, H_MODE = b"x-meshroute-route", b"x-meshroute-plan", b"x-meshroute-mode"
+_OURS = (b"x-meshroute-",)
+_HOP_BY_HOP_REQUEST = frozenset({
+    b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
+    b"upgrade", b"te", b"trailer", b"proxy-authorization", b"proxy-connection",
+    b"accept-encoding",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class MiddlewareConfig:
+    """How the middleware behaves; `router` configures the Router it builds if none is given."""
+
+    mode: str = "forward"  # "forward" | "annotate"
+    max_body_bytes: int = 16 * 1024 * 1024
+    connect_timeout_s: float = 5.0
+    first_byte_timeout_s: float = 60.0
+    router: RouterConfig = field(default_factory=RouterConfig)
+    seed: int | None = None
+    path: str = CHAT_PATH
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("forward", "annotate"):
+            raise ValueError(f"mode must be 'forward' or 'annotate', got {self.mode!r}")
+        if self.max_body_bytes <= 0:
+            raise ValueError("max_body_bytes must be positive")
+
+
+def route_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """The plan of a decision as request headers for a head (or the annotated app)."""
+    return [(H_ROUTE, decision.signature.encode()),
+            (H_PLAN, decision.route.plan_header().encode()),
+            (H_MODE, decision.mode.encode())]
+
+
+def _response_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    return [(H_ROUTE, decision.signature.encode()), (H_MODE, decision.mode.encode())]
+
+
+def _client_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """Request headers worth forwarding: no hop-by-hop, no client-supplied x-meshroute-*."""
+    return [(k, v) for k, v in scope.get("headers", ())
+            if k not in _HOP_BY_HOP_REQUEST and not k.startswith(_OURS)]
+
+
+def _is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+               for k, v in headers)
+
+
+class MeshRouteMiddleware:
+    """Pure ASGI middleware in front of any chat server (starlette style)."""
+
+    def __init__(self, app: ASGIApp, config: MiddlewareConfig | None = None, *,
+                 router: Router | None = None, forwarder: Forwarder | None = None,
+                 telemetry: Telemetry | None = None) -> None:
+        self.app = app
+        self.config = config or MiddlewareConfig()
+        self.router = router or Router(self.config.router, clock=time.time,
+                                       rng=random.Random(self.config.seed))
+        self.forwarder = forwarder or AiohttpForwarder(
+            self.config.connect_timeout_s, self.config.first_byte_timeout_s)
+        self.telemetry = telemetry or Telemetry(self.router)
+        self.annotate = self.config.mode == "annotate"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._lifespan_send(send))
+        elif (scope["type"] != "http" or scope["method"] != "POST"
+              or scope["path"] != self.config.path):
+            await self.app(scope, receive, send)
+        else:
+            await self._chat(scope, receive, send)
+
+    def _lifespan_send(self, send: Send) -> Send:
+        async def _send(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.forwarder.aclose()
+            await send(message)
+        return _send
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes))
+            decision = self._decide(req)
+        except RequestError as exc:
+            if exc.status != 499:
+                await send_error(send, exc.status, str(exc), exc.code)
+            return
+        except _PassThrough as exc:
+            await self.app(scope, replay(exc.body, receive), send)
+            return
+        except NoRouteError as exc:
+            await send_error(send, 503, str(exc), "no_route_available", routes=exc.reasons)
+            return
+        self.telemetry.in_flight.inc()
+        try:
+            if self.annotate:
+                await self._annotate(scope, receive, send, req, decision)
+            else:
+                await self._forward(scope, receive, send, req, decision)
+        finally:
+            self.telemetry.in_flight.dec()
+
+    def _decide(self, req: ChatRequest) -> Decision:
+        try:
+            return self.router.choose(req.model, req.pin)
+        except UnknownModelError as exc:
+            if self.annotate and req.pin is None:
+                raise _PassThrough(req.body) from exc  # the app may serve it by itself
+            raise RequestError(404, f"model {req.model!r} is not served by any known route",
+                               "model_not_found") from exc
+        except InvalidPinError as exc:
+            raise RequestError(400, str(exc), "invalid_route") from exc
+
+    def _finish(self, decision: Decision, outcome: Outcome) -> None:
+        result = self.router.record(decision, outcome)
+        self.telemetry.finished(decision, outcome, result)
+
+    # -- forward mode -----------------------------------------------------------------
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
+                       first: Decision) -> None:
+        headers = _client_headers(scope)
+        failures: dict[str, str] = {}
+        kinds: list[str] = []
+        decision: Decision | None = first
+        while decision is not None:
+            self.telemetry.decided(decision)
+            start = time.perf_counter()
+            try:
+                upstream = await self.forwarder.open(
+                    decision.route.head.url + CHAT_PATH, req.body,
+                    headers + route_headers(decision))
+            except ForwardError as exc:
+                self._finish(decision, Outcome(seconds=time.perf_counter() - start,
+                                               error=exc.kind))
+                failures[decision.signature] = str(exc)
+                kinds.append(exc.kind)
+                decision = self.router.fallback(decision)
+                continue
+            await self._relay(decision, upstream, receive, send, start)
+            return
+        rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
+        status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
+        await send_error(send, status, f"every route for {req.model!r} failed before its "
+                         "first byte", code, routes=failures)
+
+    async def _relay(self, decision: Decision, upstream: UpstreamResponse, receive: Receive,
+                     send: Send, start: float) -> None:
+        if 400 <= upstream.status < 500:
+            self.router.cancel(decision)  # the client's own mistake says nothing of the route
+            await self._pipe_plain(decision, upstream, send)
+            return
+        meter = TokenMeter(streaming=_is_sse(upstream.headers))
+        state: dict[str, Any] = {"first": None, "error": "", "gone": False}
+        try:
+            await send({"type": "http.response.start", "status": upstream.status,
+                        "headers": upstream.headers + _response_headers(decision)})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope, state)
+                await self._pump(upstream, send, meter, state)
+                tg.cancel_scope.cancel()
+        except OSError:
+            state["gone"] = True
+        finally:
+            upstream.close()
+            self._finish_relay(decision, meter, state, start)
+        if not state["gone"]:
+            await self._end_body(send, meter, state)
+
+    async def _pump(self, upstream: UpstreamResponse, send: Send, meter: TokenMeter,
+                    state: dict[str, Any]) -> None:
+        try:
+            async for chunk in upstream.chunks():
+                if state["first"] is None:
+                    state["first"] = time.perf_counter()
+                meter.feed(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except ForwardError as exc:
+            state["error"] = exc.kind
+        state["last"] = time.perf_counter()
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope,
+                                state: dict[str, Any]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                state["gone"] = True
+                scope.cancel()
+                return
+
+    def _finish_relay(self, decision: Decision, meter: TokenMeter, state: dict[str, Any],
+                      start: float) -> None:
+        last = state.get("last") or time.perf_counter()
+        first = state["first"]
+        if state["gone"] and first is None:
+            self.router.cancel(decision)
+            return
+        outcome = Outcome(meter.completion_tokens, last - start,
+                          (first - start) if first is not None else last - start,
+                          state["error"])
+        self._finish(decision, outcome)
+
+    @staticmethod
+    async def _end_body(send: Send, meter: TokenMeter, state: dict[str, Any]) -> None:
+        tail = b""
+        if state["error"] and meter.streaming:
+            tail = sse_error_event("the route's head failed mid-stream; partial response")
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _pipe_plain(self, decision: Decision, upstream: UpstreamResponse,
+                          send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": upstream.status,
+                        "headers": upstream.headers + _response_headers(decision)})
+            async for chunk in upstream.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (ForwardError, OSError):
+            pass
+        finally:
+            upstream.close()
+
+    # -- annotate mode ----------------------------------------------------------------
+    async def _annotate(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
+                        first: Decision) -> None:
+        decision: Decision | None = first
+        while decision is not None:
+            self.telemetry.decided(decision)
+            attempt = _Attempt(decision, send)
+            inner = self._annotated_scope(scope, decision)
+            try:
+                await self.app(inner, replay(req.body, receive), attempt.send)
+            except Exception:
+                if attempt.started:
+                    self._finish(decision, attempt.outcome("app_error"))
+                    raise
+                attempt.failed_early = "app_error"
+            if not attempt.failed_early:
+                self._finish_annotated(decision, attempt)
+                return
+            self._finish(decision, attempt.outcome(attempt.failed_early))
+            nxt = self.router.fallback(decision)
+            if nxt is None:
+                await attempt.flush_held(req.model)
+                return
+            decision = nxt
+
+    def _finish_annotated(self, decision: Decision, attempt: _Attempt) -> None:
+        client_error = attempt.status is not None and 400 <= attempt.status < 500
+        if client_error or (attempt.gone and attempt.first is None):
+            self.router.cancel(decision)
+        else:
+            self._finish(decision, attempt.outcome(""))
+
+    @staticmethod
+    def _annotated_scope(scope: Scope, decision: Decision) -> Scope:
+        headers = [(k, v) for k, v in scope.get("headers", ()) if not k.startswith(_OURS)]
+        state = dict(scope.get("state") or {})
+        state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
+                              "plan": decision.route.plan(), "attempt": decision.attempt}
+        return {**scope, "headers": headers + route_headers(decision), "state": state}
+
+
+class _PassThrough(Exception):
+    def __init__(self, body: bytes) -> None:
+        super().__init__("pass through")
+        self.body = body
+
+
+class _Attempt:
+    """Wraps the app's send for one annotated attempt: adds headers, measures, and holds a
+    5xx/429 answer back so that the middleware can fall back before the client sees a byte."""
+
+    def __init__(self, decision: Decision, send: Send) -> None:
+        self.decision, self._send = decision, send
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.status: int | None = None
+        self.started = False
+        self.gone = False
+        self.failed_early = ""
+        self.meter: TokenMeter | None = None
+        self._held: list[Message] = []
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            if self.status >= 500 or self.status == 429:
+                self.failed_early = "http_429" if self.status == 429 else "http_5xx"
+                self._held.append(message)
+                return
+            headers = list(message.get("headers", ())) + _response_headers(self.decision)
+            self.meter = TokenMeter(streaming=_is_sse(headers))
+            message = {**message, "headers": headers}
+            self.started = True
+        elif kind == "http.response.body":
+            if self.failed_early:
+                self._held.append(message)
+                return
+            body = message.get("body", b"")
+            now = time.perf_counter()
+            if body and self.first is None:
+                self.first = now
+            if self.meter is not None:
+                self.meter.feed(body)
+            if not message.get("more_body", False):
+                self.last = now
+        try:
+            await self._send(message)
+        except OSError:
+            self.gone = True
+            raise
+
+    def outcome(self, error: str) -> Outcome:
+        """The attempt's outcome as the router records it."""
+        last = self.last or time.perf_counter()
+        tokens = self.meter.completion_tokens if self.meter else 0
+        first = self.first if self.first is not None else last
+        return Outcome(tokens, last - self.start, first - self.start, error)
+
+    async def flush_held(self, model: str) -> None:
+        """No route left: the client gets the last failing answer as it was."""
+        if self._held:
+            first = self._held[0]
+            self._held[0] = {**first, "headers": list(first.get("headers", ()))
+                             + _response_headers(self.decision)}
+            for message in self._held:
+                await self._send(message)
+            return
+        await send_error(self._send, 503, f"every route for {model!r} failed before its "
+                         "first byte", "no_route_available", _response_headers(self.decision))

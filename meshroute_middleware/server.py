@@ -1,0 +1,92 @@
+"""The composition root of `meshroute serve`: router, middleware, forwarding, discovery, gossip."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
+
+from .api import GatewayAPI, build_api_app
+from .core import InvalidNodeError, Router, parse_node
+from .forwarding import AiohttpForwarder
+from .mesh import Mesh, load_nodes_file
+from .middleware import MeshRouteMiddleware, MiddlewareConfig
+from .settings import ServeSettings
+from .telemetry import Telemetry
+
+log = logging.getLogger("meshroute.serve")
+PRUNE_EVERY_S = 60.0
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything one tracker gateway is made of; `app` is what uvicorn serves."""
+
+    settings: ServeSettings
+    router: Router
+    telemetry: Telemetry
+    mesh: Mesh
+    app: ASGIApp
+    tracker_id: str
+
+
+def build_gateway(settings: ServeSettings) -> Gateway:
+    """Wire a gateway from settings; nothing starts until the ASGI lifespan runs."""
+    tracker_id = settings.tracker_id or f"tracker-{uuid.uuid4().hex[:12]}"
+    router = Router(settings.router, clock=time.time, rng=random.Random(settings.seed),
+                    origin=tracker_id)
+    telemetry = Telemetry(router)
+    mesh = Mesh(router, telemetry)
+    if settings.nodes_file:
+        _load_static_nodes(mesh, settings.nodes_file)
+    inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token))
+    inner.router.lifespan_context = lambda app: _lifespan(settings, mesh, tracker_id)
+    config = MiddlewareConfig(
+        mode="forward", max_body_bytes=settings.max_body_bytes,
+        connect_timeout_s=settings.connect_timeout_s,
+        first_byte_timeout_s=settings.first_byte_timeout_s, router=settings.router)
+    forwarder = AiohttpForwarder(settings.connect_timeout_s, settings.first_byte_timeout_s)
+    app = MeshRouteMiddleware(inner, config, router=router, forwarder=forwarder,
+                              telemetry=telemetry)
+    return Gateway(settings, router, telemetry, mesh, app, tracker_id)
+
+
+def _load_static_nodes(mesh: Mesh, path: str) -> None:
+    """Validate every record of a nodes file first; refuse the file whole if one is bad."""
+    records = []
+    for i, data in enumerate(load_nodes_file(path)):
+        try:
+            records.append(parse_node(data, now=mesh.router.clock()))
+        except InvalidNodeError as exc:
+            raise ValueError(f"{path}: node #{i}: {exc}") from exc
+    for record in records:
+        mesh.upsert(record)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(settings: ServeSettings, mesh: Mesh, tracker_id: str
+                    ) -> AsyncIterator[None]:
+    """Background services of a running gateway; each enters the exit stack."""
+    async with contextlib.AsyncExitStack() as stack, anyio.create_task_group() as tg:
+        tg.start_soon(_prune_loop, mesh.router)
+        # discovery: (node_agent) mDNS browsing, health checks, tracker announcement
+        # gossip: (gossip) statistics exchange with peer trackers
+        assert stack is not None
+        yield
+        tg.cancel_scope.cancel()
+
+
+async def _prune_loop(router: Router) -> None:
+    while True:
+        await anyio.sleep(PRUNE_EVERY_S)
+        dropped = router.prune()
+        if dropped:
+            log.info("pruned %d route statistics unseen for 24 h", dropped)
