@@ -10,7 +10,8 @@ from typing import ClassVar, Protocol
 from .routes import Route
 from .stats import PROVEN, RouteView
 
-SCOUT, EXPLOIT, PINNED, GREEDY, FALLBACK = "scout", "exploit", "pinned", "greedy-fallback", "fallback"
+SCOUT, EXPLOIT, PINNED = "scout", "exploit", "pinned"  # ADR-0021 decision modes
+GREEDY, FALLBACK = "greedy-fallback", "fallback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,10 @@ class Outcome:
 class Policy(Protocol):
     """Chooses among arms; may learn from outcomes. Deterministic given its rng."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The name the policy is selected by (a class or instance attribute will do)."""
+        ...
 
     def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
         """Return (index into arms, mode)."""
@@ -103,17 +107,18 @@ class Adr0021Policy:
 
     def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
         """Pick an arm as ADR-0021 does."""
-        proven = [i for i, a in enumerate(arms) if a.proven]
+        proven = [i for i, a in enumerate(arms) if a.view.status == PROVEN]
         if not proven:
             return best_prior(arms), GREEDY
         if len(proven) < len(arms) and rng.random() < self.explore_share:
             return least_measured(arms, [i for i, a in enumerate(arms) if not a.proven]), SCOUT
-        weights = [self._weight(arms[i]) for i in proven]
-        return proven[weighted_index(weights, rng)], EXPLOIT
+        return proven[weighted_index(self._weights(arms, proven), rng)], EXPLOIT
 
-    def _weight(self, arm: Arm) -> float:
-        tps = arm.view.tps or 0.0
-        return max(tps, 1e-9) ** self.weight_alpha
+    def _weights(self, arms: Sequence[Arm], proven: Sequence[int]) -> list[float]:
+        """tps^alpha of the proven arms (a floor keeps a zero-tps arm drawable)."""
+        alpha = self.weight_alpha
+        tps = [max(arms[i].view.tps or 0.0, 1e-9) for i in proven]
+        return tps if alpha == 1.0 else [x**alpha for x in tps]
 
     def shares(self, arms: Sequence[Arm]) -> list[float]:
         """Expected traffic share of each arm under this policy right now."""
@@ -125,7 +130,7 @@ class Adr0021Policy:
         explore = self.explore_share if len(proven) < len(arms) else 0.0
         if explore:
             out[least_measured(arms, [i for i, a in enumerate(arms) if not a.proven])] = explore
-        weights = [self._weight(arms[i]) for i in proven]
+        weights = self._weights(arms, proven)
         total = sum(weights)
         for i, w in zip(proven, weights, strict=True):
             out[i] += (1 - explore) * w / total

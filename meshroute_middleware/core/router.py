@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class Decision:
     attempt: int = 0  # 0 for the first choice, k for the k-th fallback
     _ranked: tuple[Route, ...] | None = field(default=(), repr=False)  # None: rank `_others`
     _others: Sequence[Arm] = field(default=(), repr=False)  # the unchosen arms, unranked
+    _open: bool = field(default=False, repr=False)  # counted in flight, not yet ended
 
     @property
     def signature(self) -> str:
@@ -156,6 +158,7 @@ class Router:
     def _begin(self, decision: Decision) -> Decision:
         sig = decision.signature
         self._in_flight[sig] = self._in_flight.get(sig, 0) + 1
+        decision._open = True
         return decision
 
     def in_flight(self, signature: str) -> int:
@@ -164,7 +167,10 @@ class Router:
 
     def cancel(self, decision: Decision) -> None:
         """End an attempt that says nothing about the route (the client's own 4xx, or it
-        went away before any byte): no sample, no failure."""
+        went away before any byte): no sample, no failure. Ending twice counts once."""
+        if not decision._open:
+            return
+        decision._open = False
         sig = decision.signature
         left = self._in_flight.get(sig, 0) - 1
         if left > 0:
@@ -182,11 +188,12 @@ class Router:
         if not outcome.ok:
             self.stats.record_failure(model, sig, outcome.error, now, changed_at)
             return "failure"
-        if outcome.completion_tokens < self.config.min_sample_tokens or outcome.seconds <= 0:
+        tps = outcome.completion_tokens / outcome.seconds if outcome.seconds > 0 else math.nan
+        if outcome.completion_tokens < self.config.min_sample_tokens or not math.isfinite(tps):
             self.stats.record_success(model, sig, now, changed_at)
             return "success"
-        tps = outcome.completion_tokens / outcome.seconds
-        self.stats.record_sample(model, sig, tps, outcome.ttfb_s, now, changed_at)
+        ttfb_s = outcome.ttfb_s if 0 <= outcome.ttfb_s <= outcome.seconds else outcome.seconds
+        self.stats.record_sample(model, sig, tps, ttfb_s, now, changed_at)
         return "sample"
 
     def gaps(self, model: str) -> dict[str, str]:

@@ -139,14 +139,18 @@ def _complete(model: str, head: NodeRecord, index: _NextHopIndex, last: int) -> 
 
 def pinned_route(model: str, node_ids: Sequence[str], nodes: dict[str, NodeRecord]) -> Route:
     """Build the route a request pinned; raise InvalidPinError saying what is wrong."""
-    if not node_ids:
-        raise InvalidPinError("'route' must list at least one node id")
+    if isinstance(node_ids, str | bytes) or not node_ids:
+        raise InvalidPinError("'route' must be a non-empty list of node ids")
     hops: list[Hop] = []
     layers = None
     for node_id in node_ids:
         node = nodes.get(node_id) if isinstance(node_id, str) else None
         if node is None:
             raise InvalidPinError(f"'route' names node {node_id!r}, which does not serve {model!r}")
+        if layers is not None and node.layers != layers:
+            raise InvalidPinError(
+                f"'route' mixes layer counts: node {node_id!r} reports {node.layers} layers, "
+                f"the nodes before it {layers}")
         layers = node.layers
         start = hops[-1].end_layer + 1 if hops else 0
         if not node.start <= start <= node.end:

@@ -16,6 +16,8 @@ MAX_QUEUE = 1_000_000
 MAX_ID_CHARS = 128
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@/+-]+$")
 _URL_RE = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+_INT_RE = re.compile(r"^-?[0-9]{1,18}$")  # ASCII digits only: int() also takes '١' and '_'
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +57,8 @@ def _as_int(data: Mapping[str, Any], key: str, default: int | None = None) -> in
         raise InvalidNodeError(f"'{key}' must be an integer, not a boolean")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
+    if isinstance(value, str) and _INT_RE.match(value.strip()):
+        value = int(value.strip())
     if not isinstance(value, int):
         raise InvalidNodeError(f"'{key}' must be an integer, got {value!r}")
     return value
@@ -82,6 +84,8 @@ def _as_text(data: Mapping[str, Any], key: str) -> str:
         raise InvalidNodeError(f"'{key}' must be a non-empty string")
     if len(value) > MAX_ID_CHARS:
         raise InvalidNodeError(f"'{key}' is longer than {MAX_ID_CHARS} characters")
+    if not value.isprintable():
+        raise InvalidNodeError(f"'{key}' holds control characters")
     return value
 
 
@@ -162,6 +166,8 @@ class Topology:
         record = replace(record, seen_at=now)
         topo.nodes[record.node_id] = record
         self._model_of[record.node_id] = record.model
+        if old is not None and replace(old, seen_at=now) == record:
+            return "refresh"  # a heartbeat: nothing a route depends on changed
         topo.version += 1
         if old is None:
             self._bump(topo, now)
