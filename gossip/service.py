@@ -1,0 +1,228 @@
+"""GossipService: push-pull anti-entropy rounds between trackers, around a Router.
+
+Each round picks `fanout` peers; with each: send our DIGEST, receive a DELTA of what we lack plus
+the peer's digest, apply it, push back a DELTA of what the peer lacks, receive an ACK. Every
+refused message is counted by reason and logged; it never touches the state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+
+from meshroute_middleware.core.router import Router
+
+from . import errors as err
+from . import state as st
+from .peers import Membership, parse_address
+from .transport import Address, TcpTransport, Transport
+from .wire import Ack, Message, MessageType, WireCodec
+
+log = logging.getLogger(__name__)
+
+EXCHANGE_TIMEOUT_S = 2.0  # one exchange; a dead peer costs at most this, in parallel
+
+
+class GossipSettingsLike(Protocol):
+    """The ServeSettings fields gossip reads."""
+
+    @property
+    def gossip_listen(self) -> str | None: ...
+    @property
+    def gossip_peers(self) -> tuple[str, ...]: ...
+    @property
+    def gossip_interval_s(self) -> float: ...
+    @property
+    def gossip_fanout(self) -> int: ...
+    @property
+    def gossip_secret_file(self) -> str | None: ...
+    @property
+    def gossip_secret(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GossipConfig:
+    """Gossip knobs; build from ServeSettings with `from_settings`."""
+
+    listen: Address | None = None
+    peers: tuple[Address, ...] = ()
+    interval_s: float = 1.0
+    fanout: int = 3
+    secret: bytes | None = None
+    timeout_s: float = EXCHANGE_TIMEOUT_S
+
+    @classmethod
+    def from_settings(cls, settings: GossipSettingsLike) -> GossipConfig:
+        """Parse addresses and load the secret (the file wins over the inline value)."""
+        listen = parse_address(settings.gossip_listen) if settings.gossip_listen else None
+        return cls(listen, tuple(parse_address(p) for p in settings.gossip_peers),
+                   settings.gossip_interval_s, settings.gossip_fanout, load_secret(settings))
+
+
+def load_secret(settings: GossipSettingsLike) -> bytes | None:
+    """The shared secret from `gossip_secret_file` or `gossip_secret`, stripped; None if unset."""
+    if settings.gossip_secret_file:
+        text = Path(settings.gossip_secret_file).read_text().strip()
+        if not text:
+            raise ValueError(f"gossip secret file {settings.gossip_secret_file} is empty")
+        return text.encode()
+    return settings.gossip_secret.strip().encode() if settings.gossip_secret else None
+
+
+@dataclass(slots=True)
+class GossipCounters:
+    """Monotonic counters, exported by the gateway to Prometheus."""
+
+    rounds: int = 0
+    exchanges: int = 0
+    exchange_failures: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    entries_applied: int = 0
+    entries_ignored: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        """Count one refused message or failed exchange by reason."""
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+class GossipService:
+    """Runs a tracker's gossip: `async with GossipService(router, config) as svc: ...`."""
+
+    def __init__(self, router: Router, config: GossipConfig, *,
+                 transport: Transport | None = None, clock: Callable[[], float] | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.router = router
+        self.config = config
+        self.clock = clock or router.clock
+        self.rng = rng or random.Random()
+        self.counters = GossipCounters()
+        self.origin = router.stats.origin
+        self.codec = WireCodec(self.origin, config.secret, rng=self.rng)
+        self.membership = Membership(config.peers, own=config.listen)
+        host, port = config.listen or ("127.0.0.1", 0)
+        self.transport: Transport = transport or TcpTransport(
+            host, port, on_error=lambda e: self.counters.reject(e.reason))
+        self.address: Address | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def __aenter__(self) -> GossipService:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        if self.config.listen is not None:
+            self.address = await self._tg.start(self.transport.serve, self.handle)
+            self.membership.own = self.address
+        self._tg.start_soon(self._loop)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._tg.__aexit__(exc_type, exc, tb)
+
+    async def _loop(self) -> None:
+        while True:
+            await anyio.sleep(self.config.interval_s)
+            await self.run_round()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and membership as a plain dict (for /metrics and /v1/routing)."""
+        peers = len(self.membership.peers())
+        return {**asdict(self.counters), "origin": self.origin, "peers": peers}
+
+    # -- initiating ---------------------------------------------------------------------------
+    async def run_round(self) -> None:
+        """One round: push-pull with up to `fanout` peers, in parallel."""
+        self.counters.rounds += 1
+        self.router.prune()
+        peers = self.membership.pick(self.config.fanout, self.clock(), self.rng)
+        async with anyio.create_task_group() as tg:
+            for peer in peers:
+                tg.start_soon(self.exchange, peer)
+
+    async def exchange(self, peer: Address) -> bool:
+        """Push-pull with one peer; return whether it completed. Never raises GossipError."""
+        self.counters.exchanges += 1
+        try:
+            digest = st.make_digest(self.router.stats, self.router.topology)
+            reply = await self._request(peer, digest, MessageType.DELTA)
+            assert isinstance(reply.body, st.Delta)
+            self._apply(reply.body)
+            if reply.body.digest is not None:
+                push = st.make_delta(self.router.stats, self.router.topology, reply.body.digest)
+                if push.entries or push.changes:
+                    await self._request(peer, push, MessageType.ACK)
+        except err.GossipError as exc:
+            self.counters.exchange_failures += 1
+            self.counters.reject(exc.reason)
+            delay = self.membership.mark_failed(peer, self.clock())
+            log.info("gossip: exchange with %s failed (%s: %s); retry in %.0f s",
+                     peer, exc.reason, exc, delay)
+            return False
+        self.membership.mark_ok(peer)
+        return True
+
+    async def _request(self, peer: Address, body: st.Digest | st.Delta,
+                       expect: MessageType) -> Message:
+        data = self.codec.encode(body, self.clock())
+        self.counters.messages_sent += 1
+        self.counters.bytes_sent += len(data)
+        reply = await self.transport.request(peer, data, self.config.timeout_s)
+        message = self._decode(reply)
+        if message.kind is not expect:
+            raise err.UnknownMessageType(f"expected {expect.name}, got {message.kind.name}")
+        return message
+
+    def _decode(self, data: bytes) -> Message:
+        self.counters.messages_received += 1
+        self.counters.bytes_received += len(data)
+        message = self.codec.decode(data, self.clock())
+        if message.sender == self.origin:
+            raise err.SameOrigin(f"a peer gossips as our own origin {self.origin!r}")
+        return message
+
+    def _apply(self, delta: st.Delta) -> st.ApplyResult:
+        result = st.apply_delta(self.router.stats, self.router.topology, delta, self.clock())
+        self.counters.entries_applied += result.applied
+        self.counters.entries_ignored += result.ignored
+        for reason, n in (("future", result.future), ("origin_cap", result.over_cap)):
+            if n:
+                self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + n
+        return result
+
+    # -- answering ----------------------------------------------------------------------------
+    async def handle(self, data: bytes, sender: Address) -> bytes | None:
+        """Answer one inbound frame; refused frames are counted, logged and get no reply."""
+        try:
+            message = self._decode(data)
+            reply = self._answer(message)
+        except err.GossipError as exc:
+            self.counters.reject(exc.reason)
+            log.warning("gossip: refused a message from %s (%s: %s)", sender, exc.reason, exc)
+            return None
+        out = self.codec.encode(reply, self.clock())
+        self.counters.messages_sent += 1
+        self.counters.bytes_sent += len(out)
+        return out
+
+    def _answer(self, message: Message) -> st.Delta | Ack:
+        body = message.body
+        if isinstance(body, st.Digest):
+            return st.make_delta(self.router.stats, self.router.topology, body,
+                                 include_digest=True)
+        if isinstance(body, st.Delta) and body.digest is None:
+            return Ack(self._apply(body).applied)
+        raise err.UnknownMessageType(f"{message.kind.name} is not a request")

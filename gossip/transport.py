@@ -1,0 +1,132 @@
+"""The gossip transport seam and its real implementation: TCP with length-prefixed frames.
+
+Why TCP rather than UDP: a push-pull exchange is request/response, and a digest or delta for a
+few hundred routes and origins outgrows one datagram (65,507 bytes at most, ~1,400 without IP
+fragmentation); TCP gives us framing, delivery and a connection-refused signal for dead peers.
+One exchange is one connection: a request frame, a reply frame, close (at one round a second
+per peer the handshake costs nothing that matters).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from . import errors as err
+from .wire import MAX_FRAME_BYTES
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+# Called with one request frame and the sender's address; returns the reply, or None to hang up.
+Handler = Callable[[bytes, Address], Awaitable[bytes | None]]
+ErrorSink = Callable[[err.GossipError], None]
+
+_LENGTH = struct.Struct(">I")  # 4-byte big-endian frame length
+IO_TIMEOUT_S = 5.0  # a peer that sends a frame slower than this is cut off (slowloris)
+MAX_CONNECTIONS = 64  # concurrent inbound exchanges; more wait (fanout 3 x peers is far less)
+
+
+class Transport(Protocol):
+    """Request/response between gossip peers."""
+
+    async def request(self, peer: Address, payload: bytes, timeout_s: float) -> bytes:
+        """Send one frame and return the reply; raise PeerTimeout / PeerUnreachable."""
+        ...
+
+    async def serve(self, handler: Handler, *,
+                    task_status: anyio.abc.TaskStatus[Address] = anyio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        """Answer requests until cancelled; report the bound address through task_status."""
+        ...
+
+
+async def write_frame(stream: anyio.abc.ByteSendStream, payload: bytes) -> None:
+    """Send one length-prefixed frame."""
+    await stream.send(_LENGTH.pack(len(payload)) + payload)
+
+
+async def read_frame(reader: BufferedByteReceiveStream, max_bytes: int) -> bytes:
+    """Read one length-prefixed frame; OversizedMessage before reading an oversized body."""
+    (length,) = _LENGTH.unpack(await reader.receive_exactly(_LENGTH.size))
+    if length > max_bytes:
+        raise err.OversizedMessage(f"frame of {length} bytes > {max_bytes}")
+    return await reader.receive_exactly(length)
+
+
+class TcpTransport:
+    """Gossip over TCP on `host:port` (port 0 picks a free one)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
+                 max_frame_bytes: int = MAX_FRAME_BYTES, io_timeout_s: float = IO_TIMEOUT_S,
+                 on_error: ErrorSink | None = None) -> None:
+        self.host, self.port = host, port
+        self.max_frame_bytes = max_frame_bytes
+        self.io_timeout_s = io_timeout_s
+        self.on_error = on_error
+        self._limiter = anyio.CapacityLimiter(MAX_CONNECTIONS)
+
+    async def request(self, peer: Address, payload: bytes, timeout_s: float) -> bytes:
+        """One exchange on a fresh connection."""
+        try:
+            with anyio.fail_after(timeout_s):
+                async with await anyio.connect_tcp(*peer) as stream:
+                    await write_frame(stream, payload)
+                    return await read_frame(BufferedByteReceiveStream(stream),
+                                            self.max_frame_bytes)
+        except TimeoutError as exc:
+            raise err.PeerTimeout(f"{_fmt(peer)} did not answer in {timeout_s:g} s") from exc
+        except (OSError, anyio.EndOfStream, anyio.IncompleteRead,
+                anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise err.PeerUnreachable(f"{_fmt(peer)}: {type(exc).__name__} {exc}") from exc
+
+    async def serve(self, handler: Handler, *,
+                    task_status: anyio.abc.TaskStatus[Address] = anyio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        """Listen and answer until cancelled."""
+        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
+        async with listener:
+            bound = listener.extra(anyio.abc.SocketAttribute.local_address)
+            assert isinstance(bound, tuple)  # a TCP listener has an IP address
+            self.port = int(bound[1])
+            task_status.started((str(bound[0]), self.port))
+
+            async def on_connection(stream: anyio.abc.SocketStream) -> None:
+                async with self._limiter, stream:
+                    await self._answer(stream, handler)
+
+            await listener.serve(on_connection)
+
+    async def _answer(self, stream: anyio.abc.SocketStream, handler: Handler) -> None:
+        remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
+        sender: Address = (str(remote[0]), int(remote[1]))
+        try:
+            with anyio.fail_after(self.io_timeout_s):
+                frame = await read_frame(BufferedByteReceiveStream(stream), self.max_frame_bytes)
+            reply = await handler(frame, sender)
+            if reply is not None:
+                with anyio.fail_after(self.io_timeout_s):
+                    await write_frame(stream, reply)
+        except err.GossipError as exc:
+            self._report(exc, sender)
+        except (TimeoutError, OSError, anyio.EndOfStream, anyio.IncompleteRead,
+                anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._report(err.PeerUnreachable(f"{type(exc).__name__} {exc}"), sender)
+        except Exception:  # a bug in the handler must not take the listener down
+            log.exception("gossip: handler failed for %s", _fmt(sender))
+
+    def _report(self, exc: err.GossipError, sender: Address) -> None:
+        log.debug("gossip: inbound from %s refused: %s", _fmt(sender), exc)
+        if self.on_error is not None:
+            self.on_error(exc)
+
+
+def _fmt(address: Address) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,298 @@
+"""The gossip wire format, pure: versioned msgpack frames, HMAC-SHA256 tags, strict decoding.
+
+A frame is the msgpack array `[version, type, sender, sent_at, nonce, body, tag]`; `body` is
+the msgpack of the typed payload, `tag` is HMAC-SHA256 over a domain prefix, the header and the
+body (nil without a shared secret). Decoding checks size, shape and every field's type and range
+before anything reaches the state; each refusal raises a specific `GossipError` subclass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from meshroute_middleware.core.stats import StatEntry
+
+from . import errors as err
+from . import state as st
+
+WIRE_VERSION = 1
+MAX_FRAME_BYTES = 1024 * 1024  # bounds memory per message; a full delta is ~160 KiB
+MAX_ID_CHARS = 128  # model and origin ids, as core.topology.MAX_ID_CHARS
+MAX_SIGNATURE_CHARS = 4096  # a route signature: up to ~30 hops of 128-char node ids
+MAX_ERROR_CHARS = 200  # StatEntry.with_failure keeps 200 characters
+MAX_COUNT = 2**53  # counts stay exact as floats
+REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused
+MAX_REPLAY_TAGS = 65_536  # tags remembered for duplicate detection (oldest evicted first)
+TAG_BYTES = 32  # HMAC-SHA256
+_SIGN_PREFIX = b"meshroute-gossip\x00"
+
+
+class MessageType(IntEnum):
+    """Append-only: never renumber or reuse a value."""
+
+    DIGEST = 1  # initiator -> peer: what I hold
+    DELTA = 2  # entries the receiver lacks; as a reply it also carries the sender's digest
+    ACK = 3  # reply to a pushed delta: how many entries were applied
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The receiver of a pushed delta applied `applied` entries."""
+
+    applied: int = 0
+
+
+Body = st.Digest | st.Delta | Ack
+_KINDS = frozenset(int(k) for k in MessageType)
+_BODY_TYPE: dict[MessageType, type] = {MessageType.DIGEST: st.Digest,
+                                       MessageType.DELTA: st.Delta, MessageType.ACK: Ack}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded, validated message."""
+
+    kind: MessageType
+    sender: str
+    sent_at: float
+    body: Body
+    size_bytes: int = 0
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+def _nest(flat: Mapping[st.EntryKey, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (model, sig, origin), value in flat.items():
+        out.setdefault(model, {}).setdefault(sig, {})[origin] = value
+    return out
+
+
+def _digest_obj(digest: st.Digest) -> dict[str, Any]:
+    versions = {k: [float(t), fp] for k, (t, fp) in digest.versions.items()}
+    return {"v": _nest(versions), "c": dict(digest.changes)}
+
+
+def _entry_obj(e: StatEntry) -> list[Any]:
+    return [e.value, e.mass, e.t, e.ttfb_s, e.ok, e.fail, e.count, e.last_error]
+
+
+def _body_obj(body: Body) -> dict[str, Any]:
+    if isinstance(body, st.Digest):
+        return _digest_obj(body)
+    if isinstance(body, st.Delta):
+        entries = {k: _entry_obj(e) for k, e in body.entries.items()}
+        digest = None if body.digest is None else _digest_obj(body.digest)
+        return {"e": _nest(entries), "c": dict(body.changes), "d": digest}
+    return {"n": body.applied}
+
+
+def _pack(obj: Any) -> bytes:
+    data: bytes = msgpack.packb(obj)
+    return data
+
+
+def _signed_bytes(header: list[Any], body: bytes) -> bytes:
+    return _SIGN_PREFIX + _pack(header) + body
+
+
+# -- decoding helpers: every field is checked, nothing is trusted -------------------------------
+
+def _fail(what: str) -> err.MalformedMessage:
+    return err.MalformedMessage(what)
+
+
+def _map(obj: Any, what: str) -> dict[Any, Any]:
+    if not isinstance(obj, dict):
+        raise _fail(f"{what} must be a map")
+    return obj
+
+
+def _text(obj: Any, what: str, max_chars: int) -> str:
+    if not isinstance(obj, str) or not obj or len(obj) > max_chars:
+        raise _fail(f"{what} must be a string of 1..{max_chars} characters")
+    return obj
+
+
+def _number(obj: Any, what: str, low: float = 0.0) -> float:
+    if isinstance(obj, bool) or not isinstance(obj, int | float):
+        raise _fail(f"{what} must be a number")
+    value = float(obj)
+    if not math.isfinite(value) or value < low:
+        raise _fail(f"{what} must be finite and >= {low}")
+    return value
+
+
+def _is_int(obj: Any) -> bool:
+    return isinstance(obj, int) and not isinstance(obj, bool)
+
+
+def _int(obj: Any, what: str, high: int) -> int:
+    if isinstance(obj, bool) or not isinstance(obj, int) or not 0 <= obj <= high:
+        raise _fail(f"{what} must be an integer in 0..{high}")
+    return obj
+
+
+def _walk(obj: Any, what: str) -> list[tuple[st.EntryKey, Any]]:
+    """Flatten {model: {signature: {origin: leaf}}} with every key checked."""
+    out: list[tuple[st.EntryKey, Any]] = []
+    for model, sigs in _map(obj, what).items():
+        _text(model, "model", MAX_ID_CHARS)
+        for sig, origins in _map(sigs, what).items():
+            _text(sig, "signature", MAX_SIGNATURE_CHARS)
+            for origin, leaf in _map(origins, what).items():
+                out.append(((model, sig, _text(origin, "origin", MAX_ID_CHARS)), leaf))
+    return out
+
+
+def _changes(obj: Any) -> dict[str, float]:
+    items = _map(obj, "changes")
+    if len(items) > st.MAX_MODELS_PER_MESSAGE:
+        raise _fail("too many models")
+    return {_text(m, "model", MAX_ID_CHARS): _number(t, "changed_at", -math.inf)
+            for m, t in items.items()}
+
+
+def _version(leaf: Any) -> st.Version:
+    if not isinstance(leaf, list) or len(leaf) != 2:
+        raise _fail("a version must be [t, fingerprint]")
+    return (_number(leaf[0], "t", -math.inf), _int(leaf[1], "fingerprint", 2**32 - 1))
+
+
+def _entry(leaf: Any) -> StatEntry:
+    if not isinstance(leaf, list) or len(leaf) != 8:
+        raise _fail("an entry must be [value, mass, t, ttfb_s, ok, fail, count, last_error]")
+    value, mass, t, ttfb, ok, fail = (_number(x, "entry field") for x in leaf[:6])
+    error = leaf[7]
+    if not isinstance(error, str) or len(error) > MAX_ERROR_CHARS:
+        raise _fail("last_error must be a string")
+    return StatEntry(value, mass, t, ttfb, ok, fail, _int(leaf[6], "count", MAX_COUNT), error)
+
+
+def _bounded(pairs: list[tuple[st.EntryKey, Any]], max_entries: int) -> None:
+    if len(pairs) > max_entries:
+        raise _fail(f"more than {max_entries} entries")
+    if len({k[2] for k, _ in pairs}) > st.MAX_ORIGINS_PER_MESSAGE:
+        raise _fail(f"more than {st.MAX_ORIGINS_PER_MESSAGE} origins")
+
+
+def _digest(obj: Any) -> st.Digest:
+    body = _map(obj, "digest")
+    pairs = _walk(body.get("v"), "versions")
+    _bounded(pairs, st.MAX_DIGEST_ENTRIES)
+    return st.Digest({k: _version(leaf) for k, leaf in pairs}, _changes(body.get("c")))
+
+
+def _delta(obj: dict[Any, Any]) -> st.Delta:
+    pairs = _walk(obj.get("e"), "entries")
+    _bounded(pairs, st.MAX_ENTRIES_PER_MESSAGE)
+    digest = None if obj.get("d") is None else _digest(obj.get("d"))
+    return st.Delta({k: _entry(leaf) for k, leaf in pairs}, _changes(obj.get("c")), digest)
+
+
+def _body(kind: MessageType, obj: Any) -> Body:
+    if kind is MessageType.DIGEST:
+        return _digest(obj)
+    if kind is MessageType.DELTA:
+        return _delta(_map(obj, "delta"))
+    return Ack(_int(_map(obj, "ack").get("n"), "applied", MAX_COUNT))
+
+
+def _unpack(data: bytes, **limits: int) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True,
+                               max_ext_len=0, **limits)
+    except Exception as exc:  # msgpack raises many types on hostile input: all are "malformed"
+        raise err.MalformedMessage(f"not valid msgpack: {type(exc).__name__}") from exc
+
+
+class ReplayGuard:
+    """Remembers tags accepted within the window; pure, bounded."""
+
+    def __init__(self, window_s: float = REPLAY_WINDOW_S, max_tags: int = MAX_REPLAY_TAGS):
+        self.window_s = window_s
+        self.max_tags = max_tags
+        self._expiry: OrderedDict[bytes, float] = OrderedDict()
+
+    def check(self, tag: bytes, sent_at: float, now: float) -> None:
+        """Raise ExpiredMessage / ReplayedMessage, else remember the tag."""
+        if abs(now - sent_at) > self.window_s:
+            raise err.ExpiredMessage(f"timestamp {now - sent_at:+.1f} s off our clock")
+        while self._expiry and next(iter(self._expiry.values())) < now:
+            self._expiry.popitem(last=False)
+        if tag in self._expiry:
+            raise err.ReplayedMessage("an exact copy was already accepted")
+        if len(self._expiry) >= self.max_tags:
+            self._expiry.popitem(last=False)
+        self._expiry[tag] = sent_at + self.window_s
+
+
+class WireCodec:
+    """Encodes and decodes frames for one tracker; with a secret, signs and verifies."""
+
+    def __init__(self, sender: str, secret: bytes | None = None, *,
+                 rng: random.Random | None = None, window_s: float = REPLAY_WINDOW_S,
+                 max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        if secret is not None and not secret:
+            raise ValueError("an empty gossip secret would authenticate nothing")
+        self.sender = _text(sender, "sender", MAX_ID_CHARS) if sender else sender
+        self.secret = secret
+        self.max_frame_bytes = max_frame_bytes
+        self._rng = rng or random.Random()  # nonces need only be distinct, not secret
+        self._guard = ReplayGuard(window_s)
+
+    def encode(self, body: Body, now: float) -> bytes:
+        """One signed (when a secret is set) frame carrying `body`."""
+        kind = next(k for k, t in _BODY_TYPE.items() if isinstance(body, t))
+        header = [WIRE_VERSION, int(kind), self.sender, float(now), self._rng.getrandbits(64)]
+        payload = _pack(_body_obj(body))
+        tag = None
+        if self.secret is not None:
+            tag = hmac.new(self.secret, _signed_bytes(header, payload), hashlib.sha256).digest()
+        return _pack([*header, payload, tag])
+
+    def decode(self, data: bytes, now: float) -> Message:
+        """Validate and decode one frame; raise a GossipError subclass on any fault."""
+        if len(data) > self.max_frame_bytes:
+            raise err.OversizedMessage(f"{len(data)} bytes > {self.max_frame_bytes}")
+        frame = _unpack(data, max_str_len=MAX_ID_CHARS, max_bin_len=self.max_frame_bytes,
+                        max_array_len=7, max_map_len=0)
+        if not isinstance(frame, list) or len(frame) != 7:
+            raise _fail("a frame must be an array of 7 fields")
+        version, kind_raw, sender, sent_at, nonce, payload, tag = frame
+        if not _is_int(version) or version != WIRE_VERSION:
+            raise err.UnsupportedVersion(f"wire version {version!r}, we speak {WIRE_VERSION}")
+        if not _is_int(kind_raw) or kind_raw not in _KINDS:
+            raise err.UnknownMessageType(f"message type {kind_raw!r}")
+        kind = MessageType(kind_raw)
+        sender = _text(sender, "sender", MAX_ID_CHARS)
+        sent_at = _number(sent_at, "sent_at", -math.inf)
+        _int(nonce, "nonce", 2**64 - 1)
+        if not isinstance(payload, bytes):
+            raise _fail("body must be bytes")
+        self._authenticate(frame[:5], payload, tag, now)
+        obj = _unpack(payload, max_str_len=MAX_SIGNATURE_CHARS, max_bin_len=0, max_array_len=8,
+                      max_map_len=st.MAX_DIGEST_ENTRIES)
+        return Message(kind, sender, sent_at, _body(kind, obj), len(data))
+
+    def _authenticate(self, header: list[Any], payload: bytes, tag: Any, now: float) -> None:
+        if self.secret is None:
+            return
+        if tag is None:
+            raise err.UnsignedMessage("a shared secret is set and the message carries no tag")
+        if not isinstance(tag, bytes) or len(tag) != TAG_BYTES:
+            raise err.ForgedMessage("the tag is not an HMAC-SHA256")
+        want = hmac.new(self.secret, _signed_bytes(header, payload), hashlib.sha256).digest()
+        if not hmac.compare_digest(want, tag):
+            raise err.ForgedMessage("the HMAC tag does not verify")
+        self._guard.check(tag, header[3], now)
