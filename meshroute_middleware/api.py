@@ -39,6 +39,7 @@ class GatewayAPI:
         """The routes, for a Starlette app."""
         return [
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
             Route("/v1/nodes", self.list_nodes, methods=["GET"]),
             Route("/v1/nodes", self.post_node, methods=["POST"]),
             Route("/v1/nodes/{node_id:path}", self.delete_node, methods=["DELETE"]),
@@ -54,6 +55,11 @@ class GatewayAPI:
                  "nodes": len(self.router.topology.model(m).nodes)}  # type: ignore[union-attr]
                 for m in self.router.models()]
         return JSONResponse({"object": "list", "data": data})
+
+    async def chat_unrouted(self, request: Request) -> Response:
+        """Only reached without MeshRouteMiddleware in front (it serves POSTs here)."""
+        return error_response(503, "this app routes chat requests only behind "
+                              "MeshRouteMiddleware", "not_routed")
 
     async def list_nodes(self, request: Request) -> Response:
         """The topology's node records."""

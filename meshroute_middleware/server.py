@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 
 from .api import GatewayAPI, build_api_app
 from .core import InvalidNodeError, Router, parse_node
-from .forwarding import AiohttpForwarder
+from .forwarding import AiohttpForwarder, Forwarder
 from .mesh import Mesh, load_nodes_file
 from .middleware import MeshRouteMiddleware, MiddlewareConfig
 from .settings import ServeSettings
@@ -38,7 +38,7 @@ class Gateway:
     tracker_id: str
 
 
-def build_gateway(settings: ServeSettings) -> Gateway:
+def build_gateway(settings: ServeSettings, forwarder: Forwarder | None = None) -> Gateway:
     """Wire a gateway from settings; nothing starts until the ASGI lifespan runs."""
     tracker_id = settings.tracker_id or f"tracker-{uuid.uuid4().hex[:12]}"
     router = Router(settings.router, clock=time.time, rng=random.Random(settings.seed),
@@ -53,7 +53,8 @@ def build_gateway(settings: ServeSettings) -> Gateway:
         mode="forward", max_body_bytes=settings.max_body_bytes,
         connect_timeout_s=settings.connect_timeout_s,
         first_byte_timeout_s=settings.first_byte_timeout_s, router=settings.router)
-    forwarder = AiohttpForwarder(settings.connect_timeout_s, settings.first_byte_timeout_s)
+    forwarder = forwarder or AiohttpForwarder(settings.connect_timeout_s,
+                                              settings.first_byte_timeout_s)
     app = MeshRouteMiddleware(inner, config, router=router, forwarder=forwarder,
                               telemetry=telemetry)
     return Gateway(settings, router, telemetry, mesh, app, tracker_id)

@@ -1,0 +1,89 @@
+"""Annotate mode: the wrapped app serves the request itself, told the plan."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from meshroute_middleware.core import RouterConfig, parse_node
+from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
+
+pytestmark = pytest.mark.anyio
+
+
+def make_app(seen: list[dict[str, Any]], failing_head: str | None = None) -> Starlette:
+    async def chat(request: Request) -> Response:
+        plan = json.loads(request.headers.get("x-meshroute-plan", '[{"node_id": null}]'))
+        seen.append({"plan": plan, "state": request.scope.get("state", {}).get("meshroute"),
+                     "route": request.headers.get("x-meshroute-route")})
+        if plan[0]["node_id"] == failing_head:
+            return JSONResponse({"error": {"message": "boom"}}, status_code=502)
+        body = await request.json()
+        return JSONResponse({"choices": [{"message": {"content": body["model"]}}],
+                             "usage": {"completion_tokens": 40, "prompt_tokens": 1}})
+
+    async def other(request: Request) -> Response:
+        return PlainTextResponse("untouched")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                             Route("/other", other, methods=["GET", "POST"])])
+
+
+def wrap(app: Starlette) -> MeshRouteMiddleware:
+    mw = MeshRouteMiddleware(app, MiddlewareConfig(
+        mode="annotate", seed=1, router=RouterConfig(explore_share=0.0)))
+    for node_id, tps in (("a", 30.0), ("b", 10.0)):
+        mw.router.upsert_node(parse_node({"node_id": node_id, "model": "m", "start": 0,
+                                          "end": 9, "layers": 10,
+                                          "url": "http://127.0.0.1:1", "tps": tps}))
+    return mw
+
+
+async def test_annotate_tells_the_app_and_measures() -> None:
+    seen: list[dict[str, Any]] = []
+    mw = wrap(make_app(seen))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/chat/completions", json={"model": "m"},
+                                 headers={"x-meshroute-plan": "[spoofed]"})
+        assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "m"
+        assert resp.headers["x-meshroute-route"] == "m|a[0-9]"
+        assert resp.headers["x-meshroute-mode"] == "greedy-fallback"
+        assert seen[0]["plan"][0]["node_id"] == "a"  # the client's header was replaced
+        assert seen[0]["state"]["signature"] == "m|a[0-9]"
+        assert (await client.get("/other")).text == "untouched"
+        resp = await client.post("/v1/chat/completions", json={"model": "not-in-mesh"})
+        assert "x-meshroute-route" not in resp.headers  # the app serves it by itself
+    row = mw.router.routing_table()["models"]["m"]["candidates"][0]
+    assert row["samples"] == 1 and row["tps"] > 0
+
+
+async def test_annotate_falls_back_before_the_first_byte() -> None:
+    seen: list[dict[str, Any]] = []
+    mw = wrap(make_app(seen, failing_head="a"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/chat/completions", json={"model": "m"})
+        assert resp.status_code == 200
+        assert resp.headers["x-meshroute-route"] == "m|b[0-9]"
+        assert [s["plan"][0]["node_id"] for s in seen] == ["a", "b"]
+        rows = {r["head"]: r for r in mw.router.routing_table()["models"]["m"]["candidates"]}
+        assert rows["a"]["failures"] == pytest.approx(1.0) and rows["b"]["samples"] == 1
+
+
+async def test_annotate_with_every_route_failing_relays_the_last_answer() -> None:
+    seen: list[dict[str, Any]] = []
+    app = make_app(seen, failing_head="a")
+    mw = wrap(app)
+    mw.router.remove_node("b")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/chat/completions", json={"model": "m"})
+        assert resp.status_code == 502 and resp.headers["x-meshroute-route"] == "m|a[0-9]"

@@ -1,0 +1,122 @@
+"""A scriptable OpenAI-compatible chat server for gateway tests (not product code)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class FakeChat:
+    """Answers chat completions with `tokens` tokens, `token_delay_s` apart; knobs for faults."""
+
+    name: str = "up"
+    tokens: int = 16
+    token_delay_s: float = 0.0
+    status: int = 200  # answer this status (with an error body) instead of a completion
+    header_delay_s: float = 0.0  # wait before answering at all (timeouts)
+    die_after: int | None = None  # streaming: drop the connection after this many tokens
+    usage_in_stream: bool = False
+    seen: list[dict[str, Any]] = field(default_factory=list)  # headers + body of each request
+    cancelled: int = 0
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+        ])
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.seen.append({"headers": dict(request.headers), "body": body})
+        if self.header_delay_s:
+            await asyncio.sleep(self.header_delay_s)
+        if self.status != 200:
+            return JSONResponse({"error": {"message": f"{self.name} says {self.status}",
+                                           "type": "server_error", "code": "x"}},
+                                status_code=self.status)
+        if body.get("stream"):
+            return StreamingResponse(self._stream(body), media_type="text/event-stream")
+        for _ in range(self.tokens):
+            await asyncio.sleep(self.token_delay_s)
+        return JSONResponse(_completion(self.name, body, self.tokens))
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        try:
+            for i in range(self.tokens):
+                if self.die_after is not None and i == self.die_after:
+                    raise ConnectionError("emulated death mid-stream")
+                await asyncio.sleep(self.token_delay_s)
+                yield _chunk(self.name, body, {"content": f"t{i} "})
+            yield _chunk(self.name, body, {}, finish="stop")
+            if self.usage_in_stream:
+                usage = {"id": "c", "object": "chat.completion.chunk", "created": 0,
+                         "model": body["model"], "choices": [],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens,
+                                   "total_tokens": self.tokens + 3}}
+                yield b"data: " + json.dumps(usage).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+def _chunk(name: str, body: dict[str, Any], delta: dict[str, Any],
+           finish: str | None = None) -> bytes:
+    data = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _completion(name: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": f"from {name}"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens,
+                      "total_tokens": tokens + 3}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """Runs an ASGI app with real uvicorn on a loopback port in a background thread."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
