@@ -8,12 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import baselines as base
 from . import policies as pol
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
 from .policies import Arm, Outcome, Policy
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
+from .thompson import ThompsonPolicy
 from .topology import ModelTopology, NodeRecord, Topology
 
 Clock = Callable[[], float]
@@ -21,6 +23,11 @@ PolicyFactory = Callable[[RouterConfig], Policy]
 
 POLICIES: dict[str, PolicyFactory] = {
     "adr0021": lambda c: pol.Adr0021Policy(c.explore_share, c.weight_alpha),
+    "thompson": lambda c: ThompsonPolicy(c.half_life_s, c.min_sample_tokens),
+    "epsilon-greedy": lambda c: base.EpsilonGreedyPolicy(),
+    "litellm-latency": lambda c: base.LowestLatencyPolicy(),
+    "petals": lambda c: base.PetalsPolicy(),
+    "freellmapi": lambda c: base.ScorePolicy(),
 }
 
 
@@ -188,11 +195,13 @@ class Router:
         if not outcome.ok:
             self.stats.record_failure(model, sig, outcome.error, now, changed_at)
             return "failure"
-        tps = outcome.completion_tokens / outcome.seconds if outcome.seconds > 0 else math.nan
-        if outcome.completion_tokens < self.config.min_sample_tokens or not math.isfinite(tps):
+        seconds = outcome.seconds
+        measurable = seconds > 0 and math.isfinite(seconds)  # NaN/inf would poison the EWMA
+        if outcome.completion_tokens < self.config.min_sample_tokens or not measurable:
             self.stats.record_success(model, sig, now, changed_at)
             return "success"
-        ttfb_s = outcome.ttfb_s if 0 <= outcome.ttfb_s <= outcome.seconds else outcome.seconds
+        tps = outcome.completion_tokens / seconds
+        ttfb_s = outcome.ttfb_s if 0 <= outcome.ttfb_s <= seconds else seconds
         self.stats.record_sample(model, sig, tps, ttfb_s, now, changed_at)
         return "sample"
 

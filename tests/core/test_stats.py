@@ -1,0 +1,166 @@
+"""Decayed per-origin statistics: EWMA, decay, staleness, pruning, merge (a CRDT)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshroute_middleware.core import RouteStatsStore, StatEntry, merge_states
+from meshroute_middleware.core.stats import decay_factor, merge_view
+
+H = 600.0  # ADR-0021 default half-life, seconds
+T0 = 1_000_000.0
+KEY = ("m", "m|a[0-39]")
+
+EWMA = [  # (samples as (seconds after T0, tps), view time after T0, value, mass)
+    ([(0, 10.0)], 0, 10.0, 1.0),
+    ([(0, 10.0), (0, 20.0)], 0, 15.0, 2.0),
+    ([(0, 10.0), (H, 30.0)], H, (10 * 0.5 + 30) / 1.5, 1.5),  # m' = m·d + 1
+    ([(0, 10.0), (2 * H, 30.0)], 2 * H, (10 * 0.25 + 30) / 1.25, 1.25),
+    ([(0, 10.0)], H, 10.0, 0.5),  # decay moves mass, never the mean
+    ([(0, 10.0)], 3 * H, 10.0, 0.125),
+    ([(0, 10.0), (-H, 30.0)], 0, 20.0, 2.0),  # a clock step back decays nothing
+]
+
+
+@pytest.mark.parametrize(("samples", "at", "value", "mass"), EWMA)
+def test_ewma_and_decay(samples: list[tuple[float, float]], at: float, value: float,
+                        mass: float) -> None:
+    store = RouteStatsStore("me", H)
+    for dt, tps in samples:
+        store.record_sample(*KEY, tps, 0.1, T0 + dt)
+    view = store.view(*KEY, T0 + at)
+    assert view.tps == pytest.approx(value, rel=1e-12)
+    assert view.mass == pytest.approx(mass, rel=1e-12)
+    assert view.count == len(samples)
+
+
+@pytest.mark.parametrize(("dt", "factor"), [(0, 1.0), (-5, 1.0), (H, 0.5), (10 * H, 2**-10)])
+def test_decay_factor(dt: float, factor: float) -> None:
+    assert decay_factor(dt, H) == pytest.approx(factor, rel=1e-12)
+
+
+STATUS = [  # (seconds after the sample, topology change time after T0 or None, status)
+    (0.0, None, "proven"),
+    (H, None, "proven"),  # mass exactly 0.5: still proven
+    (1.01 * H, None, "decayed"),  # mass < 0.5 (ADR-0021)
+    (5 * H, None, "decayed"),
+    (10.0, 5.0, "stale"),  # a join/leave/shard change after the sample
+    (10.0, 0.0, "proven"),  # a change at the very time of the sample is not after it
+]
+
+
+@pytest.mark.parametrize(("after", "changed", "status"), STATUS)
+def test_status_transitions(after: float, changed: float | None, status: str) -> None:
+    store = RouteStatsStore("me", H)
+    store.record_sample(*KEY, 40.0, 0.2, T0)
+    changed_at = -math.inf if changed is None else T0 + changed
+    view = store.view(*KEY, T0 + after, changed_at)
+    assert view.status == status
+    if status == "stale":
+        assert (view.tps, view.mass) == (40.0, 0.0)  # the old EWMA as a display prior only
+    assert store.view("m", "m|never", T0).status == "unsampled"
+
+
+def test_stale_route_re_measured_is_proven_on_the_new_sample_alone() -> None:
+    store = RouteStatsStore("me", H)
+    store.record_sample(*KEY, 40.0, 0.2, T0)
+    store.record_failure(*KEY, "timeout", T0 + 1)
+    store.record_sample(*KEY, 10.0, 0.4, T0 + 20, changed_at=T0 + 10)
+    view = store.view(*KEY, T0 + 20, T0 + 10)
+    assert (view.status, view.tps, view.mass, view.count) == ("proven", 10.0, 1.0, 1)
+    assert view.fail == pytest.approx(0.5 ** (19 / H)) and view.last_error == "timeout"
+
+
+def test_failures_and_short_successes_are_no_tps_samples() -> None:
+    store = RouteStatsStore("me", H)
+    store.record_failure(*KEY, "http_5xx", T0)
+    store.record_success(*KEY, T0)
+    view = store.view(*KEY, T0)
+    assert (view.status, view.tps, view.count, view.ok, view.fail) == (
+        "unsampled", None, 0, 1.0, 1.0)
+
+
+def test_pruning_after_24_hours() -> None:
+    store = RouteStatsStore("me", H)
+    store.record_sample(*KEY, 40.0, 0.2, T0)
+    assert store.prune(T0 + 24 * 3600 - 1) == 0 and store.signatures() == [KEY]
+    assert store.prune(T0 + 24 * 3600 + 1) == 1 and store.signatures() == []
+    assert store.view(*KEY, T0 + 24 * 3600 + 1).status == "unsampled"
+
+
+def test_merge_keeps_own_origin_and_takes_newer_foreign_entries() -> None:
+    store = RouteStatsStore("me", H)
+    mine = store.record_sample(*KEY, 40.0, 0.2, T0)
+    foreign = {KEY: {"me": StatEntry(99.0, 9.0, T0 + 50),
+                     "peer": StatEntry(20.0, 1.0, T0, count=1)}}
+    assert store.merge(foreign) == 1
+    assert store.entries(*KEY) == {"me": mine, "peer": foreign[KEY]["peer"]}
+    assert store.merge(foreign) == 0  # idempotent
+    assert store.merge({KEY: {"peer": StatEntry(5.0, 1.0, T0 - 1, count=1)}}) == 0  # older
+    view = store.view(*KEY, T0)
+    assert view.tps == pytest.approx(30.0) and view.origins == 2  # Σ m·v / Σ m
+    old = {("m", "m|gone"): {"peer": StatEntry(1.0, 1.0, T0 - 25 * 3600, count=1)}}
+    assert store.merge(old, now=T0) == 0  # pruned entries are not resurrected
+
+
+finite = st.floats(-1e6, 1e6, allow_nan=False)
+# Masses are 0 or ≥ 1e-100: 24 h of decay is 2^-144 ≈ 4e-44 and pruning comes then; subnormal
+# masses would only measure the exact merge's own rounding.
+masses = st.one_of(st.just(0.0), st.floats(1e-100, 100))
+entries = st.builds(StatEntry, value=st.floats(0, 1e4), mass=masses,
+                    t=st.floats(T0 - 5000, T0 + 5000), ttfb_s=st.floats(0, 10),
+                    ok=st.floats(0, 100), fail=st.floats(0, 100), count=st.integers(0, 50),
+                    last_error=st.sampled_from(["", "timeout", "connect"]))
+states = st.dictionaries(st.tuples(st.sampled_from("mn"), st.sampled_from(["r1", "r2", "r3"])),
+                         st.dictionaries(st.sampled_from(["x", "y", "z"]), entries, max_size=3),
+                         max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(states, states, states)
+def test_merge_is_idempotent_commutative_associative(a: dict, b: dict, c: dict) -> None:
+    assert merge_states(a, a) == merge_states(a, {}) == {k: dict(v) for k, v in a.items()}
+    assert merge_states(a, b) == merge_states(b, a)
+    assert merge_states(merge_states(a, b), c) == merge_states(a, merge_states(b, c))
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries, finite, st.floats(1, 1e5))
+def test_decay_never_increases_mass(entry: StatEntry, dt: float, half_life_s: float) -> None:
+    later = entry.decayed(entry.t + dt, half_life_s)
+    assert later.mass <= entry.mass and later.ok <= entry.ok and later.fail <= entry.fail
+    assert entry.with_success(entry.t + dt, half_life_s).mass <= entry.mass
+    assert entry.with_failure("x", entry.t + dt, half_life_s).mass <= entry.mass
+
+
+@settings(max_examples=200, deadline=None)
+@given(states, st.sampled_from(["x", "y"]))
+def test_store_merge_never_changes_its_own_origin(received: dict, origin: str) -> None:
+    store = RouteStatsStore(origin, H)
+    for i, key in enumerate([("m", "r1"), ("n", "r2")]):
+        store.record_sample(*key, 10.0 + i, 0.1, T0 + i)
+    before = {key: store.entries(*key).get(origin) for key in [("m", "r1"), ("n", "r2")]}
+    store.merge(received)
+    for key, entry in before.items():
+        assert store.entries(*key).get(origin) == entry
+    assert all(origin not in store.entries(*key) for key in received if key not in before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["x", "y", "z"]), entries, min_size=1),
+       st.floats(T0 - 6000, T0 + 20000), st.floats(T0 - 6000, T0 + 6000))
+def test_cached_view_equals_the_exact_merge(origins: dict[str, StatEntry], now: float,
+                                            changed_at: float) -> None:
+    store = RouteStatsStore("me", H)
+    store.merge({KEY: origins})
+    fast = store.view(*KEY, now, changed_at)
+    exact = merge_view(origins.values(), now, changed_at, H)
+    for got, want in zip(fast, exact, strict=True):
+        if isinstance(want, float):
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-300)
+        else:
+            assert got == want
