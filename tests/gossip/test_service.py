@@ -1,0 +1,177 @@
+"""GossipService over the in-memory network: convergence under faults, refusals, backoff."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from gossip import state as st
+from gossip.memory import MemoryNetwork
+from gossip.service import GossipConfig, GossipService
+from gossip.wire import WireCodec
+from meshroute_middleware.core.stats import StatEntry
+from meshroute_middleware.core.topology import NodeRecord
+from tests.conftest import FakeClock
+from tests.gossip.helpers import MODEL, close, learned, make_router, record
+
+pytestmark = pytest.mark.anyio
+SECRET = b"s3cret"
+
+
+@asynccontextmanager
+async def cluster(n: int, clock: FakeClock, network: MemoryNetwork, fanout: int = 2,
+                  secret: bytes | None = SECRET) -> AsyncIterator[list[GossipService]]:
+    """n trackers t0..t(n-1), each knowing all the others, rounds driven by the test."""
+    addresses = [(f"t{i}", 1) for i in range(n)]
+    async with AsyncExitStack() as stack:
+        services = []
+        for i, address in enumerate(addresses):
+            config = GossipConfig(address, tuple(a for a in addresses if a != address),
+                                  interval_s=1e6, fanout=fanout, secret=secret, timeout_s=1.0)
+            service = GossipService(make_router(f"t{i}", clock), config,
+                                    transport=network.transport(address), rng=random.Random(i))
+            services.append(await stack.enter_async_context(service))
+        yield services
+
+
+async def rounds(services: list[GossipService], clock: FakeClock, k: int) -> None:
+    """k rounds: every tracker runs one round, concurrently, one second apart."""
+    for _ in range(k):
+        clock.advance(1.0)
+        async with anyio.create_task_group() as tg:
+            for service in services:
+                tg.start_soon(service.run_round)
+
+
+def agree(services: list[GossipService]) -> bool:
+    first = learned(services[0].router)
+    return all(all(close(first[h], v) for h, v in learned(s.router).items())
+               for s in services[1:])
+
+
+@pytest.mark.parametrize("faults", [{}, {"drop_rate": 0.2, "duplicate_rate": 0.2}])
+async def test_learned_tps_reach_every_tracker(clock: FakeClock, faults: dict[str, Any]) -> None:
+    network = MemoryNetwork(5, **faults)
+    async with cluster(4, clock, network) as services:
+        record(services[0].router, "fast", 100.0, 5)
+        record(services[0].router, "slow", 40.0, 5)
+        done = 0
+        while done < 10 and not agree(services):
+            await rounds(services, clock, 1)
+            done += 1
+        assert agree(services), f"no agreement after {done} rounds"
+        assert done <= (3 if not faults else 10)
+        for service in services[1:]:
+            table = service.router.routing_table(MODEL)["models"][MODEL]["candidates"]
+            assert {row["origins"] for row in table} == {1}
+            assert learned(service.router)["fast"] == pytest.approx(100.0, rel=0.01)
+
+
+async def test_every_origin_counts_once_in_the_merged_view(clock: FakeClock) -> None:
+    network = MemoryNetwork(2, duplicate_rate=0.5)
+    async with cluster(3, clock, network) as services:
+        for service, tps in zip(services, (90.0, 60.0, 30.0), strict=True):
+            record(service.router, "fast", tps)
+        await rounds(services, clock, 4)
+        for service in services:
+            view = service.router.stats.view(MODEL, _sig(service, "fast"), clock())
+            assert view.origins == 3 and view.count == 3
+            assert view.tps == pytest.approx(60.0)  # equal masses: the plain mean
+        replays = sum(s.counters.rejected.get("replayed", 0) for s in services)
+        assert replays == network.counters.duplicated  # every duplicate refused, none applied
+
+
+def _sig(service: GossipService, head: str) -> str:
+    return next(r.signature for r in service.router.candidates(MODEL) if r.head.node_id == head)
+
+
+async def test_refused_messages_are_counted_and_never_touch_the_state(clock: FakeClock) -> None:
+    async with cluster(1, clock, MemoryNetwork(0)) as (service,):
+        entry = {(MODEL, _sig(service, "fast"), "intruder"): StatEntry(9.0, 5.0, clock(),
+                                                                        count=5)}
+        delta = st.Delta(entry)
+        honest = WireCodec("t9", SECRET, rng=random.Random(1))
+        valid = honest.encode(st.Delta({(MODEL, _sig(service, "slow"), "t9"): StatEntry(
+            7.0, 1.0, clock(), count=1)}), clock())
+        assert await service.handle(valid, ("t9", 1)) is not None
+        before = st.flat_entries(service.router.stats)
+        bad = {
+            "malformed": b"\x93\x01\x02",
+            "unsigned": WireCodec("t9", None).encode(delta, clock()),
+            "forged": WireCodec("t9", b"guess").encode(delta, clock()),
+            "replayed": valid,
+            "expired": honest.encode(delta, clock() - 3600),
+            "oversized": b"\x00" * (2 * 1024 * 1024),
+        }
+        for reason, frame in bad.items():
+            assert await service.handle(frame, ("x", 1)) is None, reason
+        assert st.flat_entries(service.router.stats) == before
+        assert service.counters.rejected == {reason: 1 for reason in bad}
+
+
+async def test_a_peer_using_our_origin_is_refused(clock: FakeClock) -> None:
+    async with cluster(1, clock, MemoryNetwork(0)) as (service,):
+        frame = WireCodec("t0", SECRET).encode(st.Digest(), clock())
+        assert await service.handle(frame, ("x", 1)) is None
+        assert service.counters.rejected == {"same_origin": 1}
+
+
+async def test_a_dead_peer_backs_off_and_never_blocks_a_round(clock: FakeClock) -> None:
+    network = MemoryNetwork(0)
+    config = GossipConfig(("a", 1), (("t0", 1), ("dead", 1)), interval_s=1e6, fanout=2,
+                          secret=SECRET, timeout_s=1.0)
+    async with cluster(1, clock, network) as _, GossipService(
+            make_router("a", clock), config, transport=network.transport(("a", 1)),
+            rng=random.Random(0)) as lonely:
+        await lonely.run_round()
+        assert (lonely.counters.exchanges, lonely.counters.exchange_failures) == (2, 1)
+        assert lonely.counters.rejected == {"unreachable": 1}
+        clock.advance(0.5)
+        assert lonely.membership.pick(2, clock(), lonely.rng) == [("t0", 1)]
+        clock.advance(1.0)
+        assert len(lonely.membership.pick(2, clock(), lonely.rng)) == 2
+
+
+async def test_partition_then_heal(clock: FakeClock) -> None:
+    network = MemoryNetwork(9)
+    async with cluster(4, clock, network, fanout=1) as services:
+        network.partition([("t0", 1), ("t1", 1)], [("t2", 1), ("t3", 1)])
+        record(services[0].router, "fast", 80.0)
+        record(services[2].router, "slow", 30.0)
+        await rounds(services, clock, 5)
+        assert learned(services[1].router) == {"fast": pytest.approx(80.0), "slow": None}
+        assert learned(services[3].router) == {"fast": None, "slow": pytest.approx(30.0)}
+        network.heal()
+        for s in services:  # backoff from the partition would otherwise delay the check
+            for peer in s.membership.peers():
+                s.membership.mark_ok(peer)
+        await rounds(services, clock, 6)
+        assert agree(services)
+        assert learned(services[1].router) == {"fast": pytest.approx(80.0),
+                                               "slow": pytest.approx(30.0)}
+
+
+async def test_a_topology_change_elsewhere_makes_statistics_stale(clock: FakeClock) -> None:
+    async with cluster(2, clock, MemoryNetwork(0)) as services:
+        record(services[0].router, "fast", 50.0)
+        clock.advance(5)
+        services[1].router.upsert_node(NodeRecord("new", MODEL, 0, 9, 10, "http://127.0.0.1:9/c"))
+        await rounds(services, clock, 1)
+        topo = services[0].router.topology.model(MODEL)
+        assert topo is not None and topo.changed_at == clock() - 1.0
+        table = services[0].router.routing_table(MODEL)["models"][MODEL]["candidates"]
+        assert {r["head"]: r["status"] for r in table}["fast"] == "stale"
+
+
+async def test_stats_are_plain_numbers(clock: FakeClock) -> None:
+    async with cluster(2, clock, MemoryNetwork(0)) as services:
+        await rounds(services, clock, 1)
+        stats = services[0].stats()
+        assert stats["rounds"] == 1 and stats["peers"] == 1 and stats["origin"] == "t0"
+        assert stats["messages_sent"] >= 1 and stats["bytes_sent"] > 0
+        assert isinstance(stats["rejected"], dict)

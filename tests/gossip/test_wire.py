@@ -1,0 +1,190 @@
+"""gossip.wire: round trips, authentication, replay, limits, hostile bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from gossip import errors as err
+from gossip import state as st
+from gossip.wire import WIRE_VERSION, Ack, MessageType, WireCodec
+from meshroute_middleware.core.stats import StatEntry
+
+NOW = 1_000_000.0
+SECRET = b"correct horse battery staple"
+ENTRY = StatEntry(42.5, 2.25, NOW - 3, 0.125, 3.0, 0.5, 7, "timeout")
+DIGEST = st.Digest({("m", "m|a[0-9]", "t1"): (NOW - 3, 123456)}, {"m": NOW - 100})
+DELTA = st.Delta({("m", "m|a[0-9]", "t1"): ENTRY}, {"m": NOW - 100}, DIGEST)
+
+
+def codec(sender: str = "t1", secret: bytes | None = SECRET, seed: int = 1) -> WireCodec:
+    return WireCodec(sender, secret, rng=random.Random(seed))
+
+
+@pytest.mark.parametrize("body", [DIGEST, DELTA, st.Delta(), st.Digest(), Ack(5)])
+@pytest.mark.parametrize("secret", [None, SECRET])
+def test_round_trip(body: st.Digest | st.Delta | Ack, secret: bytes | None) -> None:
+    message = codec("t2", secret).decode(codec("t1", secret).encode(body, NOW), NOW + 1)
+    assert (message.sender, message.sent_at, message.body) == ("t1", NOW, body)
+    assert message.kind is {st.Digest: MessageType.DIGEST, st.Delta: MessageType.DELTA,
+                            Ack: MessageType.ACK}[type(body)]
+
+
+def test_message_types_are_append_only() -> None:
+    assert {m.name: m.value for m in MessageType} == {"DIGEST": 1, "DELTA": 2, "ACK": 3}
+
+
+def test_unsigned_message_is_refused_when_a_secret_is_set() -> None:
+    with pytest.raises(err.UnsignedMessage):
+        codec("t2").decode(codec("t1", None).encode(DIGEST, NOW), NOW)
+
+
+def test_wrong_secret_is_forged() -> None:
+    with pytest.raises(err.ForgedMessage):
+        codec("t2").decode(codec("t1", b"another secret").encode(DIGEST, NOW), NOW)
+
+
+def tamper(frame: bytes, index: int, value: object) -> bytes:
+    fields = msgpack.unpackb(frame)
+    fields[index] = value
+    return bytes(msgpack.packb(fields))
+
+
+@pytest.mark.parametrize("index,value", [(2, "t9"), (3, NOW + 1.0), (4, 7),
+                                         (6, b"\x00" * 32), (6, b"short")])
+def test_any_change_to_a_signed_frame_is_forged(index: int, value: object) -> None:
+    frame = codec().encode(DELTA, NOW)
+    with pytest.raises(err.ForgedMessage):
+        codec("t2").decode(tamper(frame, index, value), NOW)
+
+
+def test_changed_body_is_forged() -> None:
+    frame = codec().encode(DELTA, NOW)
+    other = msgpack.unpackb(codec().encode(st.Delta(), NOW))[5]
+    with pytest.raises(err.ForgedMessage):
+        codec("t2").decode(tamper(frame, 5, other), NOW)
+
+
+def test_replay_within_the_window_and_outside_it_are_refused() -> None:
+    receiver = codec("t2")
+    frame = codec().encode(DIGEST, NOW)
+    receiver.decode(frame, NOW + 1)
+    with pytest.raises(err.ReplayedMessage):
+        receiver.decode(frame, NOW + 2)
+    with pytest.raises(err.ExpiredMessage):
+        codec("t3").decode(frame, NOW + 31)  # a fresh receiver: the timestamp alone refuses it
+    with pytest.raises(err.ExpiredMessage):
+        codec("t3").decode(codec().encode(DIGEST, NOW + 60), NOW)  # from the future
+
+
+def test_two_identical_bodies_at_the_same_instant_are_distinct_messages() -> None:
+    sender, receiver = codec(), codec("t2")
+    receiver.decode(sender.encode(DIGEST, NOW), NOW)
+    receiver.decode(sender.encode(DIGEST, NOW), NOW)  # the nonce differs
+
+
+def test_oversized_frame_is_refused_before_parsing() -> None:
+    small = WireCodec("t2", None, max_frame_bytes=64)
+    with pytest.raises(err.OversizedMessage):
+        small.decode(codec(secret=None).encode(DELTA, NOW), NOW)
+
+
+def frame_of(header: list[object], body: object) -> bytes:
+    return bytes(msgpack.packb([*header, msgpack.packb(body), None]))
+
+
+GOOD_HEADER: list[object] = [WIRE_VERSION, 2, "t1", NOW, 1]
+
+
+@pytest.mark.parametrize("header,error", [
+    ([2, 2, "t1", NOW, 1], err.UnsupportedVersion),
+    ([True, 2, "t1", NOW, 1], err.UnsupportedVersion),
+    ([WIRE_VERSION, 99, "t1", NOW, 1], err.UnknownMessageType),
+    ([WIRE_VERSION, [2], "t1", NOW, 1], err.UnknownMessageType),
+    ([WIRE_VERSION, 2, "", NOW, 1], err.MalformedMessage),
+    ([WIRE_VERSION, 2, "t1", float("nan"), 1], err.MalformedMessage),
+    ([WIRE_VERSION, 2, "t1", NOW, -1], err.MalformedMessage),
+])
+def test_bad_headers_get_specific_errors(header: list[object], error: type) -> None:
+    with pytest.raises(error):
+        codec("t2", None).decode(frame_of(header, {"e": {}, "c": {}, "d": None}), NOW)
+
+
+def entry_body(leaf: object) -> dict[str, object]:
+    return {"e": {"m": {"s": {"o": leaf}}}, "c": {}, "d": None}
+
+
+GOOD_LEAF = [1.0, 1.0, NOW, 0.1, 1.0, 0.0, 1, ""]
+
+
+@pytest.mark.parametrize("body", [
+    entry_body([*GOOD_LEAF[:7]]),  # too short
+    entry_body([-1.0, *GOOD_LEAF[1:]]),  # negative value
+    entry_body([1.0, float("inf"), *GOOD_LEAF[2:]]),  # infinite mass
+    entry_body([*GOOD_LEAF[:6], True, ""]),  # a boolean count
+    entry_body([*GOOD_LEAF[:6], 1, "x" * 201]),  # error too long
+    entry_body([*GOOD_LEAF[:2], "now", *GOOD_LEAF[3:]]),  # t not a number
+    {"e": {"m": {"s": {"": GOOD_LEAF}}}, "c": {}, "d": None},  # empty origin
+    {"e": {"m": {"s" * 5000: {"o": GOOD_LEAF}}}, "c": {}, "d": None},  # signature too long
+    {"e": {"m": []}, "c": {}, "d": None},  # not a map
+    {"e": {}, "c": {"m": "yesterday"}, "d": None},  # change time not a number
+    {"e": {}, "c": {}, "d": {"v": {"m": {"s": {"o": [1.0]}}}, "c": {}}},  # bad version
+    {"c": {}, "d": None},  # missing entries
+    [1, 2, 3],  # not a map at all
+])
+def test_bad_bodies_are_malformed(body: object) -> None:
+    with pytest.raises(err.MalformedMessage):
+        codec("t2", None).decode(frame_of(GOOD_HEADER, body), NOW)
+
+
+def test_too_many_entries_or_origins_are_malformed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st, "MAX_ENTRIES_PER_MESSAGE", 2)
+    many = {"e": {"m": {"s": {f"o{i}": GOOD_LEAF for i in range(3)}}}, "c": {}, "d": None}
+    with pytest.raises(err.MalformedMessage):
+        codec("t2", None).decode(frame_of(GOOD_HEADER, many), NOW)
+
+
+@settings(max_examples=300)
+@given(hs.binary(max_size=512))
+def test_random_bytes_raise_only_the_base_error(data: bytes) -> None:
+    for receiver in (codec("t2", None), codec("t2")):
+        with pytest.raises(err.GossipError):
+            receiver.decode(data, NOW)
+
+
+scalars = (hs.none() | hs.booleans() | hs.integers(-(2**63), 2**64 - 1) | hs.floats()
+           | hs.text(max_size=8) | hs.binary(max_size=8))
+leaves = hs.recursive(scalars,
+                      lambda inner: hs.lists(inner, max_size=8)
+                      | hs.dictionaries(hs.text(max_size=4), inner, max_size=4), max_leaves=30)
+
+
+shaped = hs.fixed_dictionaries({"e": hs.dictionaries(hs.text(max_size=3), hs.dictionaries(
+    hs.text(max_size=3), hs.dictionaries(hs.text(max_size=3), leaves, max_size=2), max_size=2),
+    max_size=2), "c": leaves, "d": leaves | hs.fixed_dictionaries({"v": leaves, "c": leaves})})
+
+
+@settings(max_examples=300)
+@given(hs.integers(1, 3), leaves | shaped)
+def test_random_msgpack_bodies_raise_only_the_base_error(kind: int, body: object) -> None:
+    """Well-formed msgpack of the wrong shape: decoded into a valid message or refused."""
+    data = frame_of([WIRE_VERSION, kind, "t1", NOW, 1], body)
+    with contextlib.suppress(err.GossipError):
+        codec("t2", None).decode(data, NOW)
+
+
+@settings(max_examples=200)
+@given(hs.integers(0, 200), hs.integers(0, 255))
+def test_flipping_a_byte_of_a_signed_frame_never_passes_silently(pos: int, value: int) -> None:
+    frame = bytearray(codec().encode(DELTA, NOW))
+    pos %= len(frame)
+    if frame[pos] == value:
+        return
+    frame[pos] = value
+    with pytest.raises(err.GossipError):
+        codec("t2").decode(bytes(frame), NOW)
