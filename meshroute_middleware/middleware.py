@@ -9,6 +9,7 @@ response carries x-meshroute-route and x-meshroute-mode.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -16,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .core import (
@@ -24,6 +24,7 @@ from .core import (
     InvalidPinError,
     NoRouteError,
     Outcome,
+    Route,
     Router,
     RouterConfig,
     UnknownModelError,
@@ -63,10 +64,25 @@ class MiddlewareConfig:
             raise ValueError("max_body_bytes must be positive")
 
 
+_PLAN_CACHE: dict[str, tuple[Route, bytes]] = {}  # signature -> (route, plan header)
+_PLAN_CACHE_MAX = 4096
+
+
+def _plan_bytes(route: Route) -> bytes:
+    """The x-meshroute-plan header of a route, encoded once per route object."""
+    cached = _PLAN_CACHE.get(route.signature)
+    if cached is not None and cached[0] is route:
+        return cached[1]
+    if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
+        _PLAN_CACHE.clear()
+    plan = route.plan_header().encode()
+    _PLAN_CACHE[route.signature] = (route, plan)
+    return plan
+
+
 def route_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     """The plan of a decision as request headers for a head (or the annotated app)."""
-    return [(H_ROUTE, decision.signature.encode()),
-            (H_PLAN, decision.route.plan_header().encode()),
+    return [(H_ROUTE, decision.signature.encode()), (H_PLAN, _plan_bytes(decision.route)),
             (H_MODE, decision.mode.encode())]
 
 
@@ -190,16 +206,19 @@ class MeshRouteMiddleware:
             return
         meter = TokenMeter(streaming=_is_sse(upstream.headers))
         state: dict[str, Any] = {"first": None, "error": "", "gone": False}
+        # Only a stream lasts long enough to need watching for a client that leaves; the
+        # watcher aborts the upstream request, which ends the pump.
+        watcher = (asyncio.ensure_future(self._watch_disconnect(receive, upstream, state))
+                   if meter.streaming else None)
         try:
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": upstream.headers + _response_headers(decision)})
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope, state)
-                await self._pump(upstream, send, meter, state)
-                tg.cancel_scope.cancel()
+            await self._pump(upstream, send, meter, state)
         except OSError:
             state["gone"] = True
         finally:
+            if watcher is not None:
+                watcher.cancel()
             upstream.close()
             self._finish_relay(decision, meter, state, start)
         if not state["gone"]:
@@ -209,22 +228,25 @@ class MeshRouteMiddleware:
                     state: dict[str, Any]) -> None:
         try:
             async for chunk in upstream.chunks():
+                if state["gone"]:
+                    break
                 if state["first"] is None:
                     state["first"] = time.perf_counter()
                 meter.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except ForwardError as exc:
-            state["error"] = exc.kind
+            if not state["gone"]:
+                state["error"] = exc.kind
         state["last"] = time.perf_counter()
 
     @staticmethod
-    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope,
+    async def _watch_disconnect(receive: Receive, upstream: UpstreamResponse,
                                 state: dict[str, Any]) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 state["gone"] = True
-                scope.cancel()
+                upstream.close()
                 return
 
     def _finish_relay(self, decision: Decision, meter: TokenMeter, state: dict[str, Any],

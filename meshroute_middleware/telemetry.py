@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -64,22 +65,31 @@ class Telemetry:
         self.rejected = Counter("meshroute_rejected", "Rejected hostile or malformed input",
                                 ["source"], registry=r)
         self.in_flight = Gauge("meshroute_in_flight", "Requests being served", registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry.register(_RouterCollector(router))
 
     def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
         """Export more metrics (gossip, discovery) computed at scrape time."""
         self.registry.register(_CallbackCollector(produce))
 
+    def _count(self, counter: Counter, *labels: str) -> None:
+        """Increment a labelled counter; children are cached (labels() costs microseconds)."""
+        key = (id(counter), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        child.inc()
+
     def decided(self, decision: Decision) -> None:
         """A route was selected for an attempt."""
-        self.decisions.labels(decision.model, decision.mode).inc()
+        self._count(self.decisions, decision.model, decision.mode)
         self.events.publish("route-selected", decision.event())
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
-        self.outcomes.labels(decision.model, result).inc()
+        self._count(self.outcomes, decision.model, result)
         if outcome.error and result == "failure":
-            self.forward_errors.labels(outcome.error).inc()
+            self._count(self.forward_errors, outcome.error)
         tps = (outcome.completion_tokens / outcome.seconds
                if outcome.ok and outcome.seconds > 0 else None)
         self.events.publish("outcome", {

@@ -1,0 +1,113 @@
+"""ASGI apps the gateway benchmark serves (each in its own uvicorn process).
+
+backend      an instant OpenAI-compatible chat server (JSON, or SSE with ?chunks=N tokens)
+bare         the same chat app, served directly (baseline for the middleware)
+wrapped      the same chat app behind MeshRouteMiddleware in annotate mode
+passthrough  a bare aiohttp pass-through proxy to BACKEND_URL (baseline for the gateway)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+import aiohttp
+from starlette.types import Message, Receive, Scope, Send
+
+BACKEND_URL = os.environ.get("BACKEND_URL", "http://127.0.0.1:1")
+TOKENS = 16
+
+
+async def _read(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def _completion(model: str) -> bytes:
+    return json.dumps({
+        "id": "c", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "ok " * TOKENS}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": TOKENS,
+                  "total_tokens": TOKENS + 3}}).encode()
+
+
+def _chunk(model: str, i: int) -> bytes:
+    data = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+async def chat(scope: Scope, receive: Receive, send: Send) -> None:
+    """An instant chat server: what the middleware benchmark puts behind it."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    payload = json.loads(await _read(receive) or b"{}")
+    model = payload.get("model", "m")
+    if not payload.get("stream"):
+        body = _completion(model)
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    for i in range(int(payload.get("max_tokens", 64))):
+        await send({"type": "http.response.body", "body": _chunk(model, i), "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def wrapped() -> Any:
+    """The chat app behind MeshRouteMiddleware (annotate: the app serves, we route+measure)."""
+    from meshroute_middleware.core import RouterConfig, parse_node
+    from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
+
+    mw = MeshRouteMiddleware(chat, MiddlewareConfig(mode="annotate", seed=1,
+                                                    router=RouterConfig()))
+    for i in range(4):
+        mw.router.upsert_node(parse_node({
+            "node_id": f"n{i}", "model": "m", "start": 0, "end": 39, "layers": 40,
+            "url": "http://127.0.0.1:9", "tps": 10 + i}))
+    return mw
+
+
+class PassThrough:
+    """The simplest honest aiohttp proxy: what the gateway must come close to."""
+
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await chat(scope, receive, send)
+            return
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        body = await _read(receive)
+        async with self.session.post(BACKEND_URL + scope["path"], data=body, headers={
+                "content-type": "application/json"}) as resp:
+            headers = [(k, v) for k, v in resp.raw_headers
+                       if k.lower() not in (b"transfer-encoding", b"connection")]
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": headers})
+            async for chunk in resp.content.iter_any():
+                message: Message = {"type": "http.response.body", "body": chunk,
+                                    "more_body": True}
+                await send(message)
+            await send({"type": "http.response.body", "body": b""})
+
+
+passthrough = PassThrough()
+_ = (random, time)

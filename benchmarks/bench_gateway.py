@@ -1,0 +1,179 @@
+"""Gateway and middleware overhead, as ratios measured in one run (wrk as the load generator).
+
+  python benchmarks/bench_gateway.py [--seconds 5] [--rounds 3] [--json PATH]
+
+Every server is one uvicorn worker in its own process on 127.0.0.1; wrk runs with one thread.
+Rounds interleave the variants (A B C A B C ...) so a noisy neighbour hurts all alike; the
+median of the rounds is reported. Needs `wrk` (Debian package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+STREAM = json.dumps({"model": "m", "stream": True, "max_tokens": 64,
+                     "messages": [{"role": "user", "content": "hi"}]})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(target: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """uvicorn `benchmarks._apps:target` on a loopback port."""
+    cmd = [PY, "-m", "uvicorn", f"benchmarks._apps:{target}", "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    if target == "wrapped":
+        cmd.append("--factory")
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def wait_up(url: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            httpx.post(url + "/v1/chat/completions", content=CHAT, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def wrk(url: str, body: str, connections: int, seconds: float) -> dict[str, float]:
+    """Requests/s and p50 latency (ms) of a POST load."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+                     'wrk.headers["Content-Type"] = "application/json"\n')
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--latency", "-s", script.name,
+         url + "/v1/chat/completions"], capture_output=True, text=True, check=True).stdout
+    os.unlink(script.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+    lat = float(p50.group(1)) * scale[p50.group(2)] if p50 else float("nan")
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{url}: {errors.group(1)} failed responses:\n{out}")
+    return {"rps": rps, "p50_ms": lat}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default=str(ROOT / "benchmarks/results/gateway.json"))
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
+        return 2
+    ports = {name: free_port() for name in ("backend", "bare", "wrapped", "passthrough", "gw")}
+    url = {name: f"http://127.0.0.1:{p}" for name, p in ports.items()}
+    procs = [serve("chat", ports["backend"]), serve("chat", ports["bare"]),
+             serve("wrapped", ports["wrapped"]),
+             serve("passthrough", ports["passthrough"], {"BACKEND_URL": url["backend"]}),
+             subprocess.Popen([PY, "-m", "meshroute_middleware.cli", "serve", "--port",
+                               str(ports["gw"]), "--no-mdns", "--log-level", "warning"],
+                              cwd=ROOT)]
+    try:
+        time.sleep(1.0)
+        for name in ("backend", "bare", "wrapped", "passthrough"):
+            wait_up(url[name])
+        _register(url["gw"], url["backend"])
+        wait_up(url["gw"])
+        results = _measure(url, args.seconds, args.rounds)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+    _report(results, args)
+    return 0
+
+
+def _register(gw: str, backend: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            httpx.post(gw + "/v1/nodes", json={"node_id": "backend", "model": "m", "start": 0,
+                                              "end": 39, "layers": 40, "url": backend})
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+CASES = [  # (name, server, body, connections)
+    ("bare app, c=32", "bare", CHAT, 32), ("middleware, c=32", "wrapped", CHAT, 32),
+    ("direct backend, c=32", "backend", CHAT, 32),
+    ("pass-through, c=32", "passthrough", CHAT, 32), ("gateway, c=32", "gw", CHAT, 32),
+    ("direct backend, c=1", "backend", CHAT, 1),
+    ("pass-through, c=1", "passthrough", CHAT, 1), ("gateway, c=1", "gw", CHAT, 1),
+    ("SSE direct, c=8", "backend", STREAM, 8), ("SSE pass-through, c=8", "passthrough", STREAM, 8),
+    ("SSE gateway, c=8", "gw", STREAM, 8),
+]
+
+
+def _measure(url: dict[str, str], seconds: float, rounds: int) -> dict[str, dict[str, float]]:
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in CASES}
+    for r in range(rounds):
+        for i, (name, server, body, conns) in enumerate(CASES):
+            print(f"\rround {r + 1}/{rounds}  case {i + 1}/{len(CASES)}: {name:<28}",
+                  end="", file=sys.stderr, flush=True)
+            samples[name].append(wrk(url[server], body, conns, seconds))
+    print(file=sys.stderr)
+    return {name: {"rps": statistics.median(s["rps"] for s in runs),
+                   "p50_ms": statistics.median(s["p50_ms"] for s in runs)}
+            for name, runs in samples.items()}
+
+
+def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    def ratio(a: str, b: str) -> float:
+        return res[a]["rps"] / res[b]["rps"]
+
+    ratios = {
+        "middleware / bare app (c=32)": ratio("middleware, c=32", "bare app, c=32"),
+        "gateway / pass-through (c=32)": ratio("gateway, c=32", "pass-through, c=32"),
+        "gateway / pass-through (c=1)": ratio("gateway, c=1", "pass-through, c=1"),
+        "gateway / direct (c=32)": ratio("gateway, c=32", "direct backend, c=32"),
+        "SSE chunks/s gateway / direct (c=8)": ratio("SSE gateway, c=8", "SSE direct, c=8"),
+        "SSE chunks/s gateway / pass-through (c=8)": ratio("SSE gateway, c=8",
+                                                            "SSE pass-through, c=8"),
+    }
+    added = res["gateway, c=1"]["p50_ms"] - res["direct backend, c=1"]["p50_ms"]
+    print("\n| case | req/s | p50 ms |\n|---|---:|---:|")
+    for name, r in res.items():
+        print(f"| {name} | {r['rps']:,.0f} | {r['p50_ms']:.2f} |")
+    print("\n| ratio | value |\n|---|---:|")
+    for name, value in ratios.items():
+        print(f"| {name} | {value:.3f} |")
+    print(f"| added p50 latency of the gateway vs direct (c=1) | {added:.2f} ms |")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"cases": res, "ratios": ratios,
+                                           "added_p50_ms_c1": added,
+                                           "seconds": args.seconds, "rounds": args.rounds},
+                                          indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
