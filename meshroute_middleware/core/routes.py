@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,9 +77,11 @@ class _NextHopIndex:
         self._starts = [n.start for n in ordered]
         self._best: list[NodeRecord] = []
         best: NodeRecord | None = None
+        best_tps = 0.0
         for node in ordered:
-            if best is None or _further(node, best):
-                best = node
+            tps = node.effective_tps
+            if best is None or _further(node, tps, best, best_tps):
+                best, best_tps = node, tps
             self._best.append(best)
 
     def furthest_from(self, layer: int) -> NodeRecord | None:
@@ -90,13 +93,46 @@ class _NextHopIndex:
         return node if node.end >= layer else None
 
 
-def _further(a: NodeRecord, b: NodeRecord) -> bool:
+def _further(a: NodeRecord, a_tps: float, b: NodeRecord, b_tps: float) -> bool:
     """Whether a beats b as a next hop: further end, then faster, then smaller id."""
     if a.end != b.end:
         return a.end > b.end
-    if a.effective_tps != b.effective_tps:
-        return a.effective_tps > b.effective_tps
+    if a_tps != b_tps:
+        return a_tps > b_tps
     return a.node_id < b.node_id
+
+
+Tail = tuple[tuple[Hop, ...], float]  # the hops from some layer to the last, their bottleneck
+
+
+class _Tails:
+    """Greedy completions from each start layer, each computed once.
+
+    The greedy chain after a hop depends only on the layer it starts at, so heads that end at
+    the same layer share one tail: enumeration costs O(heads + layers · log n), not
+    O(heads · hops · log n).
+    """
+
+    def __init__(self, index: _NextHopIndex, last: int) -> None:
+        self._index = index
+        self._memo: dict[int, Tail | None] = {last + 1: ((), math.inf)}
+
+    def from_layer(self, layer: int) -> Tail | None:
+        """The greedy completion from `layer` to the last layer, or None across a gap."""
+        path: list[tuple[int, NodeRecord]] = []
+        while layer not in self._memo:
+            node = self._index.furthest_from(layer)
+            if node is None:
+                self._memo[layer] = None
+                break
+            path.append((layer, node))
+            layer = node.end + 1
+        tail = self._memo[layer]
+        for start, node in reversed(path):
+            if tail is not None:
+                tail = ((Hop(node, start, node.end), *tail[0]), min(node.effective_tps, tail[1]))
+            self._memo[start] = tail
+        return tail
 
 
 def enumerate_routes(
@@ -105,18 +141,28 @@ def enumerate_routes(
     """One candidate per distinct head, greedily completed; best `max_candidates` by prior."""
     if not nodes:
         return ()
-    first, last = 0, _layer_count(nodes) - 1
+    last = _layer_count(nodes) - 1
     nodes = [n for n in nodes if n.layers == last + 1]
-    index = _NextHopIndex(nodes)
-    routes = []
+    tails = _Tails(_NextHopIndex(nodes), last)
+    scored: list[tuple[float, NodeRecord, tuple[Hop, ...]]] = []
     for head in nodes:
-        if head.start != first:
+        if head.start != 0:
             continue
-        route = _complete(model, head, index, last)
-        if route is not None:
-            routes.append(route)
+        tail = tails.from_layer(head.end + 1)
+        if tail is not None:  # None: a gap, this head cannot reach the last layer
+            scored.append((min(head.effective_tps, tail[1]), head, tail[0]))
+    return _best(model, scored, max_candidates)
+
+
+def _best(model: str, scored: list[tuple[float, NodeRecord, tuple[Hop, ...]]],
+          k: int) -> tuple[Route, ...]:
+    """The k best by (-prior, signature); signatures are built only for the top k and ties."""
+    if len(scored) > k:
+        cutoff = sorted((prior for prior, _, _ in scored), reverse=True)[k - 1]
+        scored = [s for s in scored if s[0] >= cutoff]
+    routes = [make_route(model, (Hop(head, 0, head.end), *tail)) for _, head, tail in scored]
     routes.sort(key=lambda r: (-r.prior_tps, r.signature))
-    return tuple(routes[:max_candidates])
+    return tuple(routes[:k])
 
 
 def _layer_count(nodes: Sequence[NodeRecord]) -> int:
@@ -125,16 +171,6 @@ def _layer_count(nodes: Sequence[NodeRecord]) -> int:
     for node in nodes:
         counts[node.layers] = counts.get(node.layers, 0) + 1
     return max(counts, key=lambda layers: (counts[layers], layers))
-
-
-def _complete(model: str, head: NodeRecord, index: _NextHopIndex, last: int) -> Route | None:
-    hops = [Hop(head, head.start, head.end)]
-    while hops[-1].end_layer < last:
-        nxt = index.furthest_from(hops[-1].end_layer + 1)
-        if nxt is None:
-            return None  # a gap: this head cannot reach the last layer
-        hops.append(Hop(nxt, hops[-1].end_layer + 1, nxt.end))
-    return make_route(model, hops)
 
 
 def pinned_route(model: str, node_ids: Sequence[str], nodes: dict[str, NodeRecord]) -> Route:

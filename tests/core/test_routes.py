@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -117,7 +118,7 @@ def topologies(draw: st.DrawFn) -> tuple[int, list[NodeRecord]]:
     for i in range(count):
         start = draw(st.integers(0, layers - 1))
         end = draw(st.integers(start, layers - 1))
-        tps = draw(st.floats(0.5, 500.0))
+        tps = draw(st.one_of(st.sampled_from([5.0, 10.0]), st.floats(0.5, 500.0)))  # ties too
         queue = draw(st.integers(0, 5))
         nodes.append(NodeRecord(f"n{i}", "m", start, end, layers, f"http://n{i}.test", tps,
                                 queue))
@@ -148,3 +149,36 @@ def test_every_enumerated_route_covers_all_layers_contiguously(
     assert enumerate_routes("m", shuffled, max_candidates) == routes  # deterministic
     if any(n.start == 0 and n.end == layers - 1 for n in nodes):
         assert routes  # a node serving every layer is always a candidate route
+
+
+def reference_enumeration(nodes: list[NodeRecord], k: int) -> list[tuple[str, float]]:
+    """ADR-0021 by brute force: per head, repeatedly the node reaching furthest (then faster,
+    then smaller id) among those serving the next layer."""
+    counts = Counter(n.layers for n in nodes)
+    layers = max(counts, key=lambda c: (counts[c], c))
+    nodes = [n for n in nodes if n.layers == layers]
+    found = []
+    for head in (n for n in nodes if n.start == 0):
+        hops = [(head, 0)]
+        while (end := hops[-1][0].end) < layers - 1:
+            options = [n for n in nodes if n.start <= end + 1 <= n.end]
+            if not options:
+                break
+            hops.append((min(options, key=lambda n: (-n.end, -n.effective_tps, n.node_id)),
+                         end + 1))
+        else:
+            chain = "->".join(f"{n.node_id}[{s}-{n.end}]" for n, s in hops)
+            found.append((f"m|{chain}", min(n.effective_tps for n, _ in hops)))
+    found.sort(key=lambda r: (-r[1], r[0]))
+    return found[:k]
+
+
+@settings(max_examples=300, deadline=None)
+@given(topologies(), st.integers(1, 10), st.integers(1, 48))
+def test_enumeration_equals_brute_force_reference(
+        topo: tuple[int, list[NodeRecord]], max_candidates: int, odd_layers: int) -> None:
+    _, nodes = topo
+    if nodes and odd_layers != nodes[0].layers:  # a node reporting another layer count
+        nodes = [*nodes, NodeRecord("odd", "m", 0, odd_layers - 1, odd_layers, "http://o.test")]
+    got = [(r.signature, r.prior_tps) for r in enumerate_routes("m", nodes, max_candidates)]
+    assert got == (reference_enumeration(nodes, max_candidates) if nodes else [])
