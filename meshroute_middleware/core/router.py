@@ -23,7 +23,7 @@ PolicyFactory = Callable[[RouterConfig], Policy]
 
 POLICIES: dict[str, PolicyFactory] = {
     "adr0021": lambda c: pol.Adr0021Policy(c.explore_share, c.weight_alpha),
-    "thompson": lambda c: ThompsonPolicy(c.half_life_s, c.min_sample_tokens),
+    "thompson": lambda c: ThompsonPolicy.from_config(c),
     "epsilon-greedy": lambda c: base.EpsilonGreedyPolicy(),
     "litellm-latency": lambda c: base.LowestLatencyPolicy(),
     "petals": lambda c: base.PetalsPolicy(),

@@ -1,0 +1,221 @@
+"""Thompson sampling on expected goodput, load-aware: meshroute's own route policy.
+
+Each arm keeps a log-normal posterior on its end-to-end tokens/s and a Beta posterior on its
+success rate. Both are decayed by time (the router's half-life) and capped in mass, so the
+posterior never collapses: exploration comes from the spread of the posterior rather than from
+a fixed tax, and a route that drifts is re-learnt within a few dozen samples. A decision draws
+tokens/s and reliability for every arm and picks the smallest expected completion time
+`(in_flight + 1) / (reliability · tps)` (the shortest-expected-delay rule), which is plain
+Thompson sampling when nothing is in flight and spreads load when queues build.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from .policies import EXPLOIT, SCOUT, Arm, Outcome
+from .stats import DECAYED, HALF_LIFE_S, LN2, PROVEN, STALE, decay_factor
+
+if TYPE_CHECKING:
+    from .config import RouterConfig
+
+# Cap on an arm's decayed sample mass: an EWMA with weight >= 1/201 per sample. A route that
+# drifts is caught by the change detector below, not by this cap (tuned: bench_learning.py).
+MAX_MASS = 200.0
+# Change detection (Page's CUSUM): reference k = 0.5 sigma and threshold h = 5 sigma detect a
+# one-sigma shift in ~10 samples with ~500 samples between false alarms (Montgomery,
+# Introduction to Statistical Quality Control, table 9.3); a detected change cuts the mass.
+CUSUM_K, CUSUM_H = 0.5, 5.0
+CUSUM_MIN_MASS = 4.0
+RESET_MASS = 3.0
+# Mass given to statistics measured under an older topology (ADR-0021 "stale": a prior only).
+STALE_MASS = 2.0
+# Log-space spread of an arm known only by its advertised prior: x2 either way at 1 sigma.
+PRIOR_SIGMA = 0.7
+MAX_SIGMA = PRIOR_SIGMA  # a decayed arm is never less known than a never-seen one
+# Posterior spread multiplier: Thompson sampling over-explores in practice and a narrower
+# posterior earns more (Chapelle & Li, "An Empirical Evaluation of Thompson Sampling", 2011);
+# 0.5 measured best of {0.5, 0.7, 1} in benchmarks/bench_learning.py.
+SD_SCALE = 0.5
+# Beliefs forget this many times slower than the shared statistics' half-life: time decay only
+# re-opens routes not in use; drift of a route in use is caught by the change detector.
+BELIEF_HALF_LIFE_FACTOR = 6.0
+# Prior guess of the per-request log-tps noise, worth PRIOR_SIGMA_MASS samples; the sampled
+# spread is sigma / sqrt(mass). 0.3 ~ the noise of a quiet LAN mesh (sim scenario defaults).
+OBS_SIGMA = 0.3
+PRIOR_SIGMA_MASS = 2.0
+# Beta prior on reliability: mean 0.95 with the weight of two requests (routes mostly work).
+PRIOR_OK, PRIOR_FAIL = 1.9, 0.1
+MIN_RELIABILITY = 0.01
+NO_FAILURES = 0.01  # decayed failures below this: reliability is its mean, no draw
+MAX_TRACKED = 4096  # arms kept before old ones are pruned
+
+
+@dataclass(slots=True)
+class ArmBelief:
+    """Decayed posterior statistics of one route, written only by `observe`."""
+
+    mean_log_tps: float = 0.0
+    var_log_tps: float = 0.0
+    mass: float = 0.0  # decayed, capped weight of the tps samples
+    ok: float = 0.0  # decayed successes
+    fail: float = 0.0  # decayed failures
+    t: float = 0.0  # time of the last update
+    sd_unit: float = SD_SCALE * OBS_SIGMA  # SD_SCALE · sigma(), kept current by add_tps
+    cusum_up: float = 0.0  # change-detector statistics of the log-tps residuals
+    cusum_down: float = 0.0
+
+    def decay(self, now: float, half_life_s: float) -> None:
+        """Decay every weight to `now`."""
+        d = decay_factor(now - self.t, half_life_s)
+        self.mass *= d
+        self.ok *= d
+        self.fail *= d
+        self.t = max(self.t, now)
+
+    def sigma(self) -> float:
+        """Per-request noise of log tps: the sample spread shrunk toward OBS_SIGMA."""
+        m = self.mass
+        return math.sqrt((OBS_SIGMA * OBS_SIGMA * PRIOR_SIGMA_MASS + self.var_log_tps * m)
+                         / (PRIOR_SIGMA_MASS + m))
+
+    def add_tps(self, tps: float) -> None:
+        """Take one tps sample into the capped EWMA of log tps and its variance."""
+        x = math.log(tps)
+        delta = x - self.mean_log_tps
+        if self.mass >= CUSUM_MIN_MASS and self._shifted(delta / self.sigma()):
+            self.mass = min(self.mass, RESET_MASS)  # a change: let new samples dominate
+        m = min(self.mass, MAX_MASS)
+        m1 = m + 1.0
+        self.mean_log_tps += delta / m1
+        self.var_log_tps = (m * self.var_log_tps + m * delta * delta / m1) / m1
+        self.mass = m1
+        self.sd_unit = SD_SCALE * self.sigma()
+
+    def _shifted(self, z: float) -> bool:
+        """Two-sided CUSUM on standardised residuals (Page 1954): a sustained shift."""
+        self.cusum_up = max(0.0, self.cusum_up + z - CUSUM_K)
+        self.cusum_down = max(0.0, self.cusum_down - z - CUSUM_K)
+        if self.cusum_up > CUSUM_H or self.cusum_down > CUSUM_H:
+            self.cusum_up = self.cusum_down = 0.0
+            return True
+        return False
+
+    def add_result(self, ok: bool) -> None:
+        """Count a success or a failure, keeping the total weight under MAX_MASS."""
+        if ok:
+            self.ok += 1.0
+        else:
+            self.fail += 1.0
+        total = self.ok + self.fail
+        if total > MAX_MASS:
+            self.ok *= MAX_MASS / total
+            self.fail *= MAX_MASS / total
+
+
+def _log_reliability(ok: float, fail: float, gauss: Callable[[float, float], float]) -> float:
+    """Log of a Beta(PRIOR_OK + ok, PRIOR_FAIL + fail) draw; the mean when nothing failed."""
+    a, b = PRIOR_OK + ok, PRIOR_FAIL + fail
+    n = a + b
+    p = a / n
+    if fail > NO_FAILURES:
+        # Normal approximation of the Beta draw: ~10x cheaper than betavariate.
+        p += math.sqrt(a * b / (n * n * (n + 1.0))) * gauss(0.0, 1.0)
+        p = min(max(p, MIN_RELIABILITY), 1.0)
+    return math.log(p)
+
+
+class ThompsonPolicy:
+    """Thompson sampling on reliability × tokens/s with a shortest-expected-delay choice."""
+
+    name: ClassVar[str] = "thompson"
+
+    def __init__(self, half_life_s: float = HALF_LIFE_S * BELIEF_HALF_LIFE_FACTOR,
+                 min_sample_tokens: int = 8) -> None:
+        self.half_life_s = half_life_s  # of this policy's own beliefs
+        self.min_sample_tokens = min_sample_tokens
+        self._beliefs: dict[str, ArmBelief] = {}
+
+    @classmethod
+    def from_config(cls, config: RouterConfig) -> ThompsonPolicy:
+        """The policy for a router config (beliefs forget slower than the shared stats)."""
+        return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens)
+
+    def belief(self, signature: str) -> ArmBelief | None:
+        """The posterior statistics of one route, if it was ever observed."""
+        return self._beliefs.get(signature)
+
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
+        """Try an untried arm first; otherwise sample and take the least expected delay,
+        i.e. the largest log(reliability · tps) − log(in_flight + 1)."""
+        gauss, beliefs, half_life_s = rng.gauss, self._beliefs, self.half_life_s
+        best, best_score, untried, untried_prior = 0, -math.inf, -1, -1.0
+        for i, arm in enumerate(arms):
+            belief = beliefs.get(arm.signature)
+            if belief is None:
+                view = arm.view
+                if not (arm.in_flight or view.count or view.status == STALE):
+                    if arm.prior_tps > untried_prior:
+                        untried, untried_prior = i, arm.prior_tps
+                    continue
+                mu, sd = self._shared_prior(arm)
+                score = mu + sd * gauss(0.0, 1.0) + _log_reliability(view.ok, view.fail, gauss)
+            else:
+                score = self._belief_score(belief, arm, now, half_life_s, gauss)
+            if arm.in_flight:
+                score -= math.log(arm.in_flight + 1)
+            if score > best_score:
+                best, best_score = i, score
+        if untried >= 0:
+            return untried, SCOUT
+        return best, EXPLOIT
+
+    @staticmethod
+    def _belief_score(belief: ArmBelief, arm: Arm, now: float, half_life_s: float,
+                      gauss: Callable[[float, float], float]) -> float:
+        """One posterior draw of log(reliability · tps) from this policy's own belief."""
+        dt = now - belief.t
+        d = math.exp(-LN2 * dt / half_life_s) if dt > 0 else 1.0  # decay_factor, inlined
+        mass = belief.mass * d
+        if arm.view.status == STALE:
+            mass = min(mass, STALE_MASS)  # measured under an older topology: a prior only
+        if mass > 0.0:
+            sd = belief.sd_unit / math.sqrt(mass)
+            mu = belief.mean_log_tps + (sd if sd < MAX_SIGMA else MAX_SIGMA) * gauss(0.0, 1.0)
+        else:  # failures only so far
+            mu0, sd = ThompsonPolicy._shared_prior(arm)
+            mu = mu0 + sd * gauss(0.0, 1.0)
+        return mu + _log_reliability(belief.ok * d, belief.fail * d, gauss)
+
+    @staticmethod
+    def _shared_prior(arm: Arm) -> tuple[float, float]:
+        """Log-tps prior from the shared (gossiped) view, else from the advertised prior."""
+        view = arm.view
+        if view.tps is not None and view.tps > 0:
+            fresh = view.status in (PROVEN, DECAYED)  # else stale: an older topology's
+            mass = min(max(view.mass, 1.0), MAX_MASS) if fresh else 1.0
+            return math.log(view.tps), OBS_SIGMA / math.sqrt(mass)
+        return math.log(max(arm.prior_tps, 1e-6)), PRIOR_SIGMA
+
+    def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+        """Learn from a finished request: a tps sample, or a success/failure only."""
+        belief = self._beliefs.get(signature)
+        if belief is None:
+            if len(self._beliefs) >= MAX_TRACKED:
+                self._prune(now)
+            belief = self._beliefs[signature] = ArmBelief(t=now)
+        belief.decay(now, self.half_life_s)
+        belief.add_result(outcome.ok)
+        if (outcome.ok and outcome.completion_tokens >= self.min_sample_tokens
+                and outcome.seconds > 0):
+            belief.add_tps(outcome.completion_tokens / outcome.seconds)
+
+    def _prune(self, now: float) -> None:
+        """Forget the half of the arms updated longest ago."""
+        ordered = sorted(self._beliefs, key=lambda s: self._beliefs[s].t)
+        for signature in ordered[: len(ordered) // 2]:
+            del self._beliefs[signature]
