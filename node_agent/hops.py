@@ -1,0 +1,179 @@
+"""Route plans between emulated nodes, and the per-request token stream to the next hop.
+
+A request's hops talk over one long-lived HTTP exchange per link: the upstream hop streams one
+line per token in the request body, the downstream hop answers one line per token in the
+response body only after its own span (and everything behind it) has run. Tokens are
+autoregressive, so a token's work crosses every hop before the next token starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import anyio
+import anyio.abc
+
+from .shard import EmulatorConfig, EmulatorError
+
+HANDSHAKE = b"open"  # the first line upstream sends, so its request leaves at once
+PLAN_HEADER = "x-meshroute-plan"
+ROUTE_HEADER = "x-meshroute-route"
+HOP_PATH = "/internal/hop"
+MAX_PLAN_HOPS = 64
+MAX_PLAN_CHARS = 16_384
+
+
+class PlanError(EmulatorError):
+    """The x-meshroute-plan header is malformed or does not fit this node."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class HopError(EmulatorError):
+    """The next hop refused the job or dropped it."""
+
+    status = 502
+    kind = "upstream_error"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanHop:
+    """One hop of a plan: a node, its base URL and its layer span."""
+
+    node_id: str
+    url: str
+    start_layer: int
+    end_layer: int
+
+    @property
+    def span(self) -> int:
+        """Layers this hop runs."""
+        return self.end_layer - self.start_layer + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The hop as it travels in the plan header."""
+        return {"node_id": self.node_id, "url": self.url,
+                "start_layer": self.start_layer, "end_layer": self.end_layer}
+
+
+def _hop(entry: Any) -> PlanHop:
+    if not isinstance(entry, dict):
+        raise PlanError("each plan hop must be an object")
+    node_id, url = entry.get("node_id"), entry.get("url")
+    start, end = entry.get("start_layer"), entry.get("end_layer")
+    if not isinstance(node_id, str) or not isinstance(url, str):
+        raise PlanError("plan hop needs string 'node_id' and 'url'")
+    if not url.startswith(("http://", "https://")):
+        raise PlanError(f"plan hop url must be http(s), got {url[:64]!r}")
+    if type(start) is not int or type(end) is not int or not 0 <= start <= end:
+        raise PlanError("plan hop needs integer 0 <= 'start_layer' <= 'end_layer'")
+    return PlanHop(node_id, url.rstrip("/"), start, end)
+
+
+def parse_plan(raw: str | None, config: EmulatorConfig, *, head: bool) -> list[PlanHop]:
+    """The hops from this node on; the first must be this node within its shard."""
+    if raw is None:
+        if not head or not config.covers_model:
+            raise PlanError(f"node {config.node_id} serves layers {config.start}-{config.end} "
+                            f"of {config.layers}: a request needs an {PLAN_HEADER} header")
+        return [PlanHop(config.node_id, "", 0, config.layers - 1)]
+    if len(raw) > MAX_PLAN_CHARS:
+        raise PlanError("plan header too long")
+    try:
+        entries = json.loads(raw)
+    except ValueError:
+        raise PlanError("plan header is not JSON") from None
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_PLAN_HOPS:
+        raise PlanError(f"plan must be a list of 1..{MAX_PLAN_HOPS} hops")
+    hops = [_hop(e) for e in entries]
+    _check_chain(hops, config, head=head)
+    return hops
+
+
+def _check_chain(hops: list[PlanHop], config: EmulatorConfig, *, head: bool) -> None:
+    me = hops[0]
+    if me.node_id != config.node_id:
+        raise PlanError(f"plan starts at {me.node_id!r}, this is {config.node_id!r}")
+    if not config.start <= me.start_layer <= me.end_layer <= config.end:
+        raise PlanError(f"plan gives {me.node_id} layers {me.start_layer}-{me.end_layer}, "
+                        f"it serves {config.start}-{config.end}")
+    if head and me.start_layer != 0:
+        raise PlanError("the head of a plan must start at layer 0")
+    for prev, nxt in itertools.pairwise(hops):
+        if nxt.start_layer != prev.end_layer + 1:
+            raise PlanError(f"plan hop {nxt.node_id} starts at {nxt.start_layer}, "
+                            f"expected {prev.end_layer + 1}")
+    if hops[-1].end_layer != config.layers - 1:
+        raise PlanError(f"plan ends at layer {hops[-1].end_layer}, the model has "
+                        f"{config.layers}")
+
+
+class HopLink:
+    """The open token stream to the next hop of one request."""
+
+    def __init__(self, response: aiohttp.ClientResponse,
+                 outbox: anyio.abc.ObjectSendStream[bytes]) -> None:
+        self._response, self._outbox = response, outbox
+
+    async def step(self, index: int) -> None:
+        """Send token `index` downstream and wait until every hop behind has run it."""
+        try:
+            await self._outbox.send(b"%d\n" % index)
+            line = await self._response.content.readline()
+        except (aiohttp.ClientError, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                OSError) as exc:
+            raise HopError(f"next hop dropped the job: {exc!r}") from exc
+        if not line.endswith(b"\n"):
+            raise HopError("next hop closed the token stream mid-request")
+
+
+async def _body(inbox: anyio.abc.ObjectReceiveStream[bytes]) -> AsyncIterator[bytes]:
+    async with inbox:
+        async for item in inbox:
+            yield item
+
+
+async def _refusal(response: aiohttp.ClientResponse) -> str:
+    try:
+        body = await response.json(content_type=None)
+        return str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError, aiohttp.ClientError):
+        return f"HTTP {response.status}"
+
+
+class HopOpener:
+    """Opens token streams to next hops over one shared aiohttp session."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    async def open(self, rest: list[PlanHop], route: str | None) -> tuple[HopLink, Any]:
+        """Open the stream to rest[0]; return the link and a closer to await when done."""
+        outbox, inbox = anyio.create_memory_object_stream[bytes](1)
+        outbox.send_nowait(HANDSHAKE + b"\n")  # aiohttp holds headers until the first chunk
+        headers = {PLAN_HEADER: json.dumps([h.to_dict() for h in rest])}
+        if route:
+            headers[ROUTE_HEADER] = route
+        try:
+            response = await self._session.post(rest[0].url + HOP_PATH, data=_body(inbox),
+                                                headers=headers)
+        except (aiohttp.ClientError, OSError) as exc:
+            outbox.close()
+            raise HopError(f"cannot reach next hop {rest[0].node_id}: {exc!r}") from exc
+        if response.status != 200:
+            reason = await _refusal(response)
+            outbox.close()
+            response.release()
+            raise HopError(f"next hop {rest[0].node_id} refused: {reason}")
+
+        async def close() -> None:
+            outbox.close()
+            response.close()
+
+        return HopLink(response, outbox), close
