@@ -220,3 +220,21 @@ def test_enumeration_is_cached_until_the_topology_changes(clock: Any) -> None:
     assert router.candidates("m") is not first
     assert router.candidates("m")[0].prior_tps == 6.0
     assert router.candidates("unknown") == () and router.arms("unknown") == []
+
+
+def test_learned_split_end_to_end(clock: Any) -> None:
+    """Rates learned through record() split 4,000 seeded decisions 0.6 / 0.4 (±0.03: ~4 sd)."""
+    router = Router(RouterConfig(explore_share=0.3, weight_alpha=1.0), clock=clock,
+                    rng=random.Random(2024))
+    router.upsert_node(node("fast", 0, 39, tps=1.0))
+    router.upsert_node(node("slow", 0, 39, tps=99.0))  # the prior must not matter once proven
+    clock.advance(1.0)
+    measure(router, clock, ["fast"], Outcome(60, 1.0))
+    measure(router, clock, ["slow"], Outcome(40, 1.0))
+    fast = 0
+    for _ in range(4000):
+        d = router.choose("m")
+        assert d.mode == "exploit"
+        fast += d.signature == "m|fast[0-39]"
+        router.cancel(d)
+    assert fast / 4000 == pytest.approx(0.6, abs=0.03)
