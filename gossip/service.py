@@ -70,7 +70,11 @@ class GossipConfig:
 def load_secret(settings: GossipSettingsLike) -> bytes | None:
     """The shared secret from `gossip_secret_file` or `gossip_secret`, stripped; None if unset."""
     if settings.gossip_secret_file:
-        text = Path(settings.gossip_secret_file).read_text().strip()
+        try:
+            text = Path(settings.gossip_secret_file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read gossip secret file "
+                             f"{settings.gossip_secret_file}: {exc}") from exc
         if not text:
             raise ValueError(f"gossip secret file {settings.gossip_secret_file} is empty")
         return text.encode()
@@ -132,6 +136,13 @@ class GossipService:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         return await self._tg.__aexit__(exc_type, exc, tb)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[Address | None]
+                  = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled, as a task: `await task_group.start(service.run)`."""
+        async with self:
+            task_status.started(self.address)
+            await anyio.sleep_forever()
 
     async def _loop(self) -> None:
         while True:

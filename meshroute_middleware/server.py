@@ -80,6 +80,15 @@ async def _lifespan(settings: ServeSettings, mesh: Mesh, tracker_id: str
         tg.start_soon(_prune_loop, mesh.router)
         # discovery: (node_agent) mDNS browsing, health checks, tracker announcement
         # gossip: (gossip) statistics exchange with peer trackers
+        if settings.gossip_listen or settings.gossip_peers:
+            from gossip.metrics import metric_families
+            from gossip.service import GossipConfig, GossipService
+
+            gossip = GossipService(mesh.router, GossipConfig.from_settings(settings))
+            await tg.start(gossip.run)
+            mesh.telemetry.add_collector(lambda: metric_families(gossip))
+            log.info("gossip: tracker %s on %s, peers %s", tracker_id, gossip.address,
+                     ", ".join(settings.gossip_peers) or "none yet")
         assert stack is not None
         yield
         tg.cancel_scope.cancel()
