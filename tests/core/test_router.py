@@ -19,6 +19,7 @@ from meshroute_middleware.core import (
 )
 
 H = 600.0
+ADR = "adr0021"  # named, so that a change of the default policy does not change these tests
 HYBRID, SOLO = "m|gpu[0-21]->cpu[22-39]", "m|cpu[0-39]"
 GOOD = Outcome(completion_tokens=100, seconds=2.0, ttfb_s=0.25)  # 50 tok/s
 
@@ -29,7 +30,8 @@ def node(node_id: str, start: int, end: int, **kw: Any) -> NodeRecord:
 
 def mixed(clock: Any, **config: Any) -> Router:
     """ADR-0020's topology: a fast GPU node 0–21 and a slow CPU node 0–39."""
-    router = Router(RouterConfig(**config), clock=clock, rng=random.Random(11))
+    router = Router(RouterConfig(**{"policy": ADR, **config}), clock=clock,
+                    rng=random.Random(11))
     router.upsert_node(node("gpu", 0, 21, tps=50.0))
     router.upsert_node(node("cpu", 0, 39, tps=12.0))
     clock.advance(1.0)
@@ -149,7 +151,7 @@ def test_status_lifecycle_through_topology_changes(clock: Any) -> None:
 
 
 def test_fallback_chain_order(clock: Any) -> None:
-    router = Router(RouterConfig(explore_share=0.0), clock=clock, rng=random.Random(5))
+    router = Router(RouterConfig(ADR, explore_share=0.0), clock=clock, rng=random.Random(5))
     for name, prior in [("a", 100.0), ("b", 20.0), ("c", 10.0), ("d", 11.0)]:
         router.upsert_node(node(name, 0, 39, tps=prior))
     clock.advance(1.0)
@@ -192,7 +194,7 @@ def test_routing_table_shape(clock: Any) -> None:
     measure(router, clock, ["gpu", "cpu"], Outcome(40, 1.0, 0.1))
     table = router.routing_table()
     assert set(table) == {"config", "models"}
-    assert table["config"] == RouterConfig(explore_share=0.25).to_dict()
+    assert table["config"] == RouterConfig(ADR, explore_share=0.25).to_dict()
     assert list(table["models"]) == ["m"] and table["models"]["m"]["epoch"] == 2
     rows = {r["signature"]: r for r in table["models"]["m"]["candidates"]}
     assert set(rows) == {HYBRID, SOLO}
@@ -224,7 +226,7 @@ def test_enumeration_is_cached_until_the_topology_changes(clock: Any) -> None:
 
 def test_learned_split_end_to_end(clock: Any) -> None:
     """Rates learned through record() split 4,000 seeded decisions 0.6 / 0.4 (±0.03: ~4 sd)."""
-    router = Router(RouterConfig(explore_share=0.3, weight_alpha=1.0), clock=clock,
+    router = Router(RouterConfig(ADR, explore_share=0.3, weight_alpha=1.0), clock=clock,
                     rng=random.Random(2024))
     router.upsert_node(node("fast", 0, 39, tps=1.0))
     router.upsert_node(node("slow", 0, 39, tps=99.0))  # the prior must not matter once proven
