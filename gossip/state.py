@@ -27,6 +27,7 @@ MAX_DIGEST_ENTRIES = 16_384  # digest bound: ~30 B an entry keeps a digest under
 MAX_ORIGINS_PER_MESSAGE = 512  # distinct origin trackers one message may speak for
 MAX_MODELS_PER_MESSAGE = 256  # topology change times one message may carry
 MAX_ORIGINS_PER_ROUTE = 1024  # origins a store keeps for one route; more are refused
+MAX_STORE_ENTRIES = 65_536  # (route, origin) entries a store takes from gossip (~10 MB at most)
 MAX_FUTURE_S = 300.0  # an entry dated this far past our clock is a broken clock or a lie
 
 
@@ -54,7 +55,7 @@ class ApplyResult:
     applied: int = 0  # entries that replaced or added an origin's entry
     ignored: int = 0  # own origin, not newer, or older than the prune horizon
     future: int = 0  # refused: dated more than MAX_FUTURE_S past our clock
-    over_cap: int = 0  # refused: the route already holds MAX_ORIGINS_PER_ROUTE origins
+    over_cap: int = 0  # refused: MAX_ORIGINS_PER_ROUTE or MAX_STORE_ENTRIES reached
     changes: int = 0  # topology change times adopted (known models only)
 
 
@@ -136,16 +137,19 @@ def apply_delta(store: RouteStatsStore, topology: Topology, delta: Delta,
     """Merge a received delta into the store and adopt newer topology change times."""
     applied = ignored = future = over_cap = 0
     horizon = now + MAX_FUTURE_S
+    size = sum(len(origins) for _, origins in store)
     for (model, sig, origin), entry in delta.entries.items():
         if entry.t > horizon:
             future += 1
             continue
         known = store.entries(model, sig)
-        if origin not in known and len(known) >= MAX_ORIGINS_PER_ROUTE:
+        if origin not in known and (len(known) >= MAX_ORIGINS_PER_ROUTE
+                                    or size >= MAX_STORE_ENTRIES):
             over_cap += 1
             continue
         if store.merge({(model, sig): {origin: entry}}, now):
             applied += 1
+            size += 0 if origin in known else 1
         else:
             ignored += 1
     changes = _apply_changes(topology, delta.changes.items(), horizon)

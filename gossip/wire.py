@@ -119,8 +119,8 @@ def _map(obj: Any, what: str) -> dict[Any, Any]:
 
 
 def _text(obj: Any, what: str, max_chars: int) -> str:
-    if not isinstance(obj, str) or not obj or len(obj) > max_chars:
-        raise _fail(f"{what} must be a string of 1..{max_chars} characters")
+    if not isinstance(obj, str) or not obj or len(obj) > max_chars or not obj.isprintable():
+        raise _fail(f"{what} must be a printable string of 1..{max_chars} characters")
     return obj
 
 
@@ -174,7 +174,7 @@ def _entry(leaf: Any) -> StatEntry:
         raise _fail("an entry must be [value, mass, t, ttfb_s, ok, fail, count, last_error]")
     value, mass, t, ttfb, ok, fail = (_number(x, "entry field") for x in leaf[:6])
     error = leaf[7]
-    if not isinstance(error, str) or len(error) > MAX_ERROR_CHARS:
+    if not isinstance(error, str) or len(error) > MAX_ERROR_CHARS or not error.isprintable():
         raise _fail("last_error must be a string")
     return StatEntry(value, mass, t, ttfb, ok, fail, _int(leaf[6], "count", MAX_COUNT), error)
 

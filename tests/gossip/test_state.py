@@ -151,6 +151,15 @@ def test_origins_per_route_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (result.applied, result.over_cap) == (2, 2)
 
 
+def test_entries_taken_from_gossip_are_capped_store_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st, "MAX_STORE_ENTRIES", 3)
+    store = RouteStatsStore("me")
+    delta = full_delta({("m", f"s{i}", "o"): StatEntry(1.0, 1.0, NOW, count=1) for i in range(5)})
+    assert (st.apply_delta(store, Topology(), delta, NOW).over_cap) == 2
+    newer = full_delta({("m", "s0", "o"): StatEntry(2.0, 1.0, NOW + 1, count=2)})
+    assert st.apply_delta(store, Topology(), newer, NOW).applied == 1  # updates still flow
+
+
 def test_delta_is_bounded_newest_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(st, "MAX_ENTRIES_PER_MESSAGE", 3)
     flat = {("m", f"s{i}", "o"): StatEntry(1.0, 1.0, NOW - i, count=1) for i in range(5)}

@@ -130,6 +130,8 @@ GOOD_LEAF = [1.0, 1.0, NOW, 0.1, 1.0, 0.0, 1, ""]
     entry_body([*GOOD_LEAF[:6], 1, "x" * 201]),  # error too long
     entry_body([*GOOD_LEAF[:2], "now", *GOOD_LEAF[3:]]),  # t not a number
     {"e": {"m": {"s": {"": GOOD_LEAF}}}, "c": {}, "d": None},  # empty origin
+    {"e": {"m": {"s": {"o\n1": GOOD_LEAF}}}, "c": {}, "d": None},  # control character
+    entry_body([*GOOD_LEAF[:7], "a\x1b[31m"]),  # escape sequence in an error
     {"e": {"m": {"s" * 5000: {"o": GOOD_LEAF}}}, "c": {}, "d": None},  # signature too long
     {"e": {"m": []}, "c": {}, "d": None},  # not a map
     {"e": {}, "c": {"m": "yesterday"}, "d": None},  # change time not a number

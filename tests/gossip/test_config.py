@@ -1,0 +1,69 @@
+"""GossipConfig from ServeSettings, the Prometheus families and the package's export list."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import gossip
+from gossip.metrics import metric_families
+from gossip.service import GossipConfig, GossipService
+from meshroute_middleware.settings import ServeSettings, load_settings
+from tests.conftest import FakeClock
+from tests.gossip.helpers import make_router
+
+
+def test_config_from_cli_and_env() -> None:
+    settings = load_settings(
+        {"gossip_listen": "127.0.0.1:7946", "gossip_peers": ["a:1", "[::1]:2"],
+         "gossip_fanout": 2}, {"MESHROUTE_GOSSIP_SECRET": " s3cret\n",
+                               "MESHROUTE_GOSSIP_INTERVAL": "0.5"})
+    config = GossipConfig.from_settings(settings)
+    assert config.listen == ("127.0.0.1", 7946)
+    assert config.peers == (("a", 1), ("::1", 2))
+    assert (config.interval_s, config.fanout, config.secret) == (0.5, 2, b"s3cret")
+
+
+def test_secret_file_wins_and_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text("from-file\n")
+    settings = replace(ServeSettings(), gossip_secret="inline", gossip_secret_file=str(path))
+    assert GossipConfig.from_settings(settings).secret == b"from-file"
+    path.write_text("  \n")
+    with pytest.raises(ValueError, match="empty"):
+        GossipConfig.from_settings(settings)
+    missing = replace(settings, gossip_secret_file=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="cannot read"):
+        GossipConfig.from_settings(missing)
+    assert GossipConfig.from_settings(ServeSettings()).secret is None
+
+
+def test_bad_peer_address_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        GossipConfig.from_settings(replace(ServeSettings(), gossip_peers=("nohost",)))
+
+
+def test_metric_families_follow_the_counters(clock: FakeClock) -> None:
+    service = GossipService(make_router("t0", clock), GossipConfig(peers=(("p", 1),)))
+    service.counters.rounds = 4
+    service.counters.exchanges, service.counters.exchange_failures = 10, 3
+    service.counters.reject("forged")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in metric_families(service) for s in family.samples}
+    assert samples[("meshroute_gossip_rounds_total", ())] == 4
+    assert samples[("meshroute_gossip_exchanges_total", (("result", "ok"),))] == 7
+    assert samples[("meshroute_gossip_exchanges_total", (("result", "failed"),))] == 3
+    assert samples[("meshroute_gossip_rejected_total", (("reason", "forged"),))] == 1
+    assert samples[("meshroute_gossip_peers", ())] == 1
+
+
+def test_exports_are_pinned() -> None:
+    assert set(gossip.__all__) == {
+        "Address", "ApplyResult", "Delta", "Digest", "GossipConfig", "GossipCounters",
+        "GossipError", "GossipService", "Membership", "MemoryNetwork", "MemoryTransport",
+        "MessageType", "TcpTransport", "Transport", "WireCodec", "apply_delta", "make_delta",
+        "make_digest", "parse_address"}
+    for name in gossip.__all__:
+        assert hasattr(gossip, name), name
