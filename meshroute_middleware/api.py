@@ -5,12 +5,13 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .core import InvalidNodeError
@@ -20,6 +21,7 @@ from .mesh import Mesh
 from .telemetry import CONTENT_TYPE
 
 MAX_NODE_BODY = 64 * 1024
+_DASHBOARD = (Path(__file__).parent / "static" / "dashboard.html").read_text()
 
 
 def error_response(status: int, message: str, code: str, **extra: Any) -> Response:
@@ -47,6 +49,7 @@ class GatewayAPI:
             Route("/v1/routing/events", self.events, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/healthz", self.health, methods=["GET"]),
+            Route("/dashboard", self.dashboard, methods=["GET"]),
         ]
 
     async def models(self, request: Request) -> Response:
@@ -133,6 +136,10 @@ class GatewayAPI:
     async def metrics(self, request: Request) -> Response:
         """Prometheus text exposition."""
         return Response(self.telemetry.render(), media_type=CONTENT_TYPE)
+
+    async def dashboard(self, request: Request) -> Response:
+        """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard)."""
+        return HTMLResponse(_DASHBOARD)
 
     async def health(self, request: Request) -> Response:
         """Liveness."""
