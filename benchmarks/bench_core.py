@@ -7,6 +7,10 @@ For 8, 100 and 1,000 nodes (spread over 1 or 10 models of 40 layers), every cand
 - `enumerate`: `Router.candidates` right after a node's load or shard changed (cache miss);
 - `first decision`: the first `choose` after such a change (enumeration and merge included).
 Each timing is one call measured with perf_counter_ns (~0.1 µs of timer overhead included).
+Decisions run in ROUNDS rounds interleaved over the scenarios, so that a burst of load from
+other processes on this shared machine hits one round of every row rather than one row; a
+row reports the median of its round medians (all round medians are in the JSON) and the p99
+of all its timings pooled.
 
 Run:  /work/venv/bin/python benchmarks/bench_core.py [--quick] [--baseline REV]
 `--baseline REV` runs the same decision loop against meshroute_middleware as of git revision
@@ -22,6 +26,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
+from meshroute_middleware.core.router import POLICIES
 
 LAYERS = 40  # ADR-0020's Qwen3.6-35B-A3B
 SCENARIOS = ((8, 1), (100, 10), (1000, 10), (1000, 1))  # (nodes, models)
@@ -38,6 +44,7 @@ GOALS_US = {"choose_8": 20.0, "choose_1000": 50.0, "enumerate_1000_ms": 5.0}  # 
 # (2026-02-15, the reporter's measurement): not measured here, shown for scale only.
 LITELLM_PUBLISHED_MS = {100: 0.58, 1000: 51.0}
 KINDS = (0, 1, 0, 1, 2, 3)  # full node, partial head, full, partial head, middle, tail
+ROUNDS = 3
 RESULTS = Path(__file__).parent / "results" / "core.json"
 
 
@@ -73,10 +80,11 @@ def mesh(nodes: int, models: int, rng: random.Random) -> list[NodeRecord]:
     return out
 
 
-def build(nodes: int, models: int, seed: int) -> tuple[Router, StepClock, list[str]]:
+def build(nodes: int, models: int, seed: int,
+          policy: str = "adr0021") -> tuple[Router, StepClock, list[str]]:
     """A router over the mesh with every candidate of every model proven."""
     rng, clock = random.Random(seed), StepClock()
-    router = Router(RouterConfig(), clock=clock, rng=random.Random(seed))
+    router = Router(RouterConfig(policy), clock=clock, rng=random.Random(seed))
     for record in mesh(nodes, models, rng):
         router.upsert_node(record)
     names = router.models()
@@ -151,21 +159,40 @@ def time_changes(router: Router, clock: StepClock, names: list[str], trials: int
     return enum_ns, first_ns
 
 
-def decisions_only(count: int) -> dict[str, dict[str, float]]:
-    """The decision part alone (also what --baseline runs against an older revision)."""
-    out = {}
-    for nodes, models in SCENARIOS:
-        router, clock, names = build(nodes, models, seed=nodes + models)
+def interleaved(setups: dict[str, tuple[Router, StepClock, list[str]]],
+                count: int) -> dict[str, dict[str, Any]]:
+    """Time `count` cached and `count` after-record decisions per setup, in ROUNDS rounds."""
+    cached: dict[str, list[list[int]]] = {key: [] for key in setups}
+    busy: dict[str, list[list[int]]] = {key: [] for key in setups}
+    for router, clock, names in setups.values():
         time_decisions(router, clock, names, count // 10, record=False)  # warm-up
-        gc.collect()
-        cached = time_decisions(router, clock, names, count, record=False)
-        busy = time_decisions(router, clock, names, count, record=True)
-        out[f"{nodes}x{models}"] = {
-            "choose_median_us": pct(cached, 0.5), "choose_p99_us": pct(cached, 0.99),
-            "choose_after_record_median_us": pct(busy, 0.5),
-            "choose_after_record_p99_us": pct(busy, 0.99),
-            "candidates_per_model": len(router.candidates(names[0]))}
+    for _ in range(ROUNDS):
+        for key, (router, clock, names) in setups.items():
+            gc.collect()
+            cached[key].append(time_decisions(router, clock, names, count // ROUNDS, False))
+            busy[key].append(time_decisions(router, clock, names, count // ROUNDS, True))
+    return {key: {
+        "choose_median_us": statistics.median(pct(r, 0.5) for r in cached[key]),
+        "choose_p99_us": pct([t for r in cached[key] for t in r], 0.99),
+        "choose_after_record_median_us": statistics.median(pct(r, 0.5) for r in busy[key]),
+        "choose_after_record_p99_us": pct([t for r in busy[key] for t in r], 0.99),
+        "choose_round_medians_us": [pct(r, 0.5) for r in cached[key]],
+    } for key in setups}
+
+
+def decisions_only(count: int) -> dict[str, dict[str, Any]]:
+    """The decision part alone (also what --baseline runs against an older revision)."""
+    setups = {f"{n}x{m}": build(n, m, seed=n + m) for n, m in SCENARIOS}
+    out = interleaved(setups, count)
+    for key, (router, _, names) in setups.items():
+        out[key]["candidates_per_model"] = len(router.candidates(names[0]))
     return out
+
+
+def by_policy(count: int) -> dict[str, dict[str, float]]:
+    """Decision time of every registered policy on the 1,000-node, 10-model mesh."""
+    return interleaved({name: build(1000, 10, seed=1010, policy=name)
+                        for name in sorted(POLICIES)}, count)
 
 
 def run(count: int, trials: int) -> dict[str, Any]:
@@ -248,6 +275,12 @@ def main() -> int:
     rows = run(count, trials)
     base = baseline(args.baseline, count) if args.baseline else None
     print(table(rows, base))
+    policies = by_policy(count // 4)
+    print("\nchoose by policy, 1,000 nodes / 10 models, 8 candidates (µs, median / p99 / "
+          "after record):")
+    for name, r in policies.items():
+        print(f"  {name:<16} {r['choose_median_us']:>6.1f} {r['choose_p99_us']:>6.1f} "
+              f"{r['choose_after_record_median_us']:>6.1f}")
     goals = verdict(rows)
     print("goals (issue 2):", ", ".join(f"{k}={'met' if v else 'MISSED'}"
                                        for k, v in goals.items()))
@@ -259,6 +292,7 @@ def main() -> int:
         "python": platform.python_version(), "machine": platform.machine(),
         "cpus": os.cpu_count(), "decisions_per_scenario": count, "change_trials": trials,
         "scenarios": rows, "baseline": {"rev": args.baseline, "scenarios": base},
+        "by_policy_1000x10": policies,
         "goals": goals, "litellm_published_ms": LITELLM_PUBLISHED_MS,
         "litellm_source": "https://github.com/BerriAI/litellm/issues/21270"}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
