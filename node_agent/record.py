@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
+from typing import Any
 
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
 
@@ -23,7 +24,7 @@ KEYS: dict[str, str] = {
 VERSION_KEY = "v"
 SIG_KEY = "sig"
 
-TxtProperties = Mapping[bytes | str, bytes | str | None]
+TxtProperties = Mapping[Any, Any]  # zeroconf gives bytes; every key and value is checked
 
 
 def _canonical(props: Mapping[str, str]) -> bytes:
@@ -56,11 +57,13 @@ def encode_record(record: NodeRecord, secret: str | None = None) -> dict[str, st
     return props
 
 
-def _text(raw: bytes | str | None, key: str) -> str:
+def _text(raw: Any, key: str) -> str:
     if raw is None:
         return ""
     if isinstance(raw, str):
         return raw
+    if not isinstance(raw, bytes):
+        raise InvalidNodeError(f"TXT entry '{key}' is neither text nor bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -1,0 +1,169 @@
+"""Announce a node (or a tracker) over mDNS; keep queue and tps current; say goodbye on exit."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from types import TracebackType
+
+import anyio
+from zeroconf import ServiceInfo
+from zeroconf.asyncio import AsyncZeroconf
+
+from meshroute_middleware.core import NodeRecord
+
+from .mdns import NODE_SERVICE, TRACKER_SERVICE, open_zeroconf, service_info
+from .record import PROTOCOL_VERSION, encode_record
+
+log = logging.getLogger("meshroute.node_agent")
+
+UPDATE_MIN_INTERVAL_S = 1.0  # at most one TXT update a second: each one multicasts a packet
+TPS_CHANGE_SHARE = 0.10  # a tps change below 10 % is noise, not news
+LOAD_POLL_S = 0.25
+
+
+def meaningful_change(old: NodeRecord, new: NodeRecord,
+                      tps_share: float = TPS_CHANGE_SHARE) -> bool:
+    """Whether `new` differs from what was announced enough to announce again."""
+    if replace(old, queue=new.queue, tps=new.tps) != new:
+        return True
+    return old.queue != new.queue or abs(new.tps - old.tps) > tps_share * old.tps
+
+
+class _Registered:
+    """One registered mDNS service on its own AsyncZeroconf; unregistered with a goodbye."""
+
+    def __init__(self, interfaces: str) -> None:
+        self._interfaces = interfaces
+        self._zc: AsyncZeroconf | None = None
+        self._info: ServiceInfo | None = None
+
+    async def register(self, info: ServiceInfo) -> None:
+        self._zc = open_zeroconf(self._interfaces)
+        self._info = info
+        await (await self._zc.async_register_service(info))
+
+    async def update(self, info: ServiceInfo) -> None:
+        assert self._zc is not None
+        self._info = info
+        await (await self._zc.async_update_service(info))
+
+    async def close(self) -> None:
+        """Unregister (the goodbye packet) and close; safe to call twice."""
+        zc, info, self._zc, self._info = self._zc, self._info, None, None
+        if zc is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                if info is not None:
+                    await (await zc.async_unregister_service(info))
+            finally:
+                await zc.async_close()
+
+
+class NodeAnnouncer:
+    """Registers a node record as `_meshroute._tcp.local.` and keeps it current."""
+
+    def __init__(self, record: NodeRecord, *, interfaces: str = "all",
+                 mesh_secret: str | None = None,
+                 min_interval_s: float = UPDATE_MIN_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.record = record
+        self._secret, self._interfaces = mesh_secret, interfaces
+        self._min_interval_s, self._clock = min_interval_s, clock
+        self._service = _Registered(interfaces)
+        self._updated_at = float("-inf")
+        self.updates_sent = 0
+
+    def _info(self, record: NodeRecord) -> ServiceInfo:
+        return service_info(NODE_SERVICE, record.node_id, record.url,
+                            encode_record(record, self._secret), self._interfaces)
+
+    async def start(self) -> None:
+        """Register the record (mDNS probing takes about a second)."""
+        await self._service.register(self._info(self.record))
+        self._updated_at = self._clock()
+
+    async def refresh(self, queue: int, tps: float) -> bool:
+        """Announce new load if it changed meaningfully and the rate limit allows; say if sent."""
+        new = replace(self.record, queue=queue, tps=round(tps, 3))
+        if not meaningful_change(self.record, new):
+            return False
+        if self._clock() - self._updated_at < self._min_interval_s:
+            return False  # the next refresh after the interval sends it
+        await self._service.update(self._info(new))
+        self.record, self._updated_at = new, self._clock()
+        self.updates_sent += 1
+        return True
+
+    async def follow(self, load: Callable[[], tuple[int, float]],
+                     poll_s: float = LOAD_POLL_S) -> None:
+        """Poll `load()` -> (queue, tps) forever, refreshing the announcement."""
+        while True:
+            await anyio.sleep(poll_s)
+            queue, tps = load()
+            await self.refresh(queue, tps)
+
+    async def close(self) -> None:
+        """Unregister with a goodbye."""
+        await self._service.close()
+
+    async def __aenter__(self) -> NodeAnnouncer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+
+def tracker_properties(tracker_id: str, http_port: int, gossip_port: int) -> dict[str, str]:
+    """TXT properties of a tracker: its id, HTTP port and gossip port."""
+    return {"v": PROTOCOL_VERSION, "id": tracker_id, "hp": str(http_port),
+            "gp": str(gossip_port)}
+
+
+def parse_tracker(properties: Mapping[bytes, bytes | None],
+                  addresses: list[str]) -> tuple[str, str, int]:
+    """(tracker_id, host, gossip_port) from a tracker's TXT and addresses; ValueError else."""
+    try:
+        text = {k.decode(): (v or b"").decode() for k, v in properties.items()}
+    except UnicodeDecodeError:
+        raise ValueError("tracker TXT is not valid UTF-8") from None
+    if text.get("v") != PROTOCOL_VERSION:
+        raise ValueError(f"unsupported tracker record version {text.get('v')!r}")
+    tracker_id, port_text = text.get("id", ""), text.get("gp", "")
+    if not tracker_id or len(tracker_id) > 128:
+        raise ValueError("tracker record needs an 'id' of 1..128 characters")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"tracker gossip port {port_text[:16]!r} is not a port")
+    if not addresses:
+        raise ValueError("tracker record has no address")
+    return tracker_id, addresses[0], int(port_text)
+
+
+class TrackerAnnouncer:
+    """Registers this tracker as `_meshroute-tracker._tcp.local.` for zero-config gossip."""
+
+    def __init__(self, tracker_id: str, http_port: int, gossip_port: int, *,
+                 host: str = "127.0.0.1", interfaces: str = "all") -> None:
+        self.tracker_id = tracker_id
+        self._info = service_info(TRACKER_SERVICE, tracker_id, f"http://{host}:{http_port}",
+                                  tracker_properties(tracker_id, http_port, gossip_port),
+                                  interfaces)
+        self._service = _Registered(interfaces)
+
+    @property
+    def instance(self) -> str:
+        """This tracker's service instance name (so a browser can skip itself)."""
+        return str(self._info.name)
+
+    async def start(self) -> None:
+        """Register the tracker service."""
+        await self._service.register(self._info)
+
+    async def close(self) -> None:
+        """Unregister with a goodbye."""
+        await self._service.close()

@@ -1,0 +1,177 @@
+"""`meshroute node`: announce a shard over mDNS, optionally serving an emulated node too."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+
+from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
+
+from .announcer import NodeAnnouncer
+from .emulator import EmulatedNode, EmulatorConfig, serve_node
+
+# option -> (environment variable, type); the CLI flag wins over the variable.
+ENV: dict[str, tuple[str, type]] = {
+    "model": ("MESHROUTE_NODE_MODEL", str), "shard": ("MESHROUTE_NODE_SHARD", str),
+    "layers": ("MESHROUTE_NODE_LAYERS", int), "url": ("MESHROUTE_NODE_URL", str),
+    "tps": ("MESHROUTE_NODE_TPS", float), "node_id": ("MESHROUTE_NODE_ID", str),
+    "mdns_interfaces": ("MESHROUTE_MDNS_INTERFACES", str),
+    "mesh_secret": ("MESHROUTE_MESH_SECRET", str),
+}
+EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
+    "seconds_per_layer": (float, "seconds of compute per layer per token"),
+    "hop_latency_s": (float, "seconds of link latency per token into this hop"),
+    "slots": (int, "requests served at once; more queue"),
+    "max_queue": (int, "requests that may queue before 503"),
+    "noise_sigma": (float, "sigma of per-request log-normal noise on compute time"),
+    "seed": (int, "seed of the noise and fault draws"),
+    "fail_share": (float, "share of requests answered with 500"),
+    "die_share": (float, "share of requests whose connection drops mid-stream"),
+    "stall_share": (float, "share of requests that stall before the first token"),
+    "stall_s": (float, "seconds a stalled request stalls"),
+    "max_tokens_default": (int, "tokens generated when a request sets no max_tokens"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    """What `meshroute node` runs: the record's fields, mDNS options, the emulator."""
+
+    model: str
+    start: int
+    end: int
+    layers: int
+    url: str | None
+    tps: float | None
+    node_id: str | None
+    mdns_interfaces: str
+    mesh_secret: str | None
+    emulate: bool
+    host: str
+    port: int
+    knobs: dict[str, Any]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `meshroute node` (each also read from its MESHROUTE_* variable)."""
+    parser.add_argument("--model", help="model id the node serves (emulator: emu-model)")
+    parser.add_argument("--shard", help="layers served, START-END inclusive (e.g. 0-21)")
+    parser.add_argument("--layers", type=int, help="the model's layer count (emulator: 32)")
+    parser.add_argument("--url", help="base URL of the node's OpenAI-compatible server")
+    parser.add_argument("--tps", type=float, help="advertised tokens/s of the shard")
+    parser.add_argument("--node-id", help="stable node id (default: model, shard, address)")
+    parser.add_argument("--mdns-interfaces", help="'all' (default) or comma-separated addresses")
+    parser.add_argument("--mesh-secret", help="sign the record with this mesh secret")
+    parser.add_argument("--emulate", action="store_true", help="also serve an emulated node")
+    parser.add_argument("--host", default="127.0.0.1", help="emulator listen address")
+    parser.add_argument("--port", type=int, default=0, help="emulator port (0: any free)")
+    group = parser.add_argument_group("emulator knobs")
+    for name, (kind, text) in EMULATOR_KNOBS.items():
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if match is None:
+        raise ValueError(f"--shard must look like START-END, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSettings:
+    """Flags over MESHROUTE_* variables over defaults; ValueError names the bad value."""
+    values = dict(cli)
+    for name, (var, kind) in ENV.items():
+        if values.get(name) is None and environ.get(var):
+            try:
+                values[name] = kind(environ[var])
+            except ValueError:
+                raise ValueError(f"{var} must be {kind.__name__}, got {environ[var]!r}") from None
+    emulate = bool(values.get("emulate"))
+    layers = values.get("layers") or (32 if emulate else None)
+    if values.get("model") is None and not emulate:
+        raise ValueError("--model is required (or --emulate)")
+    if layers is None or (values.get("shard") is None and not emulate):
+        raise ValueError("--layers and --shard are required without --emulate")
+    start, end = _shard(values["shard"]) if values.get("shard") else (0, layers - 1)
+    if values.get("url") is None and not emulate:
+        raise ValueError("--url is required without --emulate")
+    return NodeSettings(
+        model=values.get("model") or "emu-model", start=start, end=end, layers=layers,
+        url=values.get("url"), tps=values.get("tps"), node_id=values.get("node_id"),
+        mdns_interfaces=values.get("mdns_interfaces") or "all",
+        mesh_secret=values.get("mesh_secret"), emulate=emulate,
+        host=values.get("host") or "127.0.0.1", port=int(values.get("port") or 0),
+        knobs={k: values[k] for k in EMULATOR_KNOBS if values.get(k) is not None})
+
+
+def default_node_id(s: NodeSettings, where: str) -> str:
+    """`model-start-end@where`, with characters a node id may not hold replaced."""
+    return re.sub(r"[^A-Za-z0-9._:@/+-]", "_", f"{s.model}-{s.start}-{s.end}@{where}")[:128]
+
+
+def emulator_config(s: NodeSettings) -> EmulatorConfig:
+    """The emulator's config from the settings."""
+    where = f"{socket.gethostname()}:{s.port}" if s.port else f"pid{os.getpid()}"
+    return EmulatorConfig(node_id=s.node_id or default_node_id(s, where), model=s.model,
+                          start=s.start, end=s.end, layers=s.layers, tps=s.tps, **s.knobs)
+
+
+def node_record(s: NodeSettings, url: str, node_id: str | None, tps: float) -> NodeRecord:
+    """The validated record to announce; InvalidNodeError says what is wrong."""
+    where = urlsplit(url).netloc
+    return parse_node({"node_id": node_id or s.node_id or default_node_id(s, where),
+                       "model": s.model, "start": s.start, "end": s.end, "layers": s.layers,
+                       "url": url, "tps": tps})
+
+
+async def _serve(s: NodeSettings) -> int:
+    async with AsyncExitStack() as stack:
+        node: EmulatedNode | None = None
+        url, node_id, tps = s.url, s.node_id, s.tps or 10.0
+        if s.emulate:
+            config = emulator_config(s)
+            served, own_url = await stack.enter_async_context(
+                serve_node(config, s.host, s.port))
+            node, url, node_id, tps = served, url or own_url, config.node_id, served.measured_tps
+        assert url is not None
+        record = node_record(s, url, node_id, tps)
+        announcer = NodeAnnouncer(record, interfaces=s.mdns_interfaces,
+                                  mesh_secret=s.mesh_secret)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            await announcer.start()
+            stack.push_async_callback(announcer.close)
+            print(f"meshroute node: announced {record.node_id} ({record.model} layers "
+                  f"{record.start}-{record.end} of {record.layers}) at {record.url} "
+                  f"on mDNS interfaces {s.mdns_interfaces}", flush=True)
+            async with anyio.create_task_group() as tg:
+                if node is not None:
+                    emulated = node
+                    tg.start_soon(announcer.follow,
+                                  lambda: (emulated.queue_depth, emulated.measured_tps))
+                async for signum in signals:
+                    print(f"meshroute node: {signal.Signals(signum).name}: saying goodbye",
+                          flush=True)
+                    tg.cancel_scope.cancel()
+                    break
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `meshroute node`."""
+    try:
+        settings = node_settings(vars(args), os.environ)
+        return anyio.run(_serve, settings)
+    except (ValueError, InvalidNodeError) as exc:
+        print(f"meshroute node: {exc}", file=sys.stderr)
+        return 2

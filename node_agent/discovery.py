@@ -1,0 +1,240 @@
+"""Tracker-side discovery: browse nodes and trackers over mDNS, health-check nodes.
+
+Added/Updated/Removed node services become calls on a `TopologySink`; a node that misses
+`MISSES_TO_REMOVE` probes in a row leaves the topology (no goodbye comes after a kill -9) and
+comes back when it answers again. Hostile records are rejected through the sink, never trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import aiohttp
+import anyio
+import anyio.abc
+from zeroconf import ServiceStateChange
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from meshroute_middleware.core import InvalidNodeError, NodeRecord
+
+from .announcer import TrackerAnnouncer, parse_tracker
+from .mdns import NODE_SERVICE, RESOLVE_TIMEOUT_MS, TRACKER_SERVICE, open_zeroconf
+from .record import decode_record
+
+log = logging.getLogger("meshroute.discovery")
+
+MISSES_TO_REMOVE = 3  # issue 4: "a node that misses 3 probes leaves the topology"
+FORGET_AFTER_MISSES = 150  # stop probing a dead node after this many misses
+MAX_PROBE_TIMEOUT_S = 2.0
+EVENT_BUFFER = 1024  # browse events waiting to be resolved; beyond, events are dropped
+
+TrackerCallback = Callable[[str, int], None]  # (host, gossip_port)
+
+
+class TopologySink(Protocol):
+    """Where discovery puts what it learns (the gateway implements it over a Router)."""
+
+    def upsert(self, record: NodeRecord) -> str:
+        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
+
+    def remove(self, node_id: str) -> bool:
+        """Remove a node; return whether it was there."""
+
+    def nodes(self) -> list[NodeRecord]:
+        """Every node currently in the topology."""
+
+    def reject(self, source: str, reason: str) -> None:
+        """Count and log a record that was refused, with the reason."""
+
+
+class Discovery:
+    """The state of a tracker's discovery: which service is which node, health misses."""
+
+    def __init__(self, sink: TopologySink, *, mesh_secret: str | None = None,
+                 health_interval_s: float = 2.0, skip_tracker: str | None = None,
+                 on_tracker: TrackerCallback | None = None,
+                 on_tracker_gone: TrackerCallback | None = None) -> None:
+        self.sink, self.mesh_secret = sink, mesh_secret
+        self.health_interval_s = health_interval_s
+        self.probe_timeout_s = min(health_interval_s, MAX_PROBE_TIMEOUT_S)
+        self._skip_tracker = skip_tracker
+        self._on_tracker, self._on_tracker_gone = on_tracker, on_tracker_gone
+        self.services: dict[str, str] = {}  # node service name -> node_id
+        self.trackers: dict[str, tuple[str, int]] = {}  # tracker service name -> peer
+        self.misses: dict[str, int] = {}
+        self.down: dict[str, NodeRecord] = {}  # removed by health checks, still probed
+        self.events_dropped = 0
+        self._send, self._receive = anyio.create_memory_object_stream[
+            tuple[str, str, ServiceStateChange]](EVENT_BUFFER)
+
+    # -- browsing --------------------------------------------------------------------
+    def on_change(self, zeroconf: Any, service_type: str, name: str,
+                  state_change: ServiceStateChange) -> None:
+        """AsyncServiceBrowser handler: queue the event for the resolver task."""
+        try:
+            self._send.send_nowait((service_type, name, state_change))
+        except anyio.WouldBlock:
+            self.events_dropped += 1
+
+    async def handle_events(self, azc: AsyncZeroconf) -> None:
+        """Resolve queued browse events in order, forever."""
+        async with self._receive:
+            async for service_type, name, change in self._receive:
+                if service_type == NODE_SERVICE:
+                    await self._node_event(azc, name, change)
+                elif service_type == TRACKER_SERVICE and name != self._skip_tracker:
+                    await self._tracker_event(azc, name, change)
+
+    async def _resolve(self, azc: AsyncZeroconf, service_type: str,
+                       name: str) -> AsyncServiceInfo | None:
+        info = AsyncServiceInfo(service_type, name)
+        if await info.async_request(azc.zeroconf, RESOLVE_TIMEOUT_MS):
+            return info
+        return None
+
+    async def _node_event(self, azc: AsyncZeroconf, name: str,
+                          change: ServiceStateChange) -> None:
+        if change is ServiceStateChange.Removed:
+            node_id = self.services.pop(name, None)
+            if node_id is not None:
+                self._forget(node_id)
+                self.sink.remove(node_id)
+                log.info("node %s said goodbye", node_id)
+            return
+        info = await self._resolve(azc, NODE_SERVICE, name)
+        if info is None:
+            self.sink.reject(f"mdns:{name[:80]}", "service record could not be resolved")
+            return
+        try:
+            record = decode_record(info.properties, secret=self.mesh_secret)
+        except InvalidNodeError as exc:
+            self.sink.reject(f"mdns:{name[:80]}", str(exc))
+            return
+        self._accept(name, record)
+
+    def _accept(self, name: str, record: NodeRecord) -> None:
+        old = self.services.get(name)
+        if old is not None and old != record.node_id:  # re-registered under a new id
+            self._forget(old)
+            self.sink.remove(old)
+        self.services[name] = record.node_id
+        self._forget(record.node_id)
+        outcome = self.sink.upsert(record)
+        if outcome != "refresh":
+            log.info("node %s %s via mDNS (%s)", record.node_id, outcome, record.url)
+
+    def _forget(self, node_id: str) -> None:
+        self.misses.pop(node_id, None)
+        self.down.pop(node_id, None)
+
+    async def _tracker_event(self, azc: AsyncZeroconf, name: str,
+                             change: ServiceStateChange) -> None:
+        if change is ServiceStateChange.Removed:
+            peer = self.trackers.pop(name, None)
+            if peer is not None and self._on_tracker_gone is not None:
+                self._on_tracker_gone(*peer)
+            return
+        info = await self._resolve(azc, TRACKER_SERVICE, name)
+        try:
+            if info is None:
+                raise ValueError("service record could not be resolved")
+            _, host, port = parse_tracker(info.properties, info.parsed_addresses())
+        except ValueError as exc:
+            self.sink.reject(f"mdns-tracker:{name[:80]}", str(exc))
+            return
+        if self.trackers.get(name) != (host, port):
+            self.trackers[name] = (host, port)
+            if self._on_tracker is not None:
+                self._on_tracker(host, port)
+
+    # -- health ----------------------------------------------------------------------
+    async def health_loop(self, session: aiohttp.ClientSession) -> None:
+        """Probe every node each interval, forever."""
+        while True:
+            await anyio.sleep(self.health_interval_s)
+            await self.probe_all(session)
+
+    async def probe_all(self, session: aiohttp.ClientSession) -> None:
+        """Probe the topology's nodes and the ones health checks removed, then apply results."""
+        targets = {n.node_id: n for n in self.sink.nodes()}
+        targets.update(self.down)
+        answered: dict[str, bool] = {}
+
+        async def probe(record: NodeRecord) -> None:
+            answered[record.node_id] = await self.probe(session, record.url)
+
+        async with anyio.create_task_group() as tg:
+            for record in targets.values():
+                tg.start_soon(probe, record)
+        for node_id, ok in answered.items():
+            self.apply_probe(targets[node_id], ok)
+
+    async def probe(self, session: aiohttp.ClientSession, url: str) -> bool:
+        """GET {url}/v1/models: any HTTP answer proves the process is up."""
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s)
+        try:
+            async with session.get(url + "/v1/models", timeout=timeout) as resp:
+                return resp.status > 0
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return False
+
+    def apply_probe(self, record: NodeRecord, ok: bool) -> None:
+        """Count a probe result: 3 misses remove the node, an answer brings it back."""
+        node_id = record.node_id
+        if ok:
+            self.misses.pop(node_id, None)
+            back = self.down.pop(node_id, None)
+            if back is not None:
+                self.sink.upsert(back)
+                log.info("node %s answers again: back in the topology", node_id)
+            return
+        misses = self.misses[node_id] = self.misses.get(node_id, 0) + 1
+        if misses == MISSES_TO_REMOVE and node_id not in self.down:
+            self.down[node_id] = record
+            self.sink.remove(node_id)
+            log.warning("node %s missed %d health probes: removed", node_id, misses)
+        elif misses >= FORGET_AFTER_MISSES:
+            self._forget(node_id)
+
+
+@asynccontextmanager
+async def tracker_discovery(
+    sink: TopologySink, *, interfaces: str = "all", mesh_secret: str | None = None,
+    health_interval_s: float = 2.0, announce_http_port: int | None = None,
+    announce_gossip_port: int | None = None, announce_host: str = "127.0.0.1",
+    tracker_id: str | None = None, on_tracker: TrackerCallback | None = None,
+    on_tracker_gone: TrackerCallback | None = None,
+) -> AsyncIterator[Discovery]:
+    """Browse nodes and trackers, health-check nodes, announce this tracker, until the exit."""
+    announcer = None
+    if announce_http_port is not None and announce_gossip_port is not None:
+        announcer = TrackerAnnouncer(
+            tracker_id or f"{socket.gethostname()}-{announce_http_port}", announce_http_port,
+            announce_gossip_port, host=announce_host, interfaces=interfaces)
+    discovery = Discovery(sink, mesh_secret=mesh_secret, health_interval_s=health_interval_s,
+                          skip_tracker=announcer.instance if announcer else None,
+                          on_tracker=on_tracker, on_tracker_gone=on_tracker_gone)
+    azc = open_zeroconf(interfaces)
+    try:
+        async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
+            if announcer is not None:
+                tg.start_soon(announcer.start)
+            browser = AsyncServiceBrowser(azc.zeroconf, [NODE_SERVICE, TRACKER_SERVICE],
+                                          handlers=[discovery.on_change])
+            tg.start_soon(discovery.handle_events, azc)
+            tg.start_soon(discovery.health_loop, session)
+            try:
+                yield discovery
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await browser.async_cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if announcer is not None:
+                await announcer.close()
+            await azc.async_close()
