@@ -1,0 +1,57 @@
+"""`meshroute bench learning`: every policy on every scenario, as a table and JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .harness import aggregate, bar, execute, markdown, plan
+from .scenarios import SCENARIOS, by_name
+
+BENCHMARKS = ("learning",)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `meshroute bench`."""
+    parser.add_argument("benchmark", choices=BENCHMARKS, help="which benchmark to run")
+    parser.add_argument("--json", metavar="PATH", type=Path, help="write the report here")
+    parser.add_argument("--quick", action="store_true",
+                        help="short runs on one seed (seconds, for tests and CI)")
+    parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
+    parser.add_argument("--scenario", action="append", metavar="NAME",
+                        help="only this scenario (name or number; repeatable)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="processes (default: 1 with --quick, else the CPU count)")
+
+
+def learning(quick: bool = False, seed: int = 1, scenarios: list[str] | None = None,
+             workers: int = 0, progress: bool = True) -> dict[str, Any]:
+    """Run the learning-quality benchmark and return the report."""
+    chosen = [by_name(n) for n in scenarios] if scenarios else list(SCENARIOS)
+    jobs = plan(quick, seed, chosen)
+    if workers <= 0:
+        workers = 1 if quick else (os.cpu_count() or 1)
+    results = execute(jobs, workers, bar() if progress else None)
+    return aggregate(jobs, results)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `meshroute bench learning`."""
+    started = time.perf_counter()
+    try:
+        report = learning(args.quick, args.seed, args.scenario, args.workers)
+    except KeyError as exc:
+        print(f"meshroute bench: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print(markdown(report))
+    print(f"\n({'quick' if args.quick else 'full'} run, seed {args.seed}, "
+          f"{time.perf_counter() - started:.1f} s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,134 @@
+"""Runs every policy on every scenario with the same seeds and builds the report."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from ..core.config import RouterConfig
+from .engine import run
+from .metrics import RunMetrics, measure
+from .model import Scenario
+from .scenarios import SCENARIOS
+
+POLICIES = ("oracle", "thompson", "adr0021", "epsilon-greedy", "litellm-latency", "petals",
+            "freellmapi")
+FULL_SEEDS, QUICK_SEEDS = 3, 1
+
+Job = tuple[Scenario, str, int]
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One (scenario, policy) result averaged over seeds."""
+
+    fraction_of_oracle: float
+    p95_latency_s: float
+    failed_rate: float
+    reconverge_requests: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of issue 6."""
+        return {"fraction_of_oracle": round(self.fraction_of_oracle, 4),
+                "p95_latency_s": round(self.p95_latency_s, 3),
+                "failed_rate": round(self.failed_rate, 4),
+                "reconverge_requests": (None if self.reconverge_requests is None
+                                        else round(self.reconverge_requests))}
+
+
+def run_job(job: Job) -> RunMetrics:
+    """Simulate one scenario with one policy and seed (top level: picklable)."""
+    scenario, policy, seed = job
+    return measure(run(scenario, policy, seed), scenario.change_points())
+
+
+def plan(quick: bool, seed: int, scenarios: Sequence[Scenario] = SCENARIOS,
+         policies: Sequence[str] = POLICIES) -> list[Job]:
+    """Every (scenario, policy, seed) run, the quick variant shorter and on one seed."""
+    seeds = [seed + k for k in range(QUICK_SEEDS if quick else FULL_SEEDS)]
+    jobs = []
+    for s in scenarios:
+        sized = s.scaled(s.quick_requests) if quick else s
+        jobs += [(sized, p, k) for p in policies for k in seeds]
+    return jobs
+
+
+def execute(jobs: Sequence[Job], workers: int = 1,
+            progress: Progress | None = None) -> list[RunMetrics]:
+    """Run the jobs (in `workers` processes when > 1), reporting progress."""
+    out: list[RunMetrics] = []
+    if workers <= 1:
+        for job in jobs:
+            out.append(run_job(job))
+            if progress:
+                progress(len(out), len(jobs), f"{job[0].name} {job[1]}")
+        return out
+    with ProcessPoolExecutor(workers) as pool:
+        for job, result in zip(jobs, pool.map(run_job, jobs), strict=True):
+            out.append(result)
+            if progress:
+                progress(len(out), len(jobs), f"{job[0].name} {job[1]}")
+    return out
+
+
+def aggregate(jobs: Sequence[Job], results: Sequence[RunMetrics]) -> dict[str, Any]:
+    """The report `{"scenarios": {scenario: {policy: cell}}}`, default policy included."""
+    runs: dict[str, dict[str, dict[int, RunMetrics]]] = {}
+    for (scenario, policy, seed), m in zip(jobs, results, strict=True):
+        runs.setdefault(scenario.name, {}).setdefault(policy, {})[seed] = m
+    report: dict[str, Any] = {}
+    default = RouterConfig().policy
+    for name, by_policy in runs.items():
+        oracle = by_policy["oracle"]
+        cells = {p: _cell(seeds, oracle).to_json() for p, seeds in by_policy.items()}
+        if default in cells:
+            cells["default"] = dict(cells[default])
+        report[name] = cells
+    return {"scenarios": report}
+
+
+def _cell(seeds: dict[int, RunMetrics], oracle: dict[int, RunMetrics]) -> Cell:
+    fractions = [m.tokens_per_s / oracle[k].tokens_per_s for k, m in seeds.items()]
+    reconv = [m.reconverge_requests for m in seeds.values()]
+    finite = sorted(float("inf") if r is None else r for r in reconv)
+    median = statistics.median(finite)
+    return Cell(statistics.fmean(fractions),
+                statistics.fmean(m.p95_latency_s for m in seeds.values()),
+                statistics.fmean(m.failed_rate for m in seeds.values()),
+                None if median == float("inf") else median)
+
+
+def bar(stream: TextIO | None = None, width: int = 30) -> Progress:
+    """A plain-text progress bar on `stream` (stderr); one line per tenth when not a tty."""
+    out = stream or sys.stderr
+    live = out.isatty()
+
+    def show(done: int, total: int, label: str) -> None:
+        filled = width * done // total
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<40}"
+        if live:
+            out.write("\r" + line + ("\n" if done == total else ""))
+        elif done == total or (10 * done // total) != (10 * (done - 1) // total):
+            out.write(line.rstrip() + "\n")
+        out.flush()
+    return show
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a markdown table, one row per (scenario, policy)."""
+    lines = ["| scenario | policy | fraction of oracle | p95 latency s | failed rate | "
+             "re-converge requests |", "|---|---|---:|---:|---:|---:|"]
+    for scenario, cells in report["scenarios"].items():
+        for policy, c in cells.items():
+            if policy == "default":
+                continue
+            rc = c["reconverge_requests"]
+            lines.append(f"| {scenario} | {policy} | {c['fraction_of_oracle']:.3f} | "
+                         f"{c['p95_latency_s']:.1f} | {c['failed_rate']:.3f} | "
+                         f"{'never' if rc is None else f'{rc:g}'} |")
+    return "\n".join(lines)

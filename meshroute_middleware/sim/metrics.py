@@ -1,0 +1,67 @@
+"""Metrics of one run: delivered tokens/s, p95 latency, failed rate, re-convergence."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import Trace
+
+WINDOW = 50  # decisions per re-convergence window
+CONVERGED_SHARE = 0.8  # share of good decisions in a window that counts as converged
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    """What the benchmark reports of one (scenario, policy, seed) run."""
+
+    tokens_per_s: float  # delivered (successful) tokens over the makespan
+    p95_latency_s: float
+    failed_rate: float
+    reconverge_requests: float | None  # median over change points; None if never
+
+
+def throughput(trace: Trace) -> float:
+    """Delivered tokens/s from the first arrival to the last completion."""
+    span = max(trace.finish_s) - min(trace.arrival_s)
+    return sum(trace.tokens_ok) / span if span > 0 else 0.0
+
+
+def p95(values: Sequence[float]) -> float:
+    """The 95th percentile (linear interpolation, numpy's default)."""
+    return float(np.percentile(np.asarray(values, dtype=float), 95))
+
+
+def converge_after(good: Sequence[bool], start: int, stop: int,
+                   window: int = WINDOW, share: float = CONVERGED_SHARE) -> int | None:
+    """Decisions after `start` until the first window of `window` decisions, all before
+    `stop`, of which at least `share` were good; None if no such window."""
+    need = math.ceil(share * window)
+    if stop - start < window:
+        return None
+    flags = np.asarray(good[start:stop], dtype=np.int32)
+    sums = np.convolve(flags, np.ones(window, dtype=np.int32), mode="valid")
+    hits = np.nonzero(sums >= need)[0]
+    return int(hits[0]) if hits.size else None
+
+
+def reconverge(good: Sequence[bool], change_points: Sequence[int]) -> float | None:
+    """Median over change points of `converge_after` (never = infinitely long)."""
+    bounds = [*change_points, len(good)]
+    results = [converge_after(good, a, b) for a, b in itertools.pairwise(bounds)]
+    values = sorted(math.inf if r is None else float(r) for r in results)
+    median = statistics.median(values)
+    return None if math.isinf(median) else median
+
+
+def measure(trace: Trace, change_points: Sequence[int]) -> RunMetrics:
+    """All metrics of one run."""
+    latencies = [f - a for a, f in zip(trace.arrival_s, trace.finish_s, strict=True)]
+    failed = sum(trace.failed) / len(trace.failed)
+    return RunMetrics(throughput(trace), p95(latencies), failed,
+                      reconverge(trace.good, change_points))
