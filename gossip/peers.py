@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from .transport import Address
@@ -70,9 +71,11 @@ class Membership:
         """A peer's standing, or None."""
         return self._peers.get(address)
 
-    def pick(self, fanout: int, now: float, rng: random.Random) -> list[Address]:
-        """Up to `fanout` distinct peers not backing off, chosen uniformly."""
-        ready = [a for a in sorted(self._peers) if self._peers[a].retry_at <= now]
+    def pick(self, fanout: int, now: float, rng: random.Random,
+             exclude: Collection[Address] = ()) -> list[Address]:
+        """Up to `fanout` distinct peers not backing off nor excluded, chosen uniformly."""
+        ready = [a for a in sorted(self._peers)
+                 if self._peers[a].retry_at <= now and a not in exclude]
         return rng.sample(ready, min(max(fanout, 0), len(ready)))
 
     def mark_ok(self, address: Address) -> None:

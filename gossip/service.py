@@ -120,6 +120,7 @@ class GossipService:
             host, port, on_error=lambda e: self.counters.reject(e.reason))
         self.address: Address | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._busy: set[Address] = set()  # peers with an exchange in flight
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> GossipService:
@@ -145,9 +146,13 @@ class GossipService:
             await anyio.sleep_forever()
 
     async def _loop(self) -> None:
+        """Start a round every interval without awaiting it: a peer that hangs until the
+        timeout never delays the next round (and is skipped while its exchange is open)."""
+        assert self._tg is not None
         while True:
             await anyio.sleep(self.config.interval_s)
-            await self.run_round()
+            for peer in self._pick():
+                self._tg.start_soon(self.exchange, peer)
 
     def stats(self) -> dict[str, Any]:
         """Counters and membership as a plain dict (for /metrics and /v1/routing)."""
@@ -155,18 +160,22 @@ class GossipService:
         return {**asdict(self.counters), "origin": self.origin, "peers": peers}
 
     # -- initiating ---------------------------------------------------------------------------
-    async def run_round(self) -> None:
-        """One round: push-pull with up to `fanout` peers, in parallel."""
+    def _pick(self) -> list[Address]:
         self.counters.rounds += 1
         self.router.prune()
-        peers = self.membership.pick(self.config.fanout, self.clock(), self.rng)
+        return self.membership.pick(self.config.fanout, self.clock(), self.rng,
+                                    exclude=self._busy)
+
+    async def run_round(self) -> None:
+        """One round, awaited (simulations, tests): push-pull with up to `fanout` peers."""
         async with anyio.create_task_group() as tg:
-            for peer in peers:
+            for peer in self._pick():
                 tg.start_soon(self.exchange, peer)
 
     async def exchange(self, peer: Address) -> bool:
         """Push-pull with one peer; return whether it completed. Never raises GossipError."""
         self.counters.exchanges += 1
+        self._busy.add(peer)
         try:
             digest = st.make_digest(self.router.stats, self.router.topology)
             reply = await self._request(peer, digest, MessageType.DELTA)
@@ -183,6 +192,8 @@ class GossipService:
             log.info("gossip: exchange with %s failed (%s: %s); retry in %.0f s",
                      peer, exc.reason, exc, delay)
             return False
+        finally:
+            self._busy.discard(peer)
         self.membership.mark_ok(peer)
         return True
 

@@ -175,3 +175,25 @@ async def test_stats_are_plain_numbers(clock: FakeClock) -> None:
         assert stats["rounds"] == 1 and stats["peers"] == 1 and stats["origin"] == "t0"
         assert stats["messages_sent"] >= 1 and stats["bytes_sent"] > 0
         assert isinstance(stats["rejected"], dict)
+
+
+async def test_a_hanging_peer_never_delays_the_next_round(clock: FakeClock) -> None:
+    network = MemoryNetwork(0)
+
+    async def hang(payload: bytes, sender: tuple[str, int]) -> bytes | None:
+        await anyio.sleep(60)
+        return None
+
+    config = GossipConfig(("a", 1), (("t0", 1), ("hang", 1)), interval_s=0.02, fanout=2,
+                          secret=SECRET, timeout_s=5.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(network.transport(("hang", 1)).serve, hang)
+        async with cluster(1, clock, network) as (live,), GossipService(
+                make_router("a", clock), config, transport=network.transport(("a", 1)),
+                rng=random.Random(0)) as service:
+            await anyio.sleep(0.3)  # ~15 intervals, far less than the 5 s timeout
+            assert service.counters.rounds >= 5
+            assert live.counters.messages_received >= 5  # the live peer kept being gossiped
+            assert service.counters.exchanges == live.counters.messages_received + 1
+            assert ("hang", 1) in service._busy  # one exchange open, never a second one
+        tg.cancel_scope.cancel()
