@@ -110,6 +110,18 @@ class ServeSettings:
     gossip_secret: str | None = None
     log_level: str = "info"
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "health_interval_s",
+                     "gossip_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.gossip_fanout < 1:
+            raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
+
 
 class SettingsError(ValueError):
     """A configuration value is malformed; the message names its source."""
@@ -153,7 +165,7 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
                             f"got {raw!r}") from None
 
 
-def _from_file(path: str) -> dict[str, Any]:
+def _from_file(path: str) -> dict[str, tuple[Any, str]]:
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -163,15 +175,15 @@ def _from_file(path: str) -> dict[str, Any]:
     unknown = sorted(set(flat) - set(known))
     if unknown:
         raise SettingsError(f"{path}: unknown option(s) {', '.join(unknown)}")
-    return {k: _convert(known[k], v, path) for k, v in flat.items()}
+    return {k: (_convert(known[k], v, path), path) for k, v in flat.items()}
 
 
-def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    out: dict[str, tuple[Any, str]] = {}
     for opt in OPTIONS:
         for name in reversed(opt.env):  # the first name listed (ours) wins
             if environ.get(name, "") != "":
-                out[opt.name] = _convert(opt, environ[name], name)
+                out[opt.name] = (_convert(opt, environ[name], name), name)
     return out
 
 
@@ -179,7 +191,7 @@ def load_settings(cli: Mapping[str, Any] | None = None,
                   environ: Mapping[str, str] | None = None) -> ServeSettings:
     """Build settings: defaults, then the TOML file, then the environment, then CLI flags."""
     cli, environ = dict(cli or {}), dict(environ or {})
-    values: dict[str, Any] = {}
+    values: dict[str, tuple[Any, str]] = {}  # option -> (value, where it came from)
     config_file = cli.pop("config", None) or environ.get("MESHROUTE_CONFIG")
     if config_file:
         values.update(_from_file(config_file))
@@ -187,11 +199,17 @@ def load_settings(cli: Mapping[str, Any] | None = None,
     known = {o.name: o for o in OPTIONS}
     for key, raw in cli.items():
         if key in known:
-            values[key] = _convert(known[key], raw, "--" + key.replace("_", "-"))
+            flag = known[key].flags[0] if known[key].flags else key
+            values[key] = (_convert(known[key], raw, flag), flag)
     router_names = {f.name for f in fields(RouterConfig)}
-    try:
-        router = RouterConfig(**{k: v for k, v in values.items() if k in router_names})
-        serve = {k: v for k, v in values.items() if k not in router_names}
-        return replace(ServeSettings(), router=router, **serve)
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from exc
+    for key, (value, source) in values.items():  # range checks, naming the source
+        try:
+            if key in router_names:
+                RouterConfig(**{key: value})
+            else:
+                replace(ServeSettings(), **{key: value})
+        except ValueError as exc:
+            raise SettingsError(f"{source}: {exc}") from exc
+    router = RouterConfig(**{k: v for k, (v, _) in values.items() if k in router_names})
+    serve = {k: v for k, (v, _) in values.items() if k not in router_names}
+    return replace(ServeSettings(), router=router, **serve)

@@ -96,8 +96,18 @@ def test_malformed_env_values_name_their_variable(environ: dict[str, str], sourc
 
 
 def test_malformed_cli_and_file_values_name_their_source(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="--explore-share"):
+    with pytest.raises(SettingsError, match="--route-explore-share"):
         load_settings({"explore_share": "lots"}, {})
+    out_of_range = [({"explore_share": 1.5}, {}, "--route-explore-share"),
+                    ({}, {"MESHNET_ROUTE_EXPLORE_SHARE": "-0.1"}, "MESHNET_ROUTE_EXPLORE_SHARE"),
+                    ({}, {"MESHROUTE_PORT": "70000"}, "MESHROUTE_PORT"),
+                    ({"max_body_bytes": 0}, {}, "--max-body-bytes")]
+    for cli, env, source in out_of_range:
+        with pytest.raises(SettingsError, match=re.escape(source) + ": "):
+            load_settings(cli, env)
+    in_file = toml(tmp_path, "[router]\nweight_alpha = -1\n")
+    with pytest.raises(SettingsError, match=re.escape(f"{in_file}: weight_alpha")):
+        load_settings({"config": in_file}, {})
     bad_type = toml(tmp_path, "[router]\nmin_sample_tokens = 8.5\n")
     expected = re.escape(f"{bad_type}: min_sample_tokens must be int")
     with pytest.raises(SettingsError, match=expected):
