@@ -154,6 +154,14 @@ class GossipService:
             for peer in self._pick():
                 self._tg.start_soon(self.exchange, peer)
 
+    def add_peer(self, host: str, port: int) -> bool:
+        """A peer found at run time (the tracker discovery callback); True if new."""
+        return self.membership.add_peer(host, port)
+
+    def remove_peer(self, host: str, port: int) -> bool:
+        """A peer that left; True if it was known."""
+        return self.membership.remove_peer(host, port)
+
     def stats(self) -> dict[str, Any]:
         """Counters and membership as a plain dict (for /metrics and /v1/routing)."""
         peers = len(self.membership.peers())
@@ -185,6 +193,12 @@ class GossipService:
                 push = st.make_delta(self.router.stats, self.router.topology, reply.body.digest)
                 if push.entries or push.changes:
                     await self._request(peer, push, MessageType.ACK)
+        except err.SameOrigin as exc:
+            self.counters.exchange_failures += 1
+            self.counters.reject(exc.reason)
+            self.membership.remove_peer(*peer)  # ourselves (mDNS echo) or a twin: stop asking
+            log.warning("gossip: dropped peer %s: %s", peer, exc)
+            return False
         except err.GossipError as exc:
             self.counters.exchange_failures += 1
             self.counters.reject(exc.reason)
@@ -227,14 +241,18 @@ class GossipService:
 
     # -- answering ----------------------------------------------------------------------------
     async def handle(self, data: bytes, sender: Address) -> bytes | None:
-        """Answer one inbound frame; refused frames are counted, logged and get no reply."""
+        """Answer one inbound frame; refused frames are counted, logged and get no reply
+        (except one from our own origin: an empty DELTA tells that initiator to drop us)."""
+        reply: st.Delta | Ack
         try:
             message = self._decode(data)
             reply = self._answer(message)
         except err.GossipError as exc:
             self.counters.reject(exc.reason)
             log.warning("gossip: refused a message from %s (%s: %s)", sender, exc.reason, exc)
-            return None
+            if not isinstance(exc, err.SameOrigin):
+                return None
+            reply = st.Delta()
         out = self.codec.encode(reply, self.clock())
         self.counters.messages_sent += 1
         self.counters.bytes_sent += len(out)

@@ -116,8 +116,11 @@ async def test_refused_messages_are_counted_and_never_touch_the_state(clock: Fak
 
 async def test_a_peer_using_our_origin_is_refused(clock: FakeClock) -> None:
     async with cluster(1, clock, MemoryNetwork(0)) as (service,):
-        frame = WireCodec("t0", SECRET).encode(st.Digest(), clock())
-        assert await service.handle(frame, ("x", 1)) is None
+        twin = WireCodec("t0", SECRET)
+        service.router.stats.record_sample(MODEL, _sig(service, "fast"), 50.0, 0.1, clock())
+        reply = await service.handle(twin.encode(st.Digest(), clock()), ("x", 1))
+        assert reply is not None  # an empty delta, so the twin learns and drops us
+        assert twin.decode(reply, clock()).body == st.Delta()
         assert service.counters.rejected == {"same_origin": 1}
 
 
@@ -197,3 +200,14 @@ async def test_a_hanging_peer_never_delays_the_next_round(clock: FakeClock) -> N
             assert service.counters.exchanges == live.counters.messages_received + 1
             assert ("hang", 1) in service._busy  # one exchange open, never a second one
         tg.cancel_scope.cancel()
+
+
+async def test_gossiping_with_ourselves_drops_that_peer(clock: FakeClock) -> None:
+    network = MemoryNetwork(0)
+    async with cluster(1, clock, network) as (service,):
+        assert service.add_peer("t0-alias", 1) and not service.add_peer("t0-alias", 1)
+        network._handlers[("t0-alias", 1)] = service.handle  # our own address under a 2nd name
+        await service.run_round()
+        assert service.membership.peers() == []
+        assert service.counters.rejected == {"same_origin": 2}  # refused inbound and outbound
+        assert not service.remove_peer("t0-alias", 1)
