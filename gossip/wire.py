@@ -31,6 +31,9 @@ MAX_ID_CHARS = 128  # model and origin ids, as core.topology.MAX_ID_CHARS
 MAX_SIGNATURE_CHARS = 4096  # a route signature: up to ~30 hops of 128-char node ids
 MAX_ERROR_CHARS = 200  # StatEntry.with_failure keeps 200 characters
 MAX_COUNT = 2**53  # counts stay exact as floats
+MAX_TPS = 1_000_000.0  # tokens/s, as core.topology.MAX_TPS: above is a typo or a lie
+MAX_MASS = 1e9  # decayed weights: ~1.4 million samples/s sustained over a 600 s half-life
+MAX_TTFB_S = 3600.0  # no first byte is awaited for an hour
 REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused
 MAX_REPLAY_TAGS = 65_536  # tags remembered for duplicate detection (oldest evicted first)
 TAG_BYTES = 32  # HMAC-SHA256
@@ -124,12 +127,12 @@ def _text(obj: Any, what: str, max_chars: int) -> str:
     return obj
 
 
-def _number(obj: Any, what: str, low: float = 0.0) -> float:
+def _number(obj: Any, what: str, low: float = 0.0, high: float = math.inf) -> float:
     if isinstance(obj, bool) or not isinstance(obj, int | float):
         raise _fail(f"{what} must be a number")
     value = float(obj)
-    if not math.isfinite(value) or value < low:
-        raise _fail(f"{what} must be finite and >= {low}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise _fail(f"{what} must be finite and in [{low:g}, {high:g}]")
     return value
 
 
@@ -172,7 +175,9 @@ def _version(leaf: Any) -> st.Version:
 def _entry(leaf: Any) -> StatEntry:
     if not isinstance(leaf, list) or len(leaf) != 8:
         raise _fail("an entry must be [value, mass, t, ttfb_s, ok, fail, count, last_error]")
-    value, mass, t, ttfb, ok, fail = (_number(x, "entry field") for x in leaf[:6])
+    value = _number(leaf[0], "value", 0.0, MAX_TPS)
+    mass, ok, fail = (_number(x, "mass", 0.0, MAX_MASS) for x in (leaf[1], leaf[4], leaf[5]))
+    t, ttfb = _number(leaf[2], "t"), _number(leaf[3], "ttfb_s", 0.0, MAX_TTFB_S)
     error = leaf[7]
     if not isinstance(error, str) or len(error) > MAX_ERROR_CHARS or not error.isprintable():
         raise _fail("last_error must be a string")

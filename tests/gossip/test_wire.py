@@ -126,6 +126,9 @@ GOOD_LEAF = [1.0, 1.0, NOW, 0.1, 1.0, 0.0, 1, ""]
     entry_body([*GOOD_LEAF[:7]]),  # too short
     entry_body([-1.0, *GOOD_LEAF[1:]]),  # negative value
     entry_body([1.0, float("inf"), *GOOD_LEAF[2:]]),  # infinite mass
+    entry_body([2e6, *GOOD_LEAF[1:]]),  # tps beyond any node's
+    entry_body([1.0, 1e300, *GOOD_LEAF[2:]]),  # a mass that would swamp every other origin
+    entry_body([*GOOD_LEAF[:3], 1e9, *GOOD_LEAF[4:]]),  # ttfb of 30 years
     entry_body([*GOOD_LEAF[:6], True, ""]),  # a boolean count
     entry_body([*GOOD_LEAF[:6], 1, "x" * 201]),  # error too long
     entry_body([*GOOD_LEAF[:2], "now", *GOOD_LEAF[3:]]),  # t not a number
