@@ -43,7 +43,9 @@ class _Registered:
     async def register(self, info: ServiceInfo) -> None:
         self._zc = open_zeroconf(self._interfaces)
         self._info = info
-        await (await self._zc.async_register_service(info))
+        # strict=False: "_meshroute-tracker" (the design's name) is longer than RFC 6335's
+        # 15 bytes; zeroconf browses such types but registers them only when not strict.
+        await (await self._zc.async_register_service(info, strict=False))
 
     async def update(self, info: ServiceInfo) -> None:
         assert self._zc is not None
