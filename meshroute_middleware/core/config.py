@@ -12,7 +12,7 @@ from . import routes, stats
 class RouterConfig:
     """Knobs of route selection. Built by meshroute_middleware.settings from file/env/CLI."""
 
-    policy: str = "adr0021"
+    policy: str = "thompson"  # docs/benchmarks.md "Learning quality"; ADR-0021: "adr0021"
     explore_share: float = 0.3  # ADR-0021 --route-explore-share
     weight_alpha: float = 1.0  # ADR-0021 --route-weight-alpha
     half_life_s: float = stats.HALF_LIFE_S  # ADR-0021 --route-stats-half-life

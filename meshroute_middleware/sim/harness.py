@@ -17,7 +17,7 @@ from .scenarios import SCENARIOS
 
 POLICIES = ("oracle", "thompson", "adr0021", "epsilon-greedy", "litellm-latency", "petals",
             "freellmapi")
-FULL_SEEDS, QUICK_SEEDS = 3, 1
+FULL_SEEDS, QUICK_SEEDS = 5, 1
 
 Job = tuple[Scenario, str, int]
 Progress = Callable[[int, int, str], None]
