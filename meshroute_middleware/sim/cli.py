@@ -8,9 +8,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from .harness import aggregate, bar, execute, markdown, plan
+from .harness import Cells, bar, execute, markdown, plan, report, summarize
 from .scenarios import SCENARIOS, by_name
 
 BENCHMARKS = ("learning",)
@@ -30,28 +29,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def learning(quick: bool = False, seed: int = 1, scenarios: list[str] | None = None,
-             workers: int = 0, progress: bool = True) -> dict[str, Any]:
-    """Run the learning-quality benchmark and return the report."""
+             workers: int = 0, progress: bool = True) -> Cells:
+    """Run the learning-quality benchmark: per scenario and policy, the averaged results."""
     chosen = [by_name(n) for n in scenarios] if scenarios else list(SCENARIOS)
     jobs = plan(quick, seed, chosen)
     if workers <= 0:
         workers = 1 if quick else (os.cpu_count() or 1)
     results = execute(jobs, workers, bar() if progress else None)
-    return aggregate(jobs, results)
+    return summarize(jobs, results)
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `meshroute bench learning`."""
     started = time.perf_counter()
     try:
-        report = learning(args.quick, args.seed, args.scenario, args.workers)
+        cells = learning(args.quick, args.seed, args.scenario, args.workers)
     except KeyError as exc:
         print(f"meshroute bench: {exc.args[0]}", file=sys.stderr)
         return 2
-    print(markdown(report))
+    print(markdown(cells))
     print(f"\n({'quick' if args.quick else 'full'} run, seed {args.seed}, "
           f"{time.perf_counter() - started:.1f} s)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        args.json.write_text(json.dumps(report(cells), indent=2) + "\n")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from .scenarios import SCENARIOS
 
 POLICIES = ("oracle", "thompson", "adr0021", "epsilon-greedy", "litellm-latency", "petals",
             "freellmapi")
-FULL_SEEDS, QUICK_SEEDS = 5, 1
+FULL_SEEDS, QUICK_SEEDS = 20, 1  # 20 seeds: standard errors of ~0.003 or less
 
 Job = tuple[Scenario, str, int]
 Progress = Callable[[int, int, str], None]
@@ -31,6 +32,7 @@ class Cell:
     p95_latency_s: float
     failed_rate: float
     reconverge_requests: float | None
+    fraction_se: float = 0.0  # standard error of fraction_of_oracle over seeds (not in JSON)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of issue 6."""
@@ -76,20 +78,34 @@ def execute(jobs: Sequence[Job], workers: int = 1,
     return out
 
 
-def aggregate(jobs: Sequence[Job], results: Sequence[RunMetrics]) -> dict[str, Any]:
-    """The report `{"scenarios": {scenario: {policy: cell}}}`, default policy included."""
+Cells = dict[str, dict[str, Cell]]  # scenario -> policy -> cell
+
+
+def summarize(jobs: Sequence[Job], results: Sequence[RunMetrics]) -> Cells:
+    """Per scenario and policy, the runs of every seed averaged against the oracle's."""
     runs: dict[str, dict[str, dict[int, RunMetrics]]] = {}
     for (scenario, policy, seed), m in zip(jobs, results, strict=True):
         runs.setdefault(scenario.name, {}).setdefault(policy, {})[seed] = m
-    report: dict[str, Any] = {}
+    return {name: {p: _cell(seeds, by_policy["oracle"]) for p, seeds in by_policy.items()}
+            for name, by_policy in runs.items()}
+
+
+def report(cells: Cells) -> dict[str, Any]:
+    """The JSON report `{"scenarios": {scenario: {policy: {...}}}}`, the default policy
+    repeated under "default"."""
     default = RouterConfig().policy
-    for name, by_policy in runs.items():
-        oracle = by_policy["oracle"]
-        cells = {p: _cell(seeds, oracle).to_json() for p, seeds in by_policy.items()}
-        if default in cells:
-            cells["default"] = dict(cells[default])
-        report[name] = cells
-    return {"scenarios": report}
+    out: dict[str, Any] = {}
+    for name, by_policy in cells.items():
+        doc = {p: c.to_json() for p, c in by_policy.items()}
+        if default in doc:
+            doc["default"] = dict(doc[default])
+        out[name] = doc
+    return {"scenarios": out}
+
+
+def aggregate(jobs: Sequence[Job], results: Sequence[RunMetrics]) -> dict[str, Any]:
+    """The JSON report of a set of runs."""
+    return report(summarize(jobs, results))
 
 
 def _cell(seeds: dict[int, RunMetrics], oracle: dict[int, RunMetrics]) -> Cell:
@@ -100,7 +116,15 @@ def _cell(seeds: dict[int, RunMetrics], oracle: dict[int, RunMetrics]) -> Cell:
     return Cell(statistics.fmean(fractions),
                 statistics.fmean(m.p95_latency_s for m in seeds.values()),
                 statistics.fmean(m.failed_rate for m in seeds.values()),
-                None if median == float("inf") else median)
+                None if median == float("inf") else median,
+                _standard_error(fractions))
+
+
+def _standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean (0 for a single value)."""
+    if len(values) < 2:
+        return 0.0
+    return statistics.stdev(values) / math.sqrt(len(values))
 
 
 def bar(stream: TextIO | None = None, width: int = 30) -> Progress:
@@ -119,16 +143,15 @@ def bar(stream: TextIO | None = None, width: int = 30) -> Progress:
     return show
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """The report as a markdown table, one row per (scenario, policy)."""
+def markdown(cells: Cells) -> str:
+    """The results as a markdown table, one row per (scenario, policy); the fraction of the
+    oracle carries its standard error over seeds."""
     lines = ["| scenario | policy | fraction of oracle | p95 latency s | failed rate | "
              "re-converge requests |", "|---|---|---:|---:|---:|---:|"]
-    for scenario, cells in report["scenarios"].items():
-        for policy, c in cells.items():
-            if policy == "default":
-                continue
-            rc = c["reconverge_requests"]
-            lines.append(f"| {scenario} | {policy} | {c['fraction_of_oracle']:.3f} | "
-                         f"{c['p95_latency_s']:.1f} | {c['failed_rate']:.3f} | "
-                         f"{'never' if rc is None else f'{rc:g}'} |")
+    for scenario, by_policy in cells.items():
+        for policy, c in by_policy.items():
+            rc = c.reconverge_requests
+            lines.append(f"| {scenario} | {policy} | {c.fraction_of_oracle:.3f} "
+                         f"± {c.fraction_se:.3f} | {c.p95_latency_s:.1f} | "
+                         f"{c.failed_rate:.3f} | {'never' if rc is None else round(rc)} |")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The seven benchmark scenarios of issue 6 (names are the JSON keys)."""
+"""The benchmark scenarios: issue 6's seven and a recovery (names are the JSON keys)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("7-flaky", "fastest route fails 20 % of requests",
              (whole("flaky", 60.0, fail_rate=0.2), whole("steady", 56.0),
               whole("slow", 40.0)), 2000),
+    # Beyond issue 6's list: the opposite drift, which only exploration can notice.
+    Scenario("8-recovery", "the slowest route becomes 1.5x the fastest mid-run",
+             (whole("a", 60.0), whole("b", 50.0), whole("c", 30.0)), 3000,
+             events=(Event(1000, "slow", "c", factor=1 / 3),)),
 )
 
 
