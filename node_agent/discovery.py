@@ -32,7 +32,7 @@ FORGET_AFTER_MISSES = 150  # stop probing a dead node after this many misses
 MAX_PROBE_TIMEOUT_S = 2.0
 EVENT_BUFFER = 1024  # browse events waiting to be resolved; beyond, events are dropped
 
-TrackerCallback = Callable[[str, int], None]  # (host, gossip_port)
+TrackerCallback = Callable[[str, int], object]  # (host, gossip_port); the result is ignored
 
 
 class TopologySink(Protocol):
@@ -48,7 +48,7 @@ class TopologySink(Protocol):
         """Every node currently in the topology."""
 
     def reject(self, source: str, reason: str) -> None:
-        """Count and log a record that was refused, with the reason."""
+        """Count and log a refused record; `source` is a fixed word, `reason` names it."""
 
 
 class Discovery:
@@ -107,12 +107,12 @@ class Discovery:
             return
         info = await self._resolve(azc, NODE_SERVICE, name)
         if info is None:
-            self.sink.reject(f"mdns:{name[:80]}", "service record could not be resolved")
+            self.sink.reject("mdns", f"{name[:80]}: service record could not be resolved")
             return
         try:
             record = decode_record(info.properties, secret=self.mesh_secret)
         except InvalidNodeError as exc:
-            self.sink.reject(f"mdns:{name[:80]}", str(exc))
+            self.sink.reject("mdns", f"{name[:80]}: {exc}")
             return
         self._accept(name, record)
 
@@ -144,7 +144,7 @@ class Discovery:
                 raise ValueError("service record could not be resolved")
             _, host, port = parse_tracker(info.properties, info.parsed_addresses())
         except ValueError as exc:
-            self.sink.reject(f"mdns-tracker:{name[:80]}", str(exc))
+            self.sink.reject("mdns-tracker", f"{name[:80]}: {exc}")
             return
         if self.trackers.get(name) != (host, port):
             self.trackers[name] = (host, port)
