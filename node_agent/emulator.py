@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -33,10 +34,12 @@ from .shard import EmulatorConfig, EmulatorError, InjectedFault, ShardWorker, To
 __all__ = ["EmulatedNode", "EmulatorConfig", "serve_node"]
 
 MAX_BODY_BYTES = 1024 * 1024
+log = logging.getLogger("meshroute.emulator")
 
 
-class _Died(Exception):
-    """Raised after the response started: the server drops the connection (a fault)."""
+class _Died(EmulatorError):
+    """The node dies mid-request: once the response has started the connection just drops
+    (the handler returns without finishing it), before that the client gets a 500."""
 
 
 def error_response(exc: EmulatorError) -> JSONResponse:
@@ -157,10 +160,7 @@ class EmulatedNode:
             except EmulatorError as exc:
                 failure = exc
             tg.cancel_scope.cancel()
-        if failure is not None and out.started:
-            raise _Died(str(failure)) from failure
-        if failure is not None:
-            await error_response(failure)(scope, receive, send)
+        await self._fail(failure, out, scope, receive, send)
 
     async def _run_chat(self, job: ChatJob, plan: list[PlanHop], route: str | None,
                         out: _Sender) -> None:
@@ -173,17 +173,17 @@ class EmulatedNode:
                 ident = f"chatcmpl-{self.config.node_id}-{self._served}"
                 tokens = self._tokens(plan, link, job.max_tokens, fault)
                 if job.stream:
-                    await self._stream(job, ident, tokens, route, out)
+                    await self._stream(job, ident, tokens, out)
                 else:
                     text = "".join([w async for w in tokens])
                     body = json.dumps(completion(job, ident, text, int(time.time())))
-                    await out.start(200, self._headers(b"application/json", route))
+                    await out.start(200, self._headers(b"application/json"))
                     await out.body(body.encode(), more=False)
 
     async def _stream(self, job: ChatJob, ident: str, tokens: AsyncIterator[str],
-                      route: str | None, out: _Sender) -> None:
+                      out: _Sender) -> None:
         created = int(time.time())
-        await out.start(200, self._headers(b"text/event-stream", route))
+        await out.start(200, self._headers(b"text/event-stream"))
         first = True
         async for word in tokens:
             delta = {"role": "assistant", "content": word} if first else {"content": word}
@@ -194,12 +194,10 @@ class EmulatedNode:
             await out.body(_sse(usage_chunk(job, ident, created)))
         await out.body(b"data: [DONE]\n\n", more=False)
 
-    def _headers(self, content_type: bytes, route: str | None) -> list[tuple[bytes, bytes]]:
-        headers = [(b"content-type", content_type), (b"cache-control", b"no-cache"),
-                   (b"x-meshroute-node", self.config.node_id.encode())]
-        if route:
-            headers.append((ROUTE_HEADER.encode(), route.encode("latin-1", "replace")))
-        return headers
+    def _headers(self, content_type: bytes) -> list[tuple[bytes, bytes]]:
+        # No x-meshroute-route echo: the gateway sets that header on what the client sees.
+        return [(b"content-type", content_type), (b"cache-control", b"no-cache"),
+                (b"x-meshroute-node", self.config.node_id.encode())]
 
     # -- POST /internal/hop ------------------------------------------------------------
     async def hop(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -216,9 +214,17 @@ class EmulatedNode:
                     await out.start(200, [(b"content-type", b"text/plain")])
                     await self._relay(receive, out, plan, link, fault)
         except EmulatorError as exc:
-            if out.started:
-                raise _Died(str(exc)) from exc
-            await error_response(exc)(scope, receive, send)
+            await self._fail(exc, out, scope, receive, send)
+
+    async def _fail(self, failure: EmulatorError | None, out: _Sender, scope: Scope,
+                    receive: Receive, send: Send) -> None:
+        """An error before the first byte is an OpenAI-style answer; after, a dropped line."""
+        if failure is None:
+            return
+        if out.started:
+            log.info("%s: dropping the connection: %s", self.config.node_id, failure)
+            return  # uvicorn closes a response the app left unfinished
+        await error_response(failure)(scope, receive, send)
 
     async def _relay(self, receive: Receive, out: _Sender, plan: list[PlanHop],
                      link: HopLink | None, fault: str | None) -> None:

@@ -74,7 +74,7 @@ async def test_gateway_routes_through_discovered_nodes(gateway: str,
                 "max_tokens": 12}
         async with session.post(gateway + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200, await resp.text()
-            assert resp.headers["x-meshroute-route"] == route
+            assert resp.headers.getall("x-meshroute-route") == [route]
             answer = json.loads(await resp.read())
         assert answer["usage"]["completion_tokens"] == 12
         async with session.get(_node_url(tail) + "/internal/status") as resp:

@@ -153,6 +153,7 @@ ERRORS = [
      {"x-meshroute-plan": json.dumps([{"node_id": "x", "url": "http://127.0.0.1:1",
                                        "start_layer": 0, "end_layer": 31}])}, CHAT, 400, "'x'"),
     ("injected failure", _cfg("solo", 0, 31, fail_share=1.0), {}, CHAT, 500, "fault"),
+    ("died before answering", _cfg("solo", 0, 31, die_share=1.0), {}, CHAT, 500, "died"),
 ]
 
 
