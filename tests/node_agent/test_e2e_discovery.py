@@ -28,20 +28,38 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
-def gateway() -> Iterator[str]:
-    port = _free_port()
-    command = [sys.executable, "-m", "meshroute_middleware.cli", "serve", "--host", LOOPBACK,
-               "--port", str(port), "--mdns-interfaces", LOOPBACK, "--health-interval", "0.5"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    yield f"http://{LOOPBACK}:{port}"
+def _stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
         process.wait(5)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(5)
+
+
+@pytest.fixture
+def gateways() -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]]]:
+    """Start `meshroute serve` processes on loopback with mDNS bound to 127.0.0.1."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*extra: str) -> tuple[str, subprocess.Popen[bytes]]:
+        port = _free_port()
+        command = [sys.executable, "-m", "meshroute_middleware.cli", "serve", "--host",
+                   LOOPBACK, "--port", str(port), "--mdns-interfaces", LOOPBACK,
+                   "--health-interval", "0.5", *extra]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "MESHROUTE_GOSSIP_SECRET": "e2e"}
+        started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, env=env))
+        return f"http://{LOOPBACK}:{port}", started[-1]
+
+    yield start
+    for process in started:
+        _stop(process)
+
+
+@pytest.fixture
+def gateway(gateways: Callable[..., tuple[str, subprocess.Popen[bytes]]]) -> str:
+    return gateways()[0]
 
 
 async def _signatures(session: aiohttp.ClientSession, url: str) -> list[str]:
@@ -96,3 +114,30 @@ def _node_url(process: subprocess.Popen[str]) -> str:
         if " announced " in line:
             return line.split(" at ")[1].split()[0]
     raise AssertionError("node process never announced")
+
+
+async def _gossip_peers(session: aiohttp.ClientSession, url: str) -> float | None:
+    try:
+        async with session.get(url + "/metrics") as resp:
+            text = await resp.text()
+    except (aiohttp.ClientError, OSError):
+        return None
+    for line in text.splitlines():
+        if line.startswith("meshroute_gossip_peers "):
+            return float(line.split()[1])
+    return None
+
+
+async def test_gateways_find_each_other_as_gossip_peers(
+        gateways: Callable[..., tuple[str, subprocess.Popen[bytes]]]) -> None:
+    a_url, _ = gateways("--gossip-listen", f"{LOOPBACK}:{_free_port()}")
+    b_url, b = gateways("--gossip-listen", f"{LOOPBACK}:{_free_port()}")
+    async with aiohttp.ClientSession() as session:
+        with anyio.fail_after(10.0):  # no --gossip-peer given: mDNS is the only way
+            while not (await _gossip_peers(session, a_url) == 1.0
+                       and await _gossip_peers(session, b_url) == 1.0):
+                await anyio.sleep(0.1)
+        _stop(b)  # SIGTERM: b's tracker service says goodbye
+        with anyio.fail_after(3.0):
+            while await _gossip_peers(session, a_url) != 0.0:
+                await anyio.sleep(0.1)
