@@ -150,3 +150,13 @@ def test_emulate_needs_nothing_else() -> None:
     s = node_settings({"emulate": True, "slots": 2}, {})
     assert (s.model, s.start, s.end, s.layers, s.knobs) == ("emu-model", 0, 31, 32,
                                                             {"slots": 2})
+
+
+def test_public_exports() -> None:
+    import node_agent
+
+    assert sorted(node_agent.__all__) == sorted([
+        "NODE_SERVICE", "TRACKER_SERVICE", "Discovery", "EmulatedNode", "EmulatorConfig",
+        "NodeAnnouncer", "TopologySink", "TrackerAnnouncer", "decode_record", "encode_record",
+        "serve_node", "tracker_discovery"])
+    assert all(hasattr(node_agent, name) for name in node_agent.__all__)
