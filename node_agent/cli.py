@@ -20,6 +20,7 @@ from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
 
 from .announcer import NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
+from .mdns import parse_interfaces
 
 # option -> (environment variable, type); the CLI flag wins over the variable.
 ENV: dict[str, tuple[str, type]] = {
@@ -106,6 +107,7 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
     start, end = _shard(values["shard"]) if values.get("shard") else (0, layers - 1)
     if values.get("url") is None and not emulate:
         raise ValueError("--url is required without --emulate")
+    parse_interfaces(values.get("mdns_interfaces") or "all")
     return NodeSettings(
         model=values.get("model") or "emu-model", start=start, end=end, layers=layers,
         url=values.get("url"), tps=values.get("tps"), node_id=values.get("node_id"),

@@ -25,7 +25,11 @@ def parse_interfaces(spec: str) -> InterfaceChoice | list[str]:
     if not addresses:
         raise ValueError("--mdns-interfaces: give 'all' or comma-separated addresses")
     for address in addresses:
-        ipaddress.ip_address(address)  # ValueError names the bad one
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"--mdns-interfaces: {address!r} is not an IP address "
+                             "(give 'all' or addresses such as 127.0.0.1)") from None
     return addresses
 
 

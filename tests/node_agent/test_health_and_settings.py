@@ -140,6 +140,7 @@ def test_node_settings_flags_over_env() -> None:
     ({"model": "m", "layers": 4, "url": "http://h:1"}, "--shard"),
     ({"model": "m", "shard": "0-3", "layers": 4}, "--url"),
     ({"model": "m", "shard": "zero", "layers": 4, "url": "http://h:1"}, "START-END"),
+    ({"emulate": True, "mdns_interfaces": "eth0"}, "not an IP address"),
 ])
 def test_node_settings_errors(cli: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
