@@ -1,12 +1,13 @@
 """Thompson sampling on expected goodput, load-aware: meshroute's own route policy.
 
-Each arm keeps a log-normal posterior on its end-to-end tokens/s and a Beta posterior on its
-success rate. Both are decayed by time (the router's half-life) and capped in mass, so the
-posterior never collapses: exploration comes from the spread of the posterior rather than from
-a fixed tax, and a route that drifts is re-learnt within a few dozen samples. A decision draws
-tokens/s and reliability for every arm and picks the smallest expected completion time
-`(in_flight + 1) / (reliability · tps)` (the shortest-expected-delay rule), which is plain
-Thompson sampling when nothing is in flight and spreads load when queues build.
+Each route keeps a log-normal posterior on its end-to-end tokens/s and a Beta posterior on its
+success rate, learnt from this router's outcomes. Masses decay with time and are capped, a
+CUSUM change detector cuts them on a sustained shift, and a route's spread widens with the time
+since its last sample: exploration comes from the posterior rather than from a fixed tax, a
+drifting route is re-learnt within about ten samples, and a route left alone is re-tried. A
+decision draws reliability × tokens/s for every route and takes the smallest expected delay
+`(in_flight + 1) / goodput`: plain Thompson sampling when nothing is in flight, load spreading
+when queues build. Results and tuning: docs/benchmarks.md, "Learning quality".
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class Simulator:
         self.now = 0.0
         self.nodes: dict[str, NodeState] = {}
         oracle = OraclePolicy(self) if policy == "oracle" else None
-        self.router = Router(RouterConfig(policy="adr0021" if oracle else policy),
+        self.router = Router(RouterConfig() if oracle else RouterConfig(policy=policy),
                              clock=lambda: self.now, rng=random.Random(seed * 7919 + 17),
                              policy=oracle)
         self.requests = _draw_requests(scenario, random.Random(seed))
