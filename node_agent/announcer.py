@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from zeroconf.asyncio import AsyncZeroconf
 from meshroute_middleware.core import NodeRecord
 
 from .mdns import NODE_SERVICE, TRACKER_SERVICE, open_zeroconf, service_info
-from .record import PROTOCOL_VERSION, encode_record
+from .record import PROTOCOL_VERSION, SIG_KEY, encode_record, sign
 
 log = logging.getLogger("meshroute.node_agent")
 
@@ -121,14 +122,18 @@ class NodeAnnouncer:
         await self.close()
 
 
-def tracker_properties(tracker_id: str, http_port: int, gossip_port: int) -> dict[str, str]:
-    """TXT properties of a tracker: its id, HTTP port and gossip port."""
-    return {"v": PROTOCOL_VERSION, "id": tracker_id, "hp": str(http_port),
-            "gp": str(gossip_port)}
+def tracker_properties(tracker_id: str, http_port: int, gossip_port: int,
+                       secret: str | None = None) -> dict[str, str]:
+    """TXT properties of a tracker: its id, HTTP and gossip ports, signed with a secret."""
+    props = {"v": PROTOCOL_VERSION, "id": tracker_id, "hp": str(http_port),
+             "gp": str(gossip_port)}
+    if secret:
+        props[SIG_KEY] = sign(props, secret)
+    return props
 
 
-def parse_tracker(properties: Mapping[bytes, bytes | None],
-                  addresses: list[str]) -> tuple[str, str, int]:
+def parse_tracker(properties: Mapping[bytes, bytes | None], addresses: list[str],
+                  secret: str | None = None) -> tuple[str, str, int]:
     """(tracker_id, host, gossip_port) from a tracker's TXT and addresses; ValueError else."""
     try:
         text = {k.decode(): (v or b"").decode() for k, v in properties.items()}
@@ -136,6 +141,8 @@ def parse_tracker(properties: Mapping[bytes, bytes | None],
         raise ValueError("tracker TXT is not valid UTF-8") from None
     if text.get("v") != PROTOCOL_VERSION:
         raise ValueError(f"unsupported tracker record version {text.get('v')!r}")
+    if secret and not hmac.compare_digest(text.get(SIG_KEY, ""), sign(text, secret)):
+        raise ValueError("tracker record is unsigned or its signature does not match")
     tracker_id, port_text = text.get("id", ""), text.get("gp", "")
     if not tracker_id or len(tracker_id) > 128:
         raise ValueError("tracker record needs an 'id' of 1..128 characters")
@@ -150,11 +157,12 @@ class TrackerAnnouncer:
     """Registers this tracker as `_meshroute-tracker._tcp.local.` for zero-config gossip."""
 
     def __init__(self, tracker_id: str, http_port: int, gossip_port: int, *,
-                 host: str = "127.0.0.1", interfaces: str = "all") -> None:
+                 host: str = "127.0.0.1", interfaces: str = "all",
+                 mesh_secret: str | None = None) -> None:
         self.tracker_id = tracker_id
+        props = tracker_properties(tracker_id, http_port, gossip_port, mesh_secret)
         self._info = service_info(TRACKER_SERVICE, tracker_id, f"http://{host}:{http_port}",
-                                  tracker_properties(tracker_id, http_port, gossip_port),
-                                  interfaces)
+                                  props, interfaces)
         self._service = _Registered(interfaces)
 
     @property

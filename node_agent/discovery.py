@@ -31,6 +31,8 @@ MISSES_TO_REMOVE = 3  # issue 4: "a node that misses 3 probes leaves the topolog
 FORGET_AFTER_MISSES = 150  # stop probing a dead node after this many misses
 MAX_PROBE_TIMEOUT_S = 2.0
 EVENT_BUFFER = 1024  # browse events waiting to be resolved; beyond, events are dropped
+MAX_LOGGED_REJECTIONS = 1024  # distinct refusals logged; all are counted by the sink
+MAX_CONCURRENT_PROBES = 64  # health probes in flight at once, whatever the mesh size
 
 TrackerCallback = Callable[[str, int], object]  # (host, gossip_port); the result is ignored
 
@@ -68,6 +70,8 @@ class Discovery:
         self.misses: dict[str, int] = {}
         self.down: dict[str, NodeRecord] = {}  # removed by health checks, still probed
         self.events_dropped = 0
+        self._logged: set[tuple[str, str]] = set()
+        self._probe_limit = anyio.CapacityLimiter(MAX_CONCURRENT_PROBES)
         self._send, self._receive = anyio.create_memory_object_stream[
             tuple[str, str, ServiceStateChange]](EVENT_BUFFER)
 
@@ -107,14 +111,22 @@ class Discovery:
             return
         info = await self._resolve(azc, NODE_SERVICE, name)
         if info is None:
-            self.sink.reject("mdns", f"{name[:80]}: service record could not be resolved")
+            self._reject("mdns", name, "service record could not be resolved")
             return
         try:
             record = decode_record(info.properties, secret=self.mesh_secret)
         except InvalidNodeError as exc:
-            self.sink.reject("mdns", f"{name[:80]}: {exc}")
+            self._reject("mdns", name, str(exc))
             return
         self._accept(name, record)
+
+    def _reject(self, source: str, name: str, reason: str) -> None:
+        """Count every refusal through the sink; log each (service, reason) once."""
+        self.sink.reject(source, f"{name[:80]}: {reason}")
+        key = (name[:80], reason)
+        if key not in self._logged and len(self._logged) < MAX_LOGGED_REJECTIONS:
+            self._logged.add(key)
+            log.warning("refused mDNS record %s: %s", name[:80], reason)
 
     def _accept(self, name: str, record: NodeRecord) -> None:
         old = self.services.get(name)
@@ -142,9 +154,10 @@ class Discovery:
         try:
             if info is None:
                 raise ValueError("service record could not be resolved")
-            _, host, port = parse_tracker(info.properties, info.parsed_addresses())
+            _, host, port = parse_tracker(info.properties, info.parsed_addresses(),
+                                          self.mesh_secret)
         except ValueError as exc:
-            self.sink.reject("mdns-tracker", f"{name[:80]}: {exc}")
+            self._reject("mdns-tracker", name, str(exc))
             return
         if self.trackers.get(name) != (host, port):
             self.trackers[name] = (host, port)
@@ -165,7 +178,8 @@ class Discovery:
         answered: dict[str, bool] = {}
 
         async def probe(record: NodeRecord) -> None:
-            answered[record.node_id] = await self.probe(session, record.url)
+            async with self._probe_limit:
+                answered[record.node_id] = await self.probe(session, record.url)
 
         async with anyio.create_task_group() as tg:
             for record in targets.values():
@@ -214,7 +228,8 @@ async def tracker_discovery(
     if announce_http_port is not None and announce_gossip_port is not None:
         announcer = TrackerAnnouncer(
             tracker_id or f"{socket.gethostname()}-{announce_http_port}", announce_http_port,
-            announce_gossip_port, host=announce_host, interfaces=interfaces)
+            announce_gossip_port, host=announce_host, interfaces=interfaces,
+            mesh_secret=mesh_secret)
     discovery = Discovery(sink, mesh_secret=mesh_secret, health_interval_s=health_interval_s,
                           skip_tracker=announcer.instance if announcer else None,
                           on_tracker=on_tracker, on_tracker_gone=on_tracker_gone)

@@ -133,18 +133,22 @@ async def test_trackers_find_each_other_as_gossip_peers(sink: RecordingSink) -> 
     def record(into: list[tuple[str, int]]) -> Callable[[str, int], None]:
         return lambda host, port: into.append((host, port))
 
-    async with tracker_discovery(sink, interfaces=LOOPBACK, health_interval_s=60,
-                                 announce_http_port=8001, announce_gossip_port=7001,
+    mesh = {"interfaces": LOOPBACK, "health_interval_s": 60, "mesh_secret": "ours"}
+    async with tracker_discovery(sink, announce_http_port=8001, announce_gossip_port=7001,
                                  tracker_id="tracker-a", on_tracker=record(seen_by_a),
-                                 on_tracker_gone=record(gone_from_a)):
-        async with tracker_discovery(RecordingSink(), interfaces=LOOPBACK,
-                                     health_interval_s=60, announce_http_port=8002,
+                                 on_tracker_gone=record(gone_from_a), **mesh):
+        async with tracker_discovery(RecordingSink(), announce_http_port=8002,
                                      announce_gossip_port=7002, tracker_id="tracker-b",
-                                     on_tracker=record(seen_by_b)):
-            await sink.wait_for(lambda: bool(seen_by_a and seen_by_b), DISCOVERY_TIMEOUT_S)
+                                     on_tracker=record(seen_by_b), **mesh), \
+                tracker_discovery(RecordingSink(), interfaces=LOOPBACK, health_interval_s=60,
+                                  mesh_secret="theirs", announce_http_port=8003,
+                                  announce_gossip_port=7003, tracker_id="rogue"):
+            await sink.wait_for(lambda: bool(seen_by_a and seen_by_b and sink.rejections),
+                                DISCOVERY_TIMEOUT_S)
         await sink.wait_for(lambda: bool(gone_from_a), 2.0)
     assert seen_by_a == [(LOOPBACK, 7002)] and seen_by_b == [(LOOPBACK, 7001)]
     assert gone_from_a == [(LOOPBACK, 7002)]
+    assert sink.rejections[0][0] == "mdns-tracker" and "rogue" in sink.rejections[0][1]
 
 
 async def test_load_updates_reach_the_tracker(sink: RecordingSink) -> None:

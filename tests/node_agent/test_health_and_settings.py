@@ -13,7 +13,12 @@ from starlette.routing import Route
 from zeroconf import InterfaceChoice
 
 from meshroute_middleware.core import NodeRecord
-from node_agent.announcer import NodeAnnouncer, meaningful_change, parse_tracker
+from node_agent.announcer import (
+    NodeAnnouncer,
+    meaningful_change,
+    parse_tracker,
+    tracker_properties,
+)
 from node_agent.cli import node_settings
 from node_agent.discovery import FORGET_AFTER_MISSES, MISSES_TO_REMOVE, Discovery
 from node_agent.mdns import MAX_LABEL_BYTES, instance_name, parse_interfaces
@@ -110,6 +115,15 @@ def test_instance_names_fit_one_label() -> None:
     label = instance_name(long_id, "_meshroute._tcp.local.").split(".")[0]
     assert len(label.encode()) <= MAX_LABEL_BYTES
     assert instance_name(long_id, "x") != instance_name(long_id[:-1] + "m", "x")
+
+
+def test_tracker_records_are_signed_with_the_mesh_secret() -> None:
+    signed = {k.encode(): v.encode() for k, v in tracker_properties("t", 80, 7000, "s").items()}
+    assert parse_tracker(signed, ["10.0.0.2"], "s") == ("t", "10.0.0.2", 7000)
+    forged = {**signed, b"gp": b"7001"}
+    for props, secret in ((forged, "s"), (signed, "other"), ({**signed, b"sig": b""}, "s")):
+        with pytest.raises(ValueError, match="signature"):
+            parse_tracker(props, ["10.0.0.2"], secret)
 
 
 @pytest.mark.parametrize(("props", "error"), [
