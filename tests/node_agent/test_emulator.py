@@ -189,14 +189,17 @@ async def test_die_mid_stream_drops_the_connection() -> None:
         assert (a.worker.running, b.worker.running) == (0, 0)  # slots released
 
 
-async def test_stall_sends_no_first_byte() -> None:
-    async with _mesh(_cfg("solo", 0, 31, stall_share=1.0, stall_s=5.0)) as [(n, url)], \
-            aiohttp.ClientSession() as s:
-        with pytest.raises(TimeoutError):
-            with anyio.fail_after(0.3):
-                await _post(s, url, {**CHAT, "stream": True})
+async def test_stall_holds_the_first_token() -> None:
+    config = _cfg("solo", 0, 31, stall_share=1.0, stall_s=5.0)
+    async with _mesh(config) as [(n, url)], aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+            assert resp.status == 200  # a stream's headers leave at once, like vLLM's
+            with pytest.raises(TimeoutError), anyio.fail_after(0.3):
+                await resp.content.readany()
+        with pytest.raises(TimeoutError), anyio.fail_after(0.3):
+            await _post(s, url, CHAT)  # not streamed: not even a status line
         await anyio.sleep(0.05)
-        assert n.worker.running == 0  # the client's disconnect freed the slot
+        assert n.worker.running == 0  # the clients' disconnects freed both slots
 
 
 def test_noise_is_seeded_and_mean_one() -> None:
