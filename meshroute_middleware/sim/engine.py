@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.config import RouterConfig
 from ..core.errors import MeshRouteError
@@ -22,7 +22,7 @@ from ..core.routes import Route
 from .model import MODEL, Event, NodeSpec, Scenario
 from .oracle import GOOD_WITHIN, OraclePolicy
 
-ARRIVE, FINISH = 0, 1
+ARRIVE, FINISH, ANNOUNCE = 0, 1, 2
 
 
 @dataclass(slots=True)
@@ -128,14 +128,18 @@ class Simulator:
         else:
             for _ in range(min(self.scenario.clients, len(self.requests))):
                 self._push(0.0, ARRIVE, None)
+        if self.scenario.announce_s > 0:
+            self._push(self.scenario.announce_s, ANNOUNCE, None)
         while self._heap:
             t, _, kind, req = heapq.heappop(self._heap)
             self.now = t
             if kind == ARRIVE:
                 self._arrive(req)
-            else:
+            elif kind == FINISH:
                 assert req is not None
                 self._finish(req)
+            else:
+                self._announce()
         return self._trace()
 
     def _push(self, t: float, kind: int, req: Request | None) -> None:
@@ -219,6 +223,16 @@ class Simulator:
             self._push(self.now, ARRIVE, None)
 
     # -- topology -----------------------------------------------------------------------
+    def _announce(self) -> None:
+        """Every node re-announces its record with its current queue depth (a refresh)."""
+        if len(self.done) == len(self.requests):
+            return  # the run is over
+        for state in self.nodes.values():
+            if state.present:
+                record = state.spec.record(self._advertised(state.spec))
+                self.router.upsert_node(replace(record, queue=state.queued))
+        self._push(self.now + self.scenario.announce_s, ANNOUNCE, None)
+
     def _join(self, spec: NodeSpec) -> None:
         state = self.nodes.get(spec.node_id)
         if state is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.topology import NodeRecord
 
@@ -74,6 +74,7 @@ class Scenario:
     noise_sigma: float = 0.1  # log-normal sigma of the multiplicative service-time noise
     hop_token_s: float = 0.0  # per-token network latency at each hop boundary
     tokens: tuple[int, int] = (64, 512)  # completion tokens, uniform inclusive
+    announce_s: float = 0.0  # nodes re-announce their queue depth this often (0: never)
     quick_requests: int = 800
     changes: tuple[int, ...] = field(default=())  # requests where the best route may change
 
@@ -86,9 +87,8 @@ class Scenario:
         """The same scenario over `requests` requests, events moved proportionally."""
         k = requests / self.requests
         events = tuple(_move(e, round(e.at_request * k)) for e in self.events)
-        return Scenario(self.name, self.title, self.nodes, requests, events, self.clients,
-                        self.poisson_rate, self.noise_sigma, self.hop_token_s, self.tokens,
-                        self.quick_requests, tuple(round(c * k) for c in self.changes))
+        return replace(self, requests=requests, events=events,
+                       changes=tuple(round(c * k) for c in self.changes))
 
 
 def _move(event: Event, at_request: int) -> Event:

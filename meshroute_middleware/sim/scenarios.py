@@ -22,6 +22,7 @@ LOAD_NODES = (whole("a", 60.0, slots=2), whole("b", 45.0, slots=2),
               whole("c", 30.0, slots=2), whole("d", 20.0, slots=2))
 TOKENS = (64, 512)
 MEAN_TOKENS = (TOKENS[0] + TOKENS[1]) / 2
+ANNOUNCE_S = 2.0  # node agents refresh their queue depth about this often
 LOAD_FACTOR = 0.8  # issue 6: Poisson arrivals at 80 % of the mesh's total capacity
 
 
@@ -55,7 +56,7 @@ SCENARIOS: tuple[Scenario, ...] = (
              events=_churn_events(), hop_token_s=0.002),
     Scenario("5-load", "Poisson arrivals at 80 % of total capacity",
              LOAD_NODES, 3000, poisson_rate=load_rate(LOAD_NODES, LOAD_FACTOR),
-             noise_sigma=0.2),
+             noise_sigma=0.2, announce_s=ANNOUNCE_S),
     Scenario("6-noisy-8", "eight heads, log-normal noise sigma 0.5",
              tuple(whole(f"n{i}", tps) for i, tps in
                    enumerate((60.0, 52.0, 45.0, 40.0, 34.0, 28.0, 22.0, 16.0))),

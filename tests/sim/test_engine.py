@@ -115,3 +115,13 @@ def test_same_seed_same_workload_for_every_policy() -> None:
     scenario = quiet("w", (whole("a", 60.0), whole("b", 40.0)), noise_sigma=0.3)
     a, b = Simulator(scenario, "adr0021", 9), Simulator(scenario, "petals", 9)
     assert [(r.tokens, r.noise) for r in a.requests] == [(r.tokens, r.noise) for r in b.requests]
+
+
+def test_nodes_announce_their_queue_depth_to_the_router() -> None:
+    scenario = quiet("q", (whole("a", 60.0, slots=1),), requests=10, announce_s=1.0)
+    sim = Simulator(scenario, "petals", 10)
+    sim.nodes["a"].queued = 3
+    sim._announce()
+    record = sim.router.topology.node("a")
+    assert record is not None and record.queue == 3
+    assert record.effective_tps == pytest.approx(record.tps / 4)
