@@ -20,7 +20,7 @@ from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
 
 from .announcer import NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
-from .mdns import parse_interfaces
+from .mdns import addresses_for, parse_interfaces
 
 # option -> (environment variable, type); the CLI flag wins over the variable.
 ENV: dict[str, tuple[str, type]] = {
@@ -137,6 +137,17 @@ def node_record(s: NodeSettings, url: str, node_id: str | None, tps: float) -> N
                        "url": url, "tps": tps})
 
 
+def reachable_url(url: str, interfaces: str) -> str:
+    """A listen URL on 0.0.0.0 or :: as others reach it: the address mDNS publishes."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host not in ("0.0.0.0", "::"):
+        return url
+    address = addresses_for(host, interfaces)[0]
+    address = f"[{address}]" if ":" in address else address
+    return f"{parts.scheme}://{address}:{parts.port}"
+
+
 async def _serve(s: NodeSettings) -> int:
     async with AsyncExitStack() as stack:
         node: EmulatedNode | None = None
@@ -145,7 +156,8 @@ async def _serve(s: NodeSettings) -> int:
             config = emulator_config(s)
             served, own_url = await stack.enter_async_context(
                 serve_node(config, s.host, s.port))
-            node, url, node_id, tps = served, url or own_url, config.node_id, served.measured_tps
+            node, url, node_id, tps = (served, url or reachable_url(own_url, s.mdns_interfaces),
+                                       config.node_id, served.measured_tps)
         assert url is not None
         record = node_record(s, url, node_id, tps)
         announcer = NodeAnnouncer(record, interfaces=s.mdns_interfaces,

@@ -19,7 +19,7 @@ from node_agent.announcer import (
     parse_tracker,
     tracker_properties,
 )
-from node_agent.cli import node_settings
+from node_agent.cli import node_settings, reachable_url
 from node_agent.discovery import FORGET_AFTER_MISSES, MISSES_TO_REMOVE, Discovery
 from node_agent.mdns import MAX_LABEL_BYTES, instance_name, parse_interfaces
 from node_agent.serving import serve_app
@@ -175,3 +175,8 @@ def test_public_exports() -> None:
         "NodeAnnouncer", "TopologySink", "TrackerAnnouncer", "decode_record", "encode_record",
         "serve_node", "tracker_discovery"])
     assert all(hasattr(node_agent, name) for name in node_agent.__all__)
+
+
+def test_reachable_url_replaces_a_wildcard_listen_address() -> None:
+    assert reachable_url("http://127.0.0.1:8000", "all") == "http://127.0.0.1:8000"
+    assert reachable_url("http://0.0.0.0:8000", "10.1.2.3") == "http://10.1.2.3:8000"
