@@ -63,7 +63,8 @@ class LowestLatencyPolicy:
     requests, untried deployments first, lowest_latency_buffer 0 (no random spread).
 
     As in LiteLLM, only a timeout counts against a deployment (as 1000 s); other failures are
-    not recorded.
+    not recorded. LiteLLM's cache TTL (1 h, refreshed by every request) never lapses under
+    steady traffic, so it is not modelled.
     """
 
     name: ClassVar[str] = "litellm-latency"
