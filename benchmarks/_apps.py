@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from typing import Any
 
@@ -68,13 +67,35 @@ async def chat(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
+CPU_WORK_S = 0.001  # a small real server spends at least this per request (tokenize, template)
+
+
+async def chat_cpu(scope: Scope, receive: Receive, send: Send) -> None:
+    """The instant chat app plus 1 ms of CPU work per request."""
+    if scope["type"] == "http":
+        end = time.perf_counter() + CPU_WORK_S
+        while time.perf_counter() < end:
+            pass
+    await chat(scope, receive, send)
+
+
 def wrapped() -> Any:
-    """The chat app behind MeshRouteMiddleware (annotate: the app serves, we route+measure)."""
+    """The instant chat app behind MeshRouteMiddleware (annotate mode)."""
+    return _wrap(chat)
+
+
+def wrapped_cpu() -> Any:
+    """The 1 ms chat app behind MeshRouteMiddleware (annotate mode)."""
+    return _wrap(chat_cpu)
+
+
+def _wrap(app: Any) -> Any:
+    """`app` behind MeshRouteMiddleware in annotate mode: the app serves, we route+measure."""
     from meshroute_middleware.core import RouterConfig, parse_node
     from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
 
-    mw = MeshRouteMiddleware(chat, MiddlewareConfig(mode="annotate", seed=1,
-                                                    router=RouterConfig()))
+    mw = MeshRouteMiddleware(app, MiddlewareConfig(mode="annotate", seed=1,
+                                                   router=RouterConfig()))
     for i in range(4):
         mw.router.upsert_node(parse_node({
             "node_id": f"n{i}", "model": "m", "start": 0, "end": 39, "layers": 40,
@@ -110,4 +131,3 @@ class PassThrough:
 
 
 passthrough = PassThrough()
-_ = (random, time)

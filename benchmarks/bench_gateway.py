@@ -41,7 +41,7 @@ def serve(target: str, port: int, env: dict[str, str] | None = None) -> subproce
     """uvicorn `benchmarks._apps:target` on a loopback port."""
     cmd = [PY, "-m", "uvicorn", f"benchmarks._apps:{target}", "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "warning", "--no-access-log"]
-    if target == "wrapped":
+    if target.startswith("wrapped"):
         cmd.append("--factory")
     return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
 
@@ -85,17 +85,19 @@ def main() -> int:
     if not shutil.which("wrk"):
         print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
         return 2
-    ports = {name: free_port() for name in ("backend", "bare", "wrapped", "passthrough", "gw")}
+    names = ("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough", "gw")
+    ports = {name: free_port() for name in names}
     url = {name: f"http://127.0.0.1:{p}" for name, p in ports.items()}
     procs = [serve("chat", ports["backend"]), serve("chat", ports["bare"]),
-             serve("wrapped", ports["wrapped"]),
+             serve("wrapped", ports["wrapped"]), serve("chat_cpu", ports["bare_cpu"]),
+             serve("wrapped_cpu", ports["wrapped_cpu"]),
              serve("passthrough", ports["passthrough"], {"BACKEND_URL": url["backend"]}),
              subprocess.Popen([PY, "-m", "meshroute_middleware.cli", "serve", "--port",
                                str(ports["gw"]), "--no-mdns", "--log-level", "warning"],
                               cwd=ROOT)]
     try:
         time.sleep(1.0)
-        for name in ("backend", "bare", "wrapped", "passthrough"):
+        for name in names[:-1]:
             wait_up(url[name])
         _register(url["gw"], url["backend"])
         wait_up(url["gw"])
@@ -124,6 +126,8 @@ def _register(gw: str, backend: str) -> None:
 
 CASES = [  # (name, server, body, connections)
     ("bare app, c=32", "bare", CHAT, 32), ("middleware, c=32", "wrapped", CHAT, 32),
+    ("bare 1 ms app, c=32", "bare_cpu", CHAT, 32),
+    ("middleware, 1 ms app, c=32", "wrapped_cpu", CHAT, 32),
     ("direct backend, c=32", "backend", CHAT, 32),
     ("pass-through, c=32", "passthrough", CHAT, 32), ("gateway, c=32", "gw", CHAT, 32),
     ("direct backend, c=1", "backend", CHAT, 1),
@@ -151,7 +155,10 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         return res[a]["rps"] / res[b]["rps"]
 
     ratios = {
-        "middleware / bare app (c=32)": ratio("middleware, c=32", "bare app, c=32"),
+        "middleware / bare app, instant app (c=32)": ratio("middleware, c=32",
+                                                           "bare app, c=32"),
+        "middleware / bare app, 1 ms app (c=32)": ratio("middleware, 1 ms app, c=32",
+                                                         "bare 1 ms app, c=32"),
         "gateway / pass-through (c=32)": ratio("gateway, c=32", "pass-through, c=32"),
         "gateway / pass-through (c=1)": ratio("gateway, c=1", "pass-through, c=1"),
         "gateway / direct (c=32)": ratio("gateway, c=32", "direct backend, c=32"),
@@ -160,6 +167,7 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
                                                             "SSE pass-through, c=8"),
     }
     added = res["gateway, c=1"]["p50_ms"] - res["direct backend, c=1"]["p50_ms"]
+    per_request_us = (1 / res["middleware, c=32"]["rps"] - 1 / res["bare app, c=32"]["rps"]) * 1e6
     print("\n| case | req/s | p50 ms |\n|---|---:|---:|")
     for name, r in res.items():
         print(f"| {name} | {r['rps']:,.0f} | {r['p50_ms']:.2f} |")
@@ -167,9 +175,11 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     for name, value in ratios.items():
         print(f"| {name} | {value:.3f} |")
     print(f"| added p50 latency of the gateway vs direct (c=1) | {added:.2f} ms |")
+    print(f"| middleware cost per request (instant app, c=32) | {per_request_us:.0f} µs |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"cases": res, "ratios": ratios,
                                            "added_p50_ms_c1": added,
+                                           "middleware_us_per_request": per_request_us,
                                            "seconds": args.seconds, "rounds": args.rounds},
                                           indent=2))
 
