@@ -74,6 +74,7 @@ class ArmBelief:
     fail: float = 0.0  # decayed failures
     t: float = 0.0  # time of the last update
     sd_unit: float = SD_SCALE * OBS_SIGMA  # SD_SCALE · sigma(), kept current by add_tps
+    log_p_ok: float = math.log(PRIOR_OK / (PRIOR_OK + PRIOR_FAIL))  # mean, at last update
     cusum_up: float = 0.0  # change-detector statistics of the log-tps residuals
     cusum_down: float = 0.0
 
@@ -123,6 +124,8 @@ class ArmBelief:
         if total > MAX_MASS:
             self.ok *= MAX_MASS / total
             self.fail *= MAX_MASS / total
+        self.log_p_ok = math.log((PRIOR_OK + self.ok) / (PRIOR_OK + PRIOR_FAIL + self.ok
+                                                         + self.fail))
 
 
 def _log_reliability(ok: float, fail: float, gauss: Callable[[float, float], float]) -> float:
@@ -162,10 +165,11 @@ class ThompsonPolicy:
         is known, as ADR-0021); otherwise sample and take the least expected delay, i.e. the
         largest log(reliability · tps) − log(in_flight + 1)."""
         gauss, beliefs, half_life_s = rng.gauss, self._beliefs, self.half_life_s
+        decay_rate = -LN2 / half_life_s
         best, best_score, untried, untried_prior = 0, -math.inf, -1, -1.0
         known = False  # whether any arm was ever measured (else: ADR-0021's cold start)
         for i, arm in enumerate(arms):
-            belief = beliefs.get(arm.signature)
+            belief = beliefs.get(arm.route.signature)
             if belief is None:
                 view = arm.view
                 if not (arm.in_flight or view.count or view.status == STALE):
@@ -174,6 +178,14 @@ class ThompsonPolicy:
                     continue
                 mu, sd = self._shared_prior(arm)
                 score = mu + sd * gauss(0.0, 1.0) + _log_reliability(view.ok, view.fail, gauss)
+            elif belief.fail <= NO_FAILURES and belief.mass > 0.0 and arm.view.status != STALE:
+                # The common case, inlined for speed (_belief_score is the general form):
+                # a measured route without failures, its reliability the mean at last update.
+                dt = now - belief.t
+                mass = belief.mass * math.exp(decay_rate * dt) if dt > 0.0 else belief.mass
+                sd = math.sqrt(belief.sd_unit * belief.sd_unit / mass + DRIFT_VAR_PER_S * dt)
+                score = (belief.mean_log_tps + (sd if sd < MAX_SIGMA else MAX_SIGMA)
+                         * gauss(0.0, 1.0) + belief.log_p_ok)
             else:
                 score = self._belief_score(belief, arm, now, half_life_s, gauss)
             known = True

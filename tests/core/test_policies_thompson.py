@@ -154,3 +154,17 @@ def test_router_with_thompson_converges_on_the_faster_head(clock) -> None:  # ty
         clock.advance(5.0)
         router.record(decision, Outcome(300, 300 / (60.0 if head == "fast" else 40.0)))
     assert picks[-100:].count("fast") >= 97
+
+
+def test_inlined_fast_path_matches_the_general_draw() -> None:
+    policy = ThompsonPolicy()
+    arms = [arm("a"), arm("b"), arm("c")]
+    # Close speeds and different sample counts, so reliability means (0.95 + counts) and
+    # spreads both decide the draws.
+    for a, tps, n in zip(arms, (50.0, 49.5, 49.0), (2, 5, 12), strict=True):
+        teach(policy, a, tps, n, now=100.0)
+    fast, general = random.Random(5), random.Random(5)
+    for _ in range(300):
+        scores = [ThompsonPolicy._belief_score(policy.belief(a.signature), a, 100.0,  # type: ignore[arg-type]
+                                               policy.half_life_s, general.gauss) for a in arms]
+        assert policy.choose(arms, 100.0, fast)[0] == scores.index(max(scores))
