@@ -90,6 +90,14 @@ def _response_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     return [(H_ROUTE, decision.signature.encode()), (H_MODE, decision.mode.encode())]
 
 
+def _with_ours(headers: Iterable[tuple[bytes, bytes]],
+               decision: Decision) -> list[tuple[bytes, bytes]]:
+    """Response headers with ours appended; any x-meshroute-* a head sent is dropped, so the
+    client sees exactly one route and mode: the gateway's."""
+    return [(k, v) for k, v in headers if not k.lower().startswith(_OURS)] + _response_headers(
+        decision)
+
+
 def _client_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     """Request headers worth forwarding: no hop-by-hop, no client-supplied x-meshroute-*."""
     return [(k, v) for k, v in scope.get("headers", ())
@@ -212,7 +220,7 @@ class MeshRouteMiddleware:
                    if meter.streaming else None)
         try:
             await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": upstream.headers + _response_headers(decision)})
+                        "headers": _with_ours(upstream.headers, decision)})
             await self._pump(upstream, send, meter, state)
         except OSError:
             state["gone"] = True
@@ -273,7 +281,7 @@ class MeshRouteMiddleware:
                           send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": upstream.headers + _response_headers(decision)})
+                        "headers": _with_ours(upstream.headers, decision)})
             async for chunk in upstream.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -353,7 +361,7 @@ class _Attempt:
                 self.failed_early = "http_429" if self.status == 429 else "http_5xx"
                 self._held.append(message)
                 return
-            headers = list(message.get("headers", ())) + _response_headers(self.decision)
+            headers = _with_ours(message.get("headers", ()), self.decision)
             self.meter = TokenMeter(streaming=_is_sse(headers))
             message = {**message, "headers": headers}
             self.started = True
@@ -386,8 +394,8 @@ class _Attempt:
         """No route left: the client gets the last failing answer as it was."""
         if self._held:
             first = self._held[0]
-            self._held[0] = {**first, "headers": list(first.get("headers", ()))
-                             + _response_headers(self.decision)}
+            self._held[0] = {**first, "headers": _with_ours(first.get("headers", ()),
+                                                            self.decision)}
             for message in self._held:
                 await self._send(message)
             return

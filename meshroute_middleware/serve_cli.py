@@ -25,6 +25,10 @@ def run(args: argparse.Namespace) -> int:
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
         settings = load_settings(cli, os.environ)
+        if settings.mdns:
+            from node_agent.mdns import parse_interfaces
+
+            parse_interfaces(settings.mdns_interfaces)  # refuse a bad value before starting
         gateway = build_gateway(settings)
     except (SettingsError, ValueError) as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)

@@ -192,6 +192,16 @@ async def test_every_route_rate_limited_is_429_with_diagnostics() -> None:
         assert all("429" in why for why in err["routes"].values())
 
 
+async def test_a_heads_own_meshroute_headers_never_reach_the_client() -> None:
+    mesh = Mesh({1: FakeChat("a", extra_headers={"x-meshroute-route": "forged",
+                                                 "x-meshroute-mode": "forged"})})
+    mesh.add(node("a", 0, 39, 1))
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat())
+        assert resp.headers.get_list("x-meshroute-route") == ["m|a[0-39]"]
+        assert resp.headers.get_list("x-meshroute-mode") == ["greedy-fallback"]
+
+
 async def test_client_error_from_head_is_relayed_and_not_counted() -> None:
     mesh = Mesh({1: FakeChat("a", status=400)})
     mesh.add(node("a", 0, 39, 1))

@@ -31,6 +31,7 @@ class FakeChat:
     usage_in_stream: bool = False
     seen: list[dict[str, Any]] = field(default_factory=list)  # headers + body of each request
     cancelled: int = 0
+    extra_headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -54,7 +55,8 @@ class FakeChat:
             return StreamingResponse(self._stream(body), media_type="text/event-stream")
         for _ in range(self.tokens):
             await asyncio.sleep(self.token_delay_s)
-        return JSONResponse(_completion(self.name, body, self.tokens))
+        return JSONResponse(_completion(self.name, body, self.tokens),
+                            headers=self.extra_headers)
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         try:
