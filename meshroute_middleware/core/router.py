@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from .topology import ModelTopology, NodeRecord, Topology
 
 Clock = Callable[[], float]
 PolicyFactory = Callable[[RouterConfig], Policy]
+RECENT_ATTEMPTS = 256  # attempts per model behind the 'recent' traffic shares
+MIN_RECENT_FOR_SHARES = 32
 
 POLICIES: dict[str, PolicyFactory] = {
     "adr0021": lambda c: pol.Adr0021Policy(c.explore_share, c.weight_alpha),
@@ -90,6 +93,7 @@ class Router:
         self.policy = policy or make_policy(self.config)
         self._cache: dict[str, tuple[int, tuple[Route, ...]]] = {}
         self._in_flight: dict[str, int] = {}
+        self._recent: dict[str, deque[str]] = {}  # model -> signatures of recent attempts
 
     # -- topology -----------------------------------------------------------------
     def upsert_node(self, record: NodeRecord) -> str:
@@ -165,6 +169,10 @@ class Router:
     def _begin(self, decision: Decision) -> Decision:
         sig = decision.signature
         self._in_flight[sig] = self._in_flight.get(sig, 0) + 1
+        recent = self._recent.get(decision.model)
+        if recent is None:
+            recent = self._recent[decision.model] = deque(maxlen=RECENT_ATTEMPTS)
+        recent.append(sig)
         decision._open = True
         return decision
 
@@ -219,10 +227,20 @@ class Router:
     # -- visibility ---------------------------------------------------------------
     def shares(self, arms: Sequence[Arm]) -> list[float]:
         """Expected traffic share per arm under the active policy."""
+        return self._shares(arms)[0]
+
+    def _shares(self, arms: Sequence[Arm]) -> tuple[list[float], str]:
+        """Shares and their basis: 'policy' (closed form), 'recent' (what the last attempts
+        did: a load-aware policy's next pick depends on what is in flight, so one snapshot
+        would say 100 % for whichever route is idle) or 'sampled' (Monte Carlo, cold)."""
         exact = getattr(self.policy, "shares", None)
         if exact is not None:
-            return list(exact(arms))
-        return estimate_shares(self.policy, arms, self.clock())
+            return list(exact(arms)), "policy"
+        recent = self._recent.get(arms[0].route.model) if arms else None
+        if recent is not None and len(recent) >= MIN_RECENT_FOR_SHARES:
+            counts = Counter(recent)
+            return [counts.get(a.signature, 0) / len(recent) for a in arms], "recent"
+        return estimate_shares(self.policy, arms, self.clock()), "sampled"
 
     def routing_table(self, model: str | None = None) -> dict[str, Any]:
         """The /v1/routing document: config and, per model, epoch and candidate table."""
@@ -232,13 +250,14 @@ class Router:
         for name in models:
             topo = self.topology.model(name)
             arms = self.arms(name, now)
-            out[name] = {"epoch": topo.epoch if topo else 0,
-                         "candidates": self._table(arms)}
+            shares, basis = self._shares(arms) if arms else ([], "policy")
+            out[name] = {"epoch": topo.epoch if topo else 0, "share_basis": basis,
+                         "candidates": self._table(arms, shares)}
         return {"config": self.config.to_dict(), "models": out}
 
-    def _table(self, arms: Sequence[Arm]) -> list[dict[str, Any]]:
+    @staticmethod
+    def _table(arms: Sequence[Arm], shares: Sequence[float]) -> list[dict[str, Any]]:
         best = max((a.view.tps or 0.0 for a in arms if a.proven), default=0.0)
-        shares = self.shares(arms) if arms else []
         return [_row(a, best, s) for a, s in zip(arms, shares, strict=True)]
 
     def prune(self) -> int:

@@ -209,7 +209,8 @@ def test_routing_table_shape(clock: Any) -> None:
     assert (hybrid["share"], solo["share"]) == (pytest.approx(2 / 3), pytest.approx(1 / 3))
     assert hybrid["prior_tps"] == 12.0 and hybrid["samples"] == 1 and hybrid["status"] == "proven"
     assert hybrid["weight"] == pytest.approx(1.0) and solo["ttfb_ms"] == pytest.approx(500.0)
-    assert router.routing_table("nope")["models"] == {"nope": {"epoch": 0, "candidates": []}}
+    assert router.routing_table("nope")["models"] == {
+        "nope": {"epoch": 0, "share_basis": "policy", "candidates": []}}
 
 
 def test_enumeration_is_cached_until_the_topology_changes(clock: Any) -> None:
@@ -240,3 +241,22 @@ def test_learned_split_end_to_end(clock: Any) -> None:
         fast += d.signature == "m|fast[0-39]"
         router.cancel(d)
     assert fast / 4000 == pytest.approx(0.6, abs=0.03)
+
+
+def test_load_aware_shares_are_the_recent_split_not_one_snapshot(clock: Any) -> None:
+    """A load-aware policy's next pick depends on what is in flight; its table shares the
+    traffic as the last attempts did (Monte Carlo only until there are enough of them)."""
+    router = Router(RouterConfig(policy="thompson"), clock=clock, rng=random.Random(5))
+    router.upsert_node(node("a", 0, 39, tps=30.0))
+    router.upsert_node(node("b", 0, 39, tps=20.0))
+    assert router.routing_table("m")["models"]["m"]["share_basis"] == "sampled"
+    open_decisions = [router.choose("m") for _ in range(40)]  # 40 concurrent requests
+    picked = {d.signature for d in open_decisions}
+    doc = router.routing_table("m")["models"]["m"]
+    assert doc["share_basis"] == "recent"
+    shares = {row["signature"]: row["share"] for row in doc["candidates"]}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    for sig in shares:
+        expected = sum(d.signature == sig for d in open_decisions) / 40
+        assert shares[sig] == pytest.approx(expected)
+    assert len(picked) == 2  # in-flight load spread them over both routes
