@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Iterable
@@ -35,6 +36,7 @@ from .measure import TokenMeter, sse_error_event
 from .request import ChatRequest, RequestError, parse_chat, read_body, replay
 from .telemetry import Telemetry
 
+log = logging.getLogger("meshroute.middleware")
 CHAT_PATH = "/v1/chat/completions"
 H_ROUTE, H_PLAN, H_MODE = b"x-meshroute-route", b"x-meshroute-plan", b"x-meshroute-mode"
 _OURS = (b"x-meshroute-",)
@@ -155,13 +157,30 @@ class MeshRouteMiddleware:
             await send_error(send, 503, str(exc), "no_route_available", routes=exc.reasons)
             return
         self.telemetry.in_flight.inc()
+        attempts: list[Decision] = []
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
         try:
             if self.annotate:
-                await self._annotate(scope, receive, send, req, decision)
+                await self._annotate(scope, receive, tracked_send, req, decision, attempts)
             else:
-                await self._forward(scope, receive, send, req, decision)
+                await self._forward(scope, receive, tracked_send, req, decision, attempts)
+        except Exception:
+            # A bug of ours must not leave a client with a traceback or a hung request.
+            log.exception("meshroute: internal error while routing a chat request")
+            if started:
+                raise
+            await send_error(send, 500, "internal error in meshroute; see the server log",
+                             "internal_error")
         finally:
             self.telemetry.in_flight.dec()
+            for attempt in attempts:  # whatever ended abnormally leaves the in-flight count
+                self.router.cancel(attempt)
 
     def _decide(self, req: ChatRequest) -> Decision:
         try:
@@ -180,12 +199,13 @@ class MeshRouteMiddleware:
 
     # -- forward mode -----------------------------------------------------------------
     async def _forward(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
-                       first: Decision) -> None:
+                       first: Decision, attempts: list[Decision]) -> None:
         headers = _client_headers(scope)
         failures: dict[str, str] = {}
         kinds: list[str] = []
         decision: Decision | None = first
         while decision is not None:
+            attempts.append(decision)
             self.telemetry.decided(decision)
             start = time.perf_counter()
             try:
@@ -292,9 +312,10 @@ class MeshRouteMiddleware:
 
     # -- annotate mode ----------------------------------------------------------------
     async def _annotate(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
-                        first: Decision) -> None:
+                        first: Decision, attempts: list[Decision]) -> None:
         decision: Decision | None = first
         while decision is not None:
+            attempts.append(decision)
             self.telemetry.decided(decision)
             attempt = _Attempt(decision, send)
             inner = self._annotated_scope(scope, decision)

@@ -278,3 +278,24 @@ async def test_routing_table_shape_and_unknown_paths(two_heads: Any) -> None:
     assert_openai_error(await client.get("/v1/routing?model=zzz"), 404, "model_not_found")
     assert_openai_error(await client.get("/nowhere"), 404, "not_found")
     assert_openai_error(await client.get("/v1/chat/completions"), 405, "method_not_allowed")
+
+
+class _BrokenForwarder:
+    """A forwarder with a bug: raises something no one planned for."""
+
+    async def open(self, url: str, body: bytes, headers: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_internal_bug_is_a_json_500_and_leaks_no_in_flight() -> None:
+    settings = replace(ServeSettings(), mdns=False, seed=1)
+    gateway = build_gateway(settings, forwarder=_BrokenForwarder())
+    gateway.mesh.upsert_raw(node("a", 0, 39, 1), "test")
+    transport = httpx.ASGITransport(app=gateway.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        resp = await client.post("/v1/chat/completions", json=chat())
+        assert_openai_error(resp, 500, "internal_error")
+    assert gateway.router.in_flight("m|a[0-39]") == 0
