@@ -200,6 +200,23 @@ class MeshRouteMiddleware:
     # -- forward mode -----------------------------------------------------------------
     async def _forward(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
                        first: Decision, attempts: list[Decision]) -> None:
+        """Forward with fallback; a client that goes away cancels whatever is under way
+        (waiting for a head's first byte included) and so closes the upstream request."""
+        task = asyncio.current_task()
+        assert task is not None
+        gone: dict[str, bool] = {"gone": False}
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, gone))
+        try:
+            await self._attempts(scope, send, req, first, attempts, gone)
+        except asyncio.CancelledError:
+            if not gone["gone"]:
+                raise
+            task.uncancel()  # our own cancellation: the client left; nothing more to send
+        finally:
+            watcher.cancel()
+
+    async def _attempts(self, scope: Scope, send: Send, req: ChatRequest, first: Decision,
+                        attempts: list[Decision], gone: dict[str, bool]) -> None:
         headers = _client_headers(scope)
         failures: dict[str, str] = {}
         kinds: list[str] = []
@@ -219,69 +236,52 @@ class MeshRouteMiddleware:
                 kinds.append(exc.kind)
                 decision = self.router.fallback(decision)
                 continue
-            await self._relay(decision, upstream, receive, send, start)
+            await self._relay(decision, upstream, send, start, gone)
             return
         rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
         status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
         await send_error(send, status, f"every route for {req.model!r} failed before its "
                          "first byte", code, routes=failures)
 
-    async def _relay(self, decision: Decision, upstream: UpstreamResponse, receive: Receive,
-                     send: Send, start: float) -> None:
+    async def _relay(self, decision: Decision, upstream: UpstreamResponse, send: Send,
+                     start: float, gone: dict[str, bool]) -> None:
         if 400 <= upstream.status < 500:
             self.router.cancel(decision)  # the client's own mistake says nothing of the route
             await self._pipe_plain(decision, upstream, send)
             return
         meter = TokenMeter(streaming=_is_sse(upstream.headers))
-        state: dict[str, Any] = {"first": None, "error": "", "gone": False}
-        # Only a stream lasts long enough to need watching for a client that leaves; the
-        # watcher aborts the upstream request, which ends the pump.
-        watcher = (asyncio.ensure_future(self._watch_disconnect(receive, upstream, state))
-                   if meter.streaming else None)
+        state: dict[str, Any] = {"first": None, "error": ""}
         try:
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": _with_ours(upstream.headers, decision)})
             await self._pump(upstream, send, meter, state)
         except OSError:
-            state["gone"] = True
+            gone["gone"] = True
         finally:
-            if watcher is not None:
-                watcher.cancel()
             upstream.close()
-            self._finish_relay(decision, meter, state, start)
-        if not state["gone"]:
+            self._finish_relay(decision, meter, state, start, gone["gone"])
+        if not gone["gone"]:
             await self._end_body(send, meter, state)
 
     async def _pump(self, upstream: UpstreamResponse, send: Send, meter: TokenMeter,
                     state: dict[str, Any]) -> None:
         try:
             async for chunk in upstream.chunks():
-                if state["gone"]:
-                    break
                 if state["first"] is None:
                     state["first"] = time.perf_counter()
                 meter.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except ForwardError as exc:
-            if not state["gone"]:
-                state["error"] = exc.kind
+            state["error"] = exc.kind
         state["last"] = time.perf_counter()
 
-    @staticmethod
-    async def _watch_disconnect(receive: Receive, upstream: UpstreamResponse,
-                                state: dict[str, Any]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                state["gone"] = True
-                upstream.close()
-                return
-
     def _finish_relay(self, decision: Decision, meter: TokenMeter, state: dict[str, Any],
-                      start: float) -> None:
+                      start: float, gone: bool) -> None:
+        """Record a relayed attempt; a client that left before any byte says nothing of the
+        route, one that left mid-way leaves a sample of what was delivered until then."""
         last = state.get("last") or time.perf_counter()
         first = state["first"]
-        if state["gone"] and first is None:
+        if gone and first is None:
             self.router.cancel(decision)
             return
         outcome = Outcome(meter.completion_tokens, last - start,
@@ -350,6 +350,17 @@ class MeshRouteMiddleware:
         state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
                               "plan": decision.route.plan(), "attempt": decision.attempt}
         return {**scope, "headers": headers + route_headers(decision), "state": state}
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any],
+                            gone: dict[str, bool]) -> None:
+    """Wait for the client to leave, then cancel the task serving it."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone["gone"] = True
+            task.cancel()
+            return
 
 
 class _PassThrough(Exception):

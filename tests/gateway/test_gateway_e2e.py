@@ -103,6 +103,24 @@ def test_client_disconnect_cancels_upstream(mesh: dict[str, Any]) -> None:
         time.sleep(0.02)
 
 
+def test_client_leaving_before_the_first_byte_cancels_the_upstream_request() -> None:
+    slow = FakeChat("slow", header_delay_s=5.0)
+    with ServerThread(slow.app()) as up:
+        server, gateway = start_gateway(first_byte_timeout_s=30.0)
+        with server:
+            register(server.url, "slow", up.url)
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(server.url + "/v1/chat/completions",
+                           json={"model": "m", "messages": []}, timeout=0.5)
+            deadline = time.monotonic() + 3
+            while slow.cancelled == 0:
+                assert time.monotonic() < deadline, "the head kept working for a gone client"
+                time.sleep(0.02)
+            assert gateway.router.in_flight("m|slow[0-39]") == 0
+            row = httpx.get(server.url + "/v1/routing").json()["models"]["m"]["candidates"][0]
+            assert row["failures"] == 0 and row["samples"] == 0  # says nothing of the route
+
+
 def test_dead_and_slow_heads_fall_back_over_real_sockets() -> None:
     good = FakeChat("good", tokens=10)
     stall = FakeChat("stall", header_delay_s=3.0)

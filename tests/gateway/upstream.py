@@ -45,8 +45,13 @@ class FakeChat:
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         self.seen.append({"headers": dict(request.headers), "body": body})
-        if self.header_delay_s:
-            await asyncio.sleep(self.header_delay_s)
+        if self.header_delay_s:  # thinking before the first byte; notices a caller leaving
+            deadline = time.monotonic() + self.header_delay_s
+            while time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    self.cancelled += 1
+                    return Response(status_code=499)
+                await asyncio.sleep(0.01)
         if self.status != 200:
             return JSONResponse({"error": {"message": f"{self.name} says {self.status}",
                                            "type": "server_error", "code": "x"}},
