@@ -66,6 +66,7 @@ class MiddlewareConfig:
             raise ValueError("max_body_bytes must be positive")
 
 
+WATCH_AFTER_S = 0.02  # start watching for a client that leaves once a request lasts this long
 _PLAN_CACHE: dict[str, tuple[Route, bytes]] = {}  # signature -> (route, plan header)
 _PLAN_CACHE_MAX = 4096
 
@@ -205,7 +206,14 @@ class MeshRouteMiddleware:
         task = asyncio.current_task()
         assert task is not None
         gone: dict[str, bool] = {"gone": False}
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, gone))
+        watcher: list[asyncio.Task[None]] = []
+
+        def watch() -> None:
+            watcher.append(asyncio.ensure_future(_watch_disconnect(receive, task, gone)))
+
+        # A timer costs far less than a task: most requests to a fast head are over before
+        # it fires, and any that lasts longer is watched from then on.
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
         try:
             await self._attempts(scope, send, req, first, attempts, gone)
         except asyncio.CancelledError:
@@ -213,7 +221,9 @@ class MeshRouteMiddleware:
                 raise
             task.uncancel()  # our own cancellation: the client left; nothing more to send
         finally:
-            watcher.cancel()
+            timer.cancel()
+            for waiting in watcher:
+                waiting.cancel()
 
     async def _attempts(self, scope: Scope, send: Send, req: ChatRequest, first: Decision,
                         attempts: list[Decision], gone: dict[str, bool]) -> None:
