@@ -8,6 +8,7 @@ passthrough  a bare aiohttp pass-through proxy to BACKEND_URL (baseline for the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -76,6 +77,16 @@ async def chat_cpu(scope: Scope, receive: Receive, send: Send) -> None:
         end = time.perf_counter() + CPU_WORK_S
         while time.perf_counter() < end:
             pass
+    await chat(scope, receive, send)
+
+
+SLOW_S = 0.02  # a head that takes 20 ms per answer (still far faster than any real LLM)
+
+
+async def chat_slow(scope: Scope, receive: Receive, send: Send) -> None:
+    """The chat app answering after 20 ms of waiting (not of CPU): a realistic head's shape."""
+    if scope["type"] == "http":
+        await asyncio.sleep(SLOW_S)
     await chat(scope, receive, send)
 
 

@@ -85,22 +85,27 @@ def main() -> int:
     if not shutil.which("wrk"):
         print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
         return 2
-    names = ("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough", "gw")
+    names = ("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough",
+             "slow", "passthrough_slow", "gw", "gw_slow")
     ports = {name: free_port() for name in names}
     url = {name: f"http://127.0.0.1:{p}" for name, p in ports.items()}
     procs = [serve("chat", ports["backend"]), serve("chat", ports["bare"]),
              serve("wrapped", ports["wrapped"]), serve("chat_cpu", ports["bare_cpu"]),
              serve("wrapped_cpu", ports["wrapped_cpu"]),
              serve("passthrough", ports["passthrough"], {"BACKEND_URL": url["backend"]}),
-             subprocess.Popen([PY, "-m", "meshroute_middleware.cli", "serve", "--port",
-                               str(ports["gw"]), "--no-mdns", "--log-level", "warning"],
-                              cwd=ROOT)]
+             serve("chat_slow", ports["slow"]),
+             serve("passthrough", ports["passthrough_slow"], {"BACKEND_URL": url["slow"]}),
+             *(subprocess.Popen([PY, "-m", "meshroute_middleware.cli", "serve", "--port",
+                                 str(ports[gw]), "--no-mdns", "--log-level", "warning"],
+                                cwd=ROOT) for gw in ("gw", "gw_slow"))]
     try:
         time.sleep(1.0)
-        for name in names[:-1]:
+        for name in names[:-2]:
             wait_up(url[name])
         _register(url["gw"], url["backend"])
+        _register(url["gw_slow"], url["slow"])
         wait_up(url["gw"])
+        wait_up(url["gw_slow"])
         results = _measure(url, args.seconds, args.rounds)
     finally:
         for p in procs:
@@ -132,6 +137,9 @@ CASES = [  # (name, server, body, connections)
     ("pass-through, c=32", "passthrough", CHAT, 32), ("gateway, c=32", "gw", CHAT, 32),
     ("direct backend, c=1", "backend", CHAT, 1),
     ("pass-through, c=1", "passthrough", CHAT, 1), ("gateway, c=1", "gw", CHAT, 1),
+    ("20 ms head direct, c=32", "slow", CHAT, 32),
+    ("20 ms head pass-through, c=32", "passthrough_slow", CHAT, 32),
+    ("20 ms head gateway, c=32", "gw_slow", CHAT, 32),
     ("SSE direct, c=8", "backend", STREAM, 8), ("SSE pass-through, c=8", "passthrough", STREAM, 8),
     ("SSE gateway, c=8", "gw", STREAM, 8),
 ]
@@ -162,6 +170,8 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         "gateway / pass-through (c=32)": ratio("gateway, c=32", "pass-through, c=32"),
         "gateway / pass-through (c=1)": ratio("gateway, c=1", "pass-through, c=1"),
         "gateway / direct (c=32)": ratio("gateway, c=32", "direct backend, c=32"),
+        "gateway / pass-through, 20 ms head (c=32)": ratio("20 ms head gateway, c=32",
+                                                            "20 ms head pass-through, c=32"),
         "SSE chunks/s gateway / direct (c=8)": ratio("SSE gateway, c=8", "SSE direct, c=8"),
         "SSE chunks/s gateway / pass-through (c=8)": ratio("SSE gateway, c=8",
                                                             "SSE pass-through, c=8"),
