@@ -1,0 +1,122 @@
+"""meshroute's own CPU per chat request, in-process (no sockets, no HTTP server):
+
+  python benchmarks/bench_overhead.py [--requests 5000] [--rounds 5]
+
+- middleware: the instant chat app alone vs behind MeshRouteMiddleware (annotate mode);
+- gateway: a bare pass-through vs the `meshroute serve` app, both forwarding to the same
+  in-process chat app through the same in-memory forwarder (meshroute_middleware.memory).
+The difference is what routing, measuring, recording, events and metrics cost per request.
+Rounds interleave the variants; medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._apps import chat, wrapped  # noqa: E402
+from meshroute_middleware.core import parse_node  # noqa: E402
+from meshroute_middleware.memory import ASGIForwarder  # noqa: E402
+from meshroute_middleware.server import build_gateway  # noqa: E402
+from meshroute_middleware.settings import ServeSettings  # noqa: E402
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+HEAD = "http://127.0.0.1:1"
+SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+         "headers": [(b"host", b"gw"), (b"content-type", b"application/json"),
+                     (b"content-length", str(len(BODY)).encode())],
+         "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+         "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "state": {}}
+
+
+class PassThrough:
+    """Read the body, forward it, relay the answer: nothing else."""
+
+    def __init__(self, forwarder: ASGIForwarder) -> None:
+        self.forwarder = forwarder
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        upstream = await self.forwarder.open(HEAD + scope["path"], body,
+                                             [(b"content-type", b"application/json")])
+        await send({"type": "http.response.start", "status": upstream.status,
+                    "headers": upstream.headers})
+        async for chunk in upstream.chunks():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        upstream.close()
+
+
+async def per_request_us(app: Any, n: int) -> float:
+    """Mean wall time of n sequential requests, µs."""
+    async def send(message: Any) -> None:
+        pass
+
+    start = time.perf_counter()
+    for _ in range(n):
+        sent = False
+
+        async def receive() -> Any:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": BODY, "more_body": False}
+            await asyncio.sleep(3600)
+
+        await app(dict(SCOPE), receive, send)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+async def measure(requests: int, rounds: int) -> dict[str, float]:
+    forwarder = ASGIForwarder({HEAD: chat})
+    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=1), forwarder=forwarder)
+    gateway.mesh.upsert(parse_node({"node_id": "b", "model": "m", "start": 0, "end": 39,
+                                    "layers": 40, "url": HEAD}))
+    apps = {"bare app": chat, "middleware (annotate)": wrapped(),
+            "pass-through": PassThrough(forwarder), "gateway (forward)": gateway.app}
+    for app in apps.values():
+        await per_request_us(app, 500)  # warm up: caches, first enumeration
+    samples: dict[str, list[float]] = {name: [] for name in apps}
+    for r in range(rounds):
+        for name, app in apps.items():
+            print(f"\rround {r + 1}/{rounds}: {name:<24}", end="", file=sys.stderr, flush=True)
+            samples[name].append(await per_request_us(app, requests))
+    print(file=sys.stderr)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default=str(ROOT / "benchmarks/results/overhead.json"))
+    args = parser.parse_args()
+    res = asyncio.run(measure(args.requests, args.rounds))
+    print("\n| in-process | µs per request |\n|---|---:|")
+    for name, us in res.items():
+        print(f"| {name} | {us:.1f} |")
+    mw = res["middleware (annotate)"] - res["bare app"]
+    gw = res["gateway (forward)"] - res["pass-through"]
+    print(f"| middleware's own cost | {mw:.1f} |\n| gateway's own cost | {gw:.1f} |")
+    Path(args.json).write_text(json.dumps({"us_per_request": res, "middleware_cost_us": mw,
+                                           "gateway_cost_us": gw}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
