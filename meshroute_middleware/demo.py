@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import socket
 import sys
 import time
 from collections import deque
@@ -84,9 +85,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo until the duration ends or Ctrl-C."""
+    problem = _port_problem("127.0.0.1", args.port)
+    if problem:
+        print(f"meshroute demo: cannot listen on 127.0.0.1:{args.port} ({problem}); "
+              "choose another port with --port (0: any free port)", file=sys.stderr)
+        return 2
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_demo(args))
     return 0
+
+
+def _port_problem(host: str, port: int) -> str:
+    """Why host:port cannot be listened on, or '' when it can."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return ""
 
 
 async def _demo(args: argparse.Namespace) -> None:

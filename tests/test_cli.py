@@ -29,3 +29,15 @@ def test_serve_refuses_bad_configuration(args: tuple[str, ...], message: str) ->
 def test_no_command_prints_help() -> None:
     proc = meshroute()
     assert proc.returncode == 2 and "serve" in proc.stdout and "demo" in proc.stdout
+
+
+def test_demo_on_a_busy_port_says_so() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = meshroute("demo", "--port", str(port), "--duration", "1", "--plain")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
