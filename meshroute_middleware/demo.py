@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,8 @@ MESH = (
     DemoNode("cpu-c", 20, 39, 100.0, slots=6),
 )
 HALF_LIFE_S = 30.0  # short, so that the demo re-learns within a minute of the drift
+LOOPBACK = "127.0.0.1"  # mDNS stays on this machine: nothing multicasts onto a real network
+DISCOVERY_WAIT_S = 10.0
 
 
 @dataclass
@@ -79,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds until the best node slows to a third (0: never)")
     parser.add_argument("--policy", default=None, help="routing policy (default: the best)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--discovery", choices=("mdns", "http"), default="mdns",
+                        help="how the gateway learns the nodes: mDNS on 127.0.0.1 (zero "
+                             "configuration) or POST /v1/nodes")
     parser.add_argument("--plain", action="store_true",
                         help="print a summary line every few seconds instead of a live table")
 
@@ -116,7 +122,9 @@ async def _demo(args: argparse.Namespace) -> None:
     router = RouterConfig(half_life_s=HALF_LIFE_S)
     if args.policy is not None:
         router = dataclasses.replace(router, policy=args.policy)
-    settings = ServeSettings(host="127.0.0.1", port=args.port, mdns=False, seed=args.seed,
+    mdns = args.discovery == "mdns"
+    settings = ServeSettings(host="127.0.0.1", port=args.port, mdns=mdns,
+                             mdns_interfaces=LOOPBACK, health_interval_s=1.0, seed=args.seed,
                              router=router, tracker_id="demo", log_level="warning")
     gateway = build_gateway(settings)
     stats = Stats()
@@ -131,10 +139,49 @@ async def _demo(args: argparse.Namespace) -> None:
             nodes[spec.node_id] = (node, url)
         gw_url = await stack.enter_async_context(serve_app(gateway.app, "127.0.0.1", args.port))
         session = await stack.enter_async_context(aiohttp.ClientSession())
-        for spec in MESH:
-            await _register(session, gw_url, spec, nodes[spec.node_id][1])
+        if mdns:
+            await _announce(stack, nodes, gateway)
+        if len(gateway.router.topology.nodes()) < len(MESH):
+            if mdns:
+                print("meshroute demo: mDNS found no nodes in time on this machine's loopback; "
+                      "registering them over HTTP instead", file=sys.stderr)
+            for spec in MESH:
+                await _register(session, gw_url, spec, nodes[spec.node_id][1])
         _banner(gw_url, args)
         await _drive(args, session, gw_url, gateway, nodes, stats)
+
+
+async def _announce(stack: contextlib.AsyncExitStack, nodes: dict[str, Any],
+                    gateway: Any) -> None:
+    """Zero configuration: every node announces itself over mDNS on loopback, each keeping
+    its queue depth and measured speed current, and the gateway finds them by browsing."""
+    from node_agent.announcer import NodeAnnouncer
+
+    from .core import parse_node
+
+    print(f"meshroute demo: {len(MESH)} nodes announcing themselves over mDNS on "
+          f"{LOOPBACK} ...", flush=True)
+    followers: list[asyncio.Task[None]] = []
+    for spec in MESH:
+        node, url = nodes[spec.node_id]
+        record = parse_node({"node_id": spec.node_id, "model": MODEL, "start": spec.start,
+                             "end": spec.end, "layers": LAYERS, "url": url, "tps": spec.tps})
+        announcer = NodeAnnouncer(record, interfaces=LOOPBACK)
+        await announcer.start()
+        stack.push_async_callback(announcer.close)
+        followers.append(asyncio.create_task(announcer.follow(_load_of(node))))
+    stack.callback(lambda: [f.cancel() for f in followers])
+    deadline = time.monotonic() + DISCOVERY_WAIT_S
+    while time.monotonic() < deadline:
+        if len(gateway.router.topology.nodes()) == len(MESH):
+            print(f"meshroute demo: the gateway discovered all {len(MESH)} nodes", flush=True)
+            return
+        await asyncio.sleep(0.1)
+
+
+def _load_of(node: Any) -> Callable[[], tuple[int, float]]:
+    """What a node agent announces as its load: queue depth and measured tokens/s."""
+    return lambda: (node.queue_depth, node.measured_tps)
 
 
 async def _register(session: aiohttp.ClientSession, gw_url: str, spec: DemoNode,
@@ -156,6 +203,7 @@ def _banner(gw_url: str, args: argparse.Namespace) -> None:
 async def _drive(args: argparse.Namespace, session: aiohttp.ClientSession, gw_url: str,
                  gateway: Any, nodes: dict[str, Any], stats: Stats) -> None:
     stop = asyncio.Event()
+    stats.started = time.monotonic()  # the clock starts with the traffic, not with discovery
     tasks = [asyncio.create_task(_client(i, args, session, gw_url, stats, stop))
              for i in range(args.clients)]
     tasks.append(asyncio.create_task(_drift(args, gateway, nodes, stats, stop)))

@@ -7,18 +7,22 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from .gateway.upstream import free_port
 
 
-def test_demo_serves_and_learns_every_route() -> None:
+@pytest.mark.parametrize("discovery", ["mdns", "http"])
+def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> None:
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "meshroute_middleware.cli", "demo", "--duration", "8",
-         "--plain", "--port", str(port), "--drift-after", "0", "--clients", "4"],
-        capture_output=True, text=True, timeout=60)
+        [sys.executable, "-m", "meshroute_middleware.cli", "demo", "--duration", "7",
+         "--plain", "--port", str(port), "--drift-after", "0", "--clients", "4",
+         "--discovery", discovery], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
+    found = "the gateway discovered all 5 nodes" in out
+    assert found == (discovery == "mdns"), out[:2000] + proc.stderr[-2000:]
     final = out[out.rindex("ok "):]
     served = int(re.search(r"ok (\d+) failed (\d+)", final).group(1))  # type: ignore[union-attr]
     failed = int(re.search(r"ok (\d+) failed (\d+)", final).group(2))  # type: ignore[union-attr]
