@@ -29,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
             from node_agent.mdns import parse_interfaces
 
             parse_interfaces(settings.mdns_interfaces)  # refuse a bad value before starting
+        if settings.gossip_listen or settings.gossip_peers:
+            from gossip.service import GossipConfig
+
+            GossipConfig.from_settings(settings)  # addresses and the secret, before starting
         gateway = build_gateway(settings)
     except (SettingsError, ValueError) as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)

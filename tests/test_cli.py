@@ -18,6 +18,9 @@ def meshroute(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     (("serve", "--route-explore-share", "1.5"), "--route-explore-share: explore_share"),
     (("serve", "--no-mdns", "--policy", "nope"), "unknown policy 'nope'"),
     (("serve", "--no-mdns", "--nodes-file", "/nonexistent.json"), "cannot read nodes file"),
+    (("serve", "--no-mdns", "--gossip-listen", "127.0.0.1:7946", "--gossip-secret-file",
+      "/nonexistent"), "cannot read gossip secret file"),
+    (("serve", "--no-mdns", "--gossip-peer", "nonsense"), "nonsense"),
 ])
 def test_serve_refuses_bad_configuration(args: tuple[str, ...], message: str) -> None:
     proc = meshroute(*args)
