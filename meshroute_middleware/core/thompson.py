@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # Cap on an arm's decayed sample mass: an EWMA with weight >= 1/201 per sample. A route that
 # drifts is caught by the change detector below, not by this cap (tuned: bench_learning.py).
 MAX_MASS = 200.0
+SHARED_DOMINATES = 2.0  # the merged view leads once it holds 2x our own sample mass
 # Change detection (Page's CUSUM, 1954) on standardised log-tps residuals; a detected change
 # cuts the mass. Reference k = 0.5 sigma as usual; threshold h = 8 sigma rather than the
 # textbook 4-5 because sigma is itself estimated and the noise heavy-tailed: at h = 5 false
@@ -170,6 +171,9 @@ class ThompsonPolicy:
         known = False  # whether any arm was ever measured (else: ADR-0021's cold start)
         for i, arm in enumerate(arms):
             belief = beliefs.get(arm.route.signature)
+            if (belief is not None and arm.view.origins > 1
+                    and arm.view.mass > SHARED_DOMINATES * belief.mass + 1.0):
+                belief = None  # peers (gossip) measured this route far more than we did
             if belief is None:
                 view = arm.view
                 if not (arm.in_flight or view.count or view.status == STALE):

@@ -168,3 +168,19 @@ def test_inlined_fast_path_matches_the_general_draw() -> None:
         scores = [ThompsonPolicy._belief_score(policy.belief(a.signature), a, 100.0,  # type: ignore[arg-type]
                                                policy.half_life_s, general.gauss) for a in arms]
         assert policy.choose(arms, 100.0, fast)[0] == scores.index(max(scores))
+
+
+def test_what_peers_measured_leads_once_it_outweighs_our_own_samples() -> None:
+    """Gossip: our 3 samples said route a is fast; peers' 100 fresh ones say it slowed to
+    5 tok/s. The merged view outweighs our own belief, so traffic follows the peers."""
+    policy = ThompsonPolicy()
+    a, b = arm("a"), arm("b")
+    teach(policy, a, tps=50.0, n=3)
+    teach(policy, b, tps=30.0, n=3)
+    own_a = RouteView(50.0, 3.0, 0.1, 3.0, 0.0, 3, "proven", 1)
+    own_b = RouteView(30.0, 3.0, 0.1, 3.0, 0.0, 3, "proven", 1)
+    alone = shares(policy, [arm("a", view=own_a), arm("b", view=own_b)])
+    assert alone[0] > 0.9  # on our own samples a is the clear winner
+    merged_a = RouteView(5.6, 103.0, 0.1, 103.0, 0.0, 103, "proven", 2)  # peers: a is slow
+    merged = shares(policy, [arm("a", view=merged_a), arm("b", view=own_b)])
+    assert merged[1] > 0.9  # tolerance: the posterior at mass 103 leaves a < 10 % of draws
