@@ -105,6 +105,11 @@ async def _lifespan(settings: ServeSettings, mesh: Mesh, tracker_id: str
                 on_tracker=gossip.add_peer if gossip else None,
                 on_tracker_gone=gossip.remove_peer if gossip else None))
             log.info("discovery: browsing mDNS on %s", settings.mdns_interfaces)
+        else:  # no mDNS: nodes from POST /v1/nodes or --nodes-file are health-checked alone
+            from node_agent.discovery import health_checks
+
+            await stack.enter_async_context(
+                health_checks(mesh, health_interval_s=settings.health_interval_s))
         assert stack is not None
         yield
         tg.cancel_scope.cancel()

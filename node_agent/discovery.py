@@ -216,6 +216,20 @@ class Discovery:
 
 
 @asynccontextmanager
+async def health_checks(sink: TopologySink, *,
+                        health_interval_s: float = 2.0) -> AsyncIterator[Discovery]:
+    """Health-check the topology's nodes without mDNS (nodes registered over HTTP or from a
+    file): the same probes and rules as `tracker_discovery`, no browsing, no announcing."""
+    discovery = Discovery(sink, health_interval_s=health_interval_s)
+    async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
+        tg.start_soon(discovery.health_loop, session)
+        try:
+            yield discovery
+        finally:
+            tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
 async def tracker_discovery(
     sink: TopologySink, *, interfaces: str = "all", mesh_secret: str | None = None,
     health_interval_s: float = 2.0, announce_http_port: int | None = None,

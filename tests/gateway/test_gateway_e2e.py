@@ -176,3 +176,23 @@ def test_event_stream_delivers_history_and_live_events(mesh: dict[str, Any]) -> 
     assert kinds.count("route-selected") >= 2 and kinds.count("outcome") >= 2
     selected = [e for e in got if e["type"] == "route-selected"]
     assert all({"mode", "signature"} <= set(e) for e in selected)
+
+
+def test_nodes_registered_over_http_are_health_checked_without_mdns() -> None:
+    head = FakeChat("h")
+    port = free_port()
+    server, gateway = start_gateway(health_interval_s=0.2)
+    with server:
+        with ServerThread(head.app(), port=port) as up:
+            register(server.url, "h", up.url)
+            assert [n["node_id"] for n in httpx.get(server.url + "/v1/nodes").json()["nodes"]]
+        deadline = time.monotonic() + 5  # the head is gone: 3 missed probes remove it
+        while httpx.get(server.url + "/v1/nodes").json()["nodes"]:
+            assert time.monotonic() < deadline, "a dead node stayed in the topology"
+            time.sleep(0.05)
+        with ServerThread(head.app(), port=port):  # it answers again: it comes back
+            deadline = time.monotonic() + 5
+            while not httpx.get(server.url + "/v1/nodes").json()["nodes"]:
+                assert time.monotonic() < deadline, "a node that answers again stayed out"
+                time.sleep(0.05)
+    assert gateway.router.models() == ["m"]

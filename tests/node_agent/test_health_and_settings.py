@@ -173,7 +173,7 @@ def test_public_exports() -> None:
     assert sorted(node_agent.__all__) == sorted([
         "NODE_SERVICE", "TRACKER_SERVICE", "Discovery", "EmulatedNode", "EmulatorConfig",
         "NodeAnnouncer", "TopologySink", "TrackerAnnouncer", "decode_record", "encode_record",
-        "serve_node", "tracker_discovery"])
+        "health_checks", "serve_node", "tracker_discovery"])
     assert all(hasattr(node_agent, name) for name in node_agent.__all__)
 
 
