@@ -87,3 +87,21 @@ async def test_annotate_with_every_route_failing_relays_the_last_answer() -> Non
                                  base_url="http://t") as client:
         resp = await client.post("/v1/chat/completions", json={"model": "m"})
         assert resp.status_code == 502 and resp.headers["x-meshroute-route"] == "m|a[0-9]"
+
+
+async def test_an_app_with_the_middleware_can_serve_the_routing_endpoints_too() -> None:
+    from meshroute_middleware.api import GatewayAPI
+    from meshroute_middleware.mesh import Mesh
+
+    seen: list[dict[str, Any]] = []
+    app = make_app(seen)
+    mw = wrap(app)
+    for route in GatewayAPI(Mesh(mw.router, mw.telemetry)).routes():
+        if route.path != "/v1/chat/completions":
+            app.router.routes.append(route)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        await client.post("/v1/chat/completions", json={"model": "m"})
+        table = (await client.get("/v1/routing")).json()
+        assert table["models"]["m"]["candidates"][0]["samples"] == 1
+        assert "meshroute_decisions_total" in (await client.get("/metrics")).text
