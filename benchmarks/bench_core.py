@@ -12,7 +12,7 @@ other processes on this shared machine hits one round of every row rather than o
 row reports the median of its round medians (all round medians are in the JSON) and the p99
 of all its timings pooled.
 
-Run:  /work/venv/bin/python benchmarks/bench_core.py [--quick] [--baseline REV]
+Run:  python benchmarks/bench_core.py [--quick] [--baseline REV]
 `--baseline REV` runs the same decision loop against meshroute_middleware as of git revision
 REV (exported to a temporary directory) in a subprocess, so before/after is one run's ratio.
 Writes benchmarks/results/core.json.

@@ -7,7 +7,7 @@ each tracker runs one push-pull round with `fanout` peers, concurrently; the clo
 interval. "Agree" = every tracker's merged tps of every route within 1 % of the merge over all
 origins; "identical" = every tracker holds every origin's entry.
 
-    /work/venv/bin/python benchmarks/bench_gossip.py [--seeds 5] [--quick] [--no-delay]
+    python benchmarks/bench_gossip.py [--seeds 5] [--quick] [--no-delay]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Runs `meshroute bench learning` (meshroute_middleware/sim) and writes its JSON r
 benchmarks/results/learning.json. The simulator drives the real Router on a simulated clock;
 see docs/benchmarks.md, "Learning quality", for what each column means.
 
-    /work/venv/bin/python benchmarks/bench_learning.py [--quick] [--seed N] [--workers N]
+    python benchmarks/bench_learning.py [--quick] [--seed N] [--workers N]
 """
 
 from __future__ import annotations
