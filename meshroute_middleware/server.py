@@ -76,42 +76,44 @@ def _load_static_nodes(mesh: Mesh, path: str) -> None:
 async def _lifespan(settings: ServeSettings, mesh: Mesh, tracker_id: str
                     ) -> AsyncIterator[None]:
     """Background services of a running gateway; each enters the exit stack."""
-    async with contextlib.AsyncExitStack() as stack, anyio.create_task_group() as tg:
-        tg.start_soon(_prune_loop, mesh.router)
-        gossip = None
-        # gossip: (gossip) statistics exchange with peer trackers
-        if settings.gossip_listen or settings.gossip_peers:
-            from gossip.metrics import metric_families
-            from gossip.service import GossipConfig, GossipService
+    # The exit stack is entered inside the task group, so that services with task groups of
+    # their own (discovery) are left before it: cancel scopes must exit in LIFO order.
+    async with anyio.create_task_group() as tg:
+        async with contextlib.AsyncExitStack() as stack:
+            tg.start_soon(_prune_loop, mesh.router)
+            gossip = None
+            # gossip: (gossip) statistics exchange with peer trackers
+            if settings.gossip_listen or settings.gossip_peers:
+                from gossip.metrics import metric_families
+                from gossip.service import GossipConfig, GossipService
 
-            gossip = GossipService(mesh.router, GossipConfig.from_settings(settings))
-            await tg.start(gossip.run)
-            mesh.telemetry.add_collector(lambda: metric_families(gossip))
-            log.info("gossip: tracker %s on %s, peers %s", tracker_id, gossip.address,
-                     ", ".join(settings.gossip_peers) or "none yet")
-        # discovery: (node_agent) mDNS browsing, health checks, tracker announcement;
-        # after gossip, so that the tracker announces its gossip port and feeds it peers.
-        if settings.mdns:
-            from node_agent.discovery import tracker_discovery
+                gossip = GossipService(mesh.router, GossipConfig.from_settings(settings))
+                await tg.start(gossip.run)
+                mesh.telemetry.add_collector(lambda: metric_families(gossip))
+                log.info("gossip: tracker %s on %s, peers %s", tracker_id, gossip.address,
+                         ", ".join(settings.gossip_peers) or "none yet")
+            # discovery: (node_agent) mDNS browsing, health checks, tracker announcement;
+            # after gossip, so that the tracker announces its gossip port and feeds it peers.
+            if settings.mdns:
+                from node_agent.discovery import tracker_discovery
 
-            gossip_at = gossip.address if gossip else None
-            gossip_port = gossip_at[1] if gossip_at else None
-            await stack.enter_async_context(tracker_discovery(
-                mesh, interfaces=settings.mdns_interfaces, mesh_secret=settings.mesh_secret,
-                health_interval_s=settings.health_interval_s, tracker_id=tracker_id,
-                announce_http_port=settings.port or gossip_port,
-                announce_gossip_port=gossip_port,
-                announce_host=gossip_at[0] if gossip_at else settings.host,
-                on_tracker=gossip.add_peer if gossip else None,
-                on_tracker_gone=gossip.remove_peer if gossip else None))
-            log.info("discovery: browsing mDNS on %s", settings.mdns_interfaces)
-        else:  # no mDNS: nodes from POST /v1/nodes or --nodes-file are health-checked alone
-            from node_agent.discovery import health_checks
+                gossip_at = gossip.address if gossip else None
+                gossip_port = gossip_at[1] if gossip_at else None
+                await stack.enter_async_context(tracker_discovery(
+                    mesh, interfaces=settings.mdns_interfaces, mesh_secret=settings.mesh_secret,
+                    health_interval_s=settings.health_interval_s, tracker_id=tracker_id,
+                    announce_http_port=settings.port or gossip_port,
+                    announce_gossip_port=gossip_port,
+                    announce_host=gossip_at[0] if gossip_at else settings.host,
+                    on_tracker=gossip.add_peer if gossip else None,
+                    on_tracker_gone=gossip.remove_peer if gossip else None))
+                log.info("discovery: browsing mDNS on %s", settings.mdns_interfaces)
+            else:  # no mDNS: nodes from POST /v1/nodes or --nodes-file are health-checked alone
+                from node_agent.discovery import health_checks
 
-            await stack.enter_async_context(
-                health_checks(mesh, health_interval_s=settings.health_interval_s))
-        assert stack is not None
-        yield
+                await stack.enter_async_context(
+                    health_checks(mesh, health_interval_s=settings.health_interval_s))
+            yield
         tg.cancel_scope.cancel()
 
 

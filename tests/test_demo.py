@@ -20,6 +20,7 @@ def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> N
          "--plain", "--port", str(port), "--drift-after", "0", "--clients", "4",
          "--discovery", discovery], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # a clean shutdown too
     out = proc.stdout
     found = "the gateway discovered all 5 nodes" in out
     assert found == (discovery == "mdns"), out[:2000] + proc.stderr[-2000:]
