@@ -54,9 +54,11 @@ class GatewayAPI:
 
     async def models(self, request: Request) -> Response:
         """Every model the router can route, OpenAI list shape."""
-        data = [{"id": m, "object": "model", "owned_by": "meshroute",
-                 "nodes": len(self.router.topology.model(m).nodes)}  # type: ignore[union-attr]
-                for m in self.router.models()]
+        per_model: dict[str, int] = {}
+        for node in self.mesh.nodes():
+            per_model[node.model] = per_model.get(node.model, 0) + 1
+        data = [{"id": m, "object": "model", "owned_by": "meshroute", "nodes": n}
+                for m, n in sorted(per_model.items())]
         return JSONResponse({"object": "list", "data": data})
 
     async def chat_unrouted(self, request: Request) -> Response:

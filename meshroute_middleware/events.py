@@ -54,11 +54,6 @@ class EventBus:
         finally:
             self._subscribers.discard(queue)
 
-    @property
-    def subscribers(self) -> int:
-        """How many streams are listening."""
-        return len(self._subscribers)
-
 
 def sse(event: dict[str, Any]) -> bytes:
     """One event in Server-Sent Events framing."""

@@ -25,11 +25,9 @@ class TokenMeter:
         self.usage_tokens: int | None = None
         self._line = b""
         self._tail = b""
-        self.bytes_seen = 0
 
     def feed(self, chunk: bytes) -> None:
         """Account for one body chunk."""
-        self.bytes_seen += len(chunk)
         if not self.streaming:
             self._tail = (self._tail + chunk)[-_MAX_JSON_TAIL:]
             return

@@ -28,25 +28,24 @@ class Option:
     flags: tuple[str, ...]
     env: tuple[str, ...]
     help: str
-    router: bool = False  # a RouterConfig field rather than a ServeSettings field
     many: bool = False  # repeatable flag / comma-separated env value
 
 
 OPTIONS: tuple[Option, ...] = (
     Option("policy", str, ("--policy",), ("MESHROUTE_POLICY",),
-           "route-selection policy by name", router=True),
+           "route-selection policy by name"),
     Option("explore_share", float, ("--route-explore-share", "--explore-share"),
            ("MESHROUTE_EXPLORE_SHARE", "MESHNET_ROUTE_EXPLORE_SHARE"),
-           "probability of scouting an unproven route (ADR-0021)", router=True),
+           "probability of scouting an unproven route (ADR-0021)"),
     Option("weight_alpha", float, ("--route-weight-alpha", "--weight-alpha"),
            ("MESHROUTE_WEIGHT_ALPHA", "MESHNET_ROUTE_WEIGHT_ALPHA"),
-           "exploit weight exponent: P(route) ∝ tps^alpha", router=True),
+           "exploit weight exponent: P(route) ∝ tps^alpha"),
     Option("half_life_s", float, ("--route-stats-half-life", "--half-life"),
            ("MESHROUTE_HALF_LIFE", "MESHNET_ROUTE_STATS_HALF_LIFE"),
-           "half-life of sample mass, seconds", router=True),
+           "half-life of sample mass, seconds"),
     Option("min_sample_tokens", int, ("--min-sample-tokens",),
            ("MESHROUTE_MIN_SAMPLE_TOKENS", "MESHNET_ROUTE_MIN_SAMPLE_TOKENS"),
-           "completions with fewer tokens are no tps sample", router=True),
+           "completions with fewer tokens are no tps sample"),
     Option("host", str, ("--host",), ("MESHROUTE_HOST",), "address to listen on"),
     Option("port", int, ("--port",), ("MESHROUTE_PORT",), "port to listen on (0: any free)"),
     Option("seed", int, ("--seed",), ("MESHROUTE_SEED",), "seed of the routing rng"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -189,16 +189,6 @@ class Topology:
         topo.version += 1
         self._bump(topo, now)
         return True
-
-    def replace_all(self, records: Iterable[NodeRecord], now: float) -> None:
-        """Make the node set exactly `records` (a static mesh file)."""
-        records = list(records)
-        keep = {r.node_id for r in records}
-        for node in self.nodes():
-            if node.node_id not in keep:
-                self.remove(node.node_id, now)
-        for record in records:
-            self.upsert(record, now)
 
     def note_change(self, model: str, changed_at: float) -> None:
         """Adopt a topology change time learned elsewhere (gossip) if it is newer."""

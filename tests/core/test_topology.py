@@ -128,12 +128,10 @@ def test_node_moving_to_another_model_leaves_the_first(clock: Any) -> None:
     assert [n.node_id for n in topo.nodes()] == ["a"]
 
 
-def test_replace_all_and_note_change(clock: Any) -> None:
+def test_note_change_adopts_only_newer_changes(clock: Any) -> None:
     topo = Topology()
-    topo.replace_all([node("a", 0, 39), node("b", 0, 39)], clock())
-    clock.advance(5.0)
-    topo.replace_all([node("b", 0, 39), node("c", 0, 39)], clock())
-    assert sorted(n.node_id for n in topo.nodes()) == ["b", "c"]
+    for node_id in ("b", "c"):
+        topo.upsert(node(node_id, 0, 39), clock())
     epoch = topo.model("m").epoch
     topo.note_change("m", clock() - 100.0)  # older than ours: ignored
     assert topo.model("m").epoch == epoch
