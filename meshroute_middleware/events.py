@@ -1,46 +1,69 @@
-"""The routing event stream: route-selected and outcome events, with a bounded history."""
+"""The routing event stream: route-selected and outcome events, with a bounded history.
+
+Publishing is on every request's path, so an event is kept as the objects it is made of and
+turned into its JSON-ready dict only when somebody reads it (a subscriber, or the history).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 HISTORY = 500  # events kept for late subscribers
 QUEUE = 1000  # events buffered per slow subscriber before it misses some
+
+Payload = dict[str, Any]
+# (id, type, ts, render, args): the event is {"type", "id", "ts", **render(*args)}
+_Entry = tuple[int, str, float, Callable[..., Payload], tuple[Any, ...]]
+
+
+def _same(payload: Payload) -> Payload:
+    return payload
+
+
+def _materialize(entry: _Entry) -> Payload:
+    event_id, kind, ts, render, args = entry
+    return {"type": kind, "id": event_id, "ts": ts, **render(*args)}
 
 
 class EventBus:
     """Publish is synchronous and never blocks; each subscriber gets its own queue."""
 
     def __init__(self, history: int = HISTORY) -> None:
-        self._history: deque[dict[str, Any]] = deque(maxlen=history)
-        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._ids = itertools.count(1)
+        self._history: deque[_Entry] = deque(maxlen=history)
+        self._subscribers: set[asyncio.Queue[Payload]] = set()
+        self._last_id = 0
         self.dropped = 0
 
-    def publish(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def publish(self, kind: str, payload: Payload) -> None:
         """Add an event (`type`, `id`, `ts` are filled in) and hand it to every subscriber."""
-        event = {"type": kind, "id": next(self._ids), "ts": time.time(), **payload}
-        self._history.append(event)
-        for queue in self._subscribers:
-            try:
-                queue.put_nowait(event)
-            except asyncio.QueueFull:
-                self.dropped += 1
-        return event
+        self.publish_lazy(kind, _same, payload)
 
-    def history(self, since_id: int = 0) -> list[dict[str, Any]]:
+    def publish_lazy(self, kind: str, render: Callable[..., Payload], *args: Any) -> None:
+        """Add an event whose payload is `render(*args)`, computed only when it is read;
+        `args` must not change afterwards."""
+        self._last_id += 1
+        entry = (self._last_id, kind, time.time(), render, args)
+        self._history.append(entry)
+        if self._subscribers:
+            event = _materialize(entry)
+            for queue in self._subscribers:
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    self.dropped += 1
+
+    def history(self, since_id: int = 0) -> list[Payload]:
         """Events kept in memory with an id above `since_id`."""
-        return [e for e in self._history if e["id"] > since_id]
+        return [_materialize(e) for e in self._history if e[0] > since_id]
 
-    async def subscribe(self, since_id: int = 0) -> AsyncIterator[dict[str, Any]]:
+    async def subscribe(self, since_id: int = 0) -> AsyncIterator[Payload]:
         """The history after `since_id`, then live events, until the consumer stops."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE)
+        queue: asyncio.Queue[Payload] = asyncio.Queue(QUEUE)
         self._subscribers.add(queue)
         try:
             last = since_id
@@ -55,7 +78,7 @@ class EventBus:
             self._subscribers.discard(queue)
 
 
-def sse(event: dict[str, Any]) -> bytes:
+def sse(event: Payload) -> bytes:
     """One event in Server-Sent Events framing."""
     return (f"id: {event['id']}\nevent: {event['type']}\n"
             f"data: {json.dumps(event, separators=(',', ':'))}\n\n").encode()

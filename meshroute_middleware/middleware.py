@@ -157,7 +157,7 @@ class MeshRouteMiddleware:
         except NoRouteError as exc:
             await send_error(send, 503, str(exc), "no_route_available", routes=exc.reasons)
             return
-        self.telemetry.in_flight.inc()
+        self.telemetry.in_flight += 1
         attempts: list[Decision] = []
         started = False
 
@@ -179,7 +179,7 @@ class MeshRouteMiddleware:
             await send_error(send, 500, "internal error in meshroute; see the server log",
                              "internal_error")
         finally:
-            self.telemetry.in_flight.dec()
+            self.telemetry.in_flight -= 1
             for attempt in attempts:  # whatever ended abnormally leaves the in-flight count
                 self.router.cancel(attempt)
 

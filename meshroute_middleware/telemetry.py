@@ -1,12 +1,16 @@
-"""What the gateway tells the world: events on the bus and Prometheus metrics."""
+"""What the gateway tells the world: events on the bus and Prometheus metrics.
+
+Every chat request passes through `decided` and `finished`, so they only bump plain counters
+and queue lazy events; the Prometheus families are built from those counters at scrape time.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .core import Decision, Outcome, Router
@@ -48,59 +52,76 @@ class _CallbackCollector(Collector):
         yield from self.produce()
 
 
+def _counter(name: str, documentation: str, labels: list[str],
+             counts: dict[Any, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for key, value in sorted(counts.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
+
+
+def _selected(decision: Decision) -> dict[str, Any]:
+    return decision.event()
+
+
+def _outcome(decision: Decision, outcome: Outcome, result: str) -> dict[str, Any]:
+    tps = (outcome.completion_tokens / outcome.seconds
+           if outcome.ok and outcome.seconds > 0 else None)
+    return {**decision.event(), "ok": outcome.ok, "result": result,
+            "completion_tokens": outcome.completion_tokens,
+            "seconds": round(outcome.seconds, 6), "ttfb_ms": round(outcome.ttfb_s * 1000, 3),
+            "tps": tps, "error": outcome.error or None}
+
+
 class Telemetry:
     """Events and metrics of one gateway; its own registry, so several can live in a process."""
 
     def __init__(self, router: Router, events: EventBus | None = None) -> None:
         self.events = events or EventBus()
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.decisions = Counter("meshroute_decisions", "Routing decisions",
-                                 ["model", "mode"], registry=r)
-        self.outcomes = Counter("meshroute_outcomes", "Finished attempts by result",
-                                ["model", "result"], registry=r)
-        self.forward_errors = Counter("meshroute_forward_errors",
-                                      "Failures of a route head before its first byte",
-                                      ["kind"], registry=r)
-        self.rejected = Counter("meshroute_rejected", "Rejected hostile or malformed input",
-                                ["source"], registry=r)
-        self.in_flight = Gauge("meshroute_in_flight", "Requests being served", registry=r)
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.decisions: dict[tuple[str, str], int] = {}  # (model, mode) -> n
+        self.outcomes: dict[tuple[str, str], int] = {}  # (model, result) -> n
+        self.forward_errors: dict[str, int] = {}  # kind -> n
+        self.rejected: dict[str, int] = {}  # source -> n
+        self.in_flight = 0  # chat requests being served
         self.registry.register(_RouterCollector(router))
+        self.registry.register(_CallbackCollector(self._families))
+
+    def _families(self) -> Iterator[Metric]:
+        yield _counter("meshroute_decisions", "Routing decisions", ["model", "mode"],
+                       self.decisions)
+        yield _counter("meshroute_outcomes", "Finished attempts by result",
+                       ["model", "result"], self.outcomes)
+        yield _counter("meshroute_forward_errors",
+                       "Failures of a route head before its first byte", ["kind"],
+                       self.forward_errors)
+        yield _counter("meshroute_rejected", "Rejected hostile or malformed input",
+                       ["source"], self.rejected)
+        in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
+        in_flight.add_metric([], self.in_flight)
+        yield in_flight
 
     def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
         """Export more metrics (gossip, discovery) computed at scrape time."""
         self.registry.register(_CallbackCollector(produce))
 
-    def _count(self, counter: Counter, *labels: str) -> None:
-        """Increment a labelled counter; children are cached (labels() costs microseconds)."""
-        key = (id(counter), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = counter.labels(*labels)
-        child.inc()
-
     def decided(self, decision: Decision) -> None:
         """A route was selected for an attempt."""
-        self._count(self.decisions, decision.model, decision.mode)
-        self.events.publish("route-selected", decision.event())
+        key = (decision.model, decision.mode)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.events.publish_lazy("route-selected", _selected, decision)
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
-        self._count(self.outcomes, decision.model, result)
+        key = (decision.model, result)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
         if outcome.error and result == "failure":
-            self._count(self.forward_errors, outcome.error)
-        tps = (outcome.completion_tokens / outcome.seconds
-               if outcome.ok and outcome.seconds > 0 else None)
-        self.events.publish("outcome", {
-            **decision.event(), "ok": outcome.ok, "result": result,
-            "completion_tokens": outcome.completion_tokens,
-            "seconds": round(outcome.seconds, 6), "ttfb_ms": round(outcome.ttfb_s * 1000, 3),
-            "tps": tps, "error": outcome.error or None})
+            self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
+        self.events.publish_lazy("outcome", _outcome, decision, outcome, result)
 
     def reject(self, source: str, reason: str) -> None:
         """Hostile or malformed input was refused."""
-        self.rejected.labels(source).inc()
+        self.rejected[source] = self.rejected.get(source, 0) + 1
         self.events.publish("rejected", {"source": source, "reason": reason[:300]})
 
     def render(self) -> bytes:

@@ -8,19 +8,51 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from .routes import Route
-from .stats import PROVEN, RouteView
+from .stats import PROVEN, STALE, UNSAMPLED_VIEW, MergedRoute, RouteView
 
 SCOUT, EXPLOIT, PINNED = "scout", "exploit", "pinned"  # ADR-0021 decision modes
 GREEDY, FALLBACK = "greedy-fallback", "fallback"
 
 
-@dataclass(frozen=True, slots=True)
 class Arm:
-    """One candidate route as a policy sees it at decision time."""
+    """One candidate route as a policy sees it at decision time.
 
-    route: Route
-    view: RouteView
-    in_flight: int = 0
+    A decision builds one per candidate, and most policies read only a few of them in full:
+    the merged view is computed from `merged` on first access, not up front.
+    """
+
+    __slots__ = ("_merged", "_now", "_view", "in_flight", "route")
+
+    def __init__(self, route: Route, view: RouteView | None = None, in_flight: int = 0, *,
+                 merged: MergedRoute | None = None, now: float = 0.0) -> None:
+        self.route = route
+        self.in_flight = in_flight
+        self._view = view
+        self._merged = merged
+        self._now = now
+
+    @property
+    def view(self) -> RouteView:
+        """The route's merged, decayed statistics at decision time."""
+        view = self._view
+        if view is None:
+            merged = self._merged
+            view = self._view = UNSAMPLED_VIEW if merged is None else merged.at(self._now)
+        return view
+
+    @property
+    def origins(self) -> int:
+        """How many trackers' statistics the view merges (no decay needed to tell)."""
+        if self._view is not None or self._merged is None:
+            return self.view.origins
+        return self._merged.ref.origins
+
+    @property
+    def stale(self) -> bool:
+        """Whether the statistics predate the last topology change (time-independent)."""
+        if self._view is not None or self._merged is None:
+            return self.view.status == STALE
+        return self._merged.ref.status == STALE
 
     @property
     def signature(self) -> str:
@@ -36,6 +68,9 @@ class Arm:
     def proven(self) -> bool:
         """Whether the arm is in the exploit pool."""
         return self.view.status == PROVEN
+
+    def __repr__(self) -> str:
+        return f"Arm({self.route.signature!r}, {self.view!r}, in_flight={self.in_flight})"
 
 
 @dataclass(frozen=True, slots=True)

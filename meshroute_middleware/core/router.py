@@ -136,8 +136,9 @@ class Router:
         return self._arms(model, topo, self.clock() if now is None else now)
 
     def _arms(self, model: str, topo: ModelTopology, now: float) -> list[Arm]:
-        changed_at, view, flying = topo.changed_at, self.stats.view, self._in_flight
-        return [Arm(r, view(model, r.signature, now, changed_at), flying.get(r.signature, 0))
+        changed_at, merged, flying = topo.changed_at, self.stats.merged, self._in_flight
+        return [Arm(r, None, flying.get(r.signature, 0),
+                    merged=merged(model, r.signature, changed_at), now=now)
                 for r in self._candidates(model, topo)]
 
     def choose(self, model: str, pin: Sequence[str] | None = None) -> Decision:

@@ -235,15 +235,21 @@ class RouteStatsStore:
     def view(self, model: str, signature: str, now: float,
              changed_at: float = float("-inf")) -> RouteView:
         """The merged view of one route at `now` (origins merged once per write)."""
+        merged = self.merged(model, signature, changed_at)
+        return UNSAMPLED_VIEW if merged is None else merged.at(now)
+
+    def merged(self, model: str, signature: str,
+               changed_at: float = float("-inf")) -> MergedRoute | None:
+        """The origins of one route merged (once per write); None if it has no statistics."""
         key = (model, signature)
         merged = self._merged.get(key)
         if merged is None or merged.changed_at != changed_at:
             origins = self._entries.get(key)
             if not origins:
-                return UNSAMPLED_VIEW
+                return None
             merged = MergedRoute(tuple(origins.values()), changed_at, self.half_life_s)
             self._merged[key] = merged
-        return merged.at(now)
+        return merged
 
     def entries(self, model: str, signature: str) -> dict[str, StatEntry]:
         """The raw per-origin entries of one route (a copy)."""

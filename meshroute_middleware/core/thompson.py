@@ -171,7 +171,7 @@ class ThompsonPolicy:
         known = False  # whether any arm was ever measured (else: ADR-0021's cold start)
         for i, arm in enumerate(arms):
             belief = beliefs.get(arm.route.signature)
-            if (belief is not None and arm.view.origins > 1
+            if (belief is not None and arm.origins > 1
                     and arm.view.mass > SHARED_DOMINATES * belief.mass + 1.0):
                 belief = None  # peers (gossip) measured this route far more than we did
             if belief is None:
@@ -182,7 +182,7 @@ class ThompsonPolicy:
                     continue
                 mu, sd = self._shared_prior(arm)
                 score = mu + sd * gauss(0.0, 1.0) + _log_reliability(view.ok, view.fail, gauss)
-            elif belief.fail <= NO_FAILURES and belief.mass > 0.0 and arm.view.status != STALE:
+            elif belief.fail <= NO_FAILURES and belief.mass > 0.0 and not arm.stale:
                 # The common case, inlined for speed (_belief_score is the general form):
                 # a measured route without failures, its reliability the mean at last update.
                 dt = now - belief.t
