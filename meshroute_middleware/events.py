@@ -45,7 +45,7 @@ class EventBus:
 
     def publish_lazy(self, kind: str, render: Callable[..., Payload], *args: Any) -> None:
         """Add an event whose payload is `render(*args)`, computed only when it is read;
-        `args` must not change afterwards."""
+        `args` must not change afterwards (atoms are best: the history retains them)."""
         self._last_id += 1
         entry = (self._last_id, kind, time.time(), render, args)
         self._history.append(entry)

@@ -10,7 +10,7 @@ response carries x-meshroute-route and x-meshroute-mode.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
 import random
 import time
@@ -67,30 +67,39 @@ class MiddlewareConfig:
 
 
 WATCH_AFTER_S = 0.02  # start watching for a client that leaves once a request lasts this long
-_PLAN_CACHE: dict[str, tuple[Route, bytes]] = {}  # signature -> (route, plan header)
-_PLAN_CACHE_MAX = 4096
+_PLAN_CACHE: dict[str, tuple[Route, bytes, bytes, list[dict[str, Any]]]] = {}
+_PLAN_CACHE_MAX = 4096  # signature -> (route, signature, plan header, plan) of its last route
+_MODES: dict[str, bytes] = {}
 
 
-def _plan_bytes(route: Route) -> bytes:
-    """The x-meshroute-plan header of a route, encoded once per route object."""
+def _plan_of(route: Route) -> tuple[Route, bytes, bytes, list[dict[str, Any]]]:
+    """A route's signature and plan, encoded once per route object (a request's hot path)."""
     cached = _PLAN_CACHE.get(route.signature)
     if cached is not None and cached[0] is route:
-        return cached[1]
+        return cached
     if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
         _PLAN_CACHE.clear()
-    plan = route.plan_header().encode()
-    _PLAN_CACHE[route.signature] = (route, plan)
-    return plan
+    plan = route.plan()
+    cached = _PLAN_CACHE[route.signature] = (
+        route, route.signature.encode(), json.dumps(plan, separators=(",", ":")).encode(), plan)
+    return cached
+
+
+def _mode(mode: str) -> bytes:
+    encoded = _MODES.get(mode)
+    if encoded is None:
+        encoded = _MODES[mode] = mode.encode()
+    return encoded
 
 
 def route_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     """The plan of a decision as request headers for a head (or the annotated app)."""
-    return [(H_ROUTE, decision.signature.encode()), (H_PLAN, _plan_bytes(decision.route)),
-            (H_MODE, decision.mode.encode())]
+    _, signature, plan, _ = _plan_of(decision.route)
+    return [(H_ROUTE, signature), (H_PLAN, plan), (H_MODE, _mode(decision.mode))]
 
 
 def _response_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
-    return [(H_ROUTE, decision.signature.encode()), (H_MODE, decision.mode.encode())]
+    return [(H_ROUTE, _plan_of(decision.route)[1]), (H_MODE, _mode(decision.mode))]
 
 
 def _with_ours(headers: Iterable[tuple[bytes, bytes]],
@@ -126,6 +135,7 @@ class MeshRouteMiddleware:
             self.config.connect_timeout_s, self.config.first_byte_timeout_s)
         self.telemetry = telemetry or Telemetry(self.router)
         self.annotate = self.config.mode == "annotate"
+        self._watchdog = _Watchdog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -157,30 +167,23 @@ class MeshRouteMiddleware:
         except NoRouteError as exc:
             await send_error(send, 503, str(exc), "no_route_available", routes=exc.reasons)
             return
+        ex = _Exchange(send)
         self.telemetry.in_flight += 1
-        attempts: list[Decision] = []
-        started = False
-
-        async def tracked_send(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
         try:
             if self.annotate:
-                await self._annotate(scope, receive, tracked_send, req, decision, attempts)
+                await self._annotate(scope, receive, ex, req, decision)
             else:
-                await self._forward(scope, receive, tracked_send, req, decision, attempts)
+                await self._forward(scope, receive, ex, req, decision)
         except Exception:
             # A bug of ours must not leave a client with a traceback or a hung request.
             log.exception("meshroute: internal error while routing a chat request")
-            if started:
+            if ex.started:
                 raise
             await send_error(send, 500, "internal error in meshroute; see the server log",
                              "internal_error")
         finally:
             self.telemetry.in_flight -= 1
-            for attempt in attempts:  # whatever ended abnormally leaves the in-flight count
+            for attempt in ex.attempts:  # whatever ended abnormally leaves the in-flight count
                 self.router.cancel(attempt)
 
     def _decide(self, req: ChatRequest) -> Decision:
@@ -199,40 +202,33 @@ class MeshRouteMiddleware:
         self.telemetry.finished(decision, outcome, result)
 
     # -- forward mode -----------------------------------------------------------------
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
-                       first: Decision, attempts: list[Decision]) -> None:
+    async def _forward(self, scope: Scope, receive: Receive, ex: _Exchange, req: ChatRequest,
+                       first: Decision) -> None:
         """Forward with fallback; a client that goes away cancels whatever is under way
         (waiting for a head's first byte included) and so closes the upstream request."""
         task = asyncio.current_task()
         assert task is not None
-        gone: dict[str, bool] = {"gone": False}
-        watcher: list[asyncio.Task[None]] = []
-
-        def watch() -> None:
-            watcher.append(asyncio.ensure_future(_watch_disconnect(receive, task, gone)))
-
-        # A timer costs far less than a task: most requests to a fast head are over before
-        # it fires, and any that lasts longer is watched from then on.
-        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
+        ex.task, ex.receive = task, receive
+        self._watchdog.add(ex)
         try:
-            await self._attempts(scope, send, req, first, attempts, gone)
+            await self._attempts(scope, ex, req, first)
         except asyncio.CancelledError:
-            if not gone["gone"]:
+            if not ex.gone:
                 raise
             task.uncancel()  # our own cancellation: the client left; nothing more to send
         finally:
-            timer.cancel()
-            for waiting in watcher:
-                waiting.cancel()
+            self._watchdog.discard(ex)
+            if ex.watcher is not None:
+                ex.watcher.cancel()
 
-    async def _attempts(self, scope: Scope, send: Send, req: ChatRequest, first: Decision,
-                        attempts: list[Decision], gone: dict[str, bool]) -> None:
+    async def _attempts(self, scope: Scope, ex: _Exchange, req: ChatRequest,
+                        first: Decision) -> None:
         headers = _client_headers(scope)
         failures: dict[str, str] = {}
         kinds: list[str] = []
         decision: Decision | None = first
         while decision is not None:
-            attempts.append(decision)
+            ex.attempts.append(decision)
             self.telemetry.decided(decision)
             start = time.perf_counter()
             try:
@@ -240,94 +236,86 @@ class MeshRouteMiddleware:
                     decision.route.head.url + CHAT_PATH, req.body,
                     headers + route_headers(decision))
             except ForwardError as exc:
-                self._finish(decision, Outcome(seconds=time.perf_counter() - start,
-                                               error=exc.kind))
+                self._finish(decision, Outcome(0, time.perf_counter() - start, 0.0, exc.kind))
                 failures[decision.signature] = str(exc)
                 kinds.append(exc.kind)
                 decision = self.router.fallback(decision)
                 continue
-            await self._relay(decision, upstream, send, start, gone)
+            await self._relay(decision, upstream, ex, start)
             return
         rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
         status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
-        await send_error(send, status, f"every route for {req.model!r} failed before its "
+        await send_error(ex.send, status, f"every route for {req.model!r} failed before its "
                          "first byte", code, routes=failures)
 
-    async def _relay(self, decision: Decision, upstream: UpstreamResponse, send: Send,
-                     start: float, gone: dict[str, bool]) -> None:
+    async def _relay(self, decision: Decision, upstream: UpstreamResponse, ex: _Exchange,
+                     start: float) -> None:
+        """Stream the head's answer to the client, measuring it; then record the attempt.
+        A client that left before any byte says nothing of the route, one that left mid-way
+        leaves a sample of what was delivered until then."""
         if 400 <= upstream.status < 500:
             self.router.cancel(decision)  # the client's own mistake says nothing of the route
-            await self._pipe_plain(decision, upstream, send)
+            await self._pipe_plain(decision, upstream, ex)
             return
+        send = ex.send
         meter = TokenMeter(streaming=_is_sse(upstream.headers))
-        state: dict[str, Any] = {"first": None, "error": ""}
+        first: float | None = None
+        error = ""
         try:
+            ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": _with_ours(upstream.headers, decision)})
-            await self._pump(upstream, send, meter, state)
+            try:
+                async for chunk in upstream.chunks():
+                    if first is None:
+                        first = time.perf_counter()
+                    meter.feed(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except ForwardError as exc:
+                error = exc.kind
         except OSError:
-            gone["gone"] = True
+            ex.gone = True
         finally:
             upstream.close()
-            self._finish_relay(decision, meter, state, start, gone["gone"])
-        if not gone["gone"]:
-            await self._end_body(send, meter, state)
-
-    async def _pump(self, upstream: UpstreamResponse, send: Send, meter: TokenMeter,
-                    state: dict[str, Any]) -> None:
-        try:
-            async for chunk in upstream.chunks():
-                if state["first"] is None:
-                    state["first"] = time.perf_counter()
-                meter.feed(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except ForwardError as exc:
-            state["error"] = exc.kind
-        state["last"] = time.perf_counter()
-
-    def _finish_relay(self, decision: Decision, meter: TokenMeter, state: dict[str, Any],
-                      start: float, gone: bool) -> None:
-        """Record a relayed attempt; a client that left before any byte says nothing of the
-        route, one that left mid-way leaves a sample of what was delivered until then."""
-        last = state.get("last") or time.perf_counter()
-        first = state["first"]
-        if gone and first is None:
-            self.router.cancel(decision)
+            last = time.perf_counter()
+            if ex.gone and first is None:
+                self.router.cancel(decision)
+            else:
+                ttfb = last - start if first is None else first - start
+                self._finish(decision, Outcome(meter.completion_tokens, last - start, ttfb,
+                                               error))
+        if ex.gone:
             return
-        outcome = Outcome(meter.completion_tokens, last - start,
-                          (first - start) if first is not None else last - start,
-                          state["error"])
-        self._finish(decision, outcome)
-
-    @staticmethod
-    async def _end_body(send: Send, meter: TokenMeter, state: dict[str, Any]) -> None:
         tail = b""
-        if state["error"] and meter.streaming:
+        if error and meter.streaming:
             tail = sse_error_event("the route's head failed mid-stream; partial response")
-        with contextlib.suppress(OSError):
+        try:
             await send({"type": "http.response.body", "body": tail, "more_body": False})
+        except OSError:
+            ex.gone = True
 
     async def _pipe_plain(self, decision: Decision, upstream: UpstreamResponse,
-                          send: Send) -> None:
+                          ex: _Exchange) -> None:
         try:
-            await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": _with_ours(upstream.headers, decision)})
+            ex.started = True
+            await ex.send({"type": "http.response.start", "status": upstream.status,
+                           "headers": _with_ours(upstream.headers, decision)})
             async for chunk in upstream.chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await ex.send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
         except (ForwardError, OSError):
             pass
         finally:
             upstream.close()
 
     # -- annotate mode ----------------------------------------------------------------
-    async def _annotate(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
-                        first: Decision, attempts: list[Decision]) -> None:
+    async def _annotate(self, scope: Scope, receive: Receive, ex: _Exchange, req: ChatRequest,
+                        first: Decision) -> None:
         decision: Decision | None = first
         while decision is not None:
-            attempts.append(decision)
+            ex.attempts.append(decision)
             self.telemetry.decided(decision)
-            attempt = _Attempt(decision, send)
+            attempt = _Attempt(decision, ex)
             inner = self._annotated_scope(scope, decision)
             try:
                 await self.app(inner, replay(req.body, receive), attempt.send)
@@ -357,18 +345,70 @@ class MeshRouteMiddleware:
     def _annotated_scope(scope: Scope, decision: Decision) -> Scope:
         headers = [(k, v) for k, v in scope.get("headers", ()) if not k.startswith(_OURS)]
         state = dict(scope.get("state") or {})
+        _, signature, plan_header, plan = _plan_of(decision.route)
         state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
-                              "plan": decision.route.plan(), "attempt": decision.attempt}
-        return {**scope, "headers": headers + route_headers(decision), "state": state}
+                              "plan": plan, "attempt": decision.attempt}
+        headers += ((H_ROUTE, signature), (H_PLAN, plan_header), (H_MODE, _mode(decision.mode)))
+        return {**scope, "headers": headers, "state": state}
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any],
-                            gone: dict[str, bool]) -> None:
+class _Exchange:
+    """One chat request being served: its client's send, and what its error path, the
+    disconnect watcher and the in-flight bookkeeping need to know."""
+
+    __slots__ = ("attempts", "gone", "receive", "seen", "send", "started", "task", "watcher")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False  # the client got a response start: too late for an error reply
+        self.gone = False  # the client disconnected
+        self.attempts: list[Decision] = []
+        self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
+        self.receive: Receive | None = None
+        self.seen = False  # a watchdog sweep has seen it under way
+        self.watcher: asyncio.Task[None] | None = None
+
+
+class _Watchdog:
+    """Watches forwarded requests for a client that leaves, once they last a while.
+
+    Most requests to a fast head are over within milliseconds, and a task (or even a timer)
+    per request costs more than the rest of the middleware's bookkeeping. So one timer ticks
+    every WATCH_AFTER_S while requests are under way: a request seen by two sweeps has lasted
+    at least that long and gets a watcher task reading `receive` for `http.disconnect`.
+    """
+
+    def __init__(self) -> None:
+        self._active: dict[_Exchange, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, ex: _Exchange) -> None:
+        self._active[ex] = None
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._loop is not loop:  # (a test may run several loops)
+            self._loop = loop
+            self._timer = loop.call_later(WATCH_AFTER_S, self._sweep)
+
+    def discard(self, ex: _Exchange) -> None:
+        self._active.pop(ex, None)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        for ex in self._active:
+            if ex.seen and ex.watcher is None and ex.task is not None and ex.receive is not None:
+                ex.watcher = asyncio.ensure_future(_watch_disconnect(ex.receive, ex.task, ex))
+            ex.seen = True
+        if self._active and self._loop is not None and not self._loop.is_closed():
+            self._timer = self._loop.call_later(WATCH_AFTER_S, self._sweep)
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> None:
     """Wait for the client to leave, then cancel the task serving it."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            gone["gone"] = True
+            ex.gone = True
             task.cancel()
             return
 
@@ -383,8 +423,8 @@ class _Attempt:
     """Wraps the app's send for one annotated attempt: adds headers, measures, and holds a
     5xx/429 answer back so that the middleware can fall back before the client sees a byte."""
 
-    def __init__(self, decision: Decision, send: Send) -> None:
-        self.decision, self._send = decision, send
+    def __init__(self, decision: Decision, ex: _Exchange) -> None:
+        self.decision, self._ex, self._send = decision, ex, ex.send
         self.start = time.perf_counter()
         self.first: float | None = None
         self.last: float | None = None
@@ -406,7 +446,7 @@ class _Attempt:
             headers = _with_ours(message.get("headers", ()), self.decision)
             self.meter = TokenMeter(streaming=_is_sse(headers))
             message = {**message, "headers": headers}
-            self.started = True
+            self.started = self._ex.started = True
         elif kind == "http.response.body":
             if self.failed_early:
                 self._held.append(message)
@@ -434,6 +474,7 @@ class _Attempt:
 
     async def flush_held(self, model: str) -> None:
         """No route left: the client gets the last failing answer as it was."""
+        self._ex.started = True
         if self._held:
             first = self._held[0]
             self._held[0] = {**first, "headers": _with_ours(first.get("headers", ()),

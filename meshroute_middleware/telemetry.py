@@ -60,17 +60,23 @@ def _counter(name: str, documentation: str, labels: list[str],
     return family
 
 
-def _selected(decision: Decision) -> dict[str, Any]:
-    return decision.event()
+# Events keep only atoms (str, int, float, None) until read: a retained tuple of atoms is
+# untracked by the garbage collector, where a retained Decision would be scanned by every
+# collection for as long as it stays in the history.
+_SELECTED_KEYS = ("mode", "signature", "model", "attempt", "head")
+_OUTCOME_KEYS = (*_SELECTED_KEYS, "ok", "result", "completion_tokens", "seconds", "ttfb_ms",
+                 "tps", "error")
 
 
-def _outcome(decision: Decision, outcome: Outcome, result: str) -> dict[str, Any]:
-    tps = (outcome.completion_tokens / outcome.seconds
-           if outcome.ok and outcome.seconds > 0 else None)
-    return {**decision.event(), "ok": outcome.ok, "result": result,
-            "completion_tokens": outcome.completion_tokens,
-            "seconds": round(outcome.seconds, 6), "ttfb_ms": round(outcome.ttfb_s * 1000, 3),
-            "tps": tps, "error": outcome.error or None}
+def _selected(*values: Any) -> dict[str, Any]:
+    return dict(zip(_SELECTED_KEYS, values, strict=True))
+
+
+def _outcome(*values: Any) -> dict[str, Any]:
+    event = dict(zip(_OUTCOME_KEYS, values, strict=True))
+    event["seconds"] = round(event["seconds"], 6)
+    event["ttfb_ms"] = round(event["ttfb_ms"] * 1000, 3)
+    return event
 
 
 class Telemetry:
@@ -109,7 +115,9 @@ class Telemetry:
         """A route was selected for an attempt."""
         key = (decision.model, decision.mode)
         self.decisions[key] = self.decisions.get(key, 0) + 1
-        self.events.publish_lazy("route-selected", _selected, decision)
+        self.events.publish_lazy("route-selected", _selected, decision.mode,
+                                 decision.route.signature, decision.model, decision.attempt,
+                                 decision.route.hops[0].node.node_id)
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
@@ -117,7 +125,14 @@ class Telemetry:
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
-        self.events.publish_lazy("outcome", _outcome, decision, outcome, result)
+        ok = not outcome.error
+        tps = (outcome.completion_tokens / outcome.seconds
+               if ok and outcome.seconds > 0 else None)
+        self.events.publish_lazy(
+            "outcome", _outcome, decision.mode, decision.route.signature, decision.model,
+            decision.attempt, decision.route.hops[0].node.node_id, ok, result,
+            outcome.completion_tokens, outcome.seconds, outcome.ttfb_s, tps,
+            outcome.error or None)
 
     def reject(self, source: str, reason: str) -> None:
         """Hostile or malformed input was refused."""

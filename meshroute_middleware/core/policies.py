@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from .routes import Route
 from .stats import PROVEN, STALE, UNSAMPLED_VIEW, MergedRoute, RouteView
@@ -73,9 +72,11 @@ class Arm:
         return f"Arm({self.route.signature!r}, {self.view!r}, in_flight={self.in_flight})"
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What one forwarded request showed; `error` is empty on success."""
+class Outcome(NamedTuple):
+    """What one forwarded request showed; `error` is empty on success.
+
+    A NamedTuple (immutable, ~4x cheaper to build than a frozen dataclass): one per attempt.
+    """
 
     completion_tokens: int = 0
     seconds: float = 0.0  # from forwarding to the last byte

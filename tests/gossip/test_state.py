@@ -21,6 +21,10 @@ entries = hs.builds(
     mass=hs.sampled_from([0.5, 1.0, 3.0]),
     t=hs.sampled_from([NOW - 30, NOW - 10, NOW]),  # few values: ties are common
     count=hs.integers(1, 5),
+    ttfb_s=hs.sampled_from([0.0, 0.2]),
+    ok=hs.sampled_from([0.0, 2.0]),
+    fail=hs.sampled_from([0.0, 1.0]),
+    last_error=hs.sampled_from(["", "timeout"]),
 )
 states = hs.dictionaries(hs.sampled_from(KEYS), entries, max_size=len(KEYS))
 
