@@ -4,6 +4,7 @@ backend      an instant OpenAI-compatible chat server (JSON, or SSE with ?chunks
 bare         the same chat app, served directly (baseline for the middleware)
 wrapped      the same chat app behind MeshRouteMiddleware in annotate mode
 passthrough  a bare aiohttp pass-through proxy to BACKEND_URL (baseline for the gateway)
+measuring_passthrough  the same, also parsing the request and counting the answer's tokens
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
+
+from meshroute_middleware.measure import TokenMeter
 
 BACKEND_URL = os.environ.get("BACKEND_URL", "http://127.0.0.1:1")
 TOKENS = 16
@@ -142,3 +145,41 @@ class PassThrough:
 
 
 passthrough = PassThrough()
+
+
+class MeasuringPassThrough(PassThrough):
+    """The pass-through plus what any learned router must do besides choosing: parse the
+    request to learn its model, and time and count the answer's tokens. Between it and
+    the gateway lies the routing itself (choose, record, events, metrics, fallback)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await chat(scope, receive, send)
+            return
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        body = await _read(receive)
+        model = json.loads(body)["model"]
+        start = time.perf_counter()
+        async with self.session.post(BACKEND_URL + scope["path"], data=body, headers={
+                "content-type": "application/json"}) as resp:
+            headers = [(k, v) for k, v in resp.raw_headers
+                       if k.lower() not in (b"transfer-encoding", b"connection")]
+            meter = TokenMeter(streaming=resp.content_type == "text/event-stream")
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": headers})
+            first = None
+            async for chunk in resp.content.iter_any():
+                if first is None:
+                    first = time.perf_counter()
+                meter.feed(chunk)
+                message: Message = {"type": "http.response.body", "body": chunk,
+                                    "more_body": True}
+                await send(message)
+            self.last = (model, meter.completion_tokens, time.perf_counter() - start,
+                         (first or start) - start)
+            await send({"type": "http.response.body", "body": b""})
+
+
+measuring_passthrough = MeasuringPassThrough()

@@ -86,13 +86,15 @@ def main() -> int:
         print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
         return 2
     names = ("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough",
-             "slow", "passthrough_slow", "gw", "gw_slow")
+             "measuring", "slow", "passthrough_slow", "gw", "gw_slow")
     ports = {name: free_port() for name in names}
     url = {name: f"http://127.0.0.1:{p}" for name, p in ports.items()}
     procs = [serve("chat", ports["backend"]), serve("chat", ports["bare"]),
              serve("wrapped", ports["wrapped"]), serve("chat_cpu", ports["bare_cpu"]),
              serve("wrapped_cpu", ports["wrapped_cpu"]),
              serve("passthrough", ports["passthrough"], {"BACKEND_URL": url["backend"]}),
+             serve("measuring_passthrough", ports["measuring"],
+                   {"BACKEND_URL": url["backend"]}),
              serve("chat_slow", ports["slow"]),
              serve("passthrough", ports["passthrough_slow"], {"BACKEND_URL": url["slow"]}),
              *(subprocess.Popen([PY, "-m", "meshroute_middleware.cli", "serve", "--port",
@@ -134,9 +136,11 @@ CASES = [  # (name, server, body, connections)
     ("bare 1 ms app, c=32", "bare_cpu", CHAT, 32),
     ("middleware, 1 ms app, c=32", "wrapped_cpu", CHAT, 32),
     ("direct backend, c=32", "backend", CHAT, 32),
-    ("pass-through, c=32", "passthrough", CHAT, 32), ("gateway, c=32", "gw", CHAT, 32),
+    ("pass-through, c=32", "passthrough", CHAT, 32),
+    ("measuring pass-through, c=32", "measuring", CHAT, 32), ("gateway, c=32", "gw", CHAT, 32),
     ("direct backend, c=1", "backend", CHAT, 1),
-    ("pass-through, c=1", "passthrough", CHAT, 1), ("gateway, c=1", "gw", CHAT, 1),
+    ("pass-through, c=1", "passthrough", CHAT, 1),
+    ("measuring pass-through, c=1", "measuring", CHAT, 1), ("gateway, c=1", "gw", CHAT, 1),
     ("20 ms head direct, c=32", "slow", CHAT, 32),
     ("20 ms head pass-through, c=32", "passthrough_slow", CHAT, 32),
     ("20 ms head gateway, c=32", "gw_slow", CHAT, 32),
@@ -169,6 +173,12 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
                                                          "bare 1 ms app, c=32"),
         "gateway / pass-through (c=32)": ratio("gateway, c=32", "pass-through, c=32"),
         "gateway / pass-through (c=1)": ratio("gateway, c=1", "pass-through, c=1"),
+        "measuring pass-through / pass-through (c=32)": ratio("measuring pass-through, c=32",
+                                                              "pass-through, c=32"),
+        "gateway / measuring pass-through (c=32)": ratio("gateway, c=32",
+                                                         "measuring pass-through, c=32"),
+        "gateway / measuring pass-through (c=1)": ratio("gateway, c=1",
+                                                        "measuring pass-through, c=1"),
         "gateway / direct (c=32)": ratio("gateway, c=32", "direct backend, c=32"),
         "gateway / pass-through, 20 ms head (c=32)": ratio("20 ms head gateway, c=32",
                                                             "20 ms head pass-through, c=32"),
@@ -178,6 +188,7 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     }
     added = res["gateway, c=1"]["p50_ms"] - res["direct backend, c=1"]["p50_ms"]
     per_request_us = (1 / res["middleware, c=32"]["rps"] - 1 / res["bare app, c=32"]["rps"]) * 1e6
+    gateway_us = (1 / res["gateway, c=32"]["rps"] - 1 / res["pass-through, c=32"]["rps"]) * 1e6
     print("\n| case | req/s | p50 ms |\n|---|---:|---:|")
     for name, r in res.items():
         print(f"| {name} | {r['rps']:,.0f} | {r['p50_ms']:.2f} |")
@@ -186,10 +197,12 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         print(f"| {name} | {value:.3f} |")
     print(f"| added p50 latency of the gateway vs direct (c=1) | {added:.2f} ms |")
     print(f"| middleware cost per request (instant app, c=32) | {per_request_us:.0f} µs |")
+    print(f"| gateway cost per request over the pass-through (c=32) | {gateway_us:.0f} µs |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"cases": res, "ratios": ratios,
                                            "added_p50_ms_c1": added,
                                            "middleware_us_per_request": per_request_us,
+                                           "gateway_us_per_request": gateway_us,
                                            "seconds": args.seconds, "rounds": args.rounds},
                                           indent=2))
 

@@ -57,8 +57,14 @@ class TokenMeter:
                 self._line_done(self._line)
                 self._line = b""
             return self.usage_tokens if self.usage_tokens is not None else self.chunks_counted
-        found = _COMPLETION_TOKENS.findall(self._tail)
-        return int(found[-1]) if found else 0
+        tail = self._tail
+        at = tail.rfind(b'"completion_tokens"')  # the last one: usage closes the body
+        while at >= 0:
+            match = _COMPLETION_TOKENS.match(tail, at)
+            if match:
+                return int(match.group(1))
+            at = tail.rfind(b'"completion_tokens"', 0, at)
+        return 0
 
 
 def sse_error_event(message: str, code: str = "upstream_failed") -> bytes:

@@ -106,8 +106,10 @@ def _with_ours(headers: Iterable[tuple[bytes, bytes]],
                decision: Decision) -> list[tuple[bytes, bytes]]:
     """Response headers with ours appended; any x-meshroute-* a head sent is dropped, so the
     client sees exactly one route and mode: the gateway's."""
-    return [(k, v) for k, v in headers if not k.lower().startswith(_OURS)] + _response_headers(
-        decision)
+    _, signature, _, _ = _plan_of(decision.route)
+    out = [(k, v) for k, v in headers if not k.lower().startswith(_OURS)]
+    out += ((H_ROUTE, signature), (H_MODE, _mode(decision.mode)))
+    return out
 
 
 def _client_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -117,8 +119,10 @@ def _client_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 def _is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-               for k, v in headers)
+    for k, v in headers:
+        if k.lower() == b"content-type":
+            return v.startswith(b"text/event-stream")
+    return False
 
 
 class MeshRouteMiddleware:
