@@ -118,10 +118,16 @@ def _wrap(app: Any) -> Any:
 
 
 class PassThrough:
-    """The simplest honest aiohttp proxy: what the gateway must come close to."""
+    """The simplest honest aiohttp proxy: what the gateway must come close to.
 
-    def __init__(self) -> None:
+    With `measure`, it also does what any learned router must besides choosing: parse the
+    request to learn its model, and time and count the answer's tokens. Between that and the
+    gateway lies the routing itself (choose, record, events, metrics, fallback)."""
+
+    def __init__(self, measure: bool = False) -> None:
         self.session: aiohttp.ClientSession | None = None
+        self.measure = measure
+        self.last: tuple[str, int, float, float] | None = None  # what was measured last
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -131,55 +137,30 @@ class PassThrough:
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         body = await _read(receive)
-        async with self.session.post(BACKEND_URL + scope["path"], data=body, headers={
-                "content-type": "application/json"}) as resp:
-            headers = [(k, v) for k, v in resp.raw_headers
-                       if k.lower() not in (b"transfer-encoding", b"connection")]
-            await send({"type": "http.response.start", "status": resp.status,
-                        "headers": headers})
-            async for chunk in resp.content.iter_any():
-                message: Message = {"type": "http.response.body", "body": chunk,
-                                    "more_body": True}
-                await send(message)
-            await send({"type": "http.response.body", "body": b""})
-
-
-passthrough = PassThrough()
-
-
-class MeasuringPassThrough(PassThrough):
-    """The pass-through plus what any learned router must do besides choosing: parse the
-    request to learn its model, and time and count the answer's tokens. Between it and
-    the gateway lies the routing itself (choose, record, events, metrics, fallback)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await chat(scope, receive, send)
-            return
-        if self.session is None:
-            self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-        body = await _read(receive)
-        model = json.loads(body)["model"]
+        model = json.loads(body)["model"] if self.measure else ""
         start = time.perf_counter()
         async with self.session.post(BACKEND_URL + scope["path"], data=body, headers={
                 "content-type": "application/json"}) as resp:
             headers = [(k, v) for k, v in resp.raw_headers
                        if k.lower() not in (b"transfer-encoding", b"connection")]
-            meter = TokenMeter(streaming=resp.content_type == "text/event-stream")
+            meter = (TokenMeter(streaming=resp.content_type == "text/event-stream")
+                     if self.measure else None)
             await send({"type": "http.response.start", "status": resp.status,
                         "headers": headers})
             first = None
             async for chunk in resp.content.iter_any():
-                if first is None:
-                    first = time.perf_counter()
-                meter.feed(chunk)
+                if meter is not None:
+                    if first is None:
+                        first = time.perf_counter()
+                    meter.feed(chunk)
                 message: Message = {"type": "http.response.body", "body": chunk,
                                     "more_body": True}
                 await send(message)
-            self.last = (model, meter.completion_tokens, time.perf_counter() - start,
-                         (first or start) - start)
+            if meter is not None:
+                self.last = (model, meter.completion_tokens, time.perf_counter() - start,
+                             (first or start) - start)
             await send({"type": "http.response.body", "body": b""})
 
 
-measuring_passthrough = MeasuringPassThrough()
+passthrough = PassThrough()
+measuring_passthrough = PassThrough(measure=True)
