@@ -19,6 +19,7 @@ import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
 from meshroute_middleware.measure import TokenMeter
+from meshroute_middleware.request import parse_chat
 
 BACKEND_URL = os.environ.get("BACKEND_URL", "http://127.0.0.1:1")
 TOKENS = 16
@@ -121,7 +122,8 @@ class PassThrough:
     """The simplest honest aiohttp proxy: what the gateway must come close to.
 
     With `measure`, it also does what any learned router must besides choosing: parse the
-    request to learn its model, and time and count the answer's tokens. Between that and the
+    request to learn its model (with meshroute's own `parse_chat`), and time and count the
+    answer's tokens (with its `TokenMeter`). Between that and the
     gateway lies the routing itself (choose, record, events, metrics, fallback)."""
 
     def __init__(self, measure: bool = False) -> None:
@@ -137,7 +139,7 @@ class PassThrough:
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         body = await _read(receive)
-        model = json.loads(body)["model"] if self.measure else ""
+        model = parse_chat(body).model if self.measure else ""
         start = time.perf_counter()
         async with self.session.post(BACKEND_URL + scope["path"], data=body, headers={
                 "content-type": "application/json"}) as resp:

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.types import Message, Receive, Scope
 
 MAX_PIN_HOPS = 64
@@ -24,7 +25,6 @@ class ChatRequest:
     """A parsed chat request: the bytes to forward, the model, an optional pinned route."""
 
     body: bytes
-    payload: dict[str, Any]
     model: str
     pin: list[str] | None
     stream: bool
@@ -60,10 +60,21 @@ def _too_large(limit: int) -> RequestError:
                         "request_too_large")
 
 
+def loads(body: bytes) -> Any:
+    """Parse JSON with orjson (every request's hot path), falling back to the standard
+    library for what orjson refuses but Python's json accepts (NaN, lone surrogates), so that
+    what is valid does not depend on the parser; ValueError if neither can. orjson reads
+    integers past 64 bits as floats: read fields from the result, forward the bytes."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
 def parse_chat(body: bytes) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
     try:
-        payload = json.loads(body)
+        payload = loads(body)
     except (ValueError, UnicodeDecodeError):
         raise RequestError(400, "request body is not valid JSON", "invalid_json") from None
     if not isinstance(payload, dict):
@@ -78,9 +89,19 @@ def parse_chat(body: bytes) -> ChatRequest:
                 or not all(isinstance(p, str) and p for p in pin)):
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
-        payload = {k: v for k, v in payload.items() if k != "route"}
-        body = json.dumps(payload).encode()
-    return ChatRequest(body, payload, model, pin, payload.get("stream") is True)
+        body = _without_route(body, payload)
+    return ChatRequest(body, model, pin, payload.get("stream") is True)
+
+
+def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:
+    """The body re-encoded without `route`, every other value exactly as the client sent it
+    (re-read by the standard library, which keeps integers of any size)."""
+    try:
+        exact = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        exact = payload
+    exact.pop("route", None)
+    return json.dumps(exact).encode()
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
