@@ -171,6 +171,11 @@ class MeshRouteMiddleware:
         except NoRouteError as exc:
             await send_error(send, 503, str(exc), "no_route_available", routes=exc.reasons)
             return
+        except Exception:  # a bug of ours while choosing: a JSON error, never a traceback
+            log.exception("meshroute: internal error while choosing a route")
+            await send_error(send, 500, "internal error in meshroute; see the server log",
+                             "internal_error")
+            return
         ex = _Exchange(send)
         self.telemetry.in_flight += 1
         try:

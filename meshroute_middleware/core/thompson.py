@@ -186,6 +186,8 @@ class ThompsonPolicy:
                 # The common case, inlined for speed (_belief_score is the general form):
                 # a measured route without failures, its reliability the mean at last update.
                 dt = now - belief.t
+                if dt < 0.0:  # the wall clock stepped back: no decay, no drift
+                    dt = 0.0
                 mass = belief.mass * math.exp(decay_rate * dt) if dt > 0.0 else belief.mass
                 sd = math.sqrt(belief.sd_unit * belief.sd_unit / mass + DRIFT_VAR_PER_S * dt)
                 score = (belief.mean_log_tps + (sd if sd < MAX_SIGMA else MAX_SIGMA)
@@ -205,7 +207,7 @@ class ThompsonPolicy:
     def _belief_score(belief: ArmBelief, arm: Arm, now: float, half_life_s: float,
                       gauss: Callable[[float, float], float]) -> float:
         """One posterior draw of log(reliability · tps) from this policy's own belief."""
-        dt = now - belief.t
+        dt = max(now - belief.t, 0.0)  # a wall clock that stepped back: no decay, no drift
         d = math.exp(-LN2 * dt / half_life_s) if dt > 0 else 1.0  # decay_factor, inlined
         mass = belief.mass * d
         if arm.view.status == STALE:

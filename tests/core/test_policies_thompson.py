@@ -184,3 +184,15 @@ def test_what_peers_measured_leads_once_it_outweighs_our_own_samples() -> None:
     merged_a = RouteView(5.6, 103.0, 0.1, 103.0, 0.0, 103, "proven", 2)  # peers: a is slow
     merged = shares(policy, [arm("a", view=merged_a), arm("b", view=own_b)])
     assert merged[1] > 0.9  # tolerance: the posterior at mass 103 leaves a < 10 % of draws
+
+
+def test_a_wall_clock_stepping_back_changes_nothing() -> None:
+    """time.time() can step back (NTP): beliefs dated after `now` are taken as of now, not
+    drawn with a negative spread (which raised a math domain error)."""
+    fast, slow, failing = arm("fast"), arm("slow"), arm("failing")
+    policy = ThompsonPolicy()
+    teach(policy, fast, 50.0, 30, now=1_000.0)
+    teach(policy, slow, 10.0, 30, now=1_000.0)
+    teach(policy, failing, 40.0, 30, now=1_000.0, fail_every=3)
+    assert shares(policy, [fast, slow, failing], now=400.0) == shares(
+        policy, [fast, slow, failing], now=1_000.0)

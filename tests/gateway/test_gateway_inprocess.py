@@ -299,3 +299,18 @@ async def test_an_internal_bug_is_a_json_500_and_leaks_no_in_flight() -> None:
         resp = await client.post("/v1/chat/completions", json=chat())
         assert_openai_error(resp, 500, "internal_error")
     assert gateway.router.in_flight("m|a[0-39]") == 0
+
+
+async def test_a_bug_while_choosing_is_a_json_500_too() -> None:
+    settings = replace(ServeSettings(), mdns=False, seed=1)
+    gateway = build_gateway(settings)
+    gateway.mesh.upsert_raw(node("a", 0, 39, 1), "test")
+
+    def broken_policy_choose(*args: Any) -> Any:
+        raise ValueError("math domain error")
+
+    gateway.router.policy.choose = broken_policy_choose  # type: ignore[method-assign]
+    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        resp = await client.post("/v1/chat/completions", json=chat())
+        assert_openai_error(resp, 500, "internal_error")
