@@ -215,10 +215,7 @@ class MeshRouteMiddleware:
                        first: Decision) -> None:
         """Forward with fallback; a client that goes away cancels whatever is under way
         (waiting for a head's first byte included) and so closes the upstream request."""
-        task = asyncio.current_task()
-        assert task is not None
-        ex.task, ex.receive = task, receive
-        self._watchdog.add(ex)
+        task = self._watchdog.add(ex, receive)
         try:
             await self._attempts(scope, ex, req, first)
         except asyncio.CancelledError:
@@ -229,6 +226,7 @@ class MeshRouteMiddleware:
             self._watchdog.discard(ex)
             if ex.watcher is not None:
                 ex.watcher.cancel()
+            ex.task = None
 
     async def _attempts(self, scope: Scope, ex: _Exchange, req: ChatRequest,
                         first: Decision) -> None:
@@ -392,12 +390,24 @@ class _Watchdog:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, ex: _Exchange) -> None:
+    def add(self, ex: _Exchange, receive: Receive) -> asyncio.Task[Any]:
+        """Watch a request from the task serving it; return that task.
+
+        The loop is looked up once, not per request: asyncio's get_running_loop() makes a
+        getpid() system call each time, and current_task(loop) with the loop given does not.
+        """
+        loop = self._loop
+        task = asyncio.current_task(loop) if loop is not None else None
+        if loop is None or task is None:  # first request, or a new event loop (tests)
+            loop = self._loop = asyncio.get_running_loop()
+            self._timer = None
+            task = asyncio.current_task(loop)
+            assert task is not None
+        ex.task, ex.receive = task, receive
         self._active[ex] = None
-        loop = asyncio.get_running_loop()
-        if self._timer is None or self._loop is not loop:  # (a test may run several loops)
-            self._loop = loop
+        if self._timer is None:
             self._timer = loop.call_later(WATCH_AFTER_S, self._sweep)
+        return task
 
     def discard(self, ex: _Exchange) -> None:
         self._active.pop(ex, None)
