@@ -282,24 +282,36 @@ class MeshRouteMiddleware:
                 error = exc.kind
         except OSError:
             ex.gone = True
-        finally:
+        except BaseException:  # cancelled (the client left) or a bug: record, then go on
             upstream.close()
-            last = time.perf_counter()
-            if ex.gone and first is None:
-                self.router.cancel(decision)
-            else:
-                ttfb = last - start if first is None else first - start
-                self._finish(decision, Outcome(meter.completion_tokens, last - start, ttfb,
-                                               error))
-        if ex.gone:
+            self._settle(decision, meter, start, first, time.perf_counter(), error, ex.gone)
+            raise
+        upstream.close()
+        last = time.perf_counter()
+        if not ex.gone:
+            # The client's response ends before the bookkeeping: a stream's last chunk is
+            # not held back by recording it.
+            tail = b""
+            if error and meter.streaming:
+                tail = sse_error_event("the route's head failed mid-stream; partial response")
+            try:
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+            except OSError:
+                ex.gone = True
+            except BaseException:
+                self._settle(decision, meter, start, first, last, error, ex.gone)
+                raise
+        self._settle(decision, meter, start, first, last, error, ex.gone)
+
+    def _settle(self, decision: Decision, meter: TokenMeter, start: float, first: float | None,
+                last: float, error: str, gone: bool) -> None:
+        """Record a relayed attempt: a client that left before any byte says nothing of the
+        route; one that left mid-way leaves a sample of what was delivered until then."""
+        if gone and first is None:
+            self.router.cancel(decision)
             return
-        tail = b""
-        if error and meter.streaming:
-            tail = sse_error_event("the route's head failed mid-stream; partial response")
-        try:
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
-        except OSError:
-            ex.gone = True
+        ttfb = last - start if first is None else first - start
+        self._finish(decision, Outcome(meter.completion_tokens, last - start, ttfb, error))
 
     async def _pipe_plain(self, decision: Decision, upstream: UpstreamResponse,
                           ex: _Exchange) -> None:
