@@ -22,7 +22,7 @@ class Arm:
 
     __slots__ = ("_merged", "_now", "_view", "in_flight", "route")
 
-    def __init__(self, route: Route, view: RouteView | None = None, in_flight: int = 0, *,
+    def __init__(self, route: Route, view: RouteView | None = None, in_flight: int = 0,
                  merged: MergedRoute | None = None, now: float = 0.0) -> None:
         self.route = route
         self.in_flight = in_flight

@@ -136,10 +136,11 @@ class Router:
         return self._arms(model, topo, self.clock() if now is None else now)
 
     def _arms(self, model: str, topo: ModelTopology, now: float) -> list[Arm]:
-        changed_at, merged, flying = topo.changed_at, self.stats.merged, self._in_flight
-        return [Arm(r, None, flying.get(r.signature, 0),
-                    merged=merged(model, r.signature, changed_at), now=now)
-                for r in self._candidates(model, topo)]
+        routes = self._candidates(model, topo)
+        merged = self.stats.merged_many(model, [r.signature for r in routes], topo.changed_at)
+        flying = self._in_flight
+        return [Arm(r, None, flying.get(r.signature, 0), m, now)
+                for r, m in zip(routes, merged, strict=True)]
 
     def choose(self, model: str, pin: Sequence[str] | None = None) -> Decision:
         """Pick the route for one request; raise UnknownModelError / InvalidPinError /

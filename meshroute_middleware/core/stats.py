@@ -270,6 +270,24 @@ class RouteStatsStore:
             self._merged[key] = merged
         return merged
 
+    def merged_many(self, model: str, signatures: Iterable[str],
+                    changed_at: float = float("-inf")) -> list[MergedRoute | None]:
+        """`merged` for each of a model's routes (one call per decision, not per route)."""
+        cache, entries, half_life_s = self._merged, self._entries, self.half_life_s
+        out: list[MergedRoute | None] = []
+        for signature in signatures:
+            key = (model, signature)
+            merged = cache.get(key)
+            if merged is None or merged.changed_at != changed_at:
+                origins = entries.get(key)
+                if origins:
+                    merged = cache[key] = MergedRoute(tuple(origins.values()), changed_at,
+                                                      half_life_s)
+                else:
+                    merged = None
+            out.append(merged)
+        return out
+
     def entries(self, model: str, signature: str) -> dict[str, StatEntry]:
         """The raw per-origin entries of one route (a copy)."""
         return dict(self._entries.get((model, signature), {}))
