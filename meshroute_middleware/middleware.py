@@ -276,8 +276,8 @@ class MeshRouteMiddleware:
                 async for chunk in upstream.chunks():
                     if first is None:
                         first = time.perf_counter()
-                    meter.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    meter.feed(chunk)  # counted once on its way: the client does not wait
             except ForwardError as exc:
                 error = exc.kind
         except OSError:
@@ -486,10 +486,16 @@ class _Attempt:
             now = time.perf_counter()
             if body and self.first is None:
                 self.first = now
-            if self.meter is not None:
-                self.meter.feed(body)
             if not message.get("more_body", False):
                 self.last = now
+            try:
+                await self._send(message)
+            except OSError:
+                self.gone = True
+                raise
+            if self.meter is not None:
+                self.meter.feed(body)  # counted once on its way: the client does not wait
+            return
         try:
             await self._send(message)
         except OSError:
