@@ -3,8 +3,10 @@
   python benchmarks/bench_gateway.py [--seconds 5] [--rounds 3] [--json PATH]
 
 Every server is one uvicorn worker in its own process on 127.0.0.1; wrk runs with one thread.
-Rounds interleave the variants (A B C A B C ...) so a noisy neighbour hurts all alike; the
-median of the rounds is reported. Needs `wrk` (Debian package).
+A 1 s warm-up of every case comes first and is not recorded. Rounds interleave the variants
+(A B C A B C ...) so a noisy neighbour hurts all alike; the median of the rounds is reported,
+in req/s and in the server process's CPU time per request (from /proc).
+Needs `wrk` (Debian package).
 """
 
 from __future__ import annotations
@@ -57,8 +59,18 @@ def wait_up(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def wrk(url: str, body: str, connections: int, seconds: float) -> dict[str, float]:
-    """Requests/s and p50 latency (ms) of a POST load."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, body: str, connections: int, seconds: float,
+        pid: int | None = None) -> dict[str, float]:
+    """Requests/s and p50 latency (ms) of a POST load; with `pid`, also the CPU time that
+    server process spent per request (µs): steadier than req/s on shared cores, because a
+    neighbour that steals the CPU slows the server down without adding to its CPU time."""
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
                      'wrk.headers["Content-Type"] = "application/json"\n')
@@ -73,7 +85,11 @@ def wrk(url: str, body: str, connections: int, seconds: float) -> dict[str, floa
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise RuntimeError(f"{url}: {errors.group(1)} failed responses:\n{out}")
-    return {"rps": rps, "p50_ms": lat}
+    result = {"rps": rps, "p50_ms": lat}
+    if pid:
+        done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+        result["cpu_us"] = (cpu_seconds(pid) - cpu0) / max(done, 1) * 1e6
+    return result
 
 
 def main() -> int:
@@ -108,7 +124,10 @@ def main() -> int:
         _register(url["gw_slow"], url["slow"])
         wait_up(url["gw"])
         wait_up(url["gw_slow"])
-        results = _measure(url, args.seconds, args.rounds)
+        pids = dict(zip(("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough",
+                         "measuring", "slow", "passthrough_slow", "gw", "gw_slow"),
+                        (p.pid for p in procs), strict=True))
+        results = _measure(url, pids, args.seconds, args.rounds)
     finally:
         for p in procs:
             p.terminate()
@@ -149,22 +168,30 @@ CASES = [  # (name, server, body, connections)
 ]
 
 
-def _measure(url: dict[str, str], seconds: float, rounds: int) -> dict[str, dict[str, float]]:
+def _measure(url: dict[str, str], pids: dict[str, int], seconds: float,
+             rounds: int) -> dict[str, dict[str, float]]:
     samples: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in CASES}
+    for i, (name, server, body, conns) in enumerate(CASES):  # warm-up, not recorded: pools,
+        print(f"\rwarm-up  case {i + 1}/{len(CASES)}: {name:<28}",  # caches, first enumeration
+              end="", file=sys.stderr, flush=True)
+        wrk(url[server], body, conns, 1)
     for r in range(rounds):
         for i, (name, server, body, conns) in enumerate(CASES):
             print(f"\rround {r + 1}/{rounds}  case {i + 1}/{len(CASES)}: {name:<28}",
                   end="", file=sys.stderr, flush=True)
-            samples[name].append(wrk(url[server], body, conns, seconds))
+            samples[name].append(wrk(url[server], body, conns, seconds, pids[server]))
     print(file=sys.stderr)
-    return {name: {"rps": statistics.median(s["rps"] for s in runs),
-                   "p50_ms": statistics.median(s["p50_ms"] for s in runs)}
+    return {name: {key: statistics.median(s[key] for s in runs)
+                   for key in ("rps", "p50_ms", "cpu_us")}
             for name, runs in samples.items()}
 
 
 def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     def ratio(a: str, b: str) -> float:
         return res[a]["rps"] / res[b]["rps"]
+
+    def cpu_ratio(a: str, b: str) -> float:  # throughput if CPU-bound: b's CPU / a's CPU
+        return res[b]["cpu_us"] / res[a]["cpu_us"]
 
     ratios = {
         "middleware / bare app, instant app (c=32)": ratio("middleware, c=32",
@@ -186,20 +213,35 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         "SSE chunks/s gateway / pass-through (c=8)": ratio("SSE gateway, c=8",
                                                             "SSE pass-through, c=8"),
     }
+    cpu_ratios = {
+        "middleware / bare app, instant app (c=32)": cpu_ratio("middleware, c=32",
+                                                               "bare app, c=32"),
+        "middleware / bare app, 1 ms app (c=32)": cpu_ratio("middleware, 1 ms app, c=32",
+                                                             "bare 1 ms app, c=32"),
+        "gateway / pass-through (c=32)": cpu_ratio("gateway, c=32", "pass-through, c=32"),
+        "measuring pass-through / pass-through (c=32)": cpu_ratio(
+            "measuring pass-through, c=32", "pass-through, c=32"),
+        "gateway / measuring pass-through (c=32)": cpu_ratio("gateway, c=32",
+                                                             "measuring pass-through, c=32"),
+    }
     added = res["gateway, c=1"]["p50_ms"] - res["direct backend, c=1"]["p50_ms"]
     per_request_us = (1 / res["middleware, c=32"]["rps"] - 1 / res["bare app, c=32"]["rps"]) * 1e6
     gateway_us = (1 / res["gateway, c=32"]["rps"] - 1 / res["pass-through, c=32"]["rps"]) * 1e6
-    print("\n| case | req/s | p50 ms |\n|---|---:|---:|")
+    print("\n| case | req/s | p50 ms | server CPU µs/request |\n|---|---:|---:|---:|")
     for name, r in res.items():
-        print(f"| {name} | {r['rps']:,.0f} | {r['p50_ms']:.2f} |")
+        print(f"| {name} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['cpu_us']:.0f} |")
     print("\n| ratio | value |\n|---|---:|")
     for name, value in ratios.items():
         print(f"| {name} | {value:.3f} |")
     print(f"| added p50 latency of the gateway vs direct (c=1) | {added:.2f} ms |")
     print(f"| middleware cost per request (instant app, c=32) | {per_request_us:.0f} µs |")
     print(f"| gateway cost per request over the pass-through (c=32) | {gateway_us:.0f} µs |")
+    print("\n| the same ratios from server CPU per request | value |\n|---|---:|")
+    for name, value in cpu_ratios.items():
+        print(f"| {name} | {value:.3f} |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"cases": res, "ratios": ratios,
+                                           "cpu_ratios": cpu_ratios,
                                            "added_p50_ms_c1": added,
                                            "middleware_us_per_request": per_request_us,
                                            "gateway_us_per_request": gateway_us,
