@@ -44,14 +44,14 @@ class Arm:
         """How many trackers' statistics the view merges (no decay needed to tell)."""
         if self._view is not None or self._merged is None:
             return self.view.origins
-        return self._merged.ref.origins
+        return self._merged.origins
 
     @property
     def stale(self) -> bool:
         """Whether the statistics predate the last topology change (time-independent)."""
         if self._view is not None or self._merged is None:
             return self.view.status == STALE
-        return self._merged.ref.status == STALE
+        return self._merged.stale
 
     @property
     def signature(self) -> str:

@@ -164,30 +164,50 @@ class MergedRoute:
 
     Every decayed mass shrinks by the same factor from `t_ref` on, so the merged tps and TTFB
     do not depend on `now` and a view at now >= t_ref costs one exponential instead of a merge
-    over origins. A `now` before `t_ref` (clock skew) takes the exact merge.
+    over origins. A `now` before `t_ref` (clock skew) takes the exact merge. The merge itself
+    waits for the first view: a route is re-merged after every write, and a decision often
+    needs only `origins` and `stale`, which no merge is needed to tell.
     """
 
-    __slots__ = ("changed_at", "entries", "half_life_s", "ref", "t_ref")
+    __slots__ = ("_ref", "changed_at", "entries", "half_life_s", "origins", "stale", "t_ref")
 
     def __init__(self, entries: tuple[StatEntry, ...], changed_at: float,
                  half_life_s: float) -> None:
         self.entries = entries
         self.changed_at = changed_at
         self.half_life_s = half_life_s
-        if len(entries) == 1:  # one tracker: its entry is the view at its own time
+        self.origins = len(entries)
+        self._ref: RouteView | None = None
+        if len(entries) == 1:
             e = entries[0]
             self.t_ref = e.t
+            # merge_view's STALE: no counted entry since the change, a counted one with mass
+            # before it
+            self.stale = bool(e.count) and e.t < changed_at and e.mass > 0
+        else:
+            self.t_ref = max(e.t for e in entries)
+            self.stale = (not any(e.count and e.t >= changed_at for e in entries)
+                          and any(e.count and e.t < changed_at and e.mass > 0
+                                  for e in entries))
+
+    @property
+    def ref(self) -> RouteView:
+        """The merged view at `t_ref`."""
+        ref = self._ref
+        if ref is None:
+            ref = self._ref = self._merge()
+        return ref
+
+    def _merge(self) -> RouteView:
+        entries, changed_at = self.entries, self.changed_at
+        if len(entries) == 1:  # one tracker: its entry is the view at its own time
+            e = entries[0]
             if e.count and e.t >= changed_at:
                 m = e.mass  # the arithmetic of merge_view, so that both agree to the bit
                 status = PROVEN if m >= DECAYED_MASS else DECAYED
                 tps, ttfb = (m * e.value / m, m * e.ttfb_s / m) if m > 0 else (None, None)
-                self.ref = RouteView(tps, m, ttfb, e.ok, e.fail, e.count, status, 1,
-                                     e.last_error)
-            else:
-                self.ref = merge_view(entries, e.t, changed_at, half_life_s)
-            return
-        self.t_ref = max(e.t for e in entries)
-        self.ref = merge_view(entries, self.t_ref, changed_at, half_life_s)
+                return RouteView(tps, m, ttfb, e.ok, e.fail, e.count, status, 1, e.last_error)
+        return merge_view(entries, self.t_ref, changed_at, self.half_life_s)
 
     def at(self, now: float) -> RouteView:
         """The merged view at `now`; equal to merge_view up to rounding."""

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry, merge_states
-from meshroute_middleware.core.stats import decay_factor, merge_view
+from meshroute_middleware.core.stats import STALE, decay_factor, merge_view
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -148,6 +148,22 @@ def test_store_merge_never_changes_its_own_origin(received: dict, origin: str) -
     for key, entry in before.items():
         assert store.entries(*key).get(origin) == entry
     assert all(origin not in store.entries(*key) for key in received if key not in before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["x", "y", "z"]), entries, min_size=1),
+       st.floats(T0 - 6000, T0 + 20000), st.floats(T0 - 6000, T0 + 6000))
+def test_origins_and_staleness_need_no_merge(origins: dict[str, StatEntry], now: float,
+                                            changed_at: float) -> None:
+    """What a decision reads before any view (MergedRoute.origins / .stale) is what the exact
+    merge says, at any time."""
+    store = RouteStatsStore("me", H)
+    store.merge({KEY: origins})
+    merged = store.merged(*KEY, changed_at)
+    exact = merge_view(origins.values(), now, changed_at, H)
+    assert merged is not None
+    assert merged.origins == exact.origins
+    assert merged.stale == (exact.status == STALE)
 
 
 @settings(max_examples=300, deadline=None)
