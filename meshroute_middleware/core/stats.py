@@ -213,7 +213,9 @@ class MergedRoute:
         """The merged view at `now`; equal to merge_view up to rounding."""
         if now < self.t_ref:
             return merge_view(self.entries, now, self.changed_at, self.half_life_s)
-        ref = self.ref
+        ref = self._ref
+        if ref is None:  # (the `ref` property, inlined: views are read per candidate)
+            ref = self._ref = self._merge()
         d = math.exp(-LN2 * (now - self.t_ref) / self.half_life_s)
         if ref.count:
             mass = ref.mass * d
