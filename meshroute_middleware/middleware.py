@@ -10,7 +10,6 @@ response carries x-meshroute-route and x-meshroute-mode.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -67,21 +66,20 @@ class MiddlewareConfig:
 
 
 WATCH_AFTER_S = 0.02  # start watching for a client that leaves once a request lasts this long
-_PLAN_CACHE: dict[str, tuple[Route, bytes, bytes, list[dict[str, Any]]]] = {}
-_PLAN_CACHE_MAX = 4096  # signature -> (route, signature, plan header, plan) of its last route
+_PLAN_CACHE: dict[str, tuple[Route, bytes, bytes]] = {}
+_PLAN_CACHE_MAX = 4096  # signature -> (route, signature, plan header) of its last route
 _MODES: dict[str, bytes] = {}
 
 
-def _plan_of(route: Route) -> tuple[Route, bytes, bytes, list[dict[str, Any]]]:
-    """A route's signature and plan, encoded once per route object (a request's hot path)."""
+def _plan_of(route: Route) -> tuple[Route, bytes, bytes]:
+    """A route's signature and plan header, encoded once per route object (hot path)."""
     cached = _PLAN_CACHE.get(route.signature)
     if cached is not None and cached[0] is route:
         return cached
     if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
         _PLAN_CACHE.clear()
-    plan = route.plan()
     cached = _PLAN_CACHE[route.signature] = (
-        route, route.signature.encode(), json.dumps(plan, separators=(",", ":")).encode(), plan)
+        route, route.signature.encode(), route.plan_header().encode())
     return cached
 
 
@@ -94,7 +92,7 @@ def _mode(mode: str) -> bytes:
 
 def route_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     """The plan of a decision as request headers for a head (or the annotated app)."""
-    _, signature, plan, _ = _plan_of(decision.route)
+    _, signature, plan = _plan_of(decision.route)
     return [(H_ROUTE, signature), (H_PLAN, plan), (H_MODE, _mode(decision.mode))]
 
 
@@ -106,7 +104,7 @@ def _with_ours(headers: Iterable[tuple[bytes, bytes]],
                decision: Decision) -> list[tuple[bytes, bytes]]:
     """Response headers with ours appended; any x-meshroute-* a head sent is dropped, so the
     client sees exactly one route and mode: the gateway's."""
-    _, signature, _, _ = _plan_of(decision.route)
+    signature = _plan_of(decision.route)[1]
     out = [(k, v) for k, v in headers if not k.lower().startswith(_OURS)]
     out += ((H_ROUTE, signature), (H_MODE, _mode(decision.mode)))
     return out
@@ -364,9 +362,10 @@ class MeshRouteMiddleware:
     def _annotated_scope(scope: Scope, decision: Decision) -> Scope:
         headers = [(k, v) for k, v in scope.get("headers", ()) if not k.startswith(_OURS)]
         state = dict(scope.get("state") or {})
-        _, signature, plan_header, plan = _plan_of(decision.route)
+        _, signature, plan_header = _plan_of(decision.route)
         state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
-                              "plan": plan, "attempt": decision.attempt}
+                              # the app's own copy: the cached plan must not be mutable by it
+                              "plan": decision.route.plan(), "attempt": decision.attempt}
         headers += ((H_ROUTE, signature), (H_PLAN, plan_header), (H_MODE, _mode(decision.mode)))
         return {**scope, "headers": headers, "state": state}
 

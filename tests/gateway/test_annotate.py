@@ -105,3 +105,22 @@ async def test_an_app_with_the_middleware_can_serve_the_routing_endpoints_too() 
         table = (await client.get("/v1/routing")).json()
         assert table["models"]["m"]["candidates"][0]["samples"] == 1
         assert "meshroute_decisions_total" in (await client.get("/metrics")).text
+
+
+async def test_an_app_that_edits_its_plan_does_not_edit_the_next_requests() -> None:
+    plans: list[Any] = []
+
+    async def chat(request: Request) -> Response:
+        state = request.scope["state"]["meshroute"]
+        plans.append(json.loads(json.dumps(state["plan"])))
+        state["plan"][0]["node_id"] = "scribbled"  # the app's own copy to do with as it likes
+        state["plan"].append({"node_id": "extra"})
+        return JSONResponse({"usage": {"completion_tokens": 40}})
+
+    mw = wrap(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        for _ in range(3):
+            resp = await client.post("/v1/chat/completions", json={"model": "m"})
+            assert resp.status_code == 200
+    assert all(len(p) == 1 and p[0]["node_id"] in ("a", "b") for p in plans)
