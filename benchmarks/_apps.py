@@ -123,8 +123,8 @@ class PassThrough:
 
     With `measure`, it also does what any learned router must besides choosing: parse the
     request to learn its model (with meshroute's own `parse_chat`), and time and count the
-    answer's tokens (with its `TokenMeter`). Between that and the
-    gateway lies the routing itself (choose, record, events, metrics, fallback)."""
+    answer's tokens (with its `TokenMeter`). Between that and the gateway lies the routing
+    itself (choose, record, events, metrics, fallback)."""
 
     def __init__(self, measure: bool = False) -> None:
         self.session: aiohttp.ClientSession | None = None
