@@ -124,9 +124,7 @@ def main() -> int:
         _register(url["gw_slow"], url["slow"])
         wait_up(url["gw"])
         wait_up(url["gw_slow"])
-        pids = dict(zip(("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough",
-                         "measuring", "slow", "passthrough_slow", "gw", "gw_slow"),
-                        (p.pid for p in procs), strict=True))
+        pids = dict(zip(names, (p.pid for p in procs), strict=True))  # started in this order
         results = _measure(url, pids, args.seconds, args.rounds)
     finally:
         for p in procs:
