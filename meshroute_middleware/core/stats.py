@@ -282,15 +282,7 @@ class RouteStatsStore:
     def merged(self, model: str, signature: str,
                changed_at: float = float("-inf")) -> MergedRoute | None:
         """The origins of one route merged (once per write); None if it has no statistics."""
-        key = (model, signature)
-        merged = self._merged.get(key)
-        if merged is None or merged.changed_at != changed_at:
-            origins = self._entries.get(key)
-            if not origins:
-                return None
-            merged = MergedRoute(tuple(origins.values()), changed_at, self.half_life_s)
-            self._merged[key] = merged
-        return merged
+        return self.merged_many(model, (signature,), changed_at)[0]
 
     def merged_many(self, model: str, signatures: Iterable[str],
                     changed_at: float = float("-inf")) -> list[MergedRoute | None]:
