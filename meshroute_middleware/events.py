@@ -1,7 +1,8 @@
 """The routing event stream: route-selected and outcome events, with a bounded history.
 
-Publishing is on every request's path, so an event is kept as the objects it is made of and
-turned into its JSON-ready dict only when somebody reads it (a subscriber, or the history).
+Publishing is on every request's path, so an event may be published as a small record of
+atoms with a `payload()` method, turned into its JSON-ready dict only when somebody reads it
+(a subscriber, or the history).
 """
 
 from __future__ import annotations
@@ -10,24 +11,31 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 HISTORY = 500  # events kept for late subscribers
 QUEUE = 1000  # events buffered per slow subscriber before it misses some
 
 Payload = dict[str, Any]
-# (id, type, ts, render, args): the event is {"type", "id", "ts", **render(*args)}
-_Entry = tuple[int, str, float, Callable[..., Payload], tuple[Any, ...]]
 
 
-def _same(payload: Payload) -> Payload:
-    return payload
+class LazyPayload(Protocol):
+    """An event's content, rendered only when read; it must not change once published."""
+
+    def payload(self) -> Payload:
+        """The JSON-ready fields of the event."""
+        ...
+
+
+# (id, type, ts, content): the event is {"type", "id", "ts", **content}
+_Entry = tuple[int, str, float, "Payload | LazyPayload"]
 
 
 def _materialize(entry: _Entry) -> Payload:
-    event_id, kind, ts, render, args = entry
-    return {"type": kind, "id": event_id, "ts": ts, **render(*args)}
+    event_id, kind, ts, content = entry
+    fields = content if isinstance(content, dict) else content.payload()
+    return {"type": kind, "id": event_id, "ts": ts, **fields}
 
 
 class EventBus:
@@ -37,17 +45,12 @@ class EventBus:
         self._history: deque[_Entry] = deque(maxlen=history)
         self._subscribers: set[asyncio.Queue[Payload]] = set()
         self._last_id = 0
-        self.dropped = 0
+        self.dropped = 0  # events a slow subscriber missed (exported as a metric)
 
-    def publish(self, kind: str, payload: Payload) -> None:
+    def publish(self, kind: str, content: Payload | LazyPayload) -> None:
         """Add an event (`type`, `id`, `ts` are filled in) and hand it to every subscriber."""
-        self.publish_lazy(kind, _same, payload)
-
-    def publish_lazy(self, kind: str, render: Callable[..., Payload], *args: Any) -> None:
-        """Add an event whose payload is `render(*args)`, computed only when it is read;
-        `args` must not change afterwards (atoms are best: the history retains them)."""
         self._last_id += 1
-        entry = (self._last_id, kind, time.time(), render, args)
+        entry: _Entry = (self._last_id, kind, time.time(), content)
         self._history.append(entry)
         if self._subscribers:
             event = _materialize(entry)

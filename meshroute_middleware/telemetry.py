@@ -7,14 +7,14 @@ and queue lazy events; the Prometheus families are built from those counters at 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .core import Decision, Outcome, Router
-from .events import EventBus
+from .events import EventBus, Payload
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -60,23 +60,46 @@ def _counter(name: str, documentation: str, labels: list[str],
     return family
 
 
-# Events keep only atoms (str, int, float, None) until read: a retained tuple of atoms is
-# untracked by the garbage collector, where a retained Decision would be scanned by every
-# collection for as long as it stays in the history.
-_SELECTED_KEYS = ("mode", "signature", "model", "attempt", "head")
-_OUTCOME_KEYS = (*_SELECTED_KEYS, "ok", "result", "completion_tokens", "seconds", "ttfb_ms",
-                 "tps", "error")
+# An event keeps atoms (str, int, float, None) until read, never the Decision itself: a
+# retained Decision (its route, its arms) would be scanned by every garbage collection for as
+# long as it stays in the history (docs/benchmarks.md).
+class RouteSelected(NamedTuple):
+    """A route was selected for an attempt."""
+
+    mode: str
+    signature: str
+    model: str
+    attempt: int
+    head: str
+
+    def payload(self) -> Payload:
+        """The event's fields."""
+        return self._asdict()
 
 
-def _selected(*values: Any) -> dict[str, Any]:
-    return dict(zip(_SELECTED_KEYS, values, strict=True))
+class AttemptOutcome(NamedTuple):
+    """An attempt ended; `result` is what the router made of it."""
+
+    selected: RouteSelected
+    ok: bool
+    result: str
+    completion_tokens: int
+    seconds: float
+    ttfb_s: float
+    tps: float | None
+    error: str | None
+
+    def payload(self) -> Payload:
+        """The event's fields: the selection's, then the outcome's."""
+        return {**self.selected._asdict(), "ok": self.ok, "result": self.result,
+                "completion_tokens": self.completion_tokens,
+                "seconds": round(self.seconds, 6), "ttfb_ms": round(self.ttfb_s * 1000, 3),
+                "tps": self.tps, "error": self.error}
 
 
-def _outcome(*values: Any) -> dict[str, Any]:
-    event = dict(zip(_OUTCOME_KEYS, values, strict=True))
-    event["seconds"] = round(event["seconds"], 6)
-    event["ttfb_ms"] = round(event["ttfb_ms"] * 1000, 3)
-    return event
+def _selected(decision: Decision) -> RouteSelected:
+    return RouteSelected(decision.mode, decision.route.signature, decision.model,
+                         decision.attempt, decision.route.hops[0].node.node_id)
 
 
 class Telemetry:
@@ -103,6 +126,9 @@ class Telemetry:
                        self.forward_errors)
         yield _counter("meshroute_rejected", "Rejected hostile or malformed input",
                        ["source"], self.rejected)
+        yield _counter("meshroute_events_dropped",
+                       "Events a slow /v1/routing/events subscriber missed", [],
+                       {(): self.events.dropped})
         in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
         in_flight.add_metric([], self.in_flight)
         yield in_flight
@@ -115,9 +141,7 @@ class Telemetry:
         """A route was selected for an attempt."""
         key = (decision.model, decision.mode)
         self.decisions[key] = self.decisions.get(key, 0) + 1
-        self.events.publish_lazy("route-selected", _selected, decision.mode,
-                                 decision.route.signature, decision.model, decision.attempt,
-                                 decision.route.hops[0].node.node_id)
+        self.events.publish("route-selected", _selected(decision))
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
@@ -128,11 +152,9 @@ class Telemetry:
         ok = not outcome.error
         tps = (outcome.completion_tokens / outcome.seconds
                if ok and outcome.seconds > 0 else None)
-        self.events.publish_lazy(
-            "outcome", _outcome, decision.mode, decision.route.signature, decision.model,
-            decision.attempt, decision.route.hops[0].node.node_id, ok, result,
-            outcome.completion_tokens, outcome.seconds, outcome.ttfb_s, tps,
-            outcome.error or None)
+        self.events.publish("outcome", AttemptOutcome(
+            _selected(decision), ok, result, outcome.completion_tokens, outcome.seconds,
+            outcome.ttfb_s, tps, outcome.error or None))
 
     def reject(self, source: str, reason: str) -> None:
         """Hostile or malformed input was refused."""
