@@ -71,16 +71,6 @@ class Gateway:
     mesh: Mesh
     app: ASGIApp
 
-    @property
-    def settings(self) -> ServeSettings:
-        """The settings the gateway was built from."""
-        return self.config.settings
-
-    @property
-    def tracker_id(self) -> str:
-        """This tracker's origin id in gossip."""
-        return self.config.tracker_id
-
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
                   clock: Callable[[], float] = time.time) -> Gateway:
@@ -173,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(f"meshroute serve: tracker {gateway.tracker_id} on "
+    print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)
     uvicorn.run(gateway.app, host=settings.host, port=settings.port,
