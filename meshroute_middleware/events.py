@@ -1,8 +1,8 @@
 """The routing event stream: route-selected and outcome events, with a bounded history.
 
-Publishing is on every request's path, so an event may be published as a small record of
-atoms with a `payload()` method, turned into its JSON-ready dict only when somebody reads it
-(a subscriber, or the history).
+Publishing is on every request's path, so an event may be published as a plain tuple of
+atoms and the function that renders it, turned into its JSON-ready dict only when somebody
+reads it (a subscriber, or the history).
 """
 
 from __future__ import annotations
@@ -11,31 +11,25 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 HISTORY = 500  # events kept for late subscribers
 QUEUE = 1000  # events buffered per slow subscriber before it misses some
 
 Payload = dict[str, Any]
+T = TypeVar("T")
+# (id, type, ts, render, content): the event is {"type", "id", "ts", **render(content)}
+_Entry = tuple[int, str, float, Callable[[Any], Payload], Any]
 
 
-class LazyPayload(Protocol):
-    """An event's content, rendered only when read; it must not change once published."""
-
-    def payload(self) -> Payload:
-        """The JSON-ready fields of the event."""
-        ...
-
-
-# (id, type, ts, content): the event is {"type", "id", "ts", **content}
-_Entry = tuple[int, str, float, "Payload | LazyPayload"]
+def _same(payload: Payload) -> Payload:
+    return payload
 
 
 def _materialize(entry: _Entry) -> Payload:
-    event_id, kind, ts, content = entry
-    fields = content if isinstance(content, dict) else content.payload()
-    return {"type": kind, "id": event_id, "ts": ts, **fields}
+    event_id, kind, ts, render, content = entry
+    return {"type": kind, "id": event_id, "ts": ts, **render(content)}
 
 
 class EventBus:
@@ -47,10 +41,16 @@ class EventBus:
         self._last_id = 0
         self.dropped = 0  # events a slow subscriber missed (exported as a metric)
 
-    def publish(self, kind: str, content: Payload | LazyPayload) -> None:
+    def publish(self, kind: str, payload: Payload) -> None:
         """Add an event (`type`, `id`, `ts` are filled in) and hand it to every subscriber."""
+        self.publish_lazy(kind, _same, payload)
+
+    def publish_lazy(self, kind: str, render: Callable[[T], Payload], content: T) -> None:
+        """Add an event whose fields are `render(content)`, computed only when it is read.
+        `content` must not change afterwards: a tuple of atoms is best (the history keeps it,
+        and the garbage collector stops scanning such a tuple)."""
         self._last_id += 1
-        entry: _Entry = (self._last_id, kind, time.time(), content)
+        entry: _Entry = (self._last_id, kind, time.time(), render, content)
         self._history.append(entry)
         if self._subscribers:
             event = _materialize(entry)
