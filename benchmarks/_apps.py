@@ -106,11 +106,14 @@ def wrapped_cpu() -> Any:
 
 def _wrap(app: Any) -> Any:
     """`app` behind MeshRouteMiddleware in annotate mode: the app serves, we route+measure."""
-    from meshroute_middleware.core import RouterConfig, parse_node
-    from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
+    from meshroute_middleware.core import parse_node
+    from meshroute_middleware.middleware import (
+        MeshRouteMiddleware,
+        MiddlewareConfig,
+        build_router,
+    )
 
-    mw = MeshRouteMiddleware(app, MiddlewareConfig(mode="annotate", seed=1,
-                                                   router=RouterConfig()))
+    mw = MeshRouteMiddleware(app, MiddlewareConfig(mode="annotate"), router=build_router(seed=1))
     for i in range(4):
         mw.router.upsert_node(parse_node({
             "node_id": f"n{i}", "model": "m", "start": 0, "end": 39, "layers": 40,

@@ -113,7 +113,7 @@ def main() -> int:
                    {"BACKEND_URL": url["backend"]}),
              serve("chat_slow", ports["slow"]),
              serve("passthrough", ports["passthrough_slow"], {"BACKEND_URL": url["slow"]}),
-             *(subprocess.Popen([PY, "-m", "meshroute_middleware.cli", "serve", "--port",
+             *(subprocess.Popen([PY, "-m", "meshroute_middleware.app.cli", "serve", "--port",
                                  str(ports[gw]), "--no-mdns", "--log-level", "warning"],
                                 cwd=ROOT) for gw in ("gw", "gw_slow"))]
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from meshroute_middleware.cli import main
+from meshroute_middleware.app.cli import main
 
 RESULTS = Path(__file__).parent / "results" / "learning.json"
 

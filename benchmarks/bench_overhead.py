@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._apps import chat, wrapped  # noqa: E402
+from meshroute_middleware.app.serve import build_gateway  # noqa: E402
+from meshroute_middleware.app.settings import ServeSettings  # noqa: E402
 from meshroute_middleware.core import parse_node  # noqa: E402
 from meshroute_middleware.memory import ASGIForwarder  # noqa: E402
 from meshroute_middleware.request import replay  # noqa: E402
-from meshroute_middleware.server import build_gateway  # noqa: E402
-from meshroute_middleware.settings import ServeSettings  # noqa: E402
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 HEAD = "http://127.0.0.1:1"

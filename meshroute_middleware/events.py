@@ -1,7 +1,8 @@
 """The routing event stream: route-selected and outcome events, with a bounded history.
 
-Publishing is on every request's path, so an event is kept as the objects it is made of and
-turned into its JSON-ready dict only when somebody reads it (a subscriber, or the history).
+Publishing is on every request's path, so an event may be published as a plain tuple of
+atoms and the function that renders it, turned into its JSON-ready dict only when somebody
+reads it (a subscriber, or the history).
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 HISTORY = 500  # events kept for late subscribers
 QUEUE = 1000  # events buffered per slow subscriber before it misses some
 
 Payload = dict[str, Any]
-# (id, type, ts, render, args): the event is {"type", "id", "ts", **render(*args)}
-_Entry = tuple[int, str, float, Callable[..., Payload], tuple[Any, ...]]
+T = TypeVar("T")
+# (id, type, ts, render, content): the event is {"type", "id", "ts", **render(content)}
+_Entry = tuple[int, str, float, Callable[[Any], Payload], Any]
 
 
 def _same(payload: Payload) -> Payload:
@@ -26,8 +28,8 @@ def _same(payload: Payload) -> Payload:
 
 
 def _materialize(entry: _Entry) -> Payload:
-    event_id, kind, ts, render, args = entry
-    return {"type": kind, "id": event_id, "ts": ts, **render(*args)}
+    event_id, kind, ts, render, content = entry
+    return {"type": kind, "id": event_id, "ts": ts, **render(content)}
 
 
 class EventBus:
@@ -37,17 +39,18 @@ class EventBus:
         self._history: deque[_Entry] = deque(maxlen=history)
         self._subscribers: set[asyncio.Queue[Payload]] = set()
         self._last_id = 0
-        self.dropped = 0
+        self.dropped = 0  # events a slow subscriber missed (exported as a metric)
 
     def publish(self, kind: str, payload: Payload) -> None:
         """Add an event (`type`, `id`, `ts` are filled in) and hand it to every subscriber."""
         self.publish_lazy(kind, _same, payload)
 
-    def publish_lazy(self, kind: str, render: Callable[..., Payload], *args: Any) -> None:
-        """Add an event whose payload is `render(*args)`, computed only when it is read;
-        `args` must not change afterwards (atoms are best: the history retains them)."""
+    def publish_lazy(self, kind: str, render: Callable[[T], Payload], content: T) -> None:
+        """Add an event whose fields are `render(content)`, computed only when it is read.
+        `content` must not change afterwards: a tuple of atoms is best (the history keeps it,
+        and the garbage collector stops scanning such a tuple)."""
         self._last_id += 1
-        entry = (self._last_id, kind, time.time(), render, args)
+        entry: _Entry = (self._last_id, kind, time.time(), render, content)
         self._history.append(entry)
         if self._subscribers:
             event = _materialize(entry)

@@ -20,6 +20,18 @@ HOP_BY_HOP = frozenset({
 _ERROR_BODY_LIMIT = 64 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardTimeouts:
+    """How long a forwarder waits for a head: the one home of these defaults."""
+
+    connect_s: float = 5.0
+    first_byte_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (self.connect_s > 0 and self.first_byte_s > 0):
+            raise ValueError(f"forward timeouts must be positive, got {self}")
+
+
 class ForwardError(Exception):
     """The head failed before its first byte; `kind` is what the statistics record."""
 
@@ -79,10 +91,11 @@ class _AiohttpResponse:
 class AiohttpForwarder:
     """The real forwarder: one pooled aiohttp session, created on first use in the loop."""
 
-    def __init__(self, connect_timeout_s: float = 5.0, first_byte_timeout_s: float = 60.0) -> None:
+    def __init__(self, timeouts: ForwardTimeouts | None = None) -> None:
+        timeouts = timeouts or ForwardTimeouts()
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
-            sock_read=first_byte_timeout_s)
+            total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s,
+            sock_read=timeouts.first_byte_s)
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:

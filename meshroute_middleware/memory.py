@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from .forwarding import ForwardError
+from .forwarding import ForwardError, ForwardTimeouts
 
 
 class _MemoryResponse:
@@ -39,9 +39,10 @@ class _MemoryResponse:
 class ASGIForwarder:
     """Forwards to `apps[base_url]`; an unknown base URL behaves like a refused connection."""
 
-    def __init__(self, apps: Mapping[str, ASGIApp], first_byte_timeout_s: float = 60.0) -> None:
+    def __init__(self, apps: Mapping[str, ASGIApp],
+                 timeouts: ForwardTimeouts | None = None) -> None:
         self.apps = dict(apps)
-        self.first_byte_timeout_s = first_byte_timeout_s
+        self.first_byte_timeout_s = (timeouts or ForwardTimeouts()).first_byte_s
 
     async def open(self, url: str, body: bytes,
                    headers: Iterable[tuple[bytes, bytes]]) -> _MemoryResponse:

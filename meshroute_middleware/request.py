@@ -27,7 +27,6 @@ class ChatRequest:
     body: bytes
     model: str
     pin: list[str] | None
-    stream: bool
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -90,7 +89,7 @@ def parse_chat(body: bytes) -> ChatRequest:
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
         body = _without_route(body, payload)
-    return ChatRequest(body, model, pin, payload.get("stream") is True)
+    return ChatRequest(body, model, pin)
 
 
 def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .core import Decision, Outcome, Router
-from .events import EventBus
+from .events import EventBus, Payload
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -60,23 +60,32 @@ def _counter(name: str, documentation: str, labels: list[str],
     return family
 
 
-# Events keep only atoms (str, int, float, None) until read: a retained tuple of atoms is
-# untracked by the garbage collector, where a retained Decision would be scanned by every
-# collection for as long as it stays in the history.
-_SELECTED_KEYS = ("mode", "signature", "model", "attempt", "head")
-_OUTCOME_KEYS = (*_SELECTED_KEYS, "ok", "result", "completion_tokens", "seconds", "ttfb_ms",
-                 "tps", "error")
+# An event keeps atoms (str, int, float, None) until read, never the Decision itself: a
+# retained Decision (its route, its arms) would be scanned by every garbage collection for as
+# long as it stays in the history (docs/benchmarks.md). Plain tuples, not NamedTuples: one is
+# built per event on every request, and a NamedTuple costs ~3x the time to build.
+Selected = tuple[str, str, str, int, str]  # mode, signature, model, attempt, head node
 
 
-def _selected(*values: Any) -> dict[str, Any]:
-    return dict(zip(_SELECTED_KEYS, values, strict=True))
+def _selected(decision: Decision) -> Selected:
+    return (decision.mode, decision.route.signature, decision.model, decision.attempt,
+            decision.route.hops[0].node.node_id)
 
 
-def _outcome(*values: Any) -> dict[str, Any]:
-    event = dict(zip(_OUTCOME_KEYS, values, strict=True))
-    event["seconds"] = round(event["seconds"], 6)
-    event["ttfb_ms"] = round(event["ttfb_ms"] * 1000, 3)
-    return event
+def _selected_fields(selected: Selected) -> Payload:
+    mode, signature, model, attempt, head = selected
+    return {"mode": mode, "signature": signature, "model": model, "attempt": attempt,
+            "head": head}
+
+
+def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
+    selected, outcome, result = event
+    ok = not outcome.error
+    tps = outcome.completion_tokens / outcome.seconds if ok and outcome.seconds > 0 else None
+    return {**_selected_fields(selected), "ok": ok, "result": result,
+            "completion_tokens": outcome.completion_tokens,
+            "seconds": round(outcome.seconds, 6), "ttfb_ms": round(outcome.ttfb_s * 1000, 3),
+            "tps": tps, "error": outcome.error or None}
 
 
 class Telemetry:
@@ -103,6 +112,9 @@ class Telemetry:
                        self.forward_errors)
         yield _counter("meshroute_rejected", "Rejected hostile or malformed input",
                        ["source"], self.rejected)
+        yield _counter("meshroute_events_dropped",
+                       "Events a slow /v1/routing/events subscriber missed", [],
+                       {(): self.events.dropped})
         in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
         in_flight.add_metric([], self.in_flight)
         yield in_flight
@@ -115,9 +127,7 @@ class Telemetry:
         """A route was selected for an attempt."""
         key = (decision.model, decision.mode)
         self.decisions[key] = self.decisions.get(key, 0) + 1
-        self.events.publish_lazy("route-selected", _selected, decision.mode,
-                                 decision.route.signature, decision.model, decision.attempt,
-                                 decision.route.hops[0].node.node_id)
+        self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
@@ -125,14 +135,8 @@ class Telemetry:
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
-        ok = not outcome.error
-        tps = (outcome.completion_tokens / outcome.seconds
-               if ok and outcome.seconds > 0 else None)
-        self.events.publish_lazy(
-            "outcome", _outcome, decision.mode, decision.route.signature, decision.model,
-            decision.attempt, decision.route.hops[0].node.node_id, ok, result,
-            outcome.completion_tokens, outcome.seconds, outcome.ttfb_s, tps,
-            outcome.error or None)
+        self.events.publish_lazy("outcome", _outcome_fields,
+                                 (_selected(decision), outcome, result))
 
     def reject(self, source: str, reason: str) -> None:
         """Hostile or malformed input was refused."""

@@ -10,7 +10,7 @@ import pytest
 import gossip
 from gossip.metrics import metric_families
 from gossip.service import GossipConfig, GossipService
-from meshroute_middleware.settings import ServeSettings, load_settings
+from meshroute_middleware.app.settings import ServeSettings, load_settings
 from tests.conftest import FakeClock
 from tests.gossip.helpers import make_router
 

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
+from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.server import build_gateway
-from meshroute_middleware.settings import ServeSettings
-from tests.gateway.upstream import FakeChat, ServerThread, free_port
+from tests.upstream import FakeChat, ServerThread, free_port
 
 INTERVAL_S = 0.2
 N_TRACKERS = 3

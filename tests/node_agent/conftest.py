@@ -56,7 +56,7 @@ def sink() -> RecordingSink:
 
 def start_node(node_id: str, *extra: str) -> subprocess.Popen[str]:
     """`meshroute node --emulate` on loopback as a child process."""
-    command = [sys.executable, "-m", "meshroute_middleware.cli", "node", "--emulate",
+    command = [sys.executable, "-m", "meshroute_middleware.app.cli", "node", "--emulate",
                "--host", LOOPBACK, "--port", "0", "--mdns-interfaces", LOOPBACK,
                "--node-id", node_id, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -44,7 +44,7 @@ def gateways() -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]]]:
 
     def start(*extra: str) -> tuple[str, subprocess.Popen[bytes]]:
         port = _free_port()
-        command = [sys.executable, "-m", "meshroute_middleware.cli", "serve", "--host",
+        command = [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--host",
                    LOOPBACK, "--port", str(port), "--mdns-interfaces", LOOPBACK,
                    "--health-interval", "0.5", *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "MESHROUTE_GOSSIP_SECRET": "e2e"}

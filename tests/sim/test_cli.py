@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meshroute_middleware.cli import main
+from meshroute_middleware.app.cli import main
 from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.sim.harness import POLICIES
 from meshroute_middleware.sim.scenarios import SCENARIOS

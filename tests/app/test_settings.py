@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.settings import (
+from meshroute_middleware.app.settings import (
     ServeSettings,
     SettingsError,
     add_arguments,
     load_settings,
 )
+from meshroute_middleware.core import RouterConfig
 
 
 def cli(*argv: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 
 def meshroute(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshroute_middleware.cli", *args],
+    return subprocess.run([sys.executable, "-m", "meshroute_middleware.app.cli", *args],
                           capture_output=True, text=True, timeout=30, env=env)
 
 

@@ -9,14 +9,14 @@ import sys
 import httpx
 import pytest
 
-from .gateway.upstream import free_port
+from ..upstream import free_port
 
 
 @pytest.mark.parametrize("discovery", ["mdns", "http"])
 def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> None:
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "meshroute_middleware.cli", "demo", "--duration", "7",
+        [sys.executable, "-m", "meshroute_middleware.app.cli", "demo", "--duration", "7",
          "--plain", "--port", str(port), "--drift-after", "0", "--clients", "4",
          "--discovery", discovery], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -39,10 +39,10 @@ def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> N
 def test_dashboard_page_is_served() -> None:
     from dataclasses import replace
 
-    from meshroute_middleware.server import build_gateway
-    from meshroute_middleware.settings import ServeSettings
+    from meshroute_middleware.app.serve import build_gateway
+    from meshroute_middleware.app.settings import ServeSettings
 
-    from .gateway.upstream import ServerThread
+    from ..upstream import ServerThread
 
     gateway = build_gateway(replace(ServeSettings(), mdns=False))
     with ServerThread(gateway.app) as server:

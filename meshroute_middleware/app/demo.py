@@ -24,6 +24,14 @@ from typing import Any
 
 import aiohttp
 
+from node_agent.announcer import NodeAnnouncer
+from node_agent.emulator import EmulatorConfig, serve_node
+from node_agent.serving import serve_app
+
+from ..core import RouterConfig, parse_node
+from .serve import build_gateway
+from .settings import ServeSettings
+
 MODEL = "qwen-demo"
 LAYERS = 40
 
@@ -112,13 +120,6 @@ def _port_problem(host: str, port: int) -> str:
 
 
 async def _demo(args: argparse.Namespace) -> None:
-    from node_agent.emulator import EmulatorConfig, serve_node
-    from node_agent.serving import serve_app
-
-    from .core import RouterConfig
-    from .server import build_gateway
-    from .settings import ServeSettings
-
     router = RouterConfig(half_life_s=HALF_LIFE_S)
     if args.policy is not None:
         router = dataclasses.replace(router, policy=args.policy)
@@ -155,10 +156,6 @@ async def _announce(stack: contextlib.AsyncExitStack, nodes: dict[str, Any],
                     gateway: Any) -> None:
     """Zero configuration: every node announces itself over mDNS on loopback, each keeping
     its queue depth and measured speed current, and the gateway finds them by browsing."""
-    from node_agent.announcer import NodeAnnouncer
-
-    from .core import parse_node
-
     print(f"meshroute demo: {len(MESH)} nodes announcing themselves over mDNS on "
           f"{LOOPBACK} ...", flush=True)
     followers: list[asyncio.Task[None]] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -13,17 +13,19 @@ import httpx
 import openai
 import pytest
 
+from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.server import build_gateway
-from meshroute_middleware.settings import ServeSettings
 
-from .upstream import FakeChat, ServerThread, free_port
+from ..conftest import FakeClock
+from ..upstream import FakeChat, ServerThread, free_port
 
 
-def start_gateway(**settings: Any) -> tuple[ServerThread, Any]:
+def start_gateway(clock: Callable[[], float] = time.time,
+                  **settings: Any) -> tuple[ServerThread, Any]:
     base = ServeSettings(mdns=False, seed=3, router=RouterConfig(explore_share=0.0),
                          first_byte_timeout_s=1.0, connect_timeout_s=1.0)
-    gateway = build_gateway(replace(base, **settings))
+    gateway = build_gateway(replace(base, **settings), clock=clock)
     return ServerThread(gateway.app), gateway
 
 
@@ -33,6 +35,13 @@ def register(gw_url: str, node_id: str, url: str, start: int = 0, end: int = 39,
         "node_id": node_id, "model": "m", "start": start, "end": end, "layers": 40,
         "url": url, "tps": tps})
     assert resp.status_code in (200, 201), resp.text
+
+
+def in_flight(gw_url: str) -> int:
+    """Attempts under way over every route, as /v1/routing reports them."""
+    table = httpx.get(gw_url + "/v1/routing").json()
+    return sum(row["in_flight"] for model in table["models"].values()
+               for row in model["candidates"])
 
 
 @pytest.fixture
@@ -79,9 +88,10 @@ def test_stream_is_relayed_chunk_by_chunk(mesh: dict[str, Any]) -> None:
         start = time.perf_counter()
         for _ in resp.iter_raw():
             arrivals.append(time.perf_counter() - start)
-    # 24 tokens 50 ms apart: a buffering relay would deliver everything at ~1.2 s at once.
+    # 24 tokens at least 50 ms apart: a buffering relay would deliver everything at once, a
+    # relay passes them on spread over at least ~1.2 s (a busy machine only spreads them more).
     assert len(arrivals) >= 10
-    assert arrivals[0] < 0.3 and arrivals[-1] > 1.0
+    assert arrivals[-1] - arrivals[0] > 0.8
 
 
 def test_client_disconnect_cancels_upstream(mesh: dict[str, Any]) -> None:
@@ -96,17 +106,16 @@ def test_client_disconnect_cancels_upstream(mesh: dict[str, Any]) -> None:
     while mesh["cpu"].cancelled + mesh["gpu"].cancelled == 0:
         assert time.monotonic() < deadline, "upstream kept streaming after the client left"
         time.sleep(0.02)
-    gateway = mesh["gateway"]
     deadline = time.monotonic() + 5
-    while any(gateway.router.in_flight(r.signature) for r in gateway.router.candidates("m")):
-        assert time.monotonic() < deadline
+    while in_flight(mesh["url"]):
+        assert time.monotonic() < deadline, "the cancelled attempt stayed in flight"
         time.sleep(0.02)
 
 
 def test_client_leaving_before_the_first_byte_cancels_the_upstream_request() -> None:
     slow = FakeChat("slow", header_delay_s=5.0)
     with ServerThread(slow.app()) as up:
-        server, gateway = start_gateway(first_byte_timeout_s=30.0)
+        server, _gateway = start_gateway(first_byte_timeout_s=30.0)
         with server:
             register(server.url, "slow", up.url)
             with pytest.raises(httpx.ReadTimeout):
@@ -116,7 +125,7 @@ def test_client_leaving_before_the_first_byte_cancels_the_upstream_request() -> 
             while slow.cancelled == 0:
                 assert time.monotonic() < deadline, "the head kept working for a gone client"
                 time.sleep(0.02)
-            assert gateway.router.in_flight("m|slow[0-39]") == 0
+            assert in_flight(server.url) == 0
             row = httpx.get(server.url + "/v1/routing").json()["models"]["m"]["candidates"][0]
             assert row["failures"] == 0 and row["samples"] == 0  # says nothing of the route
 
@@ -142,7 +151,7 @@ def test_dead_and_slow_heads_fall_back_over_real_sockets() -> None:
 def test_head_dying_mid_stream_over_real_sockets() -> None:
     dying = FakeChat("dying", tokens=20, die_after=5, token_delay_s=0.01)
     with ServerThread(dying.app()) as d:
-        server, _gateway = start_gateway()
+        server, _gateway = start_gateway(clock=FakeClock())  # the failure does not decay
         with server:
             register(server.url, "dying", d.url)
             resp = httpx.post(server.url + "/v1/chat/completions",
@@ -151,12 +160,13 @@ def test_head_dying_mid_stream_over_real_sockets() -> None:
             assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == (
                 "upstream_failed")
             row = httpx.get(server.url + "/v1/routing").json()["models"]["m"]["candidates"][0]
-            assert row["last_error"] == "stream" and row["failures"] > 0.99
+            assert row["last_error"] == "stream" and row["failures"] == 1.0
 
 
 def test_event_stream_delivers_history_and_live_events(mesh: dict[str, Any]) -> None:
     httpx.post(mesh["url"] + "/v1/chat/completions", json={"model": "m", "messages": []})
     got: list[dict[str, Any]] = []
+    subscribed = threading.Event()  # the history arrived: live events will follow
 
     def listen() -> None:
         with httpx.stream("GET", mesh["url"] + "/v1/routing/events", timeout=10) as resp:
@@ -164,12 +174,14 @@ def test_event_stream_delivers_history_and_live_events(mesh: dict[str, Any]) -> 
             for line in resp.iter_lines():
                 if line.startswith("data: "):
                     got.append(json.loads(line[6:]))
+                    if got[-1]["type"] == "outcome":
+                        subscribed.set()
                 if [e["type"] for e in got].count("outcome") >= 2:
                     return
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
-    time.sleep(0.3)
+    assert subscribed.wait(10), "the history never arrived"
     httpx.post(mesh["url"] + "/v1/chat/completions", json={"model": "m", "messages": []})
     listener.join(10)
     kinds = [e["type"] for e in got]

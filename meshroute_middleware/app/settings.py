@@ -14,9 +14,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .core.config import RouterConfig
+from ..core.config import RouterConfig
+from ..forwarding import ForwardTimeouts
+from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 
-MIB = 1024 * 1024
+_TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder
+HEALTH_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +97,13 @@ class ServeSettings:
     tracker_id: str | None = None
     node_token: str | None = None
     nodes_file: str | None = None
-    max_body_bytes: int = 16 * MIB
-    connect_timeout_s: float = 5.0
-    first_byte_timeout_s: float = 60.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    connect_timeout_s: float = _TIMEOUTS.connect_s
+    first_byte_timeout_s: float = _TIMEOUTS.first_byte_s
     mdns: bool = True
     mdns_interfaces: str = "all"
     mesh_secret: str | None = None
-    health_interval_s: float = 2.0
+    health_interval_s: float = HEALTH_INTERVAL_S
     gossip_listen: str | None = None
     gossip_peers: tuple[str, ...] = ()
     gossip_interval_s: float = 1.0
@@ -120,6 +123,19 @@ class ServeSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
+
+    @property
+    def gossip(self) -> bool:
+        """Whether this tracker gossips at all."""
+        return bool(self.gossip_listen or self.gossip_peers)
+
+    def middleware(self) -> MiddlewareConfig:
+        """The gateway's middleware options."""
+        return MiddlewareConfig(mode="forward", max_body_bytes=self.max_body_bytes)
+
+    def forward_timeouts(self) -> ForwardTimeouts:
+        """How long the forwarder waits for a head."""
+        return ForwardTimeouts(self.connect_timeout_s, self.first_byte_timeout_s)
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,171 @@
+"""`meshroute serve`: the composition root of a tracker gateway.
+
+Settings are loaded once (defaults < TOML < env < flags), every part of the configuration
+that can be wrong is built and checked before anything starts (`GatewayConfig`), and each
+component gets exactly the settings it uses: the Router its RouterConfig, the middleware its
+own options, the forwarder its timeouts, gossip its GossipConfig, discovery its interfaces,
+secret and probe interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
+
+from gossip.metrics import metric_families
+from gossip.service import GossipConfig, GossipService
+from node_agent.discovery import health_checks, tracker_discovery
+from node_agent.mdns import parse_interfaces
+
+from ..api import GatewayAPI, build_api_app
+from ..core import InvalidNodeError, Router, parse_node
+from ..forwarding import AiohttpForwarder, Forwarder
+from ..mesh import Mesh, load_nodes_file
+from ..middleware import MeshRouteMiddleware, build_router
+from ..telemetry import Telemetry
+from .settings import ServeSettings, SettingsError, add_arguments, load_settings
+
+log = logging.getLogger("meshroute.serve")
+PRUNE_EVERY_S = 60.0
+
+__all__ = ["Gateway", "GatewayConfig", "add_arguments", "build_gateway", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """One gateway's configuration, built once per process from its settings."""
+
+    settings: ServeSettings
+    tracker_id: str
+    gossip: GossipConfig | None  # None: this tracker does not gossip
+
+    @classmethod
+    def build(cls, settings: ServeSettings) -> GatewayConfig:
+        """Check and build what the settings describe; ValueError naming what is wrong."""
+        if settings.mdns:
+            parse_interfaces(settings.mdns_interfaces)  # refuse a bad value before starting
+        gossip = GossipConfig.from_settings(settings) if settings.gossip else None
+        tracker_id = settings.tracker_id or f"tracker-{uuid.uuid4().hex[:12]}"
+        return cls(settings, tracker_id, gossip)
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything one tracker gateway is made of; `app` is what uvicorn serves."""
+
+    config: GatewayConfig
+    router: Router
+    telemetry: Telemetry
+    mesh: Mesh
+    app: ASGIApp
+
+
+def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
+                  clock: Callable[[], float] = time.time) -> Gateway:
+    """Wire a gateway; nothing starts until the ASGI lifespan runs. `clock` is the routing
+    clock (tests pass a fake one)."""
+    if isinstance(config, ServeSettings):
+        config = GatewayConfig.build(config)
+    settings = config.settings
+    router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
+                          clock=clock)
+    telemetry = Telemetry(router)
+    mesh = Mesh(router, telemetry)
+    if settings.nodes_file:
+        _load_static_nodes(mesh, settings.nodes_file)
+    inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token))
+    inner.router.lifespan_context = lambda app: _lifespan(config, mesh)
+    app = MeshRouteMiddleware(
+        inner, settings.middleware(), router=router,
+        forwarder=forwarder or AiohttpForwarder(settings.forward_timeouts()),
+        telemetry=telemetry)
+    return Gateway(config, router, telemetry, mesh, app)
+
+
+def _load_static_nodes(mesh: Mesh, path: str) -> None:
+    """Validate every record of a nodes file first; refuse the file whole if one is bad."""
+    records = []
+    for i, data in enumerate(load_nodes_file(path)):
+        try:
+            records.append(parse_node(data, now=mesh.router.clock()))
+        except InvalidNodeError as exc:
+            raise ValueError(f"{path}: node #{i}: {exc}") from exc
+    for record in records:
+        mesh.upsert(record)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(config: GatewayConfig, mesh: Mesh) -> AsyncIterator[None]:
+    """Background services of a running gateway; each enters the exit stack."""
+    settings = config.settings
+    # The exit stack is entered inside the task group, so that services with task groups of
+    # their own (discovery) are left before it: cancel scopes must exit in LIFO order.
+    async with anyio.create_task_group() as tg:
+        async with contextlib.AsyncExitStack() as stack:
+            tg.start_soon(_prune_loop, mesh.router)
+            gossip = None
+            if config.gossip is not None:  # statistics exchange with peer trackers
+                gossip = GossipService(mesh.router, config.gossip)
+                await tg.start(gossip.run)
+                mesh.telemetry.add_collector(lambda: metric_families(gossip))
+                log.info("gossip: tracker %s on %s, peers %s", config.tracker_id,
+                         gossip.address, ", ".join(settings.gossip_peers) or "none yet")
+            # discovery: mDNS browsing, health checks, tracker announcement; after gossip,
+            # so that the tracker announces its gossip port and feeds it peers.
+            if settings.mdns:
+                gossip_at = gossip.address if gossip else None
+                gossip_port = gossip_at[1] if gossip_at else None
+                await stack.enter_async_context(tracker_discovery(
+                    mesh, interfaces=settings.mdns_interfaces, mesh_secret=settings.mesh_secret,
+                    health_interval_s=settings.health_interval_s,
+                    tracker_id=config.tracker_id,
+                    announce_http_port=settings.port or gossip_port,
+                    announce_gossip_port=gossip_port,
+                    announce_host=gossip_at[0] if gossip_at else settings.host,
+                    on_tracker=gossip.add_peer if gossip else None,
+                    on_tracker_gone=gossip.remove_peer if gossip else None))
+                log.info("discovery: browsing mDNS on %s", settings.mdns_interfaces)
+            else:  # no mDNS: nodes from POST /v1/nodes or --nodes-file are health-checked alone
+                await stack.enter_async_context(
+                    health_checks(mesh, health_interval_s=settings.health_interval_s))
+            yield
+        tg.cancel_scope.cancel()
+
+
+async def _prune_loop(router: Router) -> None:
+    while True:
+        await anyio.sleep(PRUNE_EVERY_S)
+        dropped = router.prune()
+        if dropped:
+            log.info("pruned %d route statistics unseen for 24 h", dropped)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the gateway from flags + env + file and serve it until interrupted."""
+    cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
+    try:
+        settings = load_settings(cli, os.environ)
+        gateway = build_gateway(GatewayConfig.build(settings))
+    except (SettingsError, ValueError) as exc:
+        print(f"meshroute serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
+          f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(gateway.app, host=settings.host, port=settings.port,
+                log_level=settings.log_level.lower(), lifespan="on", access_log=False)
+    return 0

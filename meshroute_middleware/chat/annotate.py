@@ -1,0 +1,116 @@
+"""Annotate mode: the wrapped app serves each attempt itself, told the plan in headers and in
+scope["state"]["meshroute"]; its answer is measured on the way to the client, and a 5xx/429
+is held back so that the next route can be tried before the client sees a byte."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope
+
+from ..core import Decision
+from ..request import ChatRequest, replay
+from .attempts import Attempts, Exchange, Failed, Measurement
+from .headers import plan_headers, with_ours, without_ours
+
+
+class AnnotateMode:
+    """Serves a chat request through the wrapped app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def serve(self, scope: Scope, receive: Receive, ex: Exchange, req: ChatRequest,
+                    first: Decision, attempts: Attempts) -> None:
+        """Run the app once per attempt; if every route failed, the client gets the last
+        failing answer as it was (or an error if the app raised)."""
+        held: list[Message] = []
+
+        async def attempt(decision: Decision, measurement: Measurement) -> Failed | None:
+            nonlocal held
+            send = _AnnotatedSend(decision, measurement, ex)
+            try:
+                await self.app(_annotated(scope, decision), replay(req.body, receive),
+                               send.send)
+            except Exception:
+                if send.started:
+                    attempts.record(decision, measurement.outcome("app_error"))
+                    raise
+                send.failed = send.failed or Failed("app_error", "the app raised an error")
+            if send.failed is not None:
+                held = send.held
+                return send.failed
+            attempts.settle(decision, measurement, status=send.status, gone=send.gone)
+            return None
+
+        last, failed = await attempts.run(first, attempt)
+        if failed is None:
+            return
+        ex.started = True
+        if not held:
+            await attempts.send_exhausted(ex.send, last)
+            return
+        held[0] = {**held[0], "headers": with_ours(held[0].get("headers", ()), last)}
+        for message in held:
+            await ex.send(message)
+
+
+def _annotated(scope: Scope, decision: Decision) -> Scope:
+    """The app's scope: the plan in headers (any the client sent are dropped) and in state."""
+    headers = without_ours(scope.get("headers", ())) + plan_headers(decision)
+    state = dict(scope.get("state") or {})
+    state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
+                          # the app's own copy: the route's plan must not be mutable by it
+                          "plan": decision.route.plan(), "attempt": decision.attempt}
+    return {**scope, "headers": headers, "state": state}
+
+
+class _AnnotatedSend:
+    """Wraps the app's send for one attempt: adds our headers, measures, and holds a
+    5xx/429 answer back."""
+
+    __slots__ = ("_ex", "decision", "failed", "gone", "held", "m", "started", "status")
+
+    def __init__(self, decision: Decision, m: Measurement, ex: Exchange) -> None:
+        self.decision, self.m, self._ex = decision, m, ex
+        self.status: int | None = None
+        self.started = False
+        self.gone = False
+        self.failed: Failed | None = None
+        self.held: list[Message] = []
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            if self.status >= 500 or self.status == 429:
+                self.failed = Failed("http_429" if self.status == 429 else "http_5xx",
+                                     f"the app answered {self.status}")
+                self.held.append(message)
+                return
+            headers = with_ours(message.get("headers", ()), self.decision)
+            self.m.answer(headers)
+            message = {**message, "headers": headers}
+            self.started = self._ex.started = True
+        elif kind == "http.response.body":
+            if self.failed is not None:
+                self.held.append(message)
+                return
+            body = message.get("body", b"")
+            now = time.perf_counter()
+            if body and self.m.first is None:
+                self.m.first = now
+            if not message.get("more_body", False):
+                self.m.last = now
+            await self._send(message)
+            if self.m.meter is not None:
+                self.m.meter.feed(body)  # counted once on its way: the client does not wait
+            return
+        await self._send(message)
+
+    async def _send(self, message: Message) -> None:
+        try:
+            await self._ex.send(message)
+        except OSError:
+            self.gone = True
+            raise

@@ -1,0 +1,143 @@
+"""One attempt lifecycle for both modes: choose → measure → record or cancel, and fall back
+down the ranked routes while a route fails before its first byte.
+
+The rules live here once:
+- a failure before the first byte is recorded, and the next ranked route is tried;
+- the client's own mistake (a 4xx) or a client that left before any byte says nothing of the
+  route: the attempt is cancelled, not recorded;
+- anything else is recorded as measured (a client that left mid-way leaves a sample of what
+  was delivered until then);
+- when every route failed the client gets 503 (429 when all were rate limited) listing, route
+  by route, why each was passed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Receive, Send
+
+from ..core import Decision, Outcome, Router
+from ..httperrors import send_error
+from ..measure import TokenMeter
+from ..telemetry import Telemetry
+from .headers import is_sse, response_headers
+
+
+class Exchange:
+    """One chat request being served: its client's send, and what its error path and the
+    disconnect watchdog need to know."""
+
+    __slots__ = ("gone", "receive", "seen", "send", "started", "task", "watcher")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False  # the client got a response start: too late for an error reply
+        self.gone = False  # the client disconnected
+        self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
+        self.receive: Receive | None = None
+        self.seen = False  # a watchdog sweep has seen it under way
+        self.watcher: asyncio.Task[None] | None = None
+
+
+class Measurement:
+    """Times one attempt and counts the tokens of its answer as they pass."""
+
+    __slots__ = ("first", "last", "meter", "start")
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None  # the answer's first body byte
+        self.last: float | None = None  # the answer's end
+        self.meter: TokenMeter | None = None
+
+    def answer(self, headers: Iterable[tuple[bytes, bytes]]) -> TokenMeter:
+        """The answer's headers are in: count its body from now on."""
+        self.meter = TokenMeter(streaming=is_sse(headers))
+        return self.meter
+
+    def failure(self, kind: str) -> Outcome:
+        """A failure before the first byte."""
+        return Outcome(0, time.perf_counter() - self.start, 0.0, kind)
+
+    def outcome(self, error: str = "") -> Outcome:
+        """What was measured, as the router records it."""
+        last = self.last if self.last is not None else time.perf_counter()
+        first = self.first if self.first is not None else last
+        tokens = self.meter.completion_tokens if self.meter is not None else 0
+        return Outcome(tokens, last - self.start, first - self.start, error)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An attempt that failed before its first byte; `kind` is what the statistics record."""
+
+    kind: str
+    reason: str
+
+
+# One attempt of a mode: None once it answered (and was settled), Failed to fall back.
+Attempt = Callable[[Decision, Measurement], Awaitable["Failed | None"]]
+
+
+class Attempts:
+    """The attempts of one chat request, from the first decision to the last."""
+
+    __slots__ = ("_open", "failures", "model", "router", "telemetry")
+
+    def __init__(self, router: Router, telemetry: Telemetry, model: str) -> None:
+        self.router, self.telemetry, self.model = router, telemetry, model
+        self.failures: dict[str, Failed] = {}  # signature -> why it was passed over
+        self._open: list[Decision] = []
+
+    async def run(self, first: Decision, attempt: Attempt) -> tuple[Decision, Failed | None]:
+        """Try `first`, then the ranked fallbacks while attempts fail before their first
+        byte; return the last decision and, if every route failed, its failure."""
+        decision = first
+        while True:
+            self._open.append(decision)
+            self.telemetry.decided(decision)
+            measurement = Measurement()
+            failed = await attempt(decision, measurement)
+            if failed is None:
+                return decision, None
+            self.record(decision, measurement.failure(failed.kind))
+            self.failures[decision.signature] = failed
+            following = self.router.fallback(decision)
+            if following is None:
+                return decision, failed
+            decision = following
+
+    def record(self, decision: Decision, outcome: Outcome) -> None:
+        """Record a finished attempt and tell the world."""
+        result = self.router.record(decision, outcome)
+        self.telemetry.finished(decision, outcome, result)
+
+    def settle(self, decision: Decision, measurement: Measurement, error: str = "", *,
+               status: int | None = None, gone: bool = False) -> None:
+        """Record an attempt that answered, or cancel it if it says nothing of the route."""
+        client_error = status is not None and 400 <= status < 500
+        if client_error or (gone and measurement.first is None):
+            self.router.cancel(decision)
+        else:
+            self.record(decision, measurement.outcome(error))
+
+    def close(self) -> None:
+        """Whatever ended abnormally leaves the in-flight count (ending twice counts once)."""
+        for decision in self._open:
+            self.router.cancel(decision)
+
+    async def send_exhausted(self, send: Send, last: Decision) -> None:
+        """Every route failed before its first byte: say so, route by route."""
+        kinds = [f.kind for f in self.failures.values()]
+        if kinds and all(k == "http_429" for k in kinds):
+            status, code = 429, "rate_limited"
+        else:
+            status, code = 503, "no_route_available"
+        await send_error(send, status, f"every route for {self.model!r} failed before its "
+                         "first byte", code, response_headers(last),
+                         routes={sig: f.reason for sig, f in self.failures.items()})

@@ -1,0 +1,73 @@
+"""meshroute's own headers: the plan sent with a request, the route and mode on a response.
+
+A client (or a head) never gets to set them: whatever x-meshroute-* it sent is dropped, so
+everyone downstream sees exactly one plan, the gateway's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from starlette.types import Scope
+
+from ..core import Decision, Route
+
+Headers = list[tuple[bytes, bytes]]
+H_ROUTE, H_PLAN, H_MODE = b"x-meshroute-route", b"x-meshroute-plan", b"x-meshroute-mode"
+OURS = b"x-meshroute-"
+_HOP_BY_HOP_REQUEST = frozenset({
+    b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
+    b"upgrade", b"te", b"trailer", b"proxy-authorization", b"proxy-connection",
+    b"accept-encoding",
+})
+
+# A route's signature and plan header, encoded once per route object: docs/benchmarks.md
+# records the gain (encoding the plan is JSON over every hop, on every request).
+_PLAN_CACHE: dict[str, tuple[Route, bytes, bytes]] = {}
+_PLAN_CACHE_MAX = 4096
+
+
+def _encoded(route: Route) -> tuple[Route, bytes, bytes]:
+    cached = _PLAN_CACHE.get(route.signature)
+    if cached is not None and cached[0] is route:
+        return cached
+    if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
+        _PLAN_CACHE.clear()
+    cached = _PLAN_CACHE[route.signature] = (
+        route, route.signature.encode(), route.plan_header().encode())
+    return cached
+
+
+def plan_headers(decision: Decision) -> Headers:
+    """The plan of a decision as request headers for a head (or the annotated app)."""
+    _, signature, plan = _encoded(decision.route)
+    return [(H_ROUTE, signature), (H_PLAN, plan), (H_MODE, decision.mode.encode())]
+
+
+def response_headers(decision: Decision) -> Headers:
+    """What every response of a routed request carries: its route and mode."""
+    return [(H_ROUTE, _encoded(decision.route)[1]), (H_MODE, decision.mode.encode())]
+
+
+def without_ours(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """Headers with any x-meshroute-* dropped."""
+    return [(k, v) for k, v in headers if not k.lower().startswith(OURS)]
+
+
+def with_ours(headers: Iterable[tuple[bytes, bytes]], decision: Decision) -> Headers:
+    """Response headers with the gateway's route and mode, and nobody else's."""
+    return without_ours(headers) + response_headers(decision)
+
+
+def forwardable(scope: Scope) -> Headers:
+    """A client's request headers worth forwarding: no hop-by-hop, no x-meshroute-*."""
+    return [(k, v) for k, v in scope.get("headers", ())
+            if k not in _HOP_BY_HOP_REQUEST and not k.startswith(OURS)]
+
+
+def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a response is a Server-Sent Events stream."""
+    for k, v in headers:
+        if k.lower() == b"content-type":
+            return v.startswith(b"text/event-stream")
+    return False
