@@ -126,8 +126,7 @@ class Telemetry:
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         ok = not outcome.error
-        tps = (outcome.completion_tokens / outcome.seconds
-               if ok and outcome.seconds > 0 else None)
+        tps = outcome.tps  # the core's one tokens/s rule
         self.events.publish_lazy(
             "outcome", _outcome, decision.mode, decision.route.signature, decision.model,
             decision.attempt, decision.route.hops[0].node.node_id, ok, result,

@@ -22,8 +22,13 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from meshroute_middleware.core import InvalidNodeError, NodeRecord
 
 from .announcer import TrackerAnnouncer, parse_tracker
-from .mdns import NODE_SERVICE, RESOLVE_TIMEOUT_MS, TRACKER_SERVICE, open_zeroconf
-from .record import decode_record
+from .mdns import (
+    NODE_SERVICE,
+    RESOLVE_TIMEOUT_MS,
+    TRACKER_SERVICE,
+    decode_record,
+    open_zeroconf,
+)
 
 log = logging.getLogger("meshroute.discovery")
 
@@ -69,7 +74,6 @@ class Discovery:
         self.trackers: dict[str, tuple[str, int]] = {}  # tracker service name -> peer
         self.misses: dict[str, int] = {}
         self.down: dict[str, NodeRecord] = {}  # removed by health checks, still probed
-        self.events_dropped = 0
         self._logged: set[tuple[str, str]] = set()
         self._probe_limit = anyio.CapacityLimiter(MAX_CONCURRENT_PROBES)
         self._send, self._receive = anyio.create_memory_object_stream[
@@ -78,11 +82,13 @@ class Discovery:
     # -- browsing --------------------------------------------------------------------
     def on_change(self, zeroconf: Any, service_type: str, name: str,
                   state_change: ServiceStateChange) -> None:
-        """AsyncServiceBrowser handler: queue the event for the resolver task."""
+        """AsyncServiceBrowser handler: queue the event for the resolver task. A full queue
+        (a flood of announcements) drops the event, counted as a rejection through the sink
+        (meshroute_rejected{source="mdns-overflow"})."""
         try:
             self._send.send_nowait((service_type, name, state_change))
         except anyio.WouldBlock:
-            self.events_dropped += 1
+            self._reject("mdns-overflow", name, "browse event queue full; event dropped")
 
     async def handle_events(self, azc: AsyncZeroconf) -> None:
         """Resolve queued browse events in order, forever."""

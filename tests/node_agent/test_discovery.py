@@ -15,8 +15,7 @@ from meshroute_middleware.core import NodeRecord
 from node_agent.announcer import NodeAnnouncer, _Registered
 from node_agent.discovery import MISSES_TO_REMOVE, tracker_discovery
 from node_agent.emulator import EmulatorConfig, serve_node
-from node_agent.mdns import NODE_SERVICE, service_info
-from node_agent.record import encode_record
+from node_agent.mdns import NODE_SERVICE, encode_record, service_info
 
 from .conftest import LOOPBACK, RecordingSink
 
