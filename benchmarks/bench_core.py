@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
-from meshroute_middleware.core.router import POLICIES
+from meshroute_middleware.core.policies import POLICIES
 
 LAYERS = 40  # ADR-0020's Qwen3.6-35B-A3B
 SCENARIOS = ((8, 1), (100, 10), (1000, 10), (1000, 1))  # (nodes, models)
