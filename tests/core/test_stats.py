@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry
-from meshroute_middleware.core.stats import STALE, decay_factor, merge_view
+from meshroute_middleware.core.kinds import STALE
+from meshroute_middleware.core.stats import State, decay_factor, merge_view
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -122,8 +123,8 @@ states = st.dictionaries(st.tuples(st.sampled_from("mn"), st.sampled_from(["r1",
 
 @settings(max_examples=200, deadline=None)
 @given(states, states, states)
-def test_merge_is_idempotent_commutative_associative(a: dict, b: dict, c: dict) -> None:
-    def merged(*parts: dict) -> dict:
+def test_merge_is_idempotent_commutative_associative(a: State, b: State, c: State) -> None:
+    def merged(*parts: State) -> State:
         store = RouteStatsStore("self")  # an origin none of the states holds
         for part in parts:
             store.merge(part)
