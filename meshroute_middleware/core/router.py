@@ -6,7 +6,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
@@ -18,6 +18,7 @@ from .stats import RouteStatsStore, RouteView
 from .topology import ModelTopology, NodeRecord, Topology
 
 Clock = Callable[[], float]
+ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed
 RECENT_ATTEMPTS = 256  # attempts per model behind the 'recent' traffic shares
 MIN_RECENT_FOR_SHARES = 32
 
@@ -196,7 +197,7 @@ class Router:
                 for n in heads}
 
     # -- visibility ---------------------------------------------------------------
-    def _shares(self, arms: Sequence[Arm]) -> tuple[list[float], str]:
+    def _shares(self, arms: Sequence[Arm]) -> tuple[list[float], ShareBasis]:
         """Shares and their basis: 'policy' (closed form), 'recent' (what the last attempts
         did: a load-aware policy's next pick depends on what is in flight, so one snapshot
         would say 100 % for whichever route is idle) or 'sampled' (Monte Carlo, cold)."""
