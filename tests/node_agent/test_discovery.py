@@ -9,11 +9,11 @@ from collections.abc import Callable
 import aiohttp
 import anyio
 import pytest
-from zeroconf import ServiceInfo
+from zeroconf import ServiceInfo, ServiceStateChange
 
 from meshroute_middleware.core import NodeRecord
 from node_agent.announcer import NodeAnnouncer, _Registered
-from node_agent.discovery import MISSES_TO_REMOVE, tracker_discovery
+from node_agent.discovery import EVENT_BUFFER, MISSES_TO_REMOVE, Discovery, tracker_discovery
 from node_agent.emulator import EmulatorConfig, serve_node
 from node_agent.mdns import NODE_SERVICE, encode_record, service_info
 
@@ -159,3 +159,12 @@ async def test_load_updates_reach_the_tracker(sink: RecordingSink) -> None:
         await sink.wait_for(lambda: sink.records["busy"].queue == 5, 2.0)
         assert sink.records["busy"].tps == 20.0
         assert not await announcer.refresh(queue=5, tps=21.0)  # under 10 %: not news
+
+
+async def test_a_browse_event_flood_is_counted_not_silently_dropped(
+        sink: RecordingSink) -> None:
+    discovery = Discovery(sink)
+    for i in range(EVENT_BUFFER + 3):
+        discovery.on_change(None, NODE_SERVICE, f"n{i}.{NODE_SERVICE}", ServiceStateChange.Added)
+    assert [source for source, _ in sink.rejections] == ["mdns-overflow"] * 3
+    assert "queue full" in sink.rejections[0][1]
