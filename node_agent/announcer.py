@@ -117,12 +117,6 @@ class NodeAnnouncer:
         await self.close()
 
 
-def tracker_properties(tracker_id: str, http_port: int, gossip_port: int,
-                       secret: str | None = None) -> dict[str, str]:
-    """TXT properties of a tracker: its id, HTTP and gossip ports, signed with a secret."""
-    return encode_tracker(tracker_id, http_port, gossip_port, secret)
-
-
 def parse_tracker(properties: TxtProperties, addresses: list[str],
                   secret: str | None = None) -> tuple[str, str, int]:
     """(tracker_id, host, gossip_port) from a tracker's TXT and addresses; ValueError else."""
@@ -139,7 +133,7 @@ class TrackerAnnouncer:
                  host: str = "127.0.0.1", interfaces: str = "all",
                  mesh_secret: str | None = None) -> None:
         self.tracker_id = tracker_id
-        props = tracker_properties(tracker_id, http_port, gossip_port, mesh_secret)
+        props = encode_tracker(tracker_id, http_port, gossip_port, mesh_secret)
         self._info = service_info(TRACKER_SERVICE, tracker_id, f"http://{host}:{http_port}",
                                   props, interfaces)
         self._service = _Registered(interfaces)
