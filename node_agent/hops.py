@@ -16,6 +16,7 @@ import anyio
 import anyio.abc
 
 from meshroute_middleware.core.contracts import plan
+from meshroute_middleware.core.contracts.error_body import error_message
 from meshroute_middleware.core.contracts.plan import PLAN_HEADER, ROUTE_HEADER, PlanHop
 
 from .shard import EmulatorConfig, EmulatorError
@@ -101,9 +102,9 @@ async def _body(inbox: anyio.abc.ObjectReceiveStream[bytes]) -> AsyncIterator[by
 async def _refusal(response: aiohttp.ClientResponse) -> str:
     try:
         body = await response.json(content_type=None)
-        return str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError, aiohttp.ClientError):
-        return f"HTTP {response.status}"
+    except (ValueError, aiohttp.ClientError):
+        body = None
+    return error_message(body) or f"HTTP {response.status}"
 
 
 class HopOpener:

@@ -35,6 +35,15 @@ def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
     return json.dumps(error_object(message, code, error_type(status), **extra)).encode()
 
 
+def error_message(body: Any) -> str | None:
+    """The message of a decoded error body, or None when `body` is not one."""
+    try:
+        message = body["error"]["message"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return message if isinstance(message, str) else None
+
+
 def sse_error_event(message: str, code: str = "upstream_failed") -> bytes:
     """The error as one SSE event, to end a stream whose upstream died."""
     return b"data: " + json.dumps(error_object(message, code, "server_error")).encode() + b"\n\n"

@@ -6,6 +6,7 @@ import json
 
 from meshroute_middleware.core.contracts.error_body import (
     error_body,
+    error_message,
     error_object,
     sse_error_event,
 )
@@ -31,3 +32,9 @@ def test_sse_error_event_is_one_data_event() -> None:
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n") and raw.count(b"\n") == 2
     assert json.loads(raw[6:]) == {"error": {"message": "the head died",
                                              "type": "server_error", "code": "upstream_failed"}}
+
+
+def test_error_message_reads_only_error_bodies() -> None:
+    assert error_message(json.loads(error_body(502, "refused", "busy"))) == "refused"
+    for other in (None, [], "x", {"error": "x"}, {"error": {"message": 3}}, {"data": {}}):
+        assert error_message(other) is None
