@@ -9,7 +9,7 @@ origin's entries; a received entry replaces the stored one for its origin when i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from .contracts.limits import MAX_ERROR_CHARS
@@ -93,11 +93,18 @@ def measured_before(entry: StatEntry, changed_at: float) -> bool:
     return bool(entry.count) and entry.t < changed_at
 
 
-def stale_route(entries: Sequence[StatEntry], changed_at: float) -> bool:
+def stale_route(entries: Iterable[StatEntry], changed_at: float) -> bool:
     """The stale rule: no origin measured the route since the last topology change, and one
-    measured it before with mass left. Its older speed is then a display prior only."""
-    fresh = any(e.count and not measured_before(e, changed_at) for e in entries)
-    return not fresh and any(measured_before(e, changed_at) and e.mass > 0 for e in entries)
+    measured it before (`measured_before`) with mass left. Its older speed is then a display
+    prior only. (One pass, no generators: it runs for every route written since a decision.)"""
+    before = False
+    for e in entries:
+        if e.count:
+            if e.t >= changed_at:
+                return False  # measured since the change
+            before = before or e.mass > 0
+    return before
+
 
 # A whole statistics state: (model, signature) -> origin -> entry.
 State = dict[tuple[str, str], dict[str, StatEntry]]
@@ -128,7 +135,7 @@ def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
                half_life_s: float) -> RouteView:
     """Merge origins at `now`: decay each mass, v = Σ m·v / Σ m over the origins measured
     since the model's last topology change; `stale_route` says when only older ones exist."""
-    entries = tuple(entries)
+    entries = entries if isinstance(entries, tuple) else tuple(entries)
     if not entries:
         return UNSAMPLED_VIEW
     fm = fv = ft = sm = sv = ok = fail = 0.0
