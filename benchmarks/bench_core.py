@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
-from meshroute_middleware.core.router import POLICIES
 
 LAYERS = 40  # ADR-0020's Qwen3.6-35B-A3B
 SCENARIOS = ((8, 1), (100, 10), (1000, 10), (1000, 1))  # (nodes, models)
@@ -191,6 +190,9 @@ def decisions_only(count: int) -> dict[str, dict[str, Any]]:
 
 def by_policy(count: int) -> dict[str, dict[str, float]]:
     """Decision time of every registered policy on the 1,000-node, 10-model mesh."""
+    # Imported here: `--baseline` runs the decision loop at revisions without this module.
+    from meshroute_middleware.core.policies.registry import POLICIES
+
     return interleaved({name: build(1000, 10, seed=1010, policy=name)
                         for name in sorted(POLICIES)}, count)
 

@@ -20,6 +20,12 @@ from typing import Any
 
 import msgpack
 
+from meshroute_middleware.core.contracts.limits import (
+    MAX_ERROR_CHARS,
+    MAX_ID_CHARS,
+    MAX_SIGNATURE_CHARS,
+    MAX_TPS,
+)
 from meshroute_middleware.core.stats import StatEntry
 
 from . import errors as err
@@ -27,11 +33,7 @@ from . import state as st
 
 WIRE_VERSION = 1
 MAX_FRAME_BYTES = 1024 * 1024  # bounds memory per message; a full delta is ~160 KiB
-MAX_ID_CHARS = 128  # model and origin ids, as core.topology.MAX_ID_CHARS
-MAX_SIGNATURE_CHARS = 4096  # a route signature: up to ~30 hops of 128-char node ids
-MAX_ERROR_CHARS = 200  # StatEntry.with_failure keeps 200 characters
 MAX_COUNT = 2**53  # counts stay exact as floats
-MAX_TPS = 1_000_000.0  # tokens/s, as core.topology.MAX_TPS: above is a typo or a lie
 MAX_MASS = 1e9  # decayed weights: ~1.4 million samples/s sustained over a 600 s half-life
 MAX_TTFB_S = 3600.0  # no first byte is awaited for an hour
 REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from starlette.types import Send
 
-ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-    429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "server_error",
-    504: "server_error",
-}
+from .core.contracts.error_body import ERROR_TYPES, error_body
 
-
-def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
-    """`{"error": {"message", "type", "code", ...}}` as bytes."""
-    err = {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "code": code}
-    err.update(extra)
-    return json.dumps({"error": err}).encode()
+__all__ = ["ERROR_TYPES", "error_body", "send_error"]
 
 
 async def send_error(send: Send, status: int, message: str, code: str,

@@ -7,8 +7,11 @@ otherwise every `data:` event whose delta carries non-empty content counts as on
 
 from __future__ import annotations
 
-import json
 import re
+
+from .core.contracts.error_body import sse_error_event
+
+__all__ = ["TokenMeter", "sse_error_event"]
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
@@ -65,9 +68,3 @@ class TokenMeter:
                 return int(match.group(1))
             at = tail.rfind(b'"completion_tokens"', 0, at)
         return 0
-
-
-def sse_error_event(message: str, code: str = "upstream_failed") -> bytes:
-    """An OpenAI-style error as one SSE event, to end a stream whose upstream died."""
-    body = {"error": {"message": message, "type": "server_error", "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -81,7 +81,7 @@ def _selected_fields(selected: Selected) -> Payload:
 def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
     selected, outcome, result = event
     ok = not outcome.error
-    tps = outcome.completion_tokens / outcome.seconds if ok and outcome.seconds > 0 else None
+    tps = outcome.tps  # the core's one tokens/s rule
     return {**_selected_fields(selected), "ok": ok, "result": result,
             "completion_tokens": outcome.completion_tokens,
             "seconds": round(outcome.seconds, 6), "ttfb_ms": round(outcome.ttfb_s * 1000, 3),

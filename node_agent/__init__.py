@@ -3,8 +3,7 @@
 from .announcer import NodeAnnouncer, TrackerAnnouncer
 from .discovery import Discovery, TopologySink, health_checks, tracker_discovery
 from .emulator import EmulatedNode, serve_node
-from .mdns import NODE_SERVICE, TRACKER_SERVICE
-from .record import decode_record, encode_record
+from .mdns import NODE_SERVICE, TRACKER_SERVICE, decode_record, encode_record
 from .shard import EmulatorConfig
 
 __all__ = [

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 
@@ -14,9 +13,9 @@ from zeroconf import ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
 from meshroute_middleware.core import NodeRecord
+from meshroute_middleware.core.contracts.txt import TxtProperties, decode_tracker, encode_tracker
 
-from .mdns import NODE_SERVICE, TRACKER_SERVICE, open_zeroconf, service_info
-from .record import PROTOCOL_VERSION, SIG_KEY, encode_record, sign
+from .mdns import NODE_SERVICE, TRACKER_SERVICE, encode_record, open_zeroconf, service_info
 
 log = logging.getLogger("meshroute.node_agent")
 
@@ -44,9 +43,7 @@ class _Registered:
     async def register(self, info: ServiceInfo) -> None:
         self._zc = open_zeroconf(self._interfaces)
         self._info = info
-        # strict=False: "_meshroute-tracker" (the design's name) is longer than RFC 6335's
-        # 15 bytes; zeroconf browses such types but registers them only when not strict.
-        await (await self._zc.async_register_service(info, strict=False))
+        await (await self._zc.async_register_service(info))  # strict: RFC 6335 names only
 
     async def update(self, info: ServiceInfo) -> None:
         assert self._zc is not None
@@ -78,7 +75,6 @@ class NodeAnnouncer:
         self._min_interval_s, self._clock = min_interval_s, clock
         self._service = _Registered(interfaces)
         self._updated_at = float("-inf")
-        self.updates_sent = 0
 
     def _info(self, record: NodeRecord) -> ServiceInfo:
         return service_info(NODE_SERVICE, record.node_id, record.url,
@@ -98,7 +94,6 @@ class NodeAnnouncer:
             return False  # the next refresh after the interval sends it
         await self._service.update(self._info(new))
         self.record, self._updated_at = new, self._clock()
-        self.updates_sent += 1
         return True
 
     async def follow(self, load: Callable[[], tuple[int, float]],
@@ -122,45 +117,23 @@ class NodeAnnouncer:
         await self.close()
 
 
-def tracker_properties(tracker_id: str, http_port: int, gossip_port: int,
-                       secret: str | None = None) -> dict[str, str]:
-    """TXT properties of a tracker: its id, HTTP and gossip ports, signed with a secret."""
-    props = {"v": PROTOCOL_VERSION, "id": tracker_id, "hp": str(http_port),
-             "gp": str(gossip_port)}
-    if secret:
-        props[SIG_KEY] = sign(props, secret)
-    return props
-
-
-def parse_tracker(properties: Mapping[bytes, bytes | None], addresses: list[str],
+def parse_tracker(properties: TxtProperties, addresses: list[str],
                   secret: str | None = None) -> tuple[str, str, int]:
     """(tracker_id, host, gossip_port) from a tracker's TXT and addresses; ValueError else."""
-    try:
-        text = {k.decode(): (v or b"").decode() for k, v in properties.items()}
-    except UnicodeDecodeError:
-        raise ValueError("tracker TXT is not valid UTF-8") from None
-    if text.get("v") != PROTOCOL_VERSION:
-        raise ValueError(f"unsupported tracker record version {text.get('v')!r}")
-    if secret and not hmac.compare_digest(text.get(SIG_KEY, ""), sign(text, secret)):
-        raise ValueError("tracker record is unsigned or its signature does not match")
-    tracker_id, port_text = text.get("id", ""), text.get("gp", "")
-    if not tracker_id or len(tracker_id) > 128:
-        raise ValueError("tracker record needs an 'id' of 1..128 characters")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"tracker gossip port {port_text[:16]!r} is not a port")
+    txt = decode_tracker(properties, secret=secret)
     if not addresses:
         raise ValueError("tracker record has no address")
-    return tracker_id, addresses[0], int(port_text)
+    return txt.tracker_id, addresses[0], txt.gossip_port
 
 
 class TrackerAnnouncer:
-    """Registers this tracker as `_meshroute-tracker._tcp.local.` for zero-config gossip."""
+    """Registers this tracker as `_meshroute-trk._tcp.local.` for zero-config gossip."""
 
     def __init__(self, tracker_id: str, http_port: int, gossip_port: int, *,
                  host: str = "127.0.0.1", interfaces: str = "all",
                  mesh_secret: str | None = None) -> None:
         self.tracker_id = tracker_id
-        props = tracker_properties(tracker_id, http_port, gossip_port, mesh_secret)
+        props = encode_tracker(tracker_id, http_port, gossip_port, mesh_secret)
         self._info = service_info(TRACKER_SERVICE, tracker_id, f"http://{host}:{http_port}",
                                   props, interfaces)
         self._service = _Registered(interfaces)

@@ -22,13 +22,19 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from meshroute_middleware.core import InvalidNodeError, NodeRecord
 
 from .announcer import TrackerAnnouncer, parse_tracker
-from .mdns import NODE_SERVICE, RESOLVE_TIMEOUT_MS, TRACKER_SERVICE, open_zeroconf
-from .record import decode_record
+from .mdns import (
+    NODE_SERVICE,
+    RESOLVE_TIMEOUT_MS,
+    TRACKER_SERVICE,
+    decode_record,
+    open_zeroconf,
+)
 
 log = logging.getLogger("meshroute.discovery")
 
 MISSES_TO_REMOVE = 3  # issue 4: "a node that misses 3 probes leaves the topology"
 FORGET_AFTER_MISSES = 150  # stop probing a dead node after this many misses
+HEALTH_INTERVAL_S = 2.0  # seconds between health probes of every node (its one home)
 MAX_PROBE_TIMEOUT_S = 2.0
 EVENT_BUFFER = 1024  # browse events waiting to be resolved; beyond, events are dropped
 MAX_LOGGED_REJECTIONS = 1024  # distinct refusals logged; all are counted by the sink
@@ -57,7 +63,7 @@ class Discovery:
     """The state of a tracker's discovery: which service is which node, health misses."""
 
     def __init__(self, sink: TopologySink, *, mesh_secret: str | None = None,
-                 health_interval_s: float = 2.0, skip_tracker: str | None = None,
+                 health_interval_s: float = HEALTH_INTERVAL_S, skip_tracker: str | None = None,
                  on_tracker: TrackerCallback | None = None,
                  on_tracker_gone: TrackerCallback | None = None) -> None:
         self.sink, self.mesh_secret = sink, mesh_secret
@@ -69,7 +75,6 @@ class Discovery:
         self.trackers: dict[str, tuple[str, int]] = {}  # tracker service name -> peer
         self.misses: dict[str, int] = {}
         self.down: dict[str, NodeRecord] = {}  # removed by health checks, still probed
-        self.events_dropped = 0
         self._logged: set[tuple[str, str]] = set()
         self._probe_limit = anyio.CapacityLimiter(MAX_CONCURRENT_PROBES)
         self._send, self._receive = anyio.create_memory_object_stream[
@@ -78,11 +83,13 @@ class Discovery:
     # -- browsing --------------------------------------------------------------------
     def on_change(self, zeroconf: Any, service_type: str, name: str,
                   state_change: ServiceStateChange) -> None:
-        """AsyncServiceBrowser handler: queue the event for the resolver task."""
+        """AsyncServiceBrowser handler: queue the event for the resolver task. A full queue
+        (a flood of announcements) drops the event, counted as a rejection through the sink
+        (meshroute_rejected{source="mdns-overflow"})."""
         try:
             self._send.send_nowait((service_type, name, state_change))
         except anyio.WouldBlock:
-            self.events_dropped += 1
+            self._reject("mdns-overflow", name, "browse event queue full; event dropped")
 
     async def handle_events(self, azc: AsyncZeroconf) -> None:
         """Resolve queued browse events in order, forever."""
@@ -217,7 +224,7 @@ class Discovery:
 
 @asynccontextmanager
 async def health_checks(sink: TopologySink, *,
-                        health_interval_s: float = 2.0) -> AsyncIterator[Discovery]:
+                        health_interval_s: float = HEALTH_INTERVAL_S) -> AsyncIterator[Discovery]:
     """Health-check the topology's nodes without mDNS (nodes registered over HTTP or from a
     file): the same probes and rules as `tracker_discovery`, no browsing, no announcing."""
     discovery = Discovery(sink, health_interval_s=health_interval_s)
@@ -232,7 +239,7 @@ async def health_checks(sink: TopologySink, *,
 @asynccontextmanager
 async def tracker_discovery(
     sink: TopologySink, *, interfaces: str = "all", mesh_secret: str | None = None,
-    health_interval_s: float = 2.0, announce_http_port: int | None = None,
+    health_interval_s: float = HEALTH_INTERVAL_S, announce_http_port: int | None = None,
     announce_gossip_port: int | None = None, announce_host: str = "127.0.0.1",
     tracker_id: str | None = None, on_tracker: TrackerCallback | None = None,
     on_tracker_gone: TrackerCallback | None = None,

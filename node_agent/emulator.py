@@ -17,6 +17,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from meshroute_middleware.core.contracts.error_body import error_object
+
 from .chat import ChatJob, ChatRequestError, chunk, completion, parse_chat, usage_chunk, words
 from .hops import (
     HANDSHAKE,
@@ -44,8 +46,7 @@ class _Died(EmulatorError):
 
 def error_response(exc: EmulatorError) -> JSONResponse:
     """An OpenAI-style JSON error for an emulator error."""
-    body = {"error": {"message": str(exc), "type": exc.kind, "param": None,
-                      "code": type(exc).__name__}}
+    body = error_object(str(exc), type(exc).__name__, exc.kind, param=None)
     return JSONResponse(body, status_code=exc.status)
 
 

@@ -8,24 +8,26 @@ autoregressive, so a token's work crosses every hop before the next token starts
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import anyio
 import anyio.abc
 
+from meshroute_middleware.core.contracts import plan
+from meshroute_middleware.core.contracts.error_body import error_message
+from meshroute_middleware.core.contracts.plan import PLAN_HEADER, ROUTE_HEADER, PlanHop
+
 from .shard import EmulatorConfig, EmulatorError
 
 HANDSHAKE = b"open"  # the first line upstream sends, so its request leaves at once
-PLAN_HEADER = "x-meshroute-plan"
-ROUTE_HEADER = "x-meshroute-route"
 HOP_PATH = "/internal/hop"
-MAX_PLAN_HOPS = 64
-MAX_PLAN_CHARS = 16_384
+
+__all__ = [
+    "HANDSHAKE", "HOP_PATH", "PLAN_HEADER", "ROUTE_HEADER", "HopError", "HopLink", "HopOpener",
+    "PlanError", "PlanHop", "parse_plan",
+]
 
 
 class PlanError(EmulatorError):
@@ -42,61 +44,23 @@ class HopError(EmulatorError):
     kind = "upstream_error"
 
 
-@dataclass(frozen=True, slots=True)
-class PlanHop:
-    """One hop of a plan: a node, its base URL and its layer span."""
-
-    node_id: str
-    url: str
-    start_layer: int
-    end_layer: int
-
-    @property
-    def span(self) -> int:
-        """Layers this hop runs."""
-        return self.end_layer - self.start_layer + 1
-
-    def to_dict(self) -> dict[str, Any]:
-        """The hop as it travels in the plan header."""
-        return {"node_id": self.node_id, "url": self.url,
-                "start_layer": self.start_layer, "end_layer": self.end_layer}
-
-
-def _hop(entry: Any) -> PlanHop:
-    if not isinstance(entry, dict):
-        raise PlanError("each plan hop must be an object")
-    node_id, url = entry.get("node_id"), entry.get("url")
-    start, end = entry.get("start_layer"), entry.get("end_layer")
-    if not isinstance(node_id, str) or not isinstance(url, str):
-        raise PlanError("plan hop needs string 'node_id' and 'url'")
-    if not url.startswith(("http://", "https://")):
-        raise PlanError(f"plan hop url must be http(s), got {url[:64]!r}")
-    if type(start) is not int or type(end) is not int or not 0 <= start <= end:
-        raise PlanError("plan hop needs integer 0 <= 'start_layer' <= 'end_layer'")
-    return PlanHop(node_id, url.rstrip("/"), start, end)
-
-
 def parse_plan(raw: str | None, config: EmulatorConfig, *, head: bool) -> list[PlanHop]:
-    """The hops from this node on; the first must be this node within its shard."""
+    """The hops from this node on (contracts.plan); the first must be this node within its
+    shard, and the plan must end at the model's last layer."""
     if raw is None:
         if not head or not config.covers_model:
             raise PlanError(f"node {config.node_id} serves layers {config.start}-{config.end} "
                             f"of {config.layers}: a request needs an {PLAN_HEADER} header")
         return [PlanHop(config.node_id, "", 0, config.layers - 1)]
-    if len(raw) > MAX_PLAN_CHARS:
-        raise PlanError("plan header too long")
     try:
-        entries = json.loads(raw)
-    except ValueError:
-        raise PlanError("plan header is not JSON") from None
-    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_PLAN_HOPS:
-        raise PlanError(f"plan must be a list of 1..{MAX_PLAN_HOPS} hops")
-    hops = [_hop(e) for e in entries]
-    _check_chain(hops, config, head=head)
+        hops = plan.parse_plan(raw)
+    except plan.PlanError as exc:
+        raise PlanError(str(exc)) from None
+    _check_fit(hops, config, head=head)
     return hops
 
 
-def _check_chain(hops: list[PlanHop], config: EmulatorConfig, *, head: bool) -> None:
+def _check_fit(hops: list[PlanHop], config: EmulatorConfig, *, head: bool) -> None:
     me = hops[0]
     if me.node_id != config.node_id:
         raise PlanError(f"plan starts at {me.node_id!r}, this is {config.node_id!r}")
@@ -105,10 +69,6 @@ def _check_chain(hops: list[PlanHop], config: EmulatorConfig, *, head: bool) -> 
                         f"it serves {config.start}-{config.end}")
     if head and me.start_layer != 0:
         raise PlanError("the head of a plan must start at layer 0")
-    for prev, nxt in itertools.pairwise(hops):
-        if nxt.start_layer != prev.end_layer + 1:
-            raise PlanError(f"plan hop {nxt.node_id} starts at {nxt.start_layer}, "
-                            f"expected {prev.end_layer + 1}")
     if hops[-1].end_layer != config.layers - 1:
         raise PlanError(f"plan ends at layer {hops[-1].end_layer}, the model has "
                         f"{config.layers}")
@@ -142,9 +102,9 @@ async def _body(inbox: anyio.abc.ObjectReceiveStream[bytes]) -> AsyncIterator[by
 async def _refusal(response: aiohttp.ClientResponse) -> str:
     try:
         body = await response.json(content_type=None)
-        return str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError, aiohttp.ClientError):
-        return f"HTTP {response.status}"
+    except (ValueError, aiohttp.ClientError):
+        body = None
+    return error_message(body) or f"HTTP {response.status}"
 
 
 class HopOpener:
@@ -157,7 +117,7 @@ class HopOpener:
         """Open the stream to rest[0]; return the link and a closer to await when done."""
         outbox, inbox = anyio.create_memory_object_stream[bytes](1)
         outbox.send_nowait(HANDSHAKE + b"\n")  # aiohttp holds headers until the first chunk
-        headers = {PLAN_HEADER: json.dumps([h.to_dict() for h in rest])}
+        headers = {PLAN_HEADER: plan.encode_plan(rest)}
         if route:
             headers[ROUTE_HEADER] = route
         try:

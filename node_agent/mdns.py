@@ -1,4 +1,8 @@
-"""Shared mDNS plumbing: service types, interface choice, instance names, service infos."""
+"""Shared mDNS plumbing: interface choice, instance names, service infos.
+
+The service types and the TXT codec are a contract between processes and live in the core
+(`meshroute_middleware.core.contracts.txt`); they are re-exported here for node_agent's use.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,15 @@ from urllib.parse import urlsplit
 from zeroconf import InterfaceChoice, IPVersion, ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
-NODE_SERVICE = "_meshroute._tcp.local."
-TRACKER_SERVICE = "_meshroute-tracker._tcp.local."
+from meshroute_middleware.core.contracts.txt import NODE_SERVICE, TRACKER_SERVICE
+from meshroute_middleware.core.contracts.txt import decode_node as decode_record
+from meshroute_middleware.core.contracts.txt import encode_node as encode_record
+
+__all__ = [
+    "MAX_LABEL_BYTES", "NODE_SERVICE", "RESOLVE_TIMEOUT_MS", "TRACKER_SERVICE", "addresses_for",
+    "decode_record", "encode_record", "host_name", "instance_name", "open_zeroconf",
+    "parse_interfaces", "service_info",
+]
 MAX_LABEL_BYTES = 63  # RFC 1035 §2.3.4: a DNS label holds at most 63 octets
 RESOLVE_TIMEOUT_MS = 1500
 

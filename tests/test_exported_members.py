@@ -9,7 +9,7 @@ CORE = {
     "Adr0021Policy", "Arm", "Decision", "Hop", "InvalidNodeError", "InvalidPinError",
     "MeshRouteError", "NoRouteError", "NodeRecord", "Outcome", "Policy", "Route",
     "RouteStatsStore", "RouteView", "Router", "RouterConfig", "StatEntry", "Topology",
-    "UnknownModelError", "enumerate_routes", "make_policy", "merge_states", "parse_node",
+    "UnknownModelError", "enumerate_routes", "make_policy", "parse_node",
     "pinned_route", "register_policy",
 }
 TOP = {"Decision", "NodeRecord", "Outcome", "Router", "RouterConfig", "parse_node"}

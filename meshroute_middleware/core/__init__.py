@@ -9,9 +9,10 @@ from .errors import (
     UnknownModelError,
 )
 from .policies import Adr0021Policy, Arm, Outcome, Policy
-from .router import Decision, Router, make_policy, register_policy
+from .policies.registry import make_policy, register_policy
+from .router import Decision, Router
 from .routes import Hop, Route, enumerate_routes, pinned_route
-from .stats import RouteStatsStore, RouteView, StatEntry, merge_states
+from .stats import RouteStatsStore, RouteView, StatEntry
 from .topology import NodeRecord, Topology, parse_node
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
     "UnknownModelError",
     "enumerate_routes",
     "make_policy",
-    "merge_states",
     "parse_node",
     "pinned_route",
     "register_policy",

@@ -2,50 +2,25 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from . import baselines as base
-from . import policies as pol
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
+from .kinds import FAILURE, FALLBACK, PINNED, SAMPLE, SUCCESS, ChangeKind, Mode, RecordResult
 from .policies import Arm, Outcome, Policy
+from .policies.registry import make_policy
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
-from .thompson import ThompsonPolicy
 from .topology import ModelTopology, NodeRecord, Topology
 
 Clock = Callable[[], float]
-PolicyFactory = Callable[[RouterConfig], Policy]
+ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed
 RECENT_ATTEMPTS = 256  # attempts per model behind the 'recent' traffic shares
 MIN_RECENT_FOR_SHARES = 32
-
-POLICIES: dict[str, PolicyFactory] = {
-    "adr0021": lambda c: pol.Adr0021Policy(c.explore_share, c.weight_alpha),
-    "thompson": lambda c: ThompsonPolicy.from_config(c),
-    "epsilon-greedy": lambda c: base.EpsilonGreedyPolicy(),
-    "litellm-latency": lambda c: base.LowestLatencyPolicy(),
-    "petals": lambda c: base.PetalsPolicy(),
-    "freellmapi": lambda c: base.ScorePolicy(),
-}
-
-
-def register_policy(name: str, factory: PolicyFactory) -> None:
-    """Make a policy selectable by name (config `policy`, CLI `--policy`)."""
-    POLICIES[name] = factory
-
-
-def make_policy(config: RouterConfig) -> Policy:
-    """The policy the config names; ValueError listing the known names otherwise."""
-    try:
-        return POLICIES[config.policy](config)
-    except KeyError:
-        known = ", ".join(sorted(POLICIES))
-        raise ValueError(f"unknown policy {config.policy!r}; known: {known}") from None
 
 
 @dataclass(slots=True)
@@ -54,10 +29,10 @@ class Decision:
 
     model: str
     route: Route
-    mode: str
+    mode: Mode
     attempt: int = 0  # 0 for the first choice, k for the k-th fallback
-    _ranked: tuple[Route, ...] | None = field(default=(), repr=False)  # None: rank `_others`
-    _others: Sequence[Arm] = field(default=(), repr=False)  # the unchosen arms, unranked
+    _ranked: tuple[Route, ...] = field(default=(), repr=False)  # the fallback chain so far
+    _unranked: Sequence[Arm] = field(default=(), repr=False)  # arms still to rank into it
     _open: bool = field(default=False, repr=False)  # counted in flight, not yet ended
 
     @property
@@ -67,16 +42,16 @@ class Decision:
 
     @property
     def ranked(self) -> tuple[Route, ...]:
-        """The fallback chain, best first; ranked on first use, not on every decision."""
-        if self._ranked is None:
-            self._ranked = tuple(a.route for a in sorted(self._others, key=_fallback_rank))
-            self._others = ()
-        return self._ranked
+        """The fallback chain, best first.
 
-    def event(self) -> dict[str, Any]:
-        """The route-selected event payload (ADR-0021: mode and signature)."""
-        return {"mode": self.mode, "signature": self.signature, "model": self.model,
-                "attempt": self.attempt, "head": self.route.head.node_id}
+        Ranked on first use: ranking reads every arm's merged view, which a decision that
+        succeeds never needs (docs/benchmarks.md: views built only when read, 20.0 -> 11.1 µs
+        per decision).
+        """
+        if self._unranked:
+            self._ranked = tuple(a.route for a in sorted(self._unranked, key=_fallback_rank))
+            self._unranked = ()
+        return self._ranked
 
 
 class Router:
@@ -96,7 +71,7 @@ class Router:
         self._recent: dict[str, deque[str]] = {}  # model -> signatures of recent attempts
 
     # -- topology -----------------------------------------------------------------
-    def upsert_node(self, record: NodeRecord) -> str:
+    def upsert_node(self, record: NodeRecord) -> ChangeKind:
         """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
         return self.topology.upsert(record, self.clock())
 
@@ -150,7 +125,7 @@ class Router:
             raise UnknownModelError(f"no node serves model {model!r}")
         if pin is not None:
             route = pinned_route(model, pin, topo.nodes)
-            return self._begin(Decision(model, route, pol.PINNED))
+            return self._begin(Decision(model, route, PINNED))
         now = self.clock()
         arms = self._arms(model, topo, now)
         if not arms:
@@ -158,14 +133,14 @@ class Router:
                                self.gaps(model))
         i, mode = self.policy.choose(arms, now, self.rng)
         route = arms.pop(i).route
-        return self._begin(Decision(model, route, mode, 0, None, arms))
+        return self._begin(Decision(model, route, mode, 0, (), arms))
 
     def fallback(self, decision: Decision) -> Decision | None:
         """The next ranked route after a failed attempt, or None when all are spent."""
         if not decision.ranked:
             return None
         route, rest = decision.ranked[0], decision.ranked[1:]
-        return self._begin(Decision(decision.model, route, pol.FALLBACK,
+        return self._begin(Decision(decision.model, route, FALLBACK,
                                     decision.attempt + 1, rest))
 
     def _begin(self, decision: Decision) -> Decision:
@@ -177,10 +152,6 @@ class Router:
         recent.append(sig)
         decision._open = True
         return decision
-
-    def in_flight(self, signature: str) -> int:
-        """Requests currently in flight on a route."""
-        return self._in_flight.get(signature, 0)
 
     def cancel(self, decision: Decision) -> None:
         """End an attempt that says nothing about the route (the client's own 4xx, or it
@@ -195,7 +166,7 @@ class Router:
         else:
             self._in_flight.pop(sig, None)
 
-    def record(self, decision: Decision, outcome: Outcome) -> str:
+    def record(self, decision: Decision, outcome: Outcome) -> RecordResult:
         """Record a finished attempt; return 'sample', 'success' (too few tokens to be a
         sample) or 'failure'."""
         sig, model, now = decision.signature, decision.model, self.clock()
@@ -204,16 +175,15 @@ class Router:
         self.policy.observe(sig, outcome, now)
         if not outcome.ok:
             self.stats.record_failure(model, sig, outcome.error, now, changed_at)
-            return "failure"
-        seconds = outcome.seconds
-        measurable = seconds > 0 and math.isfinite(seconds)  # NaN/inf would poison the EWMA
-        if outcome.completion_tokens < self.config.min_sample_tokens or not measurable:
+            return FAILURE
+        tps = outcome.tps
+        if outcome.completion_tokens < self.config.min_sample_tokens or tps is None:
             self.stats.record_success(model, sig, now, changed_at)
-            return "success"
-        tps = outcome.completion_tokens / seconds
+            return SUCCESS
+        seconds = outcome.seconds
         ttfb_s = outcome.ttfb_s if 0 <= outcome.ttfb_s <= seconds else seconds
         self.stats.record_sample(model, sig, tps, ttfb_s, now, changed_at)
-        return "sample"
+        return SAMPLE
 
     def gaps(self, model: str) -> dict[str, str]:
         """Why each head of a model cannot form a route (for 503 diagnostics)."""
@@ -227,11 +197,7 @@ class Router:
                 for n in heads}
 
     # -- visibility ---------------------------------------------------------------
-    def shares(self, arms: Sequence[Arm]) -> list[float]:
-        """Expected traffic share per arm under the active policy."""
-        return self._shares(arms)[0]
-
-    def _shares(self, arms: Sequence[Arm]) -> tuple[list[float], str]:
+    def _shares(self, arms: Sequence[Arm]) -> tuple[list[float], ShareBasis]:
         """Shares and their basis: 'policy' (closed form), 'recent' (what the last attempts
         did: a load-aware policy's next pick depends on what is in flight, so one snapshot
         would say 100 % for whichever route is idle) or 'sampled' (Monte Carlo, cold)."""

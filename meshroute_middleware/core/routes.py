@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .contracts.plan import PlanHop, encode_plan
 from .errors import InvalidPinError
 from .topology import NodeRecord
 
@@ -23,10 +23,13 @@ class Hop:
     start_layer: int
     end_layer: int
 
+    def plan_hop(self) -> PlanHop:
+        """The hop as the x-meshroute-plan header carries it (contracts.plan)."""
+        return PlanHop(self.node.node_id, self.node.url, self.start_layer, self.end_layer)
+
     def plan_entry(self) -> dict[str, Any]:
-        """The hop as it travels in the x-meshroute-plan header."""
-        return {"node_id": self.node.node_id, "url": self.node.url,
-                "start_layer": self.start_layer, "end_layer": self.end_layer}
+        """The hop as it travels in the x-meshroute-plan header, JSON-ready."""
+        return self.plan_hop().to_dict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +56,8 @@ class Route:
         return [h.plan_entry() for h in self.hops]
 
     def plan_header(self) -> str:
-        """The plan as the compact JSON of the x-meshroute-plan header."""
-        return json.dumps(self.plan(), separators=(",", ":"))
+        """The plan as the x-meshroute-plan header value (contracts.plan)."""
+        return encode_plan(h.plan_hop() for h in self.hops)
 
 
 def signature_of(model: str, hops: Sequence[Hop]) -> str:

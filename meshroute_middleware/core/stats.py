@@ -12,12 +12,14 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
+from .contracts.limits import MAX_ERROR_CHARS
+from .kinds import DECAYED, PROVEN, STALE, UNSAMPLED, Status
+
 LN2 = math.log(2.0)
 HALF_LIFE_S = 600.0  # ADR-0021 default
 DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
 PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
 
-PROVEN, UNSAMPLED, STALE, DECAYED = "proven", "unsampled", "stale", "decayed"
 
 
 def decay_factor(dt_s: float, half_life_s: float) -> float:
@@ -68,7 +70,7 @@ class StatEntry(NamedTuple):
         """A failed request: a reliability sample, never a tps sample."""
         d = decay_factor(now - self.t, half_life_s)
         return StatEntry(self.value, self.mass * d, max(now, self.t), self.ttfb_s, self.ok * d,
-                         self.fail * d + 1.0, self.count, error[:200])
+                         self.fail * d + 1.0, self.count, error[:MAX_ERROR_CHARS])
 
     def reset_tps(self) -> StatEntry:
         """Forget the tps part (measured under an older topology); keep reliability."""
@@ -84,21 +86,28 @@ def newer(a: StatEntry, b: StatEntry) -> StatEntry:
 
 _EMPTY = StatEntry()
 
+
+def measured_before(entry: StatEntry, changed_at: float) -> bool:
+    """Whether an entry's tps was measured under an older topology (ADR-0021 "stale"): it
+    holds samples and was last updated before the model's last topology change."""
+    return bool(entry.count) and entry.t < changed_at
+
+
+def stale_route(entries: Iterable[StatEntry], changed_at: float) -> bool:
+    """The stale rule: no origin measured the route since the last topology change, and one
+    measured it before (`measured_before`) with mass left. Its older speed is then a display
+    prior only. (One pass, no generators: it runs for every route written since a decision.)"""
+    before = False
+    for e in entries:
+        if e.count:
+            if e.t >= changed_at:
+                return False  # measured since the change
+            before = before or e.mass > 0
+    return before
+
+
 # A whole statistics state: (model, signature) -> origin -> entry.
 State = dict[tuple[str, str], dict[str, StatEntry]]
-
-
-def merge_states(a: Mapping[tuple[str, str], Mapping[str, StatEntry]],
-                 b: Mapping[tuple[str, str], Mapping[str, StatEntry]]) -> State:
-    """Join of two states: per (route, origin) the newer entry. Idempotent, commutative,
-    associative (a state-based CRDT)."""
-    out: State = {key: dict(origins) for key, origins in a.items()}
-    for key, origins in b.items():
-        mine = out.setdefault(key, {})
-        for origin, entry in origins.items():
-            have = mine.get(origin)
-            mine[origin] = entry if have is None else newer(have, entry)
-    return out
 
 
 class RouteView(NamedTuple):
@@ -114,7 +123,7 @@ class RouteView(NamedTuple):
     ok: float
     fail: float
     count: int  # type: ignore[assignment]  # shadows tuple.count; the field name is API
-    status: str
+    status: Status
     origins: int
     last_error: str = ""
 
@@ -124,13 +133,15 @@ UNSAMPLED_VIEW = RouteView(None, 0.0, None, 0.0, 0.0, 0, UNSAMPLED, 0)
 
 def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
                half_life_s: float) -> RouteView:
-    """Merge origins at `now`: decay each mass, v = Σ m·v / Σ m; stale if older than the
-    model's last topology change."""
+    """Merge origins at `now`: decay each mass, v = Σ m·v / Σ m over the origins measured
+    since the model's last topology change; `stale_route` says when only older ones exist."""
+    entries = entries if isinstance(entries, tuple) else tuple(entries)
+    if not entries:
+        return UNSAMPLED_VIEW
     fm = fv = ft = sm = sv = ok = fail = 0.0
-    count = origins = 0
+    count = 0
     last_error, last_t = "", float("-inf")
     for e in entries:
-        origins += 1
         d = decay_factor(now - e.t, half_life_s)
         ok += e.ok * d
         fail += e.fail * d
@@ -139,22 +150,21 @@ def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
             last_error, last_t = e.last_error, e.t
         if e.count == 0:
             continue
-        if e.t >= changed_at:
+        if measured_before(e, changed_at):
+            sm += e.mass  # undecayed: a stale entry is only a display prior
+            sv += e.mass * e.value
+        else:
             fm += m
             fv += m * e.value
             ft += m * e.ttfb_s
             count += e.count
-        else:
-            sm += e.mass  # undecayed: a stale entry is only a display prior
-            sv += e.mass * e.value
-    if origins == 0:
-        return UNSAMPLED_VIEW
+    origins = len(entries)
     if count:
-        status = PROVEN if fm >= DECAYED_MASS else DECAYED
+        status: Status = PROVEN if fm >= DECAYED_MASS else DECAYED
         tps = fv / fm if fm > 0 else None
         ttfb = ft / fm if fm > 0 else None
         return RouteView(tps, fm, ttfb, ok, fail, count, status, origins, last_error)
-    if sm > 0:
+    if stale_route(entries, changed_at):
         return RouteView(sv / sm, 0.0, None, ok, fail, 0, STALE, origins, last_error)
     return RouteView(None, 0.0, None, ok, fail, 0, UNSAMPLED, origins, last_error)
 
@@ -178,49 +188,26 @@ class MergedRoute:
         self.half_life_s = half_life_s
         self.origins = len(entries)
         self._ref: RouteView | None = None
-        if len(entries) == 1:
-            e = entries[0]
-            self.t_ref = e.t
-            # merge_view's STALE: no counted entry since the change, a counted one with mass
-            # before it
-            self.stale = bool(e.count) and e.t < changed_at and e.mass > 0
-        else:
-            self.t_ref = max(e.t for e in entries)
-            self.stale = (not any(e.count and e.t >= changed_at for e in entries)
-                          and any(e.count and e.t < changed_at and e.mass > 0
-                                  for e in entries))
+        self.t_ref = max(e.t for e in entries)
+        self.stale = stale_route(entries, changed_at)
 
     @property
     def ref(self) -> RouteView:
-        """The merged view at `t_ref`."""
-        ref = self._ref
-        if ref is None:
-            ref = self._ref = self._merge()
-        return ref
-
-    def _merge(self) -> RouteView:
-        entries, changed_at = self.entries, self.changed_at
-        if len(entries) == 1:  # one tracker: its entry is the view at its own time
-            e = entries[0]
-            if e.count and e.t >= changed_at:
-                m = e.mass  # the arithmetic of merge_view, so that both agree to the bit
-                status = PROVEN if m >= DECAYED_MASS else DECAYED
-                tps, ttfb = (m * e.value / m, m * e.ttfb_s / m) if m > 0 else (None, None)
-                return RouteView(tps, m, ttfb, e.ok, e.fail, e.count, status, 1, e.last_error)
-        return merge_view(entries, self.t_ref, changed_at, self.half_life_s)
+        """The merged view at `t_ref` (merged on first use)."""
+        if self._ref is None:
+            self._ref = merge_view(self.entries, self.t_ref, self.changed_at, self.half_life_s)
+        return self._ref
 
     def at(self, now: float) -> RouteView:
         """The merged view at `now`; equal to merge_view up to rounding."""
         if now < self.t_ref:
             return merge_view(self.entries, now, self.changed_at, self.half_life_s)
-        ref = self._ref
-        if ref is None:  # (the `ref` property, inlined: views are read per candidate)
-            ref = self._ref = self._merge()
+        ref = self.ref
         d = math.exp(-LN2 * (now - self.t_ref) / self.half_life_s)
         if ref.count:
             mass = ref.mass * d
             if mass > 0:
-                status = PROVEN if mass >= DECAYED_MASS else DECAYED
+                status: Status = PROVEN if mass >= DECAYED_MASS else DECAYED
                 return RouteView(ref.tps, mass, ref.ttfb_s, ref.ok * d, ref.fail * d,
                                  ref.count, status, ref.origins, ref.last_error)
             return RouteView(None, mass, None, ref.ok * d, ref.fail * d, ref.count, DECAYED,
@@ -245,7 +232,7 @@ class RouteStatsStore:
         entry = origins.get(self.origin) if origins is not None else None
         if entry is None:
             return _EMPTY
-        if entry.count and entry.t < changed_at:
+        if measured_before(entry, changed_at):
             entry = entry.reset_tps()  # re-measured under the new topology
         return entry
 

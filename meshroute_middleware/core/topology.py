@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .contracts.limits import MAX_ID_CHARS, MAX_TPS
 from .errors import InvalidNodeError
+from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
 
 MAX_LAYERS = 100_000
-MAX_TPS = 1_000_000.0  # tokens/s; anything above is a typo or a lie
 MAX_QUEUE = 1_000_000
-MAX_ID_CHARS = 128
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@/+-]+$")
 _URL_RE = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 _INT_RE = re.compile(r"^-?[0-9]{1,18}$")  # ASCII digits only: int() also takes '١' and '_'
@@ -146,16 +146,11 @@ class Topology:
         """The topology of one model, or None."""
         return self._models.get(name)
 
-    def node(self, node_id: str) -> NodeRecord | None:
-        """The record of a node, or None."""
-        model = self._model_of.get(node_id)
-        return None if model is None else self._models[model].nodes.get(node_id)
-
     def nodes(self) -> list[NodeRecord]:
         """Every node of every model."""
         return [n for t in self._models.values() for n in t.nodes.values()]
 
-    def upsert(self, record: NodeRecord, now: float) -> str:
+    def upsert(self, record: NodeRecord, now: float) -> ChangeKind:
         """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
         old_model = self._model_of.get(record.node_id)
         if old_model is not None and old_model != record.model:
@@ -167,17 +162,17 @@ class Topology:
         topo.nodes[record.node_id] = record
         self._model_of[record.node_id] = record.model
         if old is not None and replace(old, seen_at=now) == record:
-            return "refresh"  # a heartbeat: nothing a route depends on changed
+            return REFRESH  # a heartbeat: nothing a route depends on changed
         topo.version += 1
         if old is None:
             self._bump(topo, now)
-            return "join"
+            return JOIN
         if (old.start, old.end, old.layers, old.url) != (
             record.start, record.end, record.layers, record.url,
         ):
             self._bump(topo, now)
-            return "shard-change"
-        return "refresh"
+            return SHARD_CHANGE
+        return REFRESH
 
     def remove(self, node_id: str, now: float) -> bool:
         """Remove a node (leave); return whether it was there."""

@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from ..core.policies import EXPLOIT, Arm, Outcome
+from ..core.policies import EXPLOIT, Arm, Mode, Outcome
 from ..core.routes import Route
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class OraclePolicy:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
         """The arm whose route has the smallest expected cost for the current request."""
         req = self.sim.current
         tokens = req.tokens if req is not None else 1

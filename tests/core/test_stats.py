@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshroute_middleware.core import RouteStatsStore, StatEntry, merge_states
-from meshroute_middleware.core.stats import STALE, decay_factor, merge_view
+from meshroute_middleware.core import RouteStatsStore, StatEntry
+from meshroute_middleware.core.kinds import STALE
+from meshroute_middleware.core.stats import State, decay_factor, merge_view
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -122,10 +123,19 @@ states = st.dictionaries(st.tuples(st.sampled_from("mn"), st.sampled_from(["r1",
 
 @settings(max_examples=200, deadline=None)
 @given(states, states, states)
-def test_merge_is_idempotent_commutative_associative(a: dict, b: dict, c: dict) -> None:
-    assert merge_states(a, a) == merge_states(a, {}) == {k: dict(v) for k, v in a.items()}
-    assert merge_states(a, b) == merge_states(b, a)
-    assert merge_states(merge_states(a, b), c) == merge_states(a, merge_states(b, c))
+def test_merge_is_idempotent_commutative_associative(a: State, b: State, c: State) -> None:
+    def merged(*parts: State) -> State:
+        store = RouteStatsStore("self")  # an origin none of the states holds
+        for part in parts:
+            store.merge(part)
+        return store.state()
+
+    once = RouteStatsStore("self")
+    once.merge(a)
+    assert once.merge(a) == 0 and once.state() == merged(a) == merged(a, a, {})
+    assert merged(a) == {k: dict(v) for k, v in a.items() if v}
+    assert merged(a, b) == merged(b, a)
+    assert merged(merged(a, b), c) == merged(a, merged(b, c))
 
 
 @settings(max_examples=200, deadline=None)

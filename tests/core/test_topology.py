@@ -115,7 +115,7 @@ def test_refresh_keeps_change_time_and_updates_seen_at(clock: Any) -> None:
     clock.advance(30.0)
     assert topo.upsert(node("a", 0, 39), clock()) == "refresh"
     assert topo.model("m").changed_at == changed
-    assert topo.node("a").seen_at == clock()
+    assert topo.model("m").nodes["a"].seen_at == clock()
 
 
 def test_node_moving_to_another_model_leaves_the_first(clock: Any) -> None:

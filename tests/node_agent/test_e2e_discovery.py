@@ -15,7 +15,7 @@ import aiohttp
 import anyio
 import pytest
 
-from .conftest import LOOPBACK
+from .conftest import LOOPBACK, PATIENCE_S
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +87,7 @@ async def test_gateway_routes_through_discovered_nodes(gateway: str,
     tail = node_processes("e2e-tail", "--shard", "16-31", "--seconds-per-layer", "0.0002")
     route = "emu-model|e2e-head[0-15]->e2e-tail[16-31]"
     async with aiohttp.ClientSession() as session:
-        await _until_signatures(session, gateway, lambda s: route in s, 10.0)
+        await _until_signatures(session, gateway, lambda s: route in s, PATIENCE_S)
         body = {"model": "emu-model", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 12}
         async with session.post(gateway + "/v1/chat/completions", json=body) as resp:
@@ -100,7 +100,7 @@ async def test_gateway_routes_through_discovered_nodes(gateway: str,
 
         tail.send_signal(signal.SIGTERM)
         await _until_signatures(session, gateway, lambda s: not any("e2e-tail" in x for x in s),
-                                3.0)
+                                PATIENCE_S)
         assert tail.wait(5) == 0
         async with session.post(gateway + "/v1/chat/completions", json=body) as resp:
             assert resp.status >= 400  # no complete route without the tail
@@ -133,11 +133,11 @@ async def test_gateways_find_each_other_as_gossip_peers(
     a_url, _ = gateways("--gossip-listen", f"{LOOPBACK}:{_free_port()}")
     b_url, b = gateways("--gossip-listen", f"{LOOPBACK}:{_free_port()}")
     async with aiohttp.ClientSession() as session:
-        with anyio.fail_after(10.0):  # no --gossip-peer given: mDNS is the only way
+        with anyio.fail_after(PATIENCE_S):  # no --gossip-peer given: mDNS is the only way
             while not (await _gossip_peers(session, a_url) == 1.0
                        and await _gossip_peers(session, b_url) == 1.0):
                 await anyio.sleep(0.1)
         _stop(b)  # SIGTERM: b's tracker service says goodbye
-        with anyio.fail_after(3.0):
+        with anyio.fail_after(PATIENCE_S):
             while await _gossip_peers(session, a_url) != 0.0:
                 await anyio.sleep(0.1)

@@ -67,7 +67,9 @@ async def test_two_hop_tokens_per_s_match_configured_speeds() -> None:
 
 
 async def test_requests_beyond_slots_queue() -> None:
-    # 6 requests of 10 tokens x 10 ms on 2 slots: three waves of ~100 ms each.
+    # 6 requests of 10 tokens x 10 ms on 2 slots: three waves of at least 100 ms each. A busy
+    # machine only makes a wave later, so the waves are checked from below: without the slot
+    # limit every request would take ~100 ms and the later waves would fail.
     node = _cfg("solo", 0, 31, seconds_per_layer=0.01 / 32, slots=2)
     latencies: list[float] = []
     depths: list[int] = []
@@ -81,14 +83,15 @@ async def test_requests_beyond_slots_queue() -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(6):
                 tg.start_soon(one)
-            await anyio.sleep(0.05)
-            async with s.get(url + "/internal/status") as resp:
-                depths.append((await resp.json())["queue"])
+            while len(latencies) < 2:  # poll the queue while the first wave runs
+                async with s.get(url + "/internal/status") as resp:
+                    depths.append((await resp.json())["queue"])
+                await anyio.sleep(0.01)
     latencies.sort()
-    assert depths == [4]
+    assert max(depths) == 4  # two serving, four waiting
     for wave, pair in enumerate((latencies[0:2], latencies[2:4], latencies[4:6]), start=1):
-        for latency in pair:  # tolerance: ±40 ms of scheduling and HTTP overhead per wave
-            assert abs(latency - 0.1 * wave) < 0.04, latencies
+        for latency in pair:  # 10 ms of slack for the timer's own rounding
+            assert latency > 0.1 * wave - 0.01, latencies
 
 
 async def test_a_request_holds_a_slot_on_every_hop() -> None:
@@ -102,7 +105,8 @@ async def test_a_request_holds_a_slot_on_every_hop() -> None:
             for _ in range(2):
                 tg.start_soon(_post, s, ua, {**CHAT, "max_tokens": 10}, headers)
         elapsed_s = time.perf_counter() - began
-    assert 0.18 < elapsed_s < 0.3  # 2 x 100 ms serialised; 100 ms if the tail did not queue
+    # 2 x 100 ms serialised; ~100 ms if the tail did not queue (a busy machine is only slower)
+    assert elapsed_s > 0.18
 
 
 async def test_openai_client_parses_stream_and_usage() -> None:

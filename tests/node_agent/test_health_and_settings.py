@@ -13,11 +13,11 @@ from starlette.routing import Route
 from zeroconf import InterfaceChoice
 
 from meshroute_middleware.core import NodeRecord
+from meshroute_middleware.core.contracts.txt import encode_tracker
 from node_agent.announcer import (
     NodeAnnouncer,
     meaningful_change,
     parse_tracker,
-    tracker_properties,
 )
 from node_agent.cli import node_settings, reachable_url
 from node_agent.discovery import FORGET_AFTER_MISSES, MISSES_TO_REMOVE, Discovery
@@ -118,7 +118,7 @@ def test_instance_names_fit_one_label() -> None:
 
 
 def test_tracker_records_are_signed_with_the_mesh_secret() -> None:
-    signed = {k.encode(): v.encode() for k, v in tracker_properties("t", 80, 7000, "s").items()}
+    signed = {k.encode(): v.encode() for k, v in encode_tracker("t", 80, 7000, "s").items()}
     assert parse_tracker(signed, ["10.0.0.2"], "s") == ("t", "10.0.0.2", 7000)
     forged = {**signed, b"gp": b"7001"}
     for props, secret in ((forged, "s"), (signed, "other"), ({**signed, b"sig": b""}, "s")):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from meshroute_middleware.core import InvalidNodeError, NodeRecord
-from node_agent.record import decode_record, encode_record, sign
+from meshroute_middleware.core.contracts.txt import decode_node as decode_record
+from meshroute_middleware.core.contracts.txt import encode_node as encode_record
+from meshroute_middleware.core.contracts.txt import sign
 
 NODE = NodeRecord("gpu-a", "qwen", 0, 21, 40, "http://127.0.0.1:9001", tps=42.5, queue=3,
                   rep=0.9)

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
+from meshroute_middleware.core.policies.thompson import ThompsonPolicy
 from meshroute_middleware.core.routes import Hop, make_route
-from meshroute_middleware.core.thompson import ThompsonPolicy
 
 DRAWS = 2000
 UNSAMPLED = RouteView(None, 0.0, None, 0.0, 0.0, 0, "unsampled", 0)

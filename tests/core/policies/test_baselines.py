@@ -7,15 +7,10 @@ import random
 import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, RouteView
-from meshroute_middleware.core.baselines import (
-    EpsilonGreedyPolicy,
-    LowestLatencyPolicy,
-    PetalsPolicy,
-    ScorePolicy,
-    advertised_seconds_per_token,
-    speed_score,
-    ttfb_score,
-)
+from meshroute_middleware.core.policies.epsilon_greedy import EpsilonGreedyPolicy
+from meshroute_middleware.core.policies.freellmapi import ScorePolicy, speed_score, ttfb_score
+from meshroute_middleware.core.policies.litellm import LowestLatencyPolicy
+from meshroute_middleware.core.policies.petals import PetalsPolicy, advertised_seconds_per_token
 from meshroute_middleware.core.routes import Hop, make_route
 
 DRAWS = 4000

@@ -7,13 +7,14 @@ import random
 import pytest
 
 from meshroute_middleware.core import Adr0021Policy, Arm, NodeRecord, RouteView
+from meshroute_middleware.core.kinds import Status
 from meshroute_middleware.core.routes import Hop, make_route
 
 DRAWS = 4000  # ADR-0021's verification: 4,000 seeded draws
 TOLERANCE = 0.03  # ±0.03 on a share; the binomial sd at 4,000 draws is ≤ 0.008, so ~4 sd
 
 
-def arm(name: str, prior: float, tps: float | None = None, status: str = "unsampled",
+def arm(name: str, prior: float, tps: float | None = None, status: Status = "unsampled",
         mass: float = 0.0) -> Arm:
     node = NodeRecord(name, "m", 0, 39, 40, f"http://{name}.test", prior)
     view = RouteView(tps, mass, None, 0.0, 0.0, 1 if tps else 0, status, 1 if tps else 0)

@@ -1,16 +1,32 @@
-"""Selection policies: given the candidate arms of one decision, pick one and say why."""
+"""What every policy shares: the `Policy` protocol, the `Arm` it chooses among, the `Outcome`
+it learns from, and the small rules several policies use."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
-from typing import ClassVar, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
-from .routes import Route
-from .stats import PROVEN, STALE, UNSAMPLED_VIEW, MergedRoute, RouteView
+from ..contracts.limits import MAX_TPS
+from ..kinds import (
+    DECAYED,
+    EXPLOIT,
+    FALLBACK,
+    GREEDY,
+    PINNED,
+    PROVEN,
+    SCOUT,
+    STALE,
+    Mode,
+)
+from ..routes import Route
+from ..stats import UNSAMPLED_VIEW, MergedRoute, RouteView
 
-SCOUT, EXPLOIT, PINNED = "scout", "exploit", "pinned"  # ADR-0021 decision modes
-GREEDY, FALLBACK = "greedy-fallback", "fallback"
+__all__ = [
+    "EXPLOIT", "FALLBACK", "GREEDY", "PINNED", "SCOUT", "Arm", "Mode", "Outcome", "Policy",
+    "best_prior", "least_measured", "measured_tps", "weighted_index",
+]
 
 
 class Arm:
@@ -81,12 +97,24 @@ class Outcome(NamedTuple):
     completion_tokens: int = 0
     seconds: float = 0.0  # from forwarding to the last byte
     ttfb_s: float = 0.0
-    error: str = ""  # "" | "connect" | "timeout" | "http_5xx" | "http_429" | "stream" | ...
+    # "" on success, else a kinds.ErrorKind. Typed `str` until the forwarders (adapters) type
+    # their kinds as ErrorKind; then this narrows to `ErrorKind | Literal[""]`.
+    error: str = ""
 
     @property
     def ok(self) -> bool:
         """Whether the request succeeded."""
         return not self.error
+
+    @property
+    def tps(self) -> float | None:
+        """End-to-end tokens/s of a success, the one rule every caller uses: tokens over the
+        seconds from forwarding to the last byte, capped at limits.MAX_TPS; None for a failure
+        or when the seconds are not a positive finite number (NaN/inf would poison the EWMA)."""
+        seconds = self.seconds
+        if self.error or not (seconds > 0 and math.isfinite(seconds)):
+            return None
+        return min(self.completion_tokens / seconds, MAX_TPS)
 
 
 class Policy(Protocol):
@@ -97,7 +125,7 @@ class Policy(Protocol):
         """The name the policy is selected by (a class or instance attribute will do)."""
         ...
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
         """Return (index into arms, mode)."""
         ...
 
@@ -132,45 +160,9 @@ def weighted_index(weights: Sequence[float], rng: random.Random) -> int:
     return len(weights) - 1
 
 
-class Adr0021Policy:
-    """ADR-0021 exactly: scout with probability explore_share, else exploit P ∝ tps^alpha."""
-
-    name: ClassVar[str] = "adr0021"
-
-    def __init__(self, explore_share: float = 0.3, weight_alpha: float = 1.0) -> None:
-        self.explore_share = explore_share
-        self.weight_alpha = weight_alpha
-
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
-        """Pick an arm as ADR-0021 does."""
-        proven = [i for i, a in enumerate(arms) if a.view.status == PROVEN]
-        if not proven:
-            return best_prior(arms), GREEDY
-        if len(proven) < len(arms) and rng.random() < self.explore_share:
-            return least_measured(arms, [i for i, a in enumerate(arms) if not a.proven]), SCOUT
-        return proven[weighted_index(self._weights(arms, proven), rng)], EXPLOIT
-
-    def _weights(self, arms: Sequence[Arm], proven: Sequence[int]) -> list[float]:
-        """tps^alpha of the proven arms (a floor keeps a zero-tps arm drawable)."""
-        alpha = self.weight_alpha
-        tps = [max(arms[i].view.tps or 0.0, 1e-9) for i in proven]
-        return tps if alpha == 1.0 else [x**alpha for x in tps]
-
-    def shares(self, arms: Sequence[Arm]) -> list[float]:
-        """Expected traffic share of each arm under this policy right now."""
-        proven = [i for i, a in enumerate(arms) if a.proven]
-        out = [0.0] * len(arms)
-        if not proven:
-            out[best_prior(arms)] = 1.0
-            return out
-        explore = self.explore_share if len(proven) < len(arms) else 0.0
-        if explore:
-            out[least_measured(arms, [i for i, a in enumerate(arms) if not a.proven])] = explore
-        weights = self._weights(arms, proven)
-        total = sum(weights)
-        for i, w in zip(proven, weights, strict=True):
-            out[i] += (1 - explore) * w / total
-        return out
-
-    def observe(self, signature: str, outcome: Outcome, now: float) -> None:
-        """ADR-0021 reads only the shared statistics."""
+def measured_tps(arm: Arm) -> float | None:
+    """The learned tps of an arm measured under the current topology, else None."""
+    v = arm.view
+    if v.tps is not None and v.status in (PROVEN, DECAYED):
+        return v.tps
+    return None

@@ -18,11 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from .policies import EXPLOIT, GREEDY, SCOUT, Arm, Outcome
-from .stats import DECAYED, HALF_LIFE_S, LN2, PROVEN, STALE, decay_factor
+from ..kinds import DECAYED, PROVEN, STALE
+from ..stats import HALF_LIFE_S, LN2, decay_factor
+from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
 
 if TYPE_CHECKING:
-    from .config import RouterConfig
+    from ..config import RouterConfig
 
 # Cap on an arm's decayed sample mass: an EWMA with weight >= 1/201 per sample. A route that
 # drifts is caught by the change detector below, not by this cap (tuned: bench_learning.py).
@@ -161,7 +162,7 @@ class ThompsonPolicy:
         """The posterior statistics of one route, if it was ever observed."""
         return self._beliefs.get(signature)
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, str]:
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
         """Try an untried arm first (best prior first; "greedy-fallback" while nothing at all
         is known, as ADR-0021); otherwise sample and take the least expected delay, i.e. the
         largest log(reliability · tps) − log(in_flight + 1)."""
