@@ -228,3 +228,16 @@ async def test_gossiping_with_ourselves_drops_that_peer(clock: FakeClock) -> Non
         assert service.membership.peers() == []
         assert service.counters.rejected == {"same_origin": 2}  # refused inbound and outbound
         assert not service.remove_peer("t0-alias", 1)
+
+
+async def test_refusals_are_logged_at_most_once_a_minute_per_reason(
+        clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    async with cluster(1, clock, MemoryNetwork(0)) as (service,):
+        stranger = WireCodec("t9", None)  # unsigned: refused, the service holds a secret
+        for _ in range(50):
+            assert await service.handle(stranger.encode(st.Digest(), clock()), ("x", 1)) is None
+        clock.advance(61.0)
+        assert await service.handle(stranger.encode(st.Digest(), clock()), ("x", 1)) is None
+    lines = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
+    assert service.counters.rejected == {"unsigned": 51}
+    assert len(lines) == 2 and "(49 more like it not logged)" in lines[1]
