@@ -75,6 +75,13 @@ class PeerTimeout(TransportError):
     reason = "timeout"
 
 
+class IdleConnection(TransportError):
+    """An inbound connection that did not deliver its frame within the handshake timeout, or
+    was dropped to make room while it had sent nothing whole."""
+
+    reason = "idle"
+
+
 class PeerUnreachable(TransportError):
     """Nothing listens at the peer's address, or the connection broke."""
 

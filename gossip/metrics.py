@@ -10,7 +10,8 @@ from .service import GossipService
 
 
 def metric_families(service: GossipService) -> Iterator[Metric]:
-    """Counters (rounds, exchanges, messages, bytes, entries, rejections) and the peer gauge."""
+    """Counters (rounds, exchanges, messages, bytes, entries, rejections, entry refusals) and
+    the peer gauge."""
     c = service.counters
     rounds = CounterMetricFamily("meshroute_gossip_rounds", "Gossip rounds run")
     rounds.add_metric([], c.rounds)
@@ -35,6 +36,11 @@ def metric_families(service: GossipService) -> Iterator[Metric]:
                                    labels=["reason"])
     for reason, n in sorted(c.rejected.items()):
         rejected.add_metric([reason], n)
+    refused = CounterMetricFamily("meshroute_gossip_entries_refused",
+                                  "Received entries and change times refused one by one",
+                                  labels=["reason"])
+    for reason, n in sorted(c.entries_refused.items()):
+        refused.add_metric([reason], n)
     peers = GaugeMetricFamily("meshroute_gossip_peers", "Known gossip peers")
     peers.add_metric([], len(service.membership.peers()))
-    yield from (rounds, exchanges, messages, sizes, entries, rejected, peers)
+    yield from (rounds, exchanges, messages, sizes, entries, rejected, refused, peers)

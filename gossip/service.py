@@ -2,18 +2,31 @@
 
 Each round picks `fanout` peers; with each: send our DIGEST, receive a DELTA of what we lack plus
 the peer's digest, apply it, push back a DELTA of what the peer lacks, receive an ACK. Every
-refused message is counted by reason and logged; it never touches the state.
+refused message is counted by reason and logged; it never touches the state. Refused entries
+(one bad entry, another origin's entry without authentication, a timestamp past the skew, a full
+store) are counted by reason in `GossipCounters.entries_refused`; the rest of the frame applies.
+Logs of refusals are rate-limited per reason (`LOG_EVERY_S`), so a flood cannot flood the log.
+
+Trust (docs/security.md, "Gossip"): without a shared secret anyone who reaches the port can speak
+for the origin it names, so `GossipConfig.from_settings` refuses a non-loopback listen address
+without a secret unless `insecure_gossip` is set (then the service warns at start). With a secret,
+frames are authenticated and entries of other origins are relayed; without one a tracker takes
+only the sender's own entries and relays nothing. A reply must name the request it answers and a
+pushed DELTA the reply that asked for it (`wire.Challenges`), so no recorded frame replays, even
+after a restart.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -24,11 +37,21 @@ from . import errors as err
 from . import state as st
 from .peers import Membership, parse_address
 from .transport import Address, TcpTransport, Transport
-from .wire import Ack, Message, MessageType, WireCodec
+from .wire import (
+    INVALID_ENTRY,
+    Ack,
+    Challenges,
+    Message,
+    MessageType,
+    WireCodec,
+    new_nonce,
+    sendable,
+)
 
 log = logging.getLogger(__name__)
 
 EXCHANGE_TIMEOUT_S = 2.0  # one exchange; a dead peer costs at most this, in parallel
+LOG_EVERY_S = 60.0  # at most one log line per refusal reason per this many seconds
 
 
 class GossipSettingsLike(Protocol):
@@ -46,6 +69,22 @@ class GossipSettingsLike(Protocol):
     def gossip_secret_file(self) -> str | None: ...
     @property
     def gossip_secret(self) -> str | None: ...
+    @property
+    def insecure_gossip(self) -> bool: ...
+
+
+class InsecureGossipError(ValueError):
+    """A non-loopback gossip listener without a shared secret, and no explicit opt-in."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +97,31 @@ class GossipConfig:
     fanout: int = 3
     secret: bytes | None = None
     timeout_s: float = EXCHANGE_TIMEOUT_S
+    insecure: bool = False  # unauthenticated gossip off loopback, explicitly allowed
+
+    @property
+    def exposed(self) -> bool:
+        """Whether strangers can reach an unauthenticated listener (warned about at start)."""
+        return (self.secret is None and self.listen is not None
+                and not is_loopback(self.listen[0]))
 
     @classmethod
     def from_settings(cls, settings: GossipSettingsLike) -> GossipConfig:
-        """Parse addresses and load the secret (the file wins over the inline value)."""
+        """Parse addresses and load the secret (the file wins over the inline value).
+
+        Raises InsecureGossipError for a non-loopback listen address without a secret unless
+        `insecure_gossip` is set: anyone on the network could then steer our routing."""
         listen = parse_address(settings.gossip_listen) if settings.gossip_listen else None
-        return cls(listen, tuple(parse_address(p) for p in settings.gossip_peers),
-                   settings.gossip_interval_s, settings.gossip_fanout, load_secret(settings))
+        config = cls(listen, tuple(parse_address(p) for p in settings.gossip_peers),
+                     settings.gossip_interval_s, settings.gossip_fanout, load_secret(settings),
+                     insecure=settings.insecure_gossip)
+        if config.exposed and not config.insecure:
+            raise InsecureGossipError(
+                f"--gossip-listen {settings.gossip_listen} is reachable from other machines and "
+                f"no gossip secret is set: anyone there could steer routing. Set "
+                f"--gossip-secret-file (or MESHROUTE_GOSSIP_SECRET), listen on loopback, or pass "
+                f"--insecure-gossip to accept the risk")
+        return config
 
 
 def load_secret(settings: GossipSettingsLike) -> bytes | None:
@@ -95,10 +152,37 @@ class GossipCounters:
     entries_applied: int = 0
     entries_ignored: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    entries_refused: dict[str, int] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
         """Count one refused message or failed exchange by reason."""
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def refuse_entries(self, reason: str, n: int) -> None:
+        """Count n refused entries (or change times) by reason."""
+        if n:
+            self.entries_refused[reason] = self.entries_refused.get(reason, 0) + n
+
+
+class Throttle:
+    """Lets one log line per key through every `every_s` seconds; counts what it held back."""
+
+    def __init__(self, clock: Callable[[], float], every_s: float = LOG_EVERY_S) -> None:
+        self.clock = clock
+        self.every_s = every_s
+        self._next: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def __call__(self, key: str) -> int | None:
+        """None to stay quiet, else how many lines were held back since the last one."""
+        now = self.clock()
+        if now < self._next.get(key, -math.inf):
+            self.held[key] = self.held.get(key, 0) + 1
+            return None
+        if len(self._next) > 256:  # keys are reasons, a small fixed set; stay bounded anyway
+            self._next.clear()
+        self._next[key] = now + self.every_s
+        return self.held.pop(key, 0)
 
 
 class GossipService:
@@ -113,7 +197,9 @@ class GossipService:
         self.rng = rng or random.Random()
         self.counters = GossipCounters()
         self.origin = router.stats.origin
-        self.codec = WireCodec(self.origin, config.secret, rng=self.rng)
+        self.codec = WireCodec(self.origin, config.secret)
+        self.challenges = Challenges()
+        self._throttle = Throttle(self.clock)
         self.membership = Membership(config.peers, own=config.listen)
         host, port = config.listen or ("127.0.0.1", 0)
         self.transport: Transport = transport or TcpTransport(
@@ -124,6 +210,10 @@ class GossipService:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> GossipService:
+        if self.config.exposed:
+            log.warning("gossip: listening on %s WITHOUT a shared secret (--insecure-gossip): "
+                        "anyone who reaches it can feed this tracker statistics",
+                        self.config.listen)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         if self.config.listen is not None:
@@ -162,11 +252,6 @@ class GossipService:
         """A peer that left; True if it was known."""
         return self.membership.remove_peer(host, port)
 
-    def stats(self) -> dict[str, Any]:
-        """Counters and membership as a plain dict (for /metrics and /v1/routing)."""
-        peers = len(self.membership.peers())
-        return {**asdict(self.counters), "origin": self.origin, "peers": peers}
-
     # -- initiating ---------------------------------------------------------------------------
     def _pick(self) -> list[Address]:
         self.counters.rounds += 1
@@ -188,38 +273,53 @@ class GossipService:
             digest = st.make_digest(self.router.stats, self.router.topology)
             reply = await self._request(peer, digest, MessageType.DELTA)
             assert isinstance(reply.body, st.Delta)
-            self._apply(reply.body)
+            self._apply(reply.body, reply.sender)
             if reply.body.digest is not None:
-                push = st.make_delta(self.router.stats, self.router.topology, reply.body.digest)
+                push = self._delta_for(reply.body.digest)
                 if push.entries or push.changes:
-                    await self._request(peer, push, MessageType.ACK)
+                    await self._request(peer, push, MessageType.ACK, reply_to=reply.nonce)
         except err.SameOrigin as exc:
             self.counters.exchange_failures += 1
             self.counters.reject(exc.reason)
             self.membership.remove_peer(*peer)  # ourselves (mDNS echo) or a twin: stop asking
-            log.warning("gossip: dropped peer %s: %s", peer, exc)
+            self._log(logging.WARNING, exc.reason, "dropped peer %s: %s", peer, exc)
             return False
         except err.GossipError as exc:
             self.counters.exchange_failures += 1
             self.counters.reject(exc.reason)
             delay = self.membership.mark_failed(peer, self.clock())
-            log.info("gossip: exchange with %s failed (%s: %s); retry in %.0f s",
-                     peer, exc.reason, exc, delay)
+            self._log(logging.INFO, exc.reason, "exchange with %s failed (%s: %s); retry in %.0f s",
+                      peer, exc.reason, exc, delay)
             return False
         finally:
             self._busy.discard(peer)
         self.membership.mark_ok(peer)
         return True
 
+    def _log(self, level: int, reason: str, text: str, *args: object) -> None:
+        """Log one line for `reason` unless one went out less than LOG_EVERY_S ago."""
+        held = self._throttle(reason)
+        if held is not None:
+            suffix = f" ({held} more like it not logged)" if held else ""
+            log.log(level, "gossip: " + text + suffix, *args)
+
+    def _delta_for(self, digest: st.Digest, include_digest: bool = False) -> st.Delta:
+        """What a peer lacks, only what it would accept (relayed entries only when signed)."""
+        return st.make_delta(self.router.stats, self.router.topology, digest, sendable=sendable,
+                             relay=self.codec.authenticated, include_digest=include_digest)
+
     async def _request(self, peer: Address, body: st.Digest | st.Delta,
-                       expect: MessageType) -> Message:
-        data = self.codec.encode(body, self.clock())
+                       expect: MessageType, reply_to: int = 0) -> Message:
+        nonce = new_nonce()
+        data = self.codec.encode(body, self.clock(), nonce=nonce, reply_to=reply_to)
         self.counters.messages_sent += 1
         self.counters.bytes_sent += len(data)
         reply = await self.transport.request(peer, data, self.config.timeout_s)
         message = self._decode(reply)
         if message.kind is not expect:
             raise err.UnknownMessageType(f"expected {expect.name}, got {message.kind.name}")
+        if message.reply_to != nonce:
+            raise err.ReplayedMessage("a reply that does not answer our request")
         return message
 
     def _decode(self, data: bytes) -> Message:
@@ -228,15 +328,21 @@ class GossipService:
         message = self.codec.decode(data, self.clock())
         if message.sender == self.origin:
             raise err.SameOrigin(f"a peer gossips as our own origin {self.origin!r}")
+        if message.refused:
+            self.counters.refuse_entries(INVALID_ENTRY, message.refused)
+            self._log(logging.WARNING, INVALID_ENTRY, "refused %d out-of-range item(s) from %s",
+                      message.refused, message.sender)
         return message
 
-    def _apply(self, delta: st.Delta) -> st.ApplyResult:
-        result = st.apply_delta(self.router.stats, self.router.topology, delta, self.clock())
+    def _apply(self, delta: st.Delta, sender: str) -> st.ApplyResult:
+        result = st.apply_delta(self.router.stats, self.router.topology, delta, self.clock(),
+                                sender=sender, relay=self.codec.authenticated)
         self.counters.entries_applied += result.applied
         self.counters.entries_ignored += result.ignored
-        for reason, n in (("future", result.future), ("origin_cap", result.over_cap)):
-            if n:
-                self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + n
+        for reason, n in sorted(result.refused.items()):
+            self.counters.refuse_entries(reason, n)
+            self._log(logging.WARNING, reason, "refused %d entr(y/ies) from %s (%s)",
+                      n, sender, reason)
         return result
 
     # -- answering ----------------------------------------------------------------------------
@@ -244,25 +350,31 @@ class GossipService:
         """Answer one inbound frame; refused frames are counted, logged and get no reply
         (except one from our own origin: an empty DELTA tells that initiator to drop us)."""
         reply: st.Delta | Ack
+        nonce, reply_to = new_nonce(), 0
         try:
             message = self._decode(data)
-            reply = self._answer(message)
+            reply_to = message.nonce
+            reply = self._answer(message, nonce)
         except err.GossipError as exc:
             self.counters.reject(exc.reason)
-            log.warning("gossip: refused a message from %s (%s: %s)", sender, exc.reason, exc)
+            self._log(logging.WARNING, exc.reason, "refused a message from %s (%s: %s)",
+                      sender, exc.reason, exc)
             if not isinstance(exc, err.SameOrigin):
                 return None
             reply = st.Delta()
-        out = self.codec.encode(reply, self.clock())
+        out = self.codec.encode(reply, self.clock(), nonce=nonce, reply_to=reply_to)
         self.counters.messages_sent += 1
         self.counters.bytes_sent += len(out)
         return out
 
-    def _answer(self, message: Message) -> st.Delta | Ack:
+    def _answer(self, message: Message, nonce: int) -> st.Delta | Ack:
+        """The reply to a DIGEST (our delta and digest: a challenge the push must answer) or
+        to a pushed DELTA (an ACK, once its challenge is redeemed)."""
         body = message.body
         if isinstance(body, st.Digest):
-            return st.make_delta(self.router.stats, self.router.topology, body,
-                                 include_digest=True)
+            self.challenges.issue(nonce, message.sender, self.clock())
+            return self._delta_for(body, include_digest=True)
         if isinstance(body, st.Delta) and body.digest is None:
-            return Ack(self._apply(body).applied)
+            self.challenges.redeem(message.reply_to, message.sender, self.clock())
+            return Ack(self._apply(body, message.sender).applied)
         raise err.UnknownMessageType(f"{message.kind.name} is not a request")

@@ -4,13 +4,23 @@ A digest names every (model, signature, origin) entry a tracker holds with its v
 entry's `t` and a fingerprint of its contents); a delta carries the entries a peer lacks or holds
 older. Applying a delta is the core's last-writer-wins merge per origin (`RouteStatsStore.merge`),
 so duplicated, reordered or lost messages never double count. Nothing here does I/O.
+
+Who may speak for an origin (docs/security.md, "Gossip"): a delta's entries for the sender's own
+origin are always taken; entries for any other origin (relayed, gossip's transitivity) only when
+the frame was authenticated with the shared secret (`relay=True`). Without a secret nothing
+authenticates the relayer, so a stranger could otherwise inject any tracker's statistics; direct
+gossip still converges because every tracker gossips with every peer it knows. Each refusal is
+per entry and counted by reason (`ApplyResult.refused`); the other entries of the delta still
+apply. Timestamps past `now + MAX_SKEW_S` are refused, entries and topology change times alike;
+an accepted change time is clamped to `now`, so a peer whose clock runs ahead never marks our
+fresh samples stale. The store is bounded per origin and as a whole.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from meshroute_middleware.core.stats import RouteStatsStore, StatEntry
@@ -28,7 +38,16 @@ MAX_ORIGINS_PER_MESSAGE = 512  # distinct origin trackers one message may speak 
 MAX_MODELS_PER_MESSAGE = 256  # topology change times one message may carry
 MAX_ORIGINS_PER_ROUTE = 1024  # origins a store keeps for one route; more are refused
 MAX_STORE_ENTRIES = 65_536  # (route, origin) entries a store takes from gossip (~10 MB at most)
-MAX_FUTURE_S = 300.0  # an entry dated this far past our clock is a broken clock or a lie
+MAX_ENTRIES_PER_ORIGIN = 4096  # routes one origin may fill in our store (one delta holds 1024)
+MAX_SKEW_S = 30.0  # a timestamp further past our clock is a broken clock or a lie (= replay window)
+
+# Reasons an entry or change time is refused, the counter labels.
+FOREIGN_ORIGIN = "foreign_origin"  # another origin's entry from an unauthenticated sender
+FUTURE = "future"  # dated past now + MAX_SKEW_S
+FUTURE_CHANGE = "future_change"  # a topology change time past now + MAX_SKEW_S
+ORIGIN_FULL = "origin_full"  # MAX_ENTRIES_PER_ORIGIN reached for that origin
+ROUTE_FULL = "route_full"  # MAX_ORIGINS_PER_ROUTE reached for that route
+STORE_FULL = "store_full"  # MAX_STORE_ENTRIES reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +73,12 @@ class ApplyResult:
 
     applied: int = 0  # entries that replaced or added an origin's entry
     ignored: int = 0  # own origin, not newer, or older than the prune horizon
-    future: int = 0  # refused: dated more than MAX_FUTURE_S past our clock
-    over_cap: int = 0  # refused: MAX_ORIGINS_PER_ROUTE or MAX_STORE_ENTRIES reached
     changes: int = 0  # topology change times adopted (known models only)
+    refused: dict[str, int] = field(default_factory=dict)  # refused entries by reason
+
+    def count(self, reason: str) -> int:
+        """How many entries were refused for `reason`."""
+        return self.refused.get(reason, 0)
 
 
 def fingerprint(entry: StatEntry) -> int:
@@ -110,19 +132,28 @@ def _wanted(mine: Version, theirs: Version | None) -> bool:
     return mine[0] > theirs[0] or (mine[0] == theirs[0] and mine[1] != theirs[1])
 
 
-def make_delta(store: RouteStatsStore, topology: Topology, peer: Digest,
+def make_delta(store: RouteStatsStore, topology: Topology, peer: Digest, *,
+               sendable: Callable[[StatEntry], bool], relay: bool,
                include_digest: bool = False) -> Delta:
     """What the peer behind `peer` lacks: entries and newer topology change times, bounded by
-    MAX_ENTRIES_PER_MESSAGE and MAX_ORIGINS_PER_MESSAGE (newest first; the rest next round)."""
+    MAX_ENTRIES_PER_MESSAGE and MAX_ORIGINS_PER_MESSAGE (newest first; the rest next round).
+
+    Never puts on the wire what the peer would refuse: only entries `sendable` accepts (the
+    codec's range check), and other origins' entries only when `relay` (authenticated gossip).
+    """
     entries = flat_entries(store)
     chosen: dict[EntryKey, StatEntry] = {}
     origins: set[str] = set()
     for key in _newest_first(entries):
         if len(chosen) >= MAX_ENTRIES_PER_MESSAGE:
             break
+        if not relay and key[2] != store.origin:
+            continue
         if not _wanted(version(entries[key]), peer.versions.get(key)):
             continue
         if key[2] not in origins and len(origins) >= MAX_ORIGINS_PER_MESSAGE:
+            continue
+        if not sendable(entries[key]):
             continue
         origins.add(key[2])
         chosen[key] = entries[key]
@@ -132,36 +163,62 @@ def make_delta(store: RouteStatsStore, topology: Topology, peer: Digest,
     return Delta(chosen, _capped(changes), digest)
 
 
-def apply_delta(store: RouteStatsStore, topology: Topology, delta: Delta,
-                now: float) -> ApplyResult:
-    """Merge a received delta into the store and adopt newer topology change times."""
-    applied = ignored = future = over_cap = 0
-    horizon = now + MAX_FUTURE_S
-    size = sum(len(origins) for _, origins in store)
+def apply_delta(store: RouteStatsStore, topology: Topology, delta: Delta, now: float, *,
+                sender: str, relay: bool) -> ApplyResult:
+    """Merge a received delta from tracker `sender` into the store, entry by entry, and adopt
+    newer topology change times; refused entries are counted by reason, the rest apply."""
+    applied = ignored = 0
+    refused: dict[str, int] = {}
+    horizon = now + MAX_SKEW_S
+    per_origin: dict[str, int] = {}
+    for _, known_origins in store:
+        for origin in known_origins:
+            per_origin[origin] = per_origin.get(origin, 0) + 1
+    size = sum(per_origin.values())
     for (model, sig, origin), entry in delta.entries.items():
-        if entry.t > horizon:
-            future += 1
-            continue
         known = store.entries(model, sig)
-        if origin not in known and (len(known) >= MAX_ORIGINS_PER_ROUTE
-                                    or size >= MAX_STORE_ENTRIES):
-            over_cap += 1
-            continue
-        if store.merge({(model, sig): {origin: entry}}, now):
+        reason = _refusal(origin, entry, known, sender=sender, relay=relay, horizon=horizon,
+                          size=size, held=per_origin.get(origin, 0))
+        if reason is not None:
+            refused[reason] = refused.get(reason, 0) + 1
+        elif store.merge({(model, sig): {origin: entry}}, now):
             applied += 1
-            size += 0 if origin in known else 1
+            if origin not in known:
+                size += 1
+                per_origin[origin] = per_origin.get(origin, 0) + 1
         else:
             ignored += 1
-    changes = _apply_changes(topology, delta.changes.items(), horizon)
-    return ApplyResult(applied, ignored, future, over_cap, changes)
+    changes = _apply_changes(topology, delta.changes.items(), now, refused)
+    return ApplyResult(applied, ignored, changes, refused)
 
 
-def _apply_changes(topology: Topology, changes: Iterable[tuple[str, float]],
-                   horizon: float) -> int:
+def _refusal(origin: str, entry: StatEntry, known: Mapping[str, StatEntry], *, sender: str,
+             relay: bool, horizon: float, size: int, held: int) -> str | None:
+    """Why one received entry is refused, or None to merge it."""
+    if origin != sender and not relay:
+        return FOREIGN_ORIGIN
+    if entry.t > horizon:
+        return FUTURE
+    if origin in known:
+        return None  # an update never grows the store
+    if len(known) >= MAX_ORIGINS_PER_ROUTE:
+        return ROUTE_FULL
+    if held >= MAX_ENTRIES_PER_ORIGIN:
+        return ORIGIN_FULL
+    if size >= MAX_STORE_ENTRIES:
+        return STORE_FULL
+    return None
+
+
+def _apply_changes(topology: Topology, changes: Iterable[tuple[str, float]], now: float,
+                   refused: dict[str, int]) -> int:
+    """Adopt newer change times of known models; past the skew refused, else clamped to now."""
     adopted = 0
     for model, changed_at in changes:
-        if changed_at > horizon:
+        if changed_at > now + MAX_SKEW_S:
+            refused[FUTURE_CHANGE] = refused.get(FUTURE_CHANGE, 0) + 1
             continue
+        changed_at = min(changed_at, now)
         current = topology.model(model)  # unknown models are not adopted: no unbounded growth
         if current is not None and changed_at > current.changed_at:
             topology.note_change(model, changed_at)

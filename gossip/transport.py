@@ -5,12 +5,19 @@ few hundred routes and origins outgrows one datagram (65,507 bytes at most, ~1,4
 fragmentation); TCP gives us framing, delivery and a connection-refused signal for dead peers.
 One exchange is one connection: a request frame, a reply frame, close (at one round a second
 per peer the handshake costs nothing that matters).
+
+Inbound connections are cheap to open and must not starve real peers: each must deliver its whole
+request frame within `handshake_timeout_s` of being accepted, else it is dropped (counted as
+`idle`); at most `max_pending` connections may be waiting for their frame at once, and a new one
+past that drops the oldest waiting one. Only a connection that delivered a frame takes one of the
+`MAX_CONNECTIONS` handler slots, so idle sockets never hold a slot a real peer needs.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -29,8 +36,10 @@ Handler = Callable[[bytes, Address], Awaitable[bytes | None]]
 ErrorSink = Callable[[err.GossipError], None]
 
 _LENGTH = struct.Struct(">I")  # 4-byte big-endian frame length
-IO_TIMEOUT_S = 5.0  # a peer that sends a frame slower than this is cut off (slowloris)
-MAX_CONNECTIONS = 64  # concurrent inbound exchanges; more wait (fanout 3 x peers is far less)
+IO_TIMEOUT_S = 5.0  # writing our reply to a peer slower than this is given up
+HANDSHAKE_TIMEOUT_S = 2.0  # an inbound frame must arrive whole this soon after accept (slowloris)
+MAX_PENDING = 128  # inbound connections waiting for their frame; past it the oldest is dropped
+MAX_CONNECTIONS = 64  # concurrent inbound handlers; more wait (fanout 3 x peers is far less)
 
 
 class Transport(Protocol):
@@ -65,12 +74,16 @@ class TcpTransport:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  max_frame_bytes: int = MAX_FRAME_BYTES, io_timeout_s: float = IO_TIMEOUT_S,
-                 on_error: ErrorSink | None = None) -> None:
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 max_pending: int = MAX_PENDING, on_error: ErrorSink | None = None) -> None:
         self.host, self.port = host, port
         self.max_frame_bytes = max_frame_bytes
         self.io_timeout_s = io_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_pending = max_pending
         self.on_error = on_error
         self._limiter = anyio.CapacityLimiter(MAX_CONNECTIONS)
+        self._pending: OrderedDict[object, anyio.CancelScope] = OrderedDict()
 
     async def request(self, peer: Address, payload: bytes, timeout_s: float) -> bytes:
         """One exchange on a fresh connection."""
@@ -98,21 +111,43 @@ class TcpTransport:
             task_status.started((str(bound[0]), self.port))
 
             async def on_connection(stream: anyio.abc.SocketStream) -> None:
-                async with self._limiter, stream:
+                async with stream:
                     await self._answer(stream, handler)
 
             await listener.serve(on_connection)
+
+    async def _receive(self, stream: anyio.abc.SocketStream) -> bytes | None:
+        """The request frame, read within the handshake timeout; None if this connection was
+        dropped to make room for a newer one."""
+        token = object()
+        with anyio.CancelScope() as scope:
+            while len(self._pending) >= self.max_pending:
+                _, oldest = self._pending.popitem(last=False)
+                oldest.cancel()
+            self._pending[token] = scope
+            try:
+                with anyio.fail_after(self.handshake_timeout_s):
+                    return await read_frame(BufferedByteReceiveStream(stream),
+                                            self.max_frame_bytes)
+            except TimeoutError as exc:
+                raise err.IdleConnection(f"no whole frame within "
+                                         f"{self.handshake_timeout_s:g} s") from exc
+            finally:
+                self._pending.pop(token, None)
+        return None
 
     async def _answer(self, stream: anyio.abc.SocketStream, handler: Handler) -> None:
         remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
         sender: Address = (str(remote[0]), int(remote[1]))
         try:
-            with anyio.fail_after(self.io_timeout_s):
-                frame = await read_frame(BufferedByteReceiveStream(stream), self.max_frame_bytes)
-            reply = await handler(frame, sender)
-            if reply is not None:
-                with anyio.fail_after(self.io_timeout_s):
-                    await write_frame(stream, reply)
+            frame = await self._receive(stream)
+            if frame is None:
+                raise err.IdleConnection("dropped while waiting: too many connections waiting")
+            async with self._limiter:
+                reply = await handler(frame, sender)
+                if reply is not None:
+                    with anyio.fail_after(self.io_timeout_s):
+                        await write_frame(stream, reply)
         except err.GossipError as exc:
             self._report(exc, sender)
         except (TimeoutError, OSError, anyio.EndOfStream, anyio.IncompleteRead,

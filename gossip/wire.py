@@ -1,9 +1,23 @@
 """The gossip wire format, pure: versioned msgpack frames, HMAC-SHA256 tags, strict decoding.
 
-A frame is the msgpack array `[version, type, sender, sent_at, nonce, body, tag]`; `body` is
-the msgpack of the typed payload, `tag` is HMAC-SHA256 over a domain prefix, the header and the
-body (nil without a shared secret). Decoding checks size, shape and every field's type and range
-before anything reaches the state; each refusal raises a specific `GossipError` subclass.
+A frame (wire version 2) is the msgpack array
+`[version, type, sender, sent_at, nonce, reply_to, body, tag]`; `body` is the msgpack of the typed
+payload, `tag` is HMAC-SHA256 over a domain prefix, the header and the body (nil without a shared
+secret). `nonce` is 64 unpredictable bits (`new_nonce`), `reply_to` the nonce of the frame this one
+answers (0 for a request). Version 1 frames (no `reply_to`) are refused as `version`.
+
+Replay protection that survives a restart: a pushed DELTA is accepted only as the answer to a
+DELTA this process sent (its `reply_to` names a nonce held by `Challenges`, each usable once,
+expiring after `REPLAY_WINDOW_S`), and a reply only when it names the request it answers. A
+process that restarts holds no challenge, so a frame recorded before the restart answers nothing;
+no state is persisted. Signed frames are also checked against the clock and for exact copies
+within the window (`ReplayGuard`).
+
+Decoding checks size, shape and every field's type and range before anything reaches the state.
+A fault in the frame's structure refuses the frame (a `GossipError` subclass); a statistics
+entry, digest version or change time whose values are out of range refuses only that item,
+counted in `Message.refused` under `invalid_entry`. `sendable` applies the very same entry check
+before an entry is put on the wire, so a peer never refuses what we send.
 """
 
 from __future__ import annotations
@@ -11,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import random
+import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +45,7 @@ from meshroute_middleware.core.stats import StatEntry
 from . import errors as err
 from . import state as st
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: reply_to in the header, entries refused one by one
 MAX_FRAME_BYTES = 1024 * 1024  # bounds memory per message; a full delta is ~160 KiB
 MAX_COUNT = 2**53  # counts stay exact as floats
 MAX_MASS = 1e9  # decayed weights: ~1.4 million samples/s sustained over a 600 s half-life
@@ -63,15 +77,26 @@ _BODY_TYPE: dict[MessageType, type] = {MessageType.DIGEST: st.Digest,
                                        MessageType.DELTA: st.Delta, MessageType.ACK: Ack}
 
 
+INVALID_ENTRY = "invalid_entry"  # counter label of an item refused for its values
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One decoded, validated message."""
+    """One decoded, validated message; `refused` counts the items dropped from its body."""
 
     kind: MessageType
     sender: str
     sent_at: float
     body: Body
     size_bytes: int = 0
+    nonce: int = 0
+    reply_to: int = 0
+    refused: int = 0
+
+
+def new_nonce() -> int:
+    """64 unpredictable, non-zero bits (0 means "answers nothing")."""
+    return secrets.randbelow(2**64 - 1) + 1
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -160,12 +185,25 @@ def _walk(obj: Any, what: str) -> list[tuple[st.EntryKey, Any]]:
     return out
 
 
-def _changes(obj: Any) -> dict[str, float]:
+class _Refused:
+    """Counts the items a decode dropped for their values."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def _changes(obj: Any, refused: _Refused) -> dict[str, float]:
     items = _map(obj, "changes")
     if len(items) > st.MAX_MODELS_PER_MESSAGE:
         raise _fail("too many models")
-    return {_text(m, "model", MAX_ID_CHARS): _number(t, "changed_at", -math.inf)
-            for m, t in items.items()}
+    out: dict[str, float] = {}
+    for model, t in items.items():
+        _text(model, "model", MAX_ID_CHARS)
+        try:
+            out[model] = _number(t, "changed_at", -math.inf)
+        except err.MalformedMessage:
+            refused.n += 1
+    return out
 
 
 def _version(leaf: Any) -> st.Version:
@@ -193,26 +231,47 @@ def _bounded(pairs: list[tuple[st.EntryKey, Any]], max_entries: int) -> None:
         raise _fail(f"more than {st.MAX_ORIGINS_PER_MESSAGE} origins")
 
 
-def _digest(obj: Any) -> st.Digest:
+def _each(pairs: list[tuple[st.EntryKey, Any]], parse: Any,
+          refused: _Refused) -> dict[st.EntryKey, Any]:
+    """Parse every leaf; a leaf with a bad value is dropped and counted, the rest kept."""
+    out: dict[st.EntryKey, Any] = {}
+    for key, leaf in pairs:
+        try:
+            out[key] = parse(leaf)
+        except err.MalformedMessage:
+            refused.n += 1
+    return out
+
+
+def _digest(obj: Any, refused: _Refused) -> st.Digest:
     body = _map(obj, "digest")
     pairs = _walk(body.get("v"), "versions")
     _bounded(pairs, st.MAX_DIGEST_ENTRIES)
-    return st.Digest({k: _version(leaf) for k, leaf in pairs}, _changes(body.get("c")))
+    return st.Digest(_each(pairs, _version, refused), _changes(body.get("c"), refused))
 
 
-def _delta(obj: dict[Any, Any]) -> st.Delta:
+def _delta(obj: dict[Any, Any], refused: _Refused) -> st.Delta:
     pairs = _walk(obj.get("e"), "entries")
     _bounded(pairs, st.MAX_ENTRIES_PER_MESSAGE)
-    digest = None if obj.get("d") is None else _digest(obj.get("d"))
-    return st.Delta({k: _entry(leaf) for k, leaf in pairs}, _changes(obj.get("c")), digest)
+    digest = None if obj.get("d") is None else _digest(obj.get("d"), refused)
+    return st.Delta(_each(pairs, _entry, refused), _changes(obj.get("c"), refused), digest)
 
 
-def _body(kind: MessageType, obj: Any) -> Body:
+def _body(kind: MessageType, obj: Any, refused: _Refused) -> Body:
     if kind is MessageType.DIGEST:
-        return _digest(obj)
+        return _digest(obj, refused)
     if kind is MessageType.DELTA:
-        return _delta(_map(obj, "delta"))
+        return _delta(_map(obj, "delta"), refused)
     return Ack(_int(_map(obj, "ack").get("n"), "applied", MAX_COUNT))
+
+
+def sendable(entry: StatEntry) -> bool:
+    """Whether a peer's decoder would accept this entry (the same check, on our side)."""
+    try:
+        _entry(_entry_obj(entry))
+    except err.MalformedMessage:
+        return False
+    return True
 
 
 def _unpack(data: bytes, **limits: int) -> Any:
@@ -244,24 +303,55 @@ class ReplayGuard:
         self._expiry[tag] = sent_at + self.window_s
 
 
+class Challenges:
+    """Nonces of the replies this process sent that ask for a push; each answers once. Pure,
+    bounded (oldest evicted first), forgotten at restart: that is what refuses old pushes."""
+
+    def __init__(self, ttl_s: float = REPLAY_WINDOW_S, max_open: int = MAX_REPLAY_TAGS):
+        self.ttl_s = ttl_s
+        self.max_open = max_open
+        self._open: OrderedDict[int, tuple[str, float]] = OrderedDict()
+
+    def issue(self, nonce: int, peer: str, now: float) -> None:
+        """Remember that our frame `nonce` to tracker `peer` may be answered until now + ttl."""
+        while self._open and (len(self._open) >= self.max_open
+                              or next(iter(self._open.values()))[1] < now):
+            self._open.popitem(last=False)
+        self._open[nonce] = (peer, now + self.ttl_s)
+
+    def redeem(self, reply_to: int, peer: str, now: float) -> None:
+        """Consume the challenge a push answers; ReplayedMessage if there is none."""
+        held = self._open.pop(reply_to, None)
+        if held is None or held[0] != peer or held[1] < now:
+            raise err.ReplayedMessage("a push that answers no open exchange of ours "
+                                      "(a replay, or sent before our restart)")
+
+
 class WireCodec:
     """Encodes and decodes frames for one tracker; with a secret, signs and verifies."""
 
     def __init__(self, sender: str, secret: bytes | None = None, *,
-                 rng: random.Random | None = None, window_s: float = REPLAY_WINDOW_S,
+                 window_s: float = REPLAY_WINDOW_S,
                  max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         if secret is not None and not secret:
             raise ValueError("an empty gossip secret would authenticate nothing")
         self.sender = _text(sender, "sender", MAX_ID_CHARS) if sender else sender
         self.secret = secret
         self.max_frame_bytes = max_frame_bytes
-        self._rng = rng or random.Random()  # nonces need only be distinct, not secret
         self._guard = ReplayGuard(window_s)
 
-    def encode(self, body: Body, now: float) -> bytes:
-        """One signed (when a secret is set) frame carrying `body`."""
+    @property
+    def authenticated(self) -> bool:
+        """Whether frames are signed and verified (a shared secret is set)."""
+        return self.secret is not None
+
+    def encode(self, body: Body, now: float, *, nonce: int | None = None,
+               reply_to: int = 0) -> bytes:
+        """One signed (when a secret is set) frame carrying `body`; `nonce` defaults to a new
+        one, `reply_to` names the frame this one answers."""
         kind = next(k for k, t in _BODY_TYPE.items() if isinstance(body, t))
-        header = [WIRE_VERSION, int(kind), self.sender, float(now), self._rng.getrandbits(64)]
+        header = [WIRE_VERSION, int(kind), self.sender, float(now),
+                  new_nonce() if nonce is None else nonce, reply_to]
         payload = _pack(_body_obj(body))
         tag = None
         if self.secret is not None:
@@ -273,24 +363,30 @@ class WireCodec:
         if len(data) > self.max_frame_bytes:
             raise err.OversizedMessage(f"{len(data)} bytes > {self.max_frame_bytes}")
         frame = _unpack(data, max_str_len=MAX_ID_CHARS, max_bin_len=self.max_frame_bytes,
-                        max_array_len=7, max_map_len=0)
-        if not isinstance(frame, list) or len(frame) != 7:
-            raise _fail("a frame must be an array of 7 fields")
-        version, kind_raw, sender, sent_at, nonce, payload, tag = frame
+                        max_array_len=8, max_map_len=0)
+        if not isinstance(frame, list) or not frame:
+            raise _fail("a frame must be an array")
+        version = frame[0]
         if not _is_int(version) or version != WIRE_VERSION:
             raise err.UnsupportedVersion(f"wire version {version!r}, we speak {WIRE_VERSION}")
+        if len(frame) != 8:
+            raise _fail("a frame must be an array of 8 fields")
+        _, kind_raw, sender, sent_at, nonce, reply_to, payload, tag = frame
         if not _is_int(kind_raw) or kind_raw not in _KINDS:
             raise err.UnknownMessageType(f"message type {kind_raw!r}")
         kind = MessageType(kind_raw)
         sender = _text(sender, "sender", MAX_ID_CHARS)
         sent_at = _number(sent_at, "sent_at", -math.inf)
         _int(nonce, "nonce", 2**64 - 1)
+        _int(reply_to, "reply_to", 2**64 - 1)
         if not isinstance(payload, bytes):
             raise _fail("body must be bytes")
-        self._authenticate(frame[:5], payload, tag, now)
+        self._authenticate(frame[:6], payload, tag, now)
         obj = _unpack(payload, max_str_len=MAX_SIGNATURE_CHARS, max_bin_len=0, max_array_len=8,
                       max_map_len=st.MAX_DIGEST_ENTRIES)
-        return Message(kind, sender, sent_at, _body(kind, obj), len(data))
+        refused = _Refused()
+        body = _body(kind, obj, refused)
+        return Message(kind, sender, sent_at, body, len(data), nonce, reply_to, refused.n)
 
     def _authenticate(self, header: list[Any], payload: bytes, tag: Any, now: float) -> None:
         if self.secret is None:

@@ -82,6 +82,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("gossip_secret_file", str, ("--gossip-secret-file",),
            ("MESHROUTE_GOSSIP_SECRET_FILE",), "file holding the gossip secret"),
     Option("gossip_secret", str, (), ("MESHROUTE_GOSSIP_SECRET",), "gossip secret"),
+    Option("insecure_gossip", bool, ("--insecure-gossip",), ("MESHROUTE_INSECURE_GOSSIP",),
+           "allow a non-loopback --gossip-listen without a gossip secret"),
     Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level"),
 )
 
@@ -110,6 +112,7 @@ class ServeSettings:
     gossip_fanout: int = 3
     gossip_secret_file: str | None = None
     gossip_secret: str | None = None
+    insecure_gossip: bool = False
     log_level: str = "info"
 
     def __post_init__(self) -> None:

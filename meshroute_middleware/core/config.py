@@ -10,7 +10,7 @@ from . import routes, stats
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    """Knobs of route selection. Built by meshroute_middleware.settings from file/env/CLI."""
+    """Knobs of route selection. Built by meshroute_middleware.app.settings from file/env/CLI."""
 
     policy: str = "thompson"  # docs/benchmarks.md "Learning quality"; ADR-0021: "adr0021"
     explore_share: float = 0.3  # ADR-0021 --route-explore-share

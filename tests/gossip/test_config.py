@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import gossip
+from gossip.memory import MemoryNetwork
 from gossip.metrics import metric_families
-from gossip.service import GossipConfig, GossipService
+from gossip.service import GossipConfig, GossipService, InsecureGossipError
 from meshroute_middleware.app.settings import ServeSettings, load_settings
 from tests.conftest import FakeClock
 from tests.gossip.helpers import make_router
@@ -45,17 +46,56 @@ def test_bad_peer_address_is_a_value_error() -> None:
         GossipConfig.from_settings(replace(ServeSettings(), gossip_peers=("nohost",)))
 
 
+@pytest.mark.parametrize("listen", ["0.0.0.0:7946", "192.168.1.5:7946", "[::]:7946",
+                                    "gossip.lan:7946"])
+def test_a_reachable_listener_without_a_secret_is_refused(listen: str) -> None:
+    settings = replace(ServeSettings(), gossip_listen=listen)
+    with pytest.raises(InsecureGossipError, match="--insecure-gossip"):
+        GossipConfig.from_settings(settings)
+    assert GossipConfig.from_settings(replace(settings, gossip_secret="s")).secret == b"s"
+    allowed = GossipConfig.from_settings(replace(settings, insecure_gossip=True))
+    assert allowed.insecure and allowed.exposed
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:7946", "127.0.0.2:7946", "[::1]:7946",
+                                    "localhost:7946", None])
+def test_loopback_or_no_listener_needs_no_secret(listen: str | None) -> None:
+    config = GossipConfig.from_settings(replace(ServeSettings(), gossip_listen=listen,
+                                                gossip_peers=("127.0.0.1:1",)))
+    assert config.secret is None and not config.exposed
+
+
+def test_insecure_gossip_comes_from_flag_and_env() -> None:
+    assert load_settings({"insecure_gossip": True}, {}).insecure_gossip
+    assert load_settings({}, {"MESHROUTE_INSECURE_GOSSIP": "yes"}).insecure_gossip
+    assert not load_settings({}, {}).insecure_gossip
+
+
+@pytest.mark.anyio
+async def test_an_allowed_insecure_listener_warns_at_start(
+        clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    config = GossipConfig(("0.0.0.0", 1), interval_s=1e6, insecure=True)
+    network = MemoryNetwork(0)
+    async with GossipService(make_router("t0", clock), config,
+                             transport=network.transport(("0.0.0.0", 1))):
+        pass
+    assert any("WITHOUT a shared secret" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)
+
+
 def test_metric_families_follow_the_counters(clock: FakeClock) -> None:
     service = GossipService(make_router("t0", clock), GossipConfig(peers=(("p", 1),)))
     service.counters.rounds = 4
     service.counters.exchanges, service.counters.exchange_failures = 10, 3
     service.counters.reject("forged")
+    service.counters.refuse_entries("future", 3)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in metric_families(service) for s in family.samples}
     assert samples[("meshroute_gossip_rounds_total", ())] == 4
     assert samples[("meshroute_gossip_exchanges_total", (("result", "ok"),))] == 7
     assert samples[("meshroute_gossip_exchanges_total", (("result", "failed"),))] == 3
     assert samples[("meshroute_gossip_rejected_total", (("reason", "forged"),))] == 1
+    assert samples[("meshroute_gossip_entries_refused_total", (("reason", "future"),))] == 3
     assert samples[("meshroute_gossip_peers", ())] == 1
 
 

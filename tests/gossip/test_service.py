@@ -12,6 +12,7 @@ import pytest
 
 from gossip import state as st
 from gossip.memory import MemoryNetwork
+from gossip.metrics import metric_families
 from gossip.service import GossipConfig, GossipService
 from gossip.wire import WireCodec
 from meshroute_middleware.core.stats import StatEntry
@@ -90,16 +91,28 @@ def _sig(service: GossipService, head: str) -> str:
     return next(r.signature for r in service.router.candidates(MODEL) if r.head.node_id == head)
 
 
+async def push(service: GossipService, codec: WireCodec, delta: st.Delta,
+               now: float) -> bytes | None:
+    """Push `delta` as a real initiator does: a DIGEST first, then the push answering its reply."""
+    reply = await service.handle(codec.encode(st.Digest(), now), ("x", 1))
+    assert reply is not None
+    challenge = codec.decode(reply, now).nonce
+    return await service.handle(codec.encode(delta, now, reply_to=challenge), ("x", 1))
+
+
 async def test_refused_messages_are_counted_and_never_touch_the_state(clock: FakeClock) -> None:
     async with cluster(1, clock, MemoryNetwork(0)) as (service,):
         entry = {(MODEL, _sig(service, "fast"), "intruder"): StatEntry(9.0, 5.0, clock(),
                                                                         count=5)}
         delta = st.Delta(entry)
-        honest = WireCodec("t9", SECRET, rng=random.Random(1))
+        honest = WireCodec("t9", SECRET)
+        reply = await service.handle(honest.encode(st.Digest(), clock()), ("t9", 1))
+        assert reply is not None
         valid = honest.encode(st.Delta({(MODEL, _sig(service, "slow"), "t9"): StatEntry(
-            7.0, 1.0, clock(), count=1)}), clock())
+            7.0, 1.0, clock(), count=1)}), clock(), reply_to=honest.decode(reply, clock()).nonce)
         assert await service.handle(valid, ("t9", 1)) is not None
         before = st.flat_entries(service.router.stats)
+        assert set(before) == {(MODEL, _sig(service, "slow"), "t9")}
         bad = {
             "malformed": b"\x93\x01\x02",
             "unsigned": WireCodec("t9", None).encode(delta, clock()),
@@ -107,11 +120,13 @@ async def test_refused_messages_are_counted_and_never_touch_the_state(clock: Fak
             "replayed": valid,
             "expired": honest.encode(delta, clock() - 3600),
             "oversized": b"\x00" * (2 * 1024 * 1024),
+            "version": b"\x97\x01\x02\xa2t9\x00\x01\xc4\x00\xc0",  # a version 1 frame
         }
         for reason, frame in bad.items():
             assert await service.handle(frame, ("x", 1)) is None, reason
+        assert await service.handle(honest.encode(delta, clock()), ("x", 1)) is None
         assert st.flat_entries(service.router.stats) == before
-        assert service.counters.rejected == {reason: 1 for reason in bad}
+        assert service.counters.rejected == {**{reason: 1 for reason in bad}, "replayed": 2}
 
 
 async def test_a_peer_using_our_origin_is_refused(clock: FakeClock) -> None:
@@ -171,13 +186,15 @@ async def test_a_topology_change_elsewhere_makes_statistics_stale(clock: FakeClo
         assert {r["head"]: r["status"] for r in table}["fast"] == "stale"
 
 
-async def test_stats_are_plain_numbers(clock: FakeClock) -> None:
+async def test_exchanges_show_in_the_exported_metrics(clock: FakeClock) -> None:
     async with cluster(2, clock, MemoryNetwork(0)) as services:
         await rounds(services, clock, 1)
-        stats = services[0].stats()
-        assert stats["rounds"] == 1 and stats["peers"] == 1 and stats["origin"] == "t0"
-        assert stats["messages_sent"] >= 1 and stats["bytes_sent"] > 0
-        assert isinstance(stats["rejected"], dict)
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in metric_families(services[0]) for s in family.samples}
+        assert samples[("meshroute_gossip_rounds_total", ())] == 1
+        assert samples[("meshroute_gossip_peers", ())] == 1
+        assert samples[("meshroute_gossip_messages_total", (("direction", "sent"),))] >= 1
+        assert samples[("meshroute_gossip_bytes_total", (("direction", "sent"),))] > 0
 
 
 async def test_a_hanging_peer_never_delays_the_next_round(clock: FakeClock) -> None:
@@ -211,3 +228,16 @@ async def test_gossiping_with_ourselves_drops_that_peer(clock: FakeClock) -> Non
         assert service.membership.peers() == []
         assert service.counters.rejected == {"same_origin": 2}  # refused inbound and outbound
         assert not service.remove_peer("t0-alias", 1)
+
+
+async def test_refusals_are_logged_at_most_once_a_minute_per_reason(
+        clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    async with cluster(1, clock, MemoryNetwork(0)) as (service,):
+        stranger = WireCodec("t9", None)  # unsigned: refused, the service holds a secret
+        for _ in range(50):
+            assert await service.handle(stranger.encode(st.Digest(), clock()), ("x", 1)) is None
+        clock.advance(61.0)
+        assert await service.handle(stranger.encode(st.Digest(), clock()), ("x", 1)) is None
+    lines = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
+    assert service.counters.rejected == {"unsigned": 51}
+    assert len(lines) == 2 and "(49 more like it not logged)" in lines[1]

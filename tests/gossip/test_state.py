@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from gossip import state as st
+from gossip.wire import sendable
 from meshroute_middleware.core.stats import RouteStatsStore, StatEntry
 from meshroute_middleware.core.topology import NodeRecord, Topology
 
@@ -29,6 +30,19 @@ entries = hs.builds(
 states = hs.dictionaries(hs.sampled_from(KEYS), entries, max_size=len(KEYS))
 
 
+def apply(store: RouteStatsStore, topology: Topology, delta: st.Delta, now: float, *,
+          sender: str = "peer", relay: bool = True) -> st.ApplyResult:
+    """apply_delta from an authenticated peer (relayed entries allowed) unless told otherwise."""
+    return st.apply_delta(store, topology, delta, now, sender=sender, relay=relay)
+
+
+def make(store: RouteStatsStore, topology: Topology, peer: st.Digest, *, relay: bool = True,
+         include_digest: bool = False) -> st.Delta:
+    """make_delta with the wire's own entry check."""
+    return st.make_delta(store, topology, peer, sendable=sendable, relay=relay,
+                         include_digest=include_digest)
+
+
 def store_with(flat: dict[st.EntryKey, StatEntry], origin: str = "me") -> RouteStatsStore:
     store = RouteStatsStore(origin)
     for (model, sig, o), entry in flat.items():
@@ -44,7 +58,7 @@ def received(*flats: dict[st.EntryKey, StatEntry]) -> dict[st.EntryKey, StatEntr
     """What a fresh tracker holds after applying the given deltas in order."""
     store, topo = RouteStatsStore("me"), Topology()
     for flat in flats:
-        st.apply_delta(store, topo, full_delta(flat), NOW)
+        apply(store, topo, full_delta(flat), NOW)
     return st.flat_entries(store)
 
 
@@ -82,18 +96,18 @@ def test_duplicated_reordered_lost_messages_never_double_count(
     rnd.shuffle(kept)
     store = store_with({})
     for m in kept:
-        st.apply_delta(store, Topology(), full_delta(m), NOW + len(samples))
+        apply(store, Topology(), full_delta(m), NOW + len(samples))
     now = NOW + len(samples)
     assert store.view("m", "s", now) == origin.view("m", "s", now)  # same mass: counted once
 
 
 def push_pull(a: tuple[RouteStatsStore, Topology], b: tuple[RouteStatsStore, Topology]) -> int:
     """One exchange as the service does it, without the wire; return entries carried."""
-    reply = st.make_delta(b[0], b[1], st.make_digest(a[0], a[1]), include_digest=True)
-    st.apply_delta(a[0], a[1], reply, NOW)
+    reply = make(b[0], b[1], st.make_digest(a[0], a[1]), include_digest=True)
+    apply(a[0], a[1], reply, NOW)
     assert reply.digest is not None
-    push = st.make_delta(a[0], a[1], reply.digest)
-    st.apply_delta(b[0], b[1], push, NOW)
+    push = make(a[0], a[1], reply.digest)
+    apply(b[0], b[1], push, NOW)
     return len(reply.entries) + len(push.entries)
 
 
@@ -132,18 +146,18 @@ def test_own_origin_is_never_overwritten() -> None:
     store = RouteStatsStore("me")
     store.record_sample("m", "s", 50.0, 0.1, NOW)
     forged = {("m", "s", "me"): StatEntry(1.0, 99.0, NOW + 1, count=9)}
-    result = st.apply_delta(store, Topology(), full_delta(forged), NOW)
+    result = apply(store, Topology(), full_delta(forged), NOW)
     assert (result.applied, result.ignored) == (0, 1)
     assert store.entries("m", "s")["me"].value == 50.0
 
 
 def test_future_entries_are_refused_and_old_ones_not_resurrected() -> None:
     store = RouteStatsStore("me")
-    delta = full_delta({("m", "s", "a"): StatEntry(1.0, 1.0, NOW + st.MAX_FUTURE_S + 1, count=1),
+    delta = full_delta({("m", "s", "a"): StatEntry(1.0, 1.0, NOW + st.MAX_SKEW_S + 1, count=1),
                         ("m", "s", "b"): StatEntry(1.0, 1.0, NOW - 25 * 3600, count=1),
                         ("m", "s", "c"): StatEntry(1.0, 1.0, NOW, count=1)})
-    result = st.apply_delta(store, Topology(), delta, NOW)
-    assert (result.applied, result.ignored, result.future) == (1, 1, 1)
+    result = apply(store, Topology(), delta, NOW)
+    assert (result.applied, result.ignored, result.refused) == (1, 1, {st.FUTURE: 1})
     assert set(store.entries("m", "s")) == {"c"}
 
 
@@ -151,23 +165,23 @@ def test_origins_per_route_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(st, "MAX_ORIGINS_PER_ROUTE", 2)
     store = RouteStatsStore("me")
     delta = full_delta({("m", "s", f"o{i}"): StatEntry(1.0, 1.0, NOW, count=1) for i in range(4)})
-    result = st.apply_delta(store, Topology(), delta, NOW)
-    assert (result.applied, result.over_cap) == (2, 2)
+    result = apply(store, Topology(), delta, NOW)
+    assert (result.applied, result.refused) == (2, {st.ROUTE_FULL: 2})
 
 
 def test_entries_taken_from_gossip_are_capped_store_wide(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(st, "MAX_STORE_ENTRIES", 3)
     store = RouteStatsStore("me")
     delta = full_delta({("m", f"s{i}", "o"): StatEntry(1.0, 1.0, NOW, count=1) for i in range(5)})
-    assert (st.apply_delta(store, Topology(), delta, NOW).over_cap) == 2
+    assert apply(store, Topology(), delta, NOW).refused == {st.STORE_FULL: 2}
     newer = full_delta({("m", "s0", "o"): StatEntry(2.0, 1.0, NOW + 1, count=2)})
-    assert st.apply_delta(store, Topology(), newer, NOW).applied == 1  # updates still flow
+    assert apply(store, Topology(), newer, NOW).applied == 1  # updates still flow
 
 
 def test_delta_is_bounded_newest_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(st, "MAX_ENTRIES_PER_MESSAGE", 3)
     flat = {("m", f"s{i}", "o"): StatEntry(1.0, 1.0, NOW - i, count=1) for i in range(5)}
-    delta = st.make_delta(store_with(flat), Topology(), st.Digest())
+    delta = make(store_with(flat), Topology(), st.Digest())
     assert sorted(k[1] for k in delta.entries) == ["s0", "s1", "s2"]
 
 
@@ -176,7 +190,7 @@ def test_delta_sends_only_what_the_peer_lacks_or_holds_older() -> None:
     mine = store_with({("m", "s", "a"): new, ("m", "s", "b"): old, ("m", "s", "c"): old})
     peer = st.Digest({("m", "s", "a"): st.version(old), ("m", "s", "b"): st.version(old),
                       ("m", "s", "c"): st.version(new)})
-    assert set(st.make_delta(mine, Topology(), peer).entries) == {("m", "s", "a")}
+    assert set(make(mine, Topology(), peer).entries) == {("m", "s", "a")}
 
 
 def node(node_id: str) -> NodeRecord:
@@ -188,11 +202,11 @@ def test_topology_change_times_travel_to_known_models_only() -> None:
     mine.upsert(node("a"), NOW - 100)
     theirs.upsert(node("a"), NOW - 100)
     theirs.upsert(node("b"), NOW - 10)
-    delta = st.make_delta(RouteStatsStore("x"), theirs, st.make_digest(RouteStatsStore("y"), mine))
+    delta = make(RouteStatsStore("x"), theirs, st.make_digest(RouteStatsStore("y"), mine))
     assert delta.changes == {"m": NOW - 10}
-    result = st.apply_delta(RouteStatsStore("y"), mine, delta, NOW)
+    result = apply(RouteStatsStore("y"), mine, delta, NOW)
     model = mine.model("m")
     assert result.changes == 1 and model is not None and model.changed_at == NOW - 10
     unknown = st.Delta(changes={"ghost": NOW})
-    assert st.apply_delta(RouteStatsStore("y"), mine, unknown, NOW).changes == 0
+    assert apply(RouteStatsStore("y"), mine, unknown, NOW).changes == 0
     assert mine.model("ghost") is None

@@ -194,7 +194,7 @@ async def test_tcp_refuses_an_oversized_frame_without_reading_it() -> None:
 
 async def test_tcp_cuts_off_a_peer_that_never_finishes_its_frame() -> None:
     refused: list[str] = []
-    server = TcpTransport("127.0.0.1", 0, io_timeout_s=0.2,
+    server = TcpTransport("127.0.0.1", 0, handshake_timeout_s=0.2,
                           on_error=lambda e: refused.append(e.reason))
     async with anyio.create_task_group() as tg:
         host, port = await tg.start(server.serve, echo)
@@ -204,4 +204,4 @@ async def test_tcp_cuts_off_a_peer_that_never_finishes_its_frame() -> None:
                 with anyio.fail_after(2):
                     await stream.receive()
         tg.cancel_scope.cancel()
-    assert refused == ["unreachable"]
+    assert refused == ["idle"]
