@@ -1,0 +1,246 @@
+"""The provider-side router facade: resolve, rank, take a key, record, explain, persist.
+
+One object holds the mutable state (key gates, learned statistics per route, sessions); the
+clock and the rng come in on every call. The forward loop of the adapter uses it like this:
+
+    res = router.resolve(model, mesh_models)          # 400 / 404 raise here
+    passed = []
+    for scored in router.rank(res, now, rng, pinned=pin, session=sid, tokens=est):
+        got = router.acquire(scored.candidate, est, now)
+        if isinstance(got, list):  passed += got; continue      # key gates said no
+        ... send (got.key: the 1-based key position; None for a mesh route) ...
+        over = router.record(got, kind, now, reason=..., used_tokens=..., retry_after_s=...)
+        if over is None: return answer;  passed.append(over)
+    return router.exhausted(res, passed, now)         # status, Retry-After, error body
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidPinError
+from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
+from .config import ProvidersConfig
+from .exhaustion import Exhaustion, PassedOver, exhaustion
+from .keys import KeyGates, Reservation, key_route
+from .scoring import (
+    STRATEGY_WEIGHTS,
+    OutcomeKind,
+    RouteStats,
+    combine,
+    expected_reliability,
+    headroom_factor,
+    intelligence_score,
+    price_score,
+    rate_limit_factor,
+    sample_reliability,
+    speed_score,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A candidate with its axes and combined score (sampled when ranking, expected on display)."""
+
+    candidate: Candidate
+    score: float
+    reliability: float
+    speed: float
+    intelligence: float
+    price: float
+    headroom: float
+    rate_limit: float
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A route taken: for a provider route, the key (1-based) and its reservation."""
+
+    candidate: Candidate
+    key: int | None = None
+    reservation: Reservation | None = None
+
+    @property
+    def route(self) -> str:
+        """`fastco/big-model#2` for a provider route, the model's name for a mesh route."""
+        if self.key is None:
+            return self.candidate.route
+        return key_route(self.candidate.route, self.key)
+
+
+class ProviderRouter:
+    """Ranks provider and mesh routes on the same axes and gates provider keys."""
+
+    def __init__(self, cfg: ProvidersConfig, gates: KeyGates | None = None,
+                 sessions: Sessions | None = None) -> None:
+        self.cfg = cfg
+        self.gates = gates or KeyGates()
+        self.sessions = sessions or Sessions()
+        self.stats: dict[str, RouteStats] = {}
+
+    def resolve(self, model: str, mesh_models: Collection[str]) -> Resolution:
+        return resolve(self.cfg, model, mesh_models)
+
+    # -- ranking --------------------------------------------------------------------------
+
+    def score(self, candidate: Candidate, strategy: str, now: float,
+              rng: random.Random | None = None) -> Scored:
+        """All axes of one route; reliability is a Thompson draw when `rng` is given."""
+        st = self.stats.get(candidate.route) or RouteStats()
+        reliability = (expected_reliability(st.ok, st.fail) if rng is None
+                       else sample_reliability(st.ok, st.fail, rng))
+        speed = speed_score(st.tokens_per_s, st.ttfb_ms)
+        intelligence = intelligence_score(candidate.tier)
+        model = candidate.model
+        price = price_score(model.price_in, model.price_out) if model else 1.0
+        headroom = self._headroom(candidate, now)
+        rate_limit = rate_limit_factor(st.penalty_now(now))
+        total = combine(STRATEGY_WEIGHTS[strategy], reliability, speed, intelligence, price,
+                        headroom, rate_limit)
+        return Scored(candidate, total, reliability, speed, intelligence, price, headroom,
+                      rate_limit)
+
+    def rank(self, res: Resolution, now: float, rng: random.Random | None = None, *,
+             pinned: str | None = None, session: str | None = None,
+             tokens: int = 0) -> list[Scored]:
+        """The order to try routes in: by score, then the session's route, then the pin first."""
+        candidates = list(res.candidates)
+        if pinned is not None and all(c.route != pinned for c in candidates):
+            pair = self.cfg.split_route(pinned)
+            if pair is None:
+                raise InvalidPinError(f"pinned route {pinned!r} is not a route of "
+                                      f"{res.model!r}")
+            candidates.append(provider_candidate(*pair))
+        ranked = sorted((self.score(c, res.strategy, now, rng) for c in candidates),
+                        key=lambda s: -s.score)
+        sticky = self.sessions.get(session, now)
+        if sticky is not None and not self._usable(sticky, ranked, tokens, now):
+            sticky = None
+        for first in (sticky, pinned):  # the pin ends up in front of the session's route
+            ranked = _move_first(ranked, first)
+        return ranked
+
+    # -- taking a route -------------------------------------------------------------------
+
+    def acquire(self, candidate: Candidate, tokens: int,
+                now: float) -> Attempt | list[PassedOver]:
+        """Take the candidate: a key that passes its gates (reserved), or why none does.
+
+        `tokens`: the estimate of the request's prompt plus requested completion tokens.
+        """
+        if candidate.context is not None and tokens > candidate.context:
+            return [PassedOver(candidate.route, "context")]
+        if candidate.provider is None or candidate.model is None:
+            return Attempt(candidate)
+        key, refused = self.gates.pick(candidate.provider, candidate.model, tokens, now)
+        if key is None:
+            return [PassedOver(key_route(candidate.route, k), r.reason, r.until)
+                    for k, r in refused]
+        reservation = self.gates.reserve(candidate.provider, candidate.model, key, tokens, now)
+        return Attempt(candidate, key, reservation)
+
+    def record(self, attempt: Attempt, kind: OutcomeKind, now: float, *,
+               reason: str | None = None, used_tokens: int | None = None,
+               tokens_per_s: float | None = None, ttfb_ms: float | None = None,
+               retry_after_s: float | None = None,
+               session: str | None = None) -> PassedOver | None:
+        """Fold an attempt's outcome in; the PassedOver to report when the route failed.
+
+        `reason` (`http_5xx`, `timeout`, `connect`, or `context` for an upstream's
+        context-length refusal, which counts as a client error) names a failure; a 429 is
+        `http_429` by itself. `used_tokens` is `usage.total_tokens` when the upstream said.
+        """
+        route = attempt.route
+        stats = self.stats.setdefault(attempt.candidate.route, RouteStats())
+        stats.record(kind, now, tokens_per_s, ttfb_ms)
+        until: float | None = None
+        if attempt.reservation is not None and attempt.key is not None:
+            spent = used_tokens if used_tokens is not None or kind is OutcomeKind.SUCCESS else 0
+            self.gates.settle(attempt.reservation, spent, now)
+            if kind is OutcomeKind.RATE_LIMITED:
+                until = self.gates.rate_limited(attempt.candidate.route, attempt.key,
+                                                retry_after_s, now)
+            elif kind is OutcomeKind.SUCCESS:
+                self.gates.succeeded(attempt.candidate.route, attempt.key)
+        if kind is OutcomeKind.SUCCESS:
+            self.sessions.served(session, attempt.candidate.route, now)
+            return None
+        if kind is OutcomeKind.RATE_LIMITED:
+            return PassedOver(route, "http_429", until)
+        if kind is OutcomeKind.CLIENT_ERROR and reason is None:
+            return None
+        return PassedOver(route, reason or "http_5xx")
+
+    def exhausted(self, res: Resolution, passed: list[PassedOver], now: float) -> Exhaustion:
+        return exhaustion(res, passed, now)
+
+    # -- operators ------------------------------------------------------------------------
+
+    def clear(self, route: str | None = None) -> int:
+        """Clear cooldowns and 429 penalties (of one route, or all); how many cooldowns were on."""
+        for name, stats in self.stats.items():
+            if route is None or name == route:
+                stats.clear_penalty()
+        return self.gates.clear(route)
+
+    def knows_route(self, route: str) -> bool:
+        return self.cfg.split_route(route) is not None or route in self.stats
+
+    def chain_view(self, res: Resolution, now: float) -> dict[str, Any]:
+        """`GET /v1/routing/chain`: the order a request would try now, on expected values."""
+        chain = []
+        for s in self.rank(res, now):
+            c = s.candidate
+            keys = (self.gates.key_states(c.provider, c.model, now)
+                    if c.provider is not None and c.model is not None else [])
+            chain.append({"route": c.route, "kind": "provider" if c.is_provider else "mesh",
+                          "score": s.score, "reliability": s.reliability, "speed": s.speed,
+                          "intelligence": s.intelligence, "price": s.price,
+                          "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
+        return {"model": res.model, "strategy": res.strategy, "chain": chain}
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> dict[str, list[dict[str, Any]]]:
+        data = self.gates.snapshot(now)
+        data["stats"] = [{"name": name, "key": 0, **s.to_dict()}
+                         for name, s in self.stats.items()]
+        return data
+
+    def restore(self, data: dict[str, list[dict[str, Any]]]) -> None:
+        self.gates.restore(data)
+        for row in data.get("stats", []):
+            self.stats[str(row["name"])] = RouteStats.from_dict(row)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _headroom(self, candidate: Candidate, now: float) -> float:
+        """The best key's headroom: the route stays attractive while one key has budget left."""
+        provider, model = candidate.provider, candidate.model
+        if provider is None or model is None or model.monthly_tokens is None:
+            return 1.0
+        return max(headroom_factor(self.gates.month_tokens(candidate.route, k, now),
+                                   model.monthly_tokens)
+                   for k in range(1, len(provider.keys) + 1))
+
+    def _usable(self, route: str, ranked: list[Scored], tokens: int, now: float) -> bool:
+        """A session's route is usable while it is a candidate and one of its keys passes."""
+        c = next((s.candidate for s in ranked if s.candidate.route == route), None)
+        if c is None:
+            return False
+        if c.context is not None and tokens > c.context:
+            return False
+        if c.provider is None or c.model is None:
+            return True
+        return any(self.gates.check(c.provider, c.model, k, tokens, now) is None
+                   for k in range(1, len(c.provider.keys) + 1))
+
+
+def _move_first(ranked: list[Scored], route: str | None) -> list[Scored]:
+    for i, s in enumerate(ranked):
+        if s.candidate.route == route:
+            return [s, *ranked[:i], *ranked[i + 1:]]
+    return ranked
