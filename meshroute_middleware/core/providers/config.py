@@ -292,7 +292,7 @@ def _opt_int(t: Mapping[str, Any], key: str, where: str) -> int | None:
 
 def _number(t: Mapping[str, Any], key: str, where: str, default: float, *, low: float,
             integer: bool = False) -> float:
-    value = t.get(key, default)
+    value: Any = t.get(key, default)
     kinds: tuple[type, ...] = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         kind = "an integer" if integer else "a number"
