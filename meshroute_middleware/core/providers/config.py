@@ -293,8 +293,8 @@ def _opt_int(t: Mapping[str, Any], key: str, where: str) -> int | None:
 def _number(t: Mapping[str, Any], key: str, where: str, default: float, *, low: float,
             integer: bool = False) -> float:
     value: Any = t.get(key, default)
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    wrong = isinstance(value, bool) or not isinstance(value, int | float)
+    if wrong or (integer and not isinstance(value, int)):
         kind = "an integer" if integer else "a number"
         raise ProviderConfigError(f"{where}: {key} must be {kind}, got {value!r}")
     number = float(value)
