@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MeshRouteError
+from .scoring import AUTO_ALIASES
 
 TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
 TIERS = ("frontier", "large", "medium", "small")
@@ -154,6 +155,9 @@ def _profile(name: object, t: object) -> Profile:
         raise ProviderConfigError(f"{where} must be a table")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ProviderConfigError(f"{where}: a profile name must match [a-z0-9-]+")
+    if name in AUTO_ALIASES:
+        raise ProviderConfigError(f"{where}: 'auto:{name}' already means the {AUTO_ALIASES[name]}"
+                                  " strategy; give the profile another name")
     _no_unknown(t, where, {"chain", "strategy"})
     strategy = _choice(t, "strategy", STRATEGIES, where, None) if "strategy" in t else None
     return Profile(name, _chain(t, where), strategy)

@@ -120,6 +120,7 @@ BAD = [
     ("routing.total_budget_s", "10", "[routing]: total_budget_s must be a number"),
     ("routing.retries", 3, "[routing]: unknown key(s) retries"),
     ("profiles.Coding", {"chain": []}, "a profile name must match [a-z0-9-]+"),
+    ("profiles.cheap", {"chain": []}, "[profiles.cheap]: 'auto:cheap' already means"),
     ("profiles.coding", {"chain": [], "weights": 1}, "[profiles.coding]: unknown key(s)"),
     ("profiles.coding", {"chain": ["fastco/x"]}, "[profiles.coding] chain: 'fastco/x'"),
     ("providers.0.name", "Fast_Co", "[[providers]] #1: name must be a string matching"),

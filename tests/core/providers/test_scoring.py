@@ -24,7 +24,7 @@ def test_thompson_draws_average_to_the_posterior_mean() -> None:
     draws = [s.sample_reliability(8, 2, rng) for _ in range(4000)]
     # Beta(9, 3): mean 0.75, sd 0.12; the mean of 4000 draws is within 4 standard errors.
     assert statistics.fmean(draws) == pytest.approx(0.75, abs=4 * 0.12 / math.sqrt(4000))
-    assert 0.0 <= min(draws) and max(draws) <= 1.0
+    assert min(draws) >= 0.0 and max(draws) <= 1.0
     assert statistics.pstdev(draws) > 0.05  # it explores
 
 
