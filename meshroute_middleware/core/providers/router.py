@@ -157,9 +157,10 @@ class ProviderRouter:
         stats = self.stats.setdefault(attempt.candidate.route, RouteStats())
         stats.record(kind, now, tokens_per_s, ttfb_ms)
         until: float | None = None
-        if attempt.reservation is not None and attempt.key is not None:
+        if attempt.reservation is not None:
             spent = used_tokens if used_tokens is not None or kind is OutcomeKind.SUCCESS else 0
             self.gates.settle(attempt.reservation, spent, now)
+        if attempt.key is not None:
             if kind is OutcomeKind.RATE_LIMITED:
                 until = self.gates.rate_limited(attempt.candidate.route, attempt.key,
                                                 retry_after_s, now)
