@@ -15,6 +15,7 @@ Keys are named by their 1-based position in the provider's `keys` list, never by
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -22,6 +23,7 @@ from typing import Any
 
 from .config import Provider, ProviderModel
 
+Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
 REASONS = ("cooldown", "rpm", "rpd", "tpm", "tpd", "budget")
 MINUTE_S = 60.0
 DAY_S = 86_400.0
@@ -122,6 +124,7 @@ class KeyGates:
         self._routes: dict[tuple[str, int], _KeyRoute] = {}
         self._cursor: dict[str, int] = {}
         self._next_id = 0
+        self._dirty: set[tuple[str, str, int]] = set()  # (section, name, key) changed rows
 
     # -- deciding -------------------------------------------------------------------------
 
@@ -172,6 +175,7 @@ class KeyGates:
                 now: float) -> Reservation:
         """Count a request sent on `key` now; its `tokens` estimate is in flight until settled."""
         win = self._window(provider.name, key, now)
+        self._dirty.add(("windows", provider.name, key))
         self._next_id += 1
         bisect.insort(win.requests, now)
         win.day_requests += 1
@@ -188,6 +192,8 @@ class KeyGates:
         if used:
             win.tokens.append((now, used))
             win.day_tokens += used
+            self._dirty.add(("windows", reservation.provider, reservation.key))
+            self._dirty.add(("keys", reservation.route, reservation.key))
             self._route(reservation.provider, reservation.route.partition("/")[2],
                         reservation.key, now).month_tokens += used
 
@@ -195,6 +201,7 @@ class KeyGates:
                      now: float) -> float:
         """A 429 on `route` key `key`: cool it down (Retry-After, else the ladder); the end."""
         state = self._routes.setdefault((route, key), _KeyRoute())
+        self._dirty.add(("keys", route, key))
         if now - state.last_429_at > LADDER_RESET_S:
             state.strikes = 0
         state.strikes += 1
@@ -209,15 +216,21 @@ class KeyGates:
     def succeeded(self, route: str, key: int) -> None:
         """A success ends the 429 ladder of that key on that route."""
         state = self._routes.get((route, key))
-        if state is not None:
+        if state is not None and state.strikes:
             state.strikes = 0
+            self._dirty.add(("keys", route, key))
 
-    def clear(self, route: str | None = None) -> int:
-        """Lift cooldowns (of one route, or all) and restart their ladders; how many were on."""
+    def clear(self, route: str | None = None, key: int | None = None) -> int:
+        """Lift cooldowns (of one route, one route key, or all) and restart their ladders.
+
+        Returns how many keys were cooling down (or had been: a lapsed cooldown counts too).
+        """
         cleared = 0
-        for (name, _), state in self._routes.items():
-            if route is None or name == route:
+        for (name, pos), state in self._routes.items():
+            if (route is None or name == route) and (key is None or pos == key):
                 cleared += state.cooldown_until > 0
+                if state.cooldown_until or state.strikes:
+                    self._dirty.add(("keys", name, pos))
                 state.cooldown_until, state.strikes = 0.0, 0
         return cleared
 
@@ -245,20 +258,27 @@ class KeyGates:
 
     # -- persistence ----------------------------------------------------------------------
 
-    def snapshot(self, now: float) -> dict[str, list[dict[str, Any]]]:
-        """Plain data for the state store: rows named by provider/route and key position."""
+    def snapshot(self, now: float, *, changed_only: bool = False) -> Snapshot:
+        """Plain data for the state store: rows named by provider/route and key position.
+
+        `changed_only`: just the rows changed since the previous snapshot (write-through).
+        """
+        dirty, self._dirty = self._dirty, set()
         windows = []
         for (name, key), win in self._windows.items():
+            if changed_only and ("windows", name, key) not in dirty:
+                continue
             win.roll(now)
             windows.append({"name": name, "key": key, "requests": list(win.requests),
                             "tokens": [list(t) for t in win.tokens], "day": win.day,
                             "day_requests": win.day_requests, "day_tokens": win.day_tokens})
         routes = [{"name": name, "key": key, "cooldown_until": s.cooldown_until,
                    "strikes": s.strikes, "last_429_at": s.last_429_at, "month": s.month,
-                   "month_tokens": s.month_tokens} for (name, key), s in self._routes.items()]
+                   "month_tokens": s.month_tokens} for (name, key), s in self._routes.items()
+                  if not changed_only or ("keys", name, key) in dirty]
         return {"windows": windows, "keys": routes}
 
-    def restore(self, data: dict[str, list[dict[str, Any]]]) -> None:
+    def restore(self, data: Snapshot) -> None:
         """Load a snapshot (tokens in flight at the time are not in it: they were never used)."""
         for row in data.get("windows", []):
             self._windows[(str(row["name"]), int(row["key"]))] = _Window(
@@ -300,7 +320,13 @@ def _tpm_until(win: _Window, pending: int, tpm: int) -> float | None:
 
 
 def _month_index(now: float) -> int:
-    moment = datetime.fromtimestamp(now, UTC)
+    return _month_of_hour(int(now // 3600))
+
+
+@functools.lru_cache(maxsize=8)
+def _month_of_hour(hour: int) -> int:
+    """Months start on an hour boundary in UTC, so the hour number decides the month."""
+    moment = datetime.fromtimestamp(hour * 3600, UTC)
     return moment.year * 12 + moment.month - 1
 
 

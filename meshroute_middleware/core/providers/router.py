@@ -25,7 +25,7 @@ from ..errors import InvalidPinError
 from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
 from .config import ProvidersConfig
 from .exhaustion import Exhaustion, PassedOver, exhaustion
-from .keys import KeyGates, Reservation, key_route
+from .keys import KeyGates, Reservation, Snapshot, key_route
 from .scoring import (
     STRATEGY_WEIGHTS,
     OutcomeKind,
@@ -80,6 +80,7 @@ class ProviderRouter:
         self.gates = gates or KeyGates()
         self.sessions = sessions or Sessions()
         self.stats: dict[str, RouteStats] = {}
+        self._stats_dirty: set[str] = set()
 
     def resolve(self, model: str, mesh_models: Collection[str]) -> Resolution:
         return resolve(self.cfg, model, mesh_models)
@@ -156,6 +157,8 @@ class ProviderRouter:
         route = attempt.route
         stats = self.stats.setdefault(attempt.candidate.route, RouteStats())
         stats.record(kind, now, tokens_per_s, ttfb_ms)
+        if kind is not OutcomeKind.CLIENT_ERROR:
+            self._stats_dirty.add(attempt.candidate.route)
         until: float | None = None
         if attempt.reservation is not None:
             spent = used_tokens if used_tokens is not None or kind is OutcomeKind.SUCCESS else 0
@@ -181,14 +184,25 @@ class ProviderRouter:
     # -- operators ------------------------------------------------------------------------
 
     def clear(self, route: str | None = None) -> int:
-        """Clear cooldowns and 429 penalties (of one route, or all); how many cooldowns were on."""
-        for name, stats in self.stats.items():
-            if route is None or name == route:
-                stats.clear_penalty()
-        return self.gates.clear(route)
+        """Clear cooldowns and 429 penalties: all, one route (`fastco/big-model`) or one key
+        (`fastco/big-model#2`, its cooldown only). How many keys had a cooldown."""
+        base, key = _split_key(route)
+        if key is None:
+            for name, stats in self.stats.items():
+                if base is None or name == base:
+                    stats.clear_penalty()
+                    self._stats_dirty.add(name)
+        return self.gates.clear(base, key)
 
     def knows_route(self, route: str) -> bool:
-        return self.cfg.split_route(route) is not None or route in self.stats
+        """Whether `clear` can name `route`: a provider route (or one of its keys) or a mesh
+        model with statistics."""
+        base, key = _split_key(route)
+        assert base is not None
+        pair = self.cfg.split_route(base)
+        if pair is not None:
+            return key is None or 1 <= key <= len(pair[0].keys)
+        return key is None and base in self.stats
 
     def chain_view(self, res: Resolution, now: float) -> dict[str, Any]:
         """`GET /v1/routing/chain`: the order a request would try now, on expected values."""
@@ -205,13 +219,15 @@ class ProviderRouter:
 
     # -- persistence ----------------------------------------------------------------------
 
-    def snapshot(self, now: float) -> dict[str, list[dict[str, Any]]]:
-        data = self.gates.snapshot(now)
+    def snapshot(self, now: float, *, changed_only: bool = False) -> Snapshot:
+        """Plain rows for the state store; `changed_only`: those changed since the last call."""
+        data = self.gates.snapshot(now, changed_only=changed_only)
+        dirty, self._stats_dirty = self._stats_dirty, set()
         data["stats"] = [{"name": name, "key": 0, **s.to_dict()}
-                         for name, s in self.stats.items()]
+                         for name, s in self.stats.items() if not changed_only or name in dirty]
         return data
 
-    def restore(self, data: dict[str, list[dict[str, Any]]]) -> None:
+    def restore(self, data: Snapshot) -> None:
         self.gates.restore(data)
         for row in data.get("stats", []):
             self.stats[str(row["name"])] = RouteStats.from_dict(row)
@@ -238,6 +254,16 @@ class ProviderRouter:
             return True
         return any(self.gates.check(c.provider, c.model, k, tokens, now) is None
                    for k in range(1, len(c.provider.keys) + 1))
+
+
+def _split_key(route: str | None) -> tuple[str | None, int | None]:
+    """`fastco/big-model#2` → (`fastco/big-model`, 2); anything else → (route, None)."""
+    if route is None:
+        return None, None
+    head, sep, tail = route.rpartition("#")
+    if sep and tail.isdigit():
+        return head, int(tail)
+    return route, None
 
 
 def _move_first(ranked: list[Scored], route: str | None) -> list[Scored]:

@@ -226,3 +226,41 @@ def test_snapshot_and_restore_carry_stats_and_gates(cfg: ProvidersConfig) -> Non
     assert again.stats == router.stats
     assert again.chain_view(again.resolve("auto:fast", MESH), T0 + 41) == router.chain_view(
         router.resolve("auto:fast", MESH), T0 + 41)
+
+
+def test_changed_only_snapshots_carry_just_the_rows_an_attempt_touched(
+        cfg: ProvidersConfig) -> None:
+    router = ProviderRouter(cfg)
+    warm(router, T0)
+    router.snapshot(T0 + 30)  # everything so far is written
+    assert router.snapshot(T0 + 30, changed_only=True) == {"windows": [], "keys": [],
+                                                           "stats": []}
+    serve(router, "fastco/big-model", T0 + 31, OutcomeKind.SUCCESS, used_tokens=7)
+    rows = router.snapshot(T0 + 31, changed_only=True)
+    assert [(r["name"], r["key"]) for r in rows["windows"]] == [("fastco", 1)]
+    assert [(r["name"], r["key"]) for r in rows["keys"]] == [("fastco/big-model", 1)]
+    assert [r["name"] for r in rows["stats"]] == ["fastco/big-model"]
+    router.clear("fastco/big-model")
+    assert [r["name"] for r in router.snapshot(T0 + 31, changed_only=True)["stats"]] == [
+        "fastco/big-model"]
+
+
+def test_clear_one_key_of_a_route(cfg: ProvidersConfig) -> None:
+    router = ProviderRouter(cfg)
+    for key in (1, 2):
+        router.gates.rate_limited("fastco/big-model", key, 100.0, T0)
+    serve(router, "slowco/small-model", T0, OutcomeKind.RATE_LIMITED)
+    assert router.clear("fastco/big-model#2") == 1
+    view = router.chain_view(router.resolve("fastco/big-model", MESH), T0 + 1)
+    assert [k["state"] for k in view["chain"][0]["keys"]] == ["cooldown", "ready"]
+    assert router.stats["slowco/small-model"].penalty_now(T0) == 3.0
+    assert router.clear() == 2
+    assert router.stats["slowco/small-model"].penalty_now(T0) == 0.0
+
+
+@pytest.mark.parametrize(("route", "known"), [
+    ("fastco/big-model", True), ("fastco/big-model#2", True), ("fastco/big-model#3", False),
+    ("fastco/big-model#0", False), ("fastco/nope", False), ("qwen", False),
+    ("qwen#1", False)])
+def test_knows_route(cfg: ProvidersConfig, route: str, known: bool) -> None:
+    assert ProviderRouter(cfg).knows_route(route) is known
