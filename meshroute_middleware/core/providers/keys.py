@@ -1,7 +1,9 @@
 """Per-key gates of provider routes: cooldowns, rpm/rpd/tpm/tpd windows, monthly budgets.
 
 Windows (documented contract):
-- rpm and tpm are SLIDING 60-second windows. A request counts at the moment it is sent
+- rpm and tpm are SLIDING 60-second windows kept in 1-second buckets: an event leaves the
+  window up to one second late, never early (so a key is never sent more than its limit, and
+  the state stays ≤ 61 buckets whatever the rate). A request counts at the moment it is sent
   (`reserve`); its tokens count when they are known (`settle`, from the upstream's `usage`),
   and until then the reserved estimate counts against tpm/tpd as "in flight".
 - rpd and tpd are FIXED windows: counters of the current UTC day, reset at 00:00 UTC.
@@ -14,7 +16,6 @@ Keys are named by their 1-based position in the provider's `keys` list, never by
 
 from __future__ import annotations
 
-import bisect
 import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,18 +58,17 @@ class Reservation:
 class _Window:
     """Rate-limit counters of one provider key."""
 
-    requests: list[float] = field(default_factory=list)  # send times inside the last minute
-    tokens: list[tuple[float, int]] = field(default_factory=list)  # (settle time, tokens)
+    requests: dict[int, int] = field(default_factory=dict)  # second -> requests sent in it
+    tokens: dict[int, int] = field(default_factory=dict)  # second -> tokens settled in it
     day: int = -1  # UTC day number the day counters belong to
     day_requests: int = 0
     day_tokens: int = 0
     inflight: dict[int, int] = field(default_factory=dict)  # reservation id -> tokens
 
     def roll(self, now: float) -> None:
-        cut = now - MINUTE_S
-        del self.requests[:bisect.bisect_right(self.requests, cut)]
-        while self.tokens and self.tokens[0][0] <= cut:
-            self.tokens.pop(0)
+        for buckets in (self.requests, self.tokens):
+            for second in [b for b in buckets if _leaves(b) <= now]:
+                del buckets[second]
         day = int(now // DAY_S)
         if day != self.day:
             self.day, self.day_requests, self.day_tokens = day, 0, 0
@@ -141,10 +141,10 @@ class KeyGates:
             return Refusal("rpd", midnight)
         if lim.tpd is not None and win.day_tokens + pending > lim.tpd:
             return Refusal("tpd", midnight if pending <= lim.tpd else None)
-        if lim.rpm is not None and len(win.requests) >= lim.rpm:
-            return Refusal("rpm", win.requests[len(win.requests) - lim.rpm] + MINUTE_S)
-        if lim.tpm is not None and _minute_tokens(win) + pending > lim.tpm:
-            return Refusal("tpm", _tpm_until(win, pending, lim.tpm))
+        if lim.rpm is not None and sum(win.requests.values()) + 1 > lim.rpm:
+            return Refusal("rpm", _frees(win.requests, 1, lim.rpm))
+        if lim.tpm is not None and sum(win.tokens.values()) + pending > lim.tpm:
+            return Refusal("tpm", _frees(win.tokens, pending, lim.tpm))
         budget = model.monthly_tokens
         if budget is not None and route.month_tokens + tokens > budget:
             return Refusal("budget", _month_start(route.month + 1))
@@ -177,7 +177,8 @@ class KeyGates:
         win = self._window(provider.name, key, now)
         self._dirty.add(("windows", provider.name, key))
         self._next_id += 1
-        bisect.insort(win.requests, now)
+        second = int(now // 1)
+        win.requests[second] = win.requests.get(second, 0) + 1
         win.day_requests += 1
         win.inflight[self._next_id] = max(0, tokens)
         return Reservation(self._next_id, provider.name, route_name(provider.name, model.id),
@@ -190,7 +191,8 @@ class KeyGates:
             return
         used = reservation.tokens if used_tokens is None else max(0, used_tokens)
         if used:
-            win.tokens.append((now, used))
+            second = int(now // 1)
+            win.tokens[second] = win.tokens.get(second, 0) + used
             win.day_tokens += used
             self._dirty.add(("windows", reservation.provider, reservation.key))
             self._dirty.add(("keys", reservation.route, reservation.key))
@@ -269,8 +271,10 @@ class KeyGates:
             if changed_only and ("windows", name, key) not in dirty:
                 continue
             win.roll(now)
-            windows.append({"name": name, "key": key, "requests": list(win.requests),
-                            "tokens": [list(t) for t in win.tokens], "day": win.day,
+            windows.append({"name": name, "key": key,
+                            "requests": sorted([b, n] for b, n in win.requests.items()),
+                            "tokens": sorted([b, n] for b, n in win.tokens.items()),
+                            "day": win.day,
                             "day_requests": win.day_requests, "day_tokens": win.day_tokens})
         routes = [{"name": name, "key": key, "cooldown_until": s.cooldown_until,
                    "strikes": s.strikes, "last_429_at": s.last_429_at, "month": s.month,
@@ -282,8 +286,8 @@ class KeyGates:
         """Load a snapshot (tokens in flight at the time are not in it: they were never used)."""
         for row in data.get("windows", []):
             self._windows[(str(row["name"]), int(row["key"]))] = _Window(
-                sorted(float(t) for t in row["requests"]),
-                [(float(t), int(n)) for t, n in row["tokens"]], int(row["day"]),
+                {int(b): int(n) for b, n in row["requests"]},
+                {int(b): int(n) for b, n in row["tokens"]}, int(row["day"]),
                 int(row["day_requests"]), int(row["day_tokens"]))
         for row in data.get("keys", []):
             self._routes[(str(row["name"]), int(row["key"]))] = _KeyRoute(
@@ -303,19 +307,20 @@ class KeyGates:
         return state
 
 
-def _minute_tokens(win: _Window) -> int:
-    return sum(n for _, n in win.tokens)
+def _leaves(second: int) -> float:
+    """When the events of a 1-second bucket leave the sliding minute (its end + 60 s)."""
+    return second + 1 + MINUTE_S
 
 
-def _tpm_until(win: _Window, pending: int, tpm: int) -> float | None:
-    """When enough settled tokens leave the minute window for `pending` more to fit."""
-    if pending > tpm:
+def _frees(buckets: dict[int, int], pending: int, limit: int) -> float | None:
+    """When enough of the minute's events leave for `pending` more to fit under `limit`."""
+    if pending > limit:
         return None  # in-flight work (or the request itself) is over the limit alone
-    excess = _minute_tokens(win) + pending - tpm
-    for at, n in win.tokens:
-        excess -= n
+    excess = sum(buckets.values()) + pending - limit
+    for second in sorted(buckets):
+        excess -= buckets[second]
         if excess <= 0:
-            return at + MINUTE_S
+            return _leaves(second)
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -41,19 +42,21 @@ def test_a_key_without_limits_always_passes() -> None:
     assert gates.check(p, MODEL, 1, 10_000, T0 + 10) is None
 
 
-def test_rpm_is_a_sliding_minute() -> None:
+def test_rpm_is_a_sliding_minute_of_one_second_buckets() -> None:
     gates, p = KeyGates(), provider(rpm=3)
-    for at in (0.0, 10.0, 20.0):
+    for at in (0.2, 10.0, 20.0):
         send(gates, p, 1, 1, T0 + at)
-    assert gates.check(p, MODEL, 1, 1, T0 + 30) == Refusal("rpm", T0 + 60)
-    assert gates.check(p, MODEL, 1, 1, T0 + 59.9) is not None
-    assert gates.check(p, MODEL, 1, 1, T0 + 60.0) is None  # the first request left the window
+    # The first request left at T0 + 60.2 exactly; its bucket [T0, T0 + 1) leaves at T0 + 61:
+    # up to a second late, never early.
+    assert gates.check(p, MODEL, 1, 1, T0 + 30) == Refusal("rpm", T0 + 61)
+    assert gates.check(p, MODEL, 1, 1, T0 + 60.9) is not None
+    assert gates.check(p, MODEL, 1, 1, T0 + 61.0) is None
 
 
 def test_rpm_counts_a_request_from_the_moment_it_is_sent() -> None:
     gates, p = KeyGates(), provider(rpm=1)
     gates.reserve(p, MODEL, 1, 5, T0)  # still in flight
-    assert gates.check(p, MODEL, 1, 1, T0 + 1) == Refusal("rpm", T0 + 60)
+    assert gates.check(p, MODEL, 1, 1, T0 + 1) == Refusal("rpm", T0 + 61)
 
 
 def test_tpm_counts_in_flight_estimates_then_settles_on_usage() -> None:
@@ -64,7 +67,7 @@ def test_tpm_counts_in_flight_estimates_then_settles_on_usage() -> None:
     assert refusal.until is None  # only the in-flight request can free it: no time known
     gates.settle(res, 150, T0 + 2)  # usage says 150, not 800
     assert gates.check(p, MODEL, 1, 300, T0 + 3) is None
-    assert gates.check(p, MODEL, 1, 900, T0 + 3) == Refusal("tpm", T0 + 2 + 60)
+    assert gates.check(p, MODEL, 1, 900, T0 + 3) == Refusal("tpm", T0 + 2 + 61)
 
 
 def test_settling_twice_counts_once() -> None:
@@ -112,7 +115,7 @@ def test_rate_windows_are_per_key_and_shared_by_the_models_of_a_provider() -> No
                  (MODEL, small))
     gates = KeyGates()
     send(gates, p, 1, 1, T0)
-    assert gates.check(p, small, 1, 1, T0) == Refusal("rpm", T0 + 60)
+    assert gates.check(p, small, 1, 1, T0) == Refusal("rpm", T0 + 61)
     assert gates.check(p, MODEL, 2, 1, T0) is None
 
 
@@ -207,7 +210,7 @@ def test_snapshot_restore_keeps_windows_day_counters_and_cooldowns() -> None:
     again = KeyGates()
     again.restore(snap)
     assert again.snapshot(T0 + 3) == snap
-    assert again.check(p, model, 1, 1, T0 + 3) == Refusal("rpm", T0 + 60)
+    assert again.check(p, model, 1, 1, T0 + 3) == Refusal("rpm", T0 + 61)
     assert again.check(p, model, 1, 101, T0 + 120) == Refusal("tpd", MIDNIGHT)
     assert again.month_tokens(ROUTE, 1, T0 + 3) == 900
     assert again.check(p, model, 2, 1, T0 + 3) == Refusal(
@@ -224,3 +227,25 @@ def test_parse_retry_after(header: str | None, seconds: float | None) -> None:
 
 def test_day_constant() -> None:
     assert DAY_S == 86_400.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_sliding_minute_ever_holds_more_than_rpm_or_tpm(seed: int) -> None:
+    """Random bursts against rpm=10, tpm=500: every 60 s interval stays within both limits."""
+    rng = random.Random(seed)
+    gates, p = KeyGates(), provider(keys=1, rpm=10, tpm=500)
+    now, sent = T0, []
+    for _ in range(3000):
+        now += rng.expovariate(1.0)  # ~6x what rpm allows
+        tokens = rng.randint(1, 80)
+        key, _ = gates.pick(p, MODEL, tokens, now)
+        if key is not None:
+            used = rng.randint(1, tokens)  # usage: what the upstream really counted
+            send(gates, p, key, tokens, now, used=used)
+            sent.append((now, used))
+    times = [t for t, _ in sent]
+    for i, start in enumerate(times):
+        inside = [n for t, n in sent[i:] if t < start + 60]
+        assert len(inside) <= 10
+        assert sum(inside) <= 500
+    assert len(sent) > 3000 / 6 * 0.5  # and it does not starve either (> half of rpm's share)
