@@ -66,9 +66,12 @@ class _Window:
     inflight: dict[int, int] = field(default_factory=dict)  # reservation id -> tokens
 
     def roll(self, now: float) -> None:
-        for buckets in (self.requests, self.tokens):
-            for second in [b for b in buckets if _leaves(b) <= now]:
-                del buckets[second]
+        for buckets in (self.requests, self.tokens):  # oldest first: seconds come in order
+            while buckets:
+                first = next(iter(buckets))
+                if _leaves(first) > now:
+                    break
+                del buckets[first]
         day = int(now // DAY_S)
         if day != self.day:
             self.day, self.day_requests, self.day_tokens = day, 0, 0

@@ -239,9 +239,9 @@ class ProviderRouter:
         provider, model = candidate.provider, candidate.model
         if provider is None or model is None or model.monthly_tokens is None:
             return 1.0
-        return max(headroom_factor(self.gates.month_tokens(candidate.route, k, now),
-                                   model.monthly_tokens)
-                   for k in range(1, len(provider.keys) + 1))
+        least = min(self.gates.month_tokens(candidate.route, k, now)
+                    for k in range(1, len(provider.keys) + 1))
+        return headroom_factor(least, model.monthly_tokens)  # falls as usage rises
 
     def _usable(self, route: str, ranked: list[Scored], tokens: int, now: float) -> bool:
         """A session's route is usable while it is a candidate and one of its keys passes."""
