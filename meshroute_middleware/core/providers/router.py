@@ -17,14 +17,14 @@ clock and the rng come in on every call. The forward loop of the adapter uses it
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidPinError
 from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
 from .config import ProvidersConfig
-from .exhaustion import Exhaustion, PassedOver, exhaustion
+from .exhaustion import Exhaustion, PassedOver, exhaustion, soonest_reset
 from .keys import KeyGates, Reservation, Snapshot, key_route
 from .scoring import (
     STRATEGY_WEIGHTS,
@@ -180,6 +180,29 @@ class ProviderRouter:
 
     def exhausted(self, res: Resolution, passed: list[PassedOver], now: float) -> Exhaustion:
         return exhaustion(res, passed, now)
+
+    def may_attempt(self, attempts: int, started: float, now: float) -> bool:
+        """Whether the loop may try one more route: under `max_attempts` and the time budget."""
+        routing = self.cfg.routing
+        return attempts < routing.max_attempts and now - started < routing.total_budget_s
+
+    def time_left(self, started: float, now: float) -> float:
+        """Seconds of the request's total budget still left (for the next attempt's timeout)."""
+        return max(0.0, self.cfg.routing.total_budget_s - (now - started))
+
+    def wait_for_key(self, passed: Sequence[PassedOver], started: float,
+                     now: float) -> float | None:
+        """Seconds to wait for the soonest reset, when `wait_for_key_s` allows it; else None.
+
+        The adapter sleeps this long and then runs the loop once more; the wait must also fit
+        in the request's remaining time budget.
+        """
+        limit = self.cfg.routing.wait_for_key_s
+        soonest = soonest_reset(passed, now)
+        if limit <= 0 or soonest is None:
+            return None
+        wait = soonest - now
+        return wait if wait <= limit and wait < self.time_left(started, now) else None
 
     # -- operators ------------------------------------------------------------------------
 

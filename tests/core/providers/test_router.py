@@ -9,13 +9,13 @@ import pytest
 
 from meshroute_middleware.core.errors import InvalidPinError
 from meshroute_middleware.core.providers.chain import Candidate
-from meshroute_middleware.core.providers.config import ProvidersConfig
+from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import COOLDOWN_LADDER_S
 from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 
-from .conftest import MESH, T0
+from .conftest import MESH, T0, doc
 
 
 def routes(ranked: list) -> list[str]:  # type: ignore[type-arg]
@@ -264,3 +264,33 @@ def test_clear_one_key_of_a_route(cfg: ProvidersConfig) -> None:
     ("qwen#1", False)])
 def test_knows_route(cfg: ProvidersConfig, route: str, known: bool) -> None:
     assert ProviderRouter(cfg).knows_route(route) is known
+
+
+def _router_with(routing: dict[str, object]) -> ProviderRouter:
+    d = doc()
+    d["routing"].update(routing)
+    return ProviderRouter(parse_providers_config(d))
+
+
+@pytest.mark.parametrize(("attempts", "elapsed", "allowed"), [
+    (0, 0.0, True), (2, 5.0, True), (3, 5.0, False), (0, 10.0, False), (1, 9.99, True)])
+def test_attempt_and_time_budget(attempts: int, elapsed: float, allowed: bool) -> None:
+    router = _router_with({"max_attempts": 3, "total_budget_s": 10.0})
+    assert router.may_attempt(attempts, T0, T0 + elapsed) is allowed
+    assert router.time_left(T0, T0 + elapsed) == pytest.approx(max(0.0, 10.0 - elapsed))
+
+
+@pytest.mark.parametrize(("wait_for_key_s", "resets", "expected"), [
+    (0.0, [T0 + 2], None),  # not configured: fail at once
+    (5.0, [T0 + 2, T0 + 30], 2.0),  # the soonest frees within 5 s
+    (5.0, [T0 + 30], None),  # too far
+    (5.0, [], None),  # no reset known
+    (50.0, [T0 + 30], 30.0),
+])
+def test_wait_for_key(wait_for_key_s: float, resets: list[float],
+                      expected: float | None) -> None:
+    router = _router_with({"wait_for_key_s": wait_for_key_s, "total_budget_s": 40.0})
+    passed = [PassedOver(f"fastco/big-model#{i + 1}", "rpm", at) for i, at in enumerate(resets)]
+    passed.append(PassedOver("slowco/small-model#1", "http_5xx"))
+    assert router.wait_for_key(passed, T0, T0) == expected
+    assert router.wait_for_key(passed, T0 - 39, T0) is None  # 1 s of the budget is left
