@@ -13,7 +13,7 @@ from .config import (
 )
 from .exhaustion import Exhaustion, PassedOver, attempt_reason, soonest_reset
 from .keys import KeyGates, Refusal, Reservation, parse_retry_after
-from .router import Attempt, ProviderRouter, Scored
+from .router import Attempt, ProviderRouter, Scored, StateRestoreError
 from .scoring import OutcomeKind, RouteStats, Weights, classify_status
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Routing",
     "Scored",
     "Sessions",
+    "StateRestoreError",
     "Weights",
     "attempt_reason",
     "classify_status",

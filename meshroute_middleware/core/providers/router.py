@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidPinError
+from ..errors import InvalidPinError, MeshRouteError
 from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
 from .config import ProvidersConfig
 from .exhaustion import Exhaustion, PassedOver, exhaustion, soonest_reset
@@ -69,6 +69,10 @@ class Attempt:
         if self.key is None:
             return self.candidate.route
         return key_route(self.candidate.route, self.key)
+
+
+class StateRestoreError(MeshRouteError, ValueError):
+    """Stored state does not have the shape `snapshot()` writes."""
 
 
 class ProviderRouter:
@@ -251,9 +255,13 @@ class ProviderRouter:
         return data
 
     def restore(self, data: Snapshot) -> None:
-        self.gates.restore(data)
-        for row in data.get("stats", []):
-            self.stats[str(row["name"])] = RouteStats.from_dict(row)
+        """Load rows from the state store; a malformed row raises StateRestoreError."""
+        try:
+            self.gates.restore(data)
+            for row in data.get("stats", []):
+                self.stats[str(row["name"])] = RouteStats.from_dict(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateRestoreError(f"malformed provider state row ({exc!r})") from exc
 
     # -- internals ------------------------------------------------------------------------
 

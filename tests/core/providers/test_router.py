@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from meshroute_middleware.core.providers.chain import Candidate
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import COOLDOWN_LADDER_S
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import Attempt, ProviderRouter, StateRestoreError
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 
 from .conftest import MESH, T0, doc
@@ -294,3 +295,14 @@ def test_wait_for_key(wait_for_key_s: float, resets: list[float],
     passed.append(PassedOver("slowco/small-model#1", "http_5xx"))
     assert router.wait_for_key(passed, T0, T0) == expected
     assert router.wait_for_key(passed, T0 - 39, T0) is None  # 1 s of the budget is left
+
+
+@pytest.mark.parametrize("rows", [
+    {"windows": [{"name": "fastco", "key": 1}]},
+    {"keys": [{"name": "fastco/big-model", "key": "x"}]},
+    {"stats": [{"key": 0}]},
+])
+def test_malformed_state_is_a_clear_error(cfg: ProvidersConfig,
+                                          rows: dict[str, list[dict[str, Any]]]) -> None:
+    with pytest.raises(StateRestoreError, match="malformed provider state row"):
+        ProviderRouter(cfg).restore(rows)
