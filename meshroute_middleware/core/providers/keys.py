@@ -32,6 +32,7 @@ DAY_S = 86_400.0
 # users of the reference saw whole key pools benched for 24 h by one bad hour.
 COOLDOWN_LADDER_S = (30.0, 120.0, 600.0, 1800.0)
 RETRY_AFTER_MAX_S = 3600.0  # a Retry-After is obeyed up to an hour; longer is capped (hostile)
+INFLIGHT_TTL_S = 900.0  # a reservation never settled (a lost task) stops counting after this
 LADDER_RESET_S = 3600.0  # an hour without a 429 and the ladder starts again at its first step
 
 
@@ -63,7 +64,7 @@ class _Window:
     day: int = -1  # UTC day number the day counters belong to
     day_requests: int = 0
     day_tokens: int = 0
-    inflight: dict[int, int] = field(default_factory=dict)  # reservation id -> tokens
+    inflight: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (tokens, at)
 
     def roll(self, now: float) -> None:
         for buckets in (self.requests, self.tokens):  # oldest first: seconds come in order
@@ -72,6 +73,11 @@ class _Window:
                 if _leaves(first) > now:
                     break
                 del buckets[first]
+        while self.inflight:  # oldest first: reservation ids grow with time
+            oldest = next(iter(self.inflight))
+            if self.inflight[oldest][1] + INFLIGHT_TTL_S > now:
+                break
+            del self.inflight[oldest]
         day = int(now // DAY_S)
         if day != self.day:
             self.day, self.day_requests, self.day_tokens = day, 0, 0
@@ -139,7 +145,7 @@ class KeyGates:
             return Refusal("cooldown", route.cooldown_until)
         win, lim = self._window(provider.name, key, now), provider.limits
         midnight = (win.day + 1) * DAY_S
-        pending = sum(win.inflight.values()) + tokens
+        pending = sum(n for n, _ in win.inflight.values()) + tokens
         if lim.rpd is not None and win.day_requests >= lim.rpd:
             return Refusal("rpd", midnight)
         if lim.tpd is not None and win.day_tokens + pending > lim.tpd:
@@ -183,7 +189,7 @@ class KeyGates:
         second = int(now // 1)
         win.requests[second] = win.requests.get(second, 0) + 1
         win.day_requests += 1
-        win.inflight[self._next_id] = max(0, tokens)
+        win.inflight[self._next_id] = (max(0, tokens), now)
         return Reservation(self._next_id, provider.name, route_name(provider.name, model.id),
                            key, max(0, tokens))
 

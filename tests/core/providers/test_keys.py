@@ -11,6 +11,7 @@ from meshroute_middleware.core.providers.config import Limits, Provider, Provide
 from meshroute_middleware.core.providers.keys import (
     COOLDOWN_LADDER_S,
     DAY_S,
+    INFLIGHT_TTL_S,
     LADDER_RESET_S,
     RETRY_AFTER_MAX_S,
     KeyGates,
@@ -249,3 +250,10 @@ def test_no_sliding_minute_ever_holds_more_than_rpm_or_tpm(seed: int) -> None:
         assert len(inside) <= 10
         assert sum(inside) <= 500
     assert len(sent) > 3000 / 6 * 0.5  # and it does not starve either (> half of rpm's share)
+
+
+def test_a_reservation_never_settled_stops_counting_after_its_ttl() -> None:
+    gates, p = KeyGates(), provider(tpm=100)
+    gates.reserve(p, MODEL, 1, 90, T0)  # its task was lost: never settled
+    assert gates.check(p, MODEL, 1, 20, T0 + 100) == Refusal("tpm", None)
+    assert gates.check(p, MODEL, 1, 20, T0 + INFLIGHT_TTL_S) is None
