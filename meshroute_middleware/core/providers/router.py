@@ -94,7 +94,9 @@ class ProviderRouter:
     def score(self, candidate: Candidate, strategy: str, now: float,
               rng: random.Random | None = None) -> Scored:
         """All axes of one route; reliability is a Thompson draw when `rng` is given."""
-        st = self.stats.get(candidate.route) or RouteStats()
+        st = self.stats.get(candidate.route)
+        if st is None:
+            st = RouteStats()
         reliability = (expected_reliability(st.ok, st.fail) if rng is None
                        else sample_reliability(st.ok, st.fail, rng))
         speed = speed_score(st.tokens_per_s, st.ttfb_ms)
