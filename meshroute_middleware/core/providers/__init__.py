@@ -15,6 +15,7 @@ from .exhaustion import Exhaustion, PassedOver, attempt_reason, soonest_reset
 from .keys import KeyGates, Refusal, Reservation, parse_retry_after
 from .router import Attempt, ProviderRouter, Scored, StateRestoreError
 from .scoring import OutcomeKind, RouteStats, Weights, classify_status
+from .tokens import TokenEstimate, estimate
 
 __all__ = [
     "Attempt",
@@ -39,9 +40,11 @@ __all__ = [
     "Scored",
     "Sessions",
     "StateRestoreError",
+    "TokenEstimate",
     "Weights",
     "attempt_reason",
     "classify_status",
+    "estimate",
     "parse_providers_config",
     "parse_retry_after",
     "resolve",

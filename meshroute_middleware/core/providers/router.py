@@ -132,13 +132,16 @@ class ProviderRouter:
 
     # -- taking a route -------------------------------------------------------------------
 
-    def acquire(self, candidate: Candidate, tokens: int,
-                now: float) -> Attempt | list[PassedOver]:
+    def acquire(self, candidate: Candidate, tokens: int, now: float, *,
+                context_tokens: int | None = None) -> Attempt | list[PassedOver]:
         """Take the candidate: a key that passes its gates (reserved), or why none does.
 
-        `tokens`: the estimate of the request's prompt plus requested completion tokens.
+        `tokens`: what to reserve against the key's limits (`TokenEstimate.reserve`);
+        `context_tokens`: what the context must hold (`TokenEstimate.context_need`; default
+        `tokens`).
         """
-        if candidate.context is not None and tokens > candidate.context:
+        need = tokens if context_tokens is None else context_tokens
+        if candidate.context is not None and need > candidate.context:
             return [PassedOver(candidate.route, "context")]
         if candidate.provider is None or candidate.model is None:
             return Attempt(candidate)
