@@ -69,8 +69,16 @@ class Exhaustion:
 
 
 def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float) -> Exhaustion:
-    """Build the exhaustion answer from every route passed over, in the order they were."""
+    """Build the exhaustion answer from every route passed over, in the order they were.
+
+    A route key listed twice (a 429, then its cooldown when the loop came back for another key
+    of the same route) keeps its first entry: what actually happened to it.
+    """
     model = resolution.model
+    firsts: dict[str, PassedOver] = {}
+    for p in passed:
+        firsts.setdefault(p.route, p)
+    passed = list(firsts.values())
     if not resolution.candidates:
         return Exhaustion(503, f"no route is configured for model {model!r}", tuple(passed),
                           None, not resolution.has_provider)

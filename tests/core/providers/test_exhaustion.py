@@ -177,3 +177,14 @@ def test_the_budget_gate_shows_up_as_budget() -> None:
     _, ex, _ = run(router, "p/m", 10, T0 + 1, {})
     assert ex is not None and [r.reason for r in ex.routes] == ["budget"]
     assert ex.retry_after_s is not None and ex.retry_after_s > 0
+
+
+def test_a_route_key_listed_twice_keeps_its_first_reason(cfg: ProvidersConfig) -> None:
+    res = ProviderRouter(cfg).resolve("fastco/big-model", MESH)
+    passed = [PassedOver("fastco/big-model#1", "http_429", T0 + 30),
+              PassedOver("fastco/big-model#1", "cooldown", T0 + 30),
+              PassedOver("fastco/big-model#2", "rpm", T0 + 12)]
+    ex = exhaustion(res, passed, T0)
+    assert [(r.route, r.reason) for r in ex.routes] == [("fastco/big-model#1", "http_429"),
+                                                         ("fastco/big-model#2", "rpm")]
+    assert ex.retry_after_s == 12
