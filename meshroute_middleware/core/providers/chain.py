@@ -1,0 +1,155 @@
+"""Which routes a request's `model` may use (issue 12), before any scoring.
+
+`resolve` turns a request's model into a strategy and candidate routes:
+- a mesh model (one the topology serves now): that model alone;
+- `<provider>/<model id>`: that provider model alone (a configured provider name wins over a
+  mesh model spelled the same way);
+- `auto`: the active profile's chain, else the global `[routing] chain`;
+- `auto:fast|fastest|speed|smart|smartest|reliable|balanced|cheap|cheapest`: every provider
+  model and every mesh model, ranked by that strategy;
+- `auto:<profile>`: that profile's chain.
+An unknown `auto:*` raises InvalidModelError (HTTP 400 `invalid_model`); an unknown model
+UnknownModelError (404). Also here: pinning and session stickiness, which reorder a ranking.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from ..errors import MeshRouteError, UnknownModelError
+from .config import Profile, Provider, ProviderModel, ProvidersConfig
+from .scoring import AUTO_ALIASES
+
+SESSION_TTL_S = 3600.0  # a session forgets its route after an hour of silence
+SESSION_MAX = 10_000  # sessions remembered at most (least recently used dropped first)
+
+
+class InvalidModelError(MeshRouteError, ValueError):
+    """An `auto:*` model names no strategy alias and no profile (HTTP 400 `invalid_model`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A route a request may take: a provider model (over its keys) or a mesh model."""
+
+    route: str  # "fastco/big-model" or the mesh model's name
+    tier: str
+    provider: Provider | None = None
+    model: ProviderModel | None = None
+
+    @property
+    def is_provider(self) -> bool:
+        return self.provider is not None
+
+    @property
+    def context(self) -> int | None:
+        return self.model.context if self.model else None
+
+    @property
+    def upstream_model(self) -> str:
+        """The model id the upstream must receive (`big-model`, or the mesh model)."""
+        return self.model.id if self.model else self.route
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A request's model resolved: the strategy to rank by and the candidates, in chain order."""
+
+    model: str
+    strategy: str
+    candidates: tuple[Candidate, ...]
+    missing: tuple[str, ...] = ()  # chain entries naming mesh models no node serves now
+
+    @property
+    def has_provider(self) -> bool:
+        return any(c.is_provider for c in self.candidates)
+
+
+def resolve(cfg: ProvidersConfig, model: str, mesh_models: Collection[str]) -> Resolution:
+    """The strategy and candidate routes for a request's `model`; raises for unknown names."""
+    if model.startswith("auto:"):
+        name = model[5:]
+        if name in AUTO_ALIASES:
+            everything = [provider_candidate(p, m) for p in cfg.providers for m in p.models]
+            everything += [mesh_candidate(cfg, m) for m in sorted(mesh_models)]
+            return Resolution(model, AUTO_ALIASES[name], tuple(everything))
+        profile = cfg.profile(name)
+        if profile is None:
+            raise InvalidModelError(f"unknown model alias {model!r}: not one of "
+                                    f"auto:{{{','.join(sorted(AUTO_ALIASES))}}} and no profile "
+                                    f"named {name!r}")
+        return _from_chain(cfg, model, profile.chain, _strategy(cfg, profile), mesh_models)
+    if model == "auto":
+        active = cfg.profile(cfg.routing.profile) if cfg.routing.profile else None
+        chain = active.chain if active else cfg.routing.chain
+        return _from_chain(cfg, model, chain, _strategy(cfg, active), mesh_models)
+    if cfg.names_provider(model):
+        pair = cfg.split_route(model)
+        if pair is None:
+            raise UnknownModelError(f"provider {model.partition('/')[0]!r} has no model "
+                                    f"{model.partition('/')[2]!r}")
+        return Resolution(model, cfg.routing.strategy, (provider_candidate(*pair),))
+    if model in mesh_models:
+        return Resolution(model, cfg.routing.strategy, (mesh_candidate(cfg, model),))
+    raise UnknownModelError(f"no provider or mesh node serves model {model!r}")
+
+
+def provider_candidate(provider: Provider, model: ProviderModel) -> Candidate:
+    return Candidate(f"{provider.name}/{model.id}", model.tier, provider, model)
+
+
+def mesh_candidate(cfg: ProvidersConfig, model: str) -> Candidate:
+    return Candidate(model, cfg.mesh_tier(model))
+
+
+def _strategy(cfg: ProvidersConfig, profile: Profile | None) -> str:
+    return profile.strategy if profile and profile.strategy else cfg.routing.strategy
+
+
+def _from_chain(cfg: ProvidersConfig, model: str, chain: Sequence[str], strategy: str,
+                mesh_models: Collection[str]) -> Resolution:
+    found: list[Candidate] = []
+    missing: list[str] = []
+    for entry in chain:
+        pair = cfg.split_route(entry)
+        if pair is not None:
+            found.append(provider_candidate(*pair))
+        elif entry in mesh_models:
+            found.append(mesh_candidate(cfg, entry))
+        else:
+            missing.append(entry)
+    return Resolution(model, strategy, tuple(found), tuple(missing))
+
+
+class Sessions:
+    """`x-session-id` → the route that last served it; bounded in size and in time."""
+
+    def __init__(self, ttl_s: float = SESSION_TTL_S, max_entries: int = SESSION_MAX) -> None:
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._routes: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def get(self, session: str | None, now: float) -> str | None:
+        if session is None or session not in self._routes:
+            return None
+        route, at = self._routes[session]
+        if now - at > self.ttl_s:
+            del self._routes[session]
+            return None
+        return route
+
+    def served(self, session: str | None, route: str, now: float) -> None:
+        if session is None:
+            return
+        self._routes[session] = (route, now)
+        self._routes.move_to_end(session)
+        while len(self._routes) > self.max_entries:
+            self._routes.popitem(last=False)
+
+    def forget(self, session: str | None) -> None:
+        if session is not None:
+            self._routes.pop(session, None)
+
+    def __len__(self) -> int:
+        return len(self._routes)

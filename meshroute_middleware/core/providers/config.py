@@ -1,0 +1,307 @@
+"""The validated, frozen model of the provider tables of the config file (issue 12).
+
+Parses what `tomllib` gives for `[routing]`, `[profiles.NAME]`, `[[providers]]`,
+`[[providers.models]]` and `[mesh.MODEL]`. Key references (`env:NAME`, `file:PATH`) are checked
+for form only; `meshroute_middleware.keyring` resolves them. Errors name the table and the key,
+and never echo what sits in a `keys` entry (it might be a pasted secret).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MeshRouteError
+from .scoring import AUTO_ALIASES
+
+TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
+TIERS = ("frontier", "large", "medium", "small")
+STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest")
+DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
+DEFAULT_MAX_ATTEMPTS = 4  # routes tried per request before answering the exhaustion error
+DEFAULT_TOTAL_BUDGET_S = 120.0  # wall time for all attempts of one request together
+
+_NAME = re.compile(r"[a-z0-9-]+")
+_ENV_REF = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]*")
+_LIMITS = ("rpm", "rpd", "tpm", "tpd")
+
+
+class ProviderConfigError(MeshRouteError, ValueError):
+    """A provider table is malformed; the message names the table and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderModel:
+    """One `[[providers.models]]` entry: the upstream's model id and what it is worth."""
+
+    id: str
+    tier: str
+    context: int | None = None  # tokens; None = not stated (never refused for size)
+    price_in: float = 0.0  # USD per million input tokens
+    price_out: float = 0.0  # USD per million output tokens
+    monthly_tokens: int | None = None  # free-tier budget per key behind the headroom factor
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-key request/token limits of one provider; None = no limit."""
+
+    rpm: int | None = None
+    rpd: int | None = None
+    tpm: int | None = None
+    tpd: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """One `[[providers]]` entry. `keys` holds references, never secrets."""
+
+    name: str
+    base_url: str
+    keys: tuple[str, ...]
+    limits: Limits
+    models: tuple[ProviderModel, ...]
+
+    def model(self, model_id: str) -> ProviderModel | None:
+        return next((m for m in self.models if m.id == model_id), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One `[profiles.NAME]` table: its chain and, optionally, its own strategy."""
+
+    name: str
+    chain: tuple[str, ...]
+    strategy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """The `[routing]` table."""
+
+    strategy: str = "balanced"
+    chain: tuple[str, ...] = ()
+    profile: str | None = None
+    wait_for_key_s: float = 0.0  # wait this long for a limited key to free instead of failing
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    total_budget_s: float = DEFAULT_TOTAL_BUDGET_S
+
+
+@dataclass(frozen=True, slots=True)
+class ProvidersConfig:
+    """Everything issue 12 adds to the config file, validated and cross-checked."""
+
+    routing: Routing = field(default_factory=Routing)
+    profiles: tuple[Profile, ...] = ()
+    providers: tuple[Provider, ...] = ()
+    mesh_tiers: Mapping[str, str] = field(default_factory=dict)
+
+    def provider(self, name: str) -> Provider | None:
+        return next((p for p in self.providers if p.name == name), None)
+
+    def profile(self, name: str) -> Profile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    def split_route(self, entry: str) -> tuple[Provider, ProviderModel] | None:
+        """(provider, model) when `entry` is `<provider>/<model id>` of a configured provider."""
+        head, sep, tail = entry.partition("/")
+        provider = self.provider(head) if sep else None
+        model = provider.model(tail) if provider else None
+        return (provider, model) if provider and model else None
+
+    def names_provider(self, entry: str) -> bool:
+        """True when `entry` starts with a configured provider name and a slash."""
+        head, sep, _ = entry.partition("/")
+        return bool(sep) and self.provider(head) is not None
+
+    def mesh_tier(self, model: str) -> str:
+        return self.mesh_tiers.get(model, DEFAULT_MESH_TIER)
+
+
+def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
+    """Build the config from a parsed TOML document; other top-level tables are ignored."""
+    providers = tuple(_provider(i, t) for i, t in enumerate(_list(doc, "providers", "")))
+    names = [p.name for p in providers]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ProviderConfigError(f"[[providers]]: name {dup[0]!r} is configured twice")
+    profiles = tuple(_profile(n, t) for n, t in _table(doc, "profiles", "").items())
+    mesh = {str(n): _mesh_tier(n, t) for n, t in _table(doc, "mesh", "").items()}
+    cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh)
+    _check_chains(cfg)
+    return cfg
+
+
+def _routing(t: Mapping[str, Any]) -> Routing:
+    where = "[routing]"
+    _no_unknown(t, where, {"strategy", "chain", "profile", "wait_for_key_s", "max_attempts",
+                           "total_budget_s"})
+    return Routing(
+        strategy=_choice(t, "strategy", STRATEGIES, where, "balanced") or "balanced",
+        chain=_chain(t, where),
+        profile=_opt_str(t, "profile", where),
+        wait_for_key_s=_number(t, "wait_for_key_s", where, 0.0, low=0.0),
+        max_attempts=int(_number(t, "max_attempts", where, DEFAULT_MAX_ATTEMPTS, low=1,
+                                 integer=True)),
+        total_budget_s=_number(t, "total_budget_s", where, DEFAULT_TOTAL_BUDGET_S, low=0.001),
+    )
+
+
+def _profile(name: object, t: object) -> Profile:
+    where = f"[profiles.{name}]"
+    if not isinstance(t, Mapping):
+        raise ProviderConfigError(f"{where} must be a table")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ProviderConfigError(f"{where}: a profile name must match [a-z0-9-]+")
+    if name in AUTO_ALIASES:
+        raise ProviderConfigError(f"{where}: 'auto:{name}' already means the {AUTO_ALIASES[name]}"
+                                  " strategy; give the profile another name")
+    _no_unknown(t, where, {"chain", "strategy"})
+    strategy = _choice(t, "strategy", STRATEGIES, where, None) if "strategy" in t else None
+    return Profile(name, _chain(t, where), strategy)
+
+
+def _provider(i: int, t: object) -> Provider:
+    where = f"[[providers]] #{i + 1}"
+    if not isinstance(t, Mapping):
+        raise ProviderConfigError(f"{where} must be a table")
+    name = t.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ProviderConfigError(f"{where}: name must be a string matching [a-z0-9-]+")
+    where = f"[[providers]] {name!r}"
+    _no_unknown(t, where, {"name", "base_url", "keys", "models", *_LIMITS})
+    base_url = t.get("base_url")
+    if not isinstance(base_url, str) or not re.fullmatch(r"https?://[^\s/]+(/\S*)?", base_url):
+        raise ProviderConfigError(f"{where}: base_url must be an http(s) URL")
+    limits = Limits(**{k: _opt_int(t, k, where) for k in _LIMITS})
+    models = tuple(_model(where, j, m) for j, m in enumerate(_list(t, "models", where)))
+    ids = [m.id for m in models]
+    if not models:
+        raise ProviderConfigError(f"{where}: needs at least one [[providers.models]]")
+    if len(set(ids)) != len(ids):
+        raise ProviderConfigError(f"{where}: a model id is listed twice")
+    return Provider(name, base_url.rstrip("/"), _keys(t, where), limits, models)
+
+
+def _keys(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    keys = t.get("keys")
+    if not isinstance(keys, list) or not keys:
+        raise ProviderConfigError(f"{where}: keys must be a non-empty list of 'env:NAME' or "
+                                  "'file:PATH' references")
+    for j, ref in enumerate(keys):
+        ok = isinstance(ref, str) and (_ENV_REF.fullmatch(ref) or
+                                       (ref.startswith("file:") and len(ref) > 5))
+        if not ok:  # the value is not echoed: it may be a pasted key
+            raise ProviderConfigError(f"{where}: keys[{j}] must be 'env:NAME' or 'file:PATH' "
+                                      "(a key is never written into the config itself)")
+    if len(set(keys)) != len(keys):
+        raise ProviderConfigError(f"{where}: a key reference is listed twice")
+    return tuple(keys)
+
+
+def _model(where: str, j: int, t: object) -> ProviderModel:
+    here = f"{where} models[{j}]"
+    if not isinstance(t, Mapping):
+        raise ProviderConfigError(f"{here} must be a table")
+    _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens"})
+    model_id = t.get("id")
+    if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
+        raise ProviderConfigError(f"{here}: id must be a non-empty string")
+    here = f"{where} model {model_id!r}"
+    tier = _choice(t, "tier", TIERS, here, None)
+    if tier is None:
+        raise ProviderConfigError(f"{here}: tier is required ({' | '.join(TIERS)})")
+    return ProviderModel(model_id, tier, _opt_int(t, "context", here),
+                         _number(t, "price_in", here, 0.0, low=0.0),
+                         _number(t, "price_out", here, 0.0, low=0.0),
+                         _opt_int(t, "monthly_tokens", here))
+
+
+def _mesh_tier(name: object, t: object) -> str:
+    where = f"[mesh.{name}]"
+    if not isinstance(t, Mapping):
+        raise ProviderConfigError(f"{where} must be a table")
+    _no_unknown(t, where, {"tier"})
+    return _choice(t, "tier", TIERS, where, DEFAULT_MESH_TIER) or DEFAULT_MESH_TIER
+
+
+def _check_chains(cfg: ProvidersConfig) -> None:
+    chains = [("[routing] chain", cfg.routing.chain)]
+    chains += [(f"[profiles.{p.name}] chain", p.chain) for p in cfg.profiles]
+    for where, chain in chains:
+        for entry in chain:
+            if cfg.names_provider(entry) and cfg.split_route(entry) is None:
+                raise ProviderConfigError(f"{where}: {entry!r} names provider "
+                                          f"{entry.partition('/')[0]!r}, which has no such model")
+    if cfg.routing.profile is not None and cfg.profile(cfg.routing.profile) is None:
+        raise ProviderConfigError(f"[routing] profile {cfg.routing.profile!r}: no "
+                                  f"[profiles.{cfg.routing.profile}] table")
+
+
+# -- small typed readers ---------------------------------------------------------------------
+
+def _table(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = doc.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ProviderConfigError(f"{where or 'config'}: [{key}] must be a table")
+    return value
+
+
+def _list(doc: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = doc.get(key, [])
+    if not isinstance(value, list):
+        raise ProviderConfigError(f"{where or 'config'}: {key} must be an array of tables "
+                                  f"([[{key}]])")
+    return value
+
+
+def _no_unknown(t: Mapping[str, Any], where: str, known: set[str]) -> None:
+    unknown = sorted(set(t) - known)
+    if unknown:
+        raise ProviderConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def _chain(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    chain = t.get("chain", [])
+    if not isinstance(chain, list) or not all(isinstance(e, str) and e.strip() for e in chain):
+        raise ProviderConfigError(f"{where}: chain must be a list of model names")
+    if len(set(chain)) != len(chain):
+        raise ProviderConfigError(f"{where}: chain lists an entry twice")
+    return tuple(chain)
+
+
+def _choice(t: Mapping[str, Any], key: str, allowed: tuple[str, ...], where: str,
+            default: str | None) -> str | None:
+    value = t.get(key, default)
+    if value is not None and value not in allowed:
+        raise ProviderConfigError(f"{where}: {key} must be one of {' | '.join(allowed)}, "
+                                  f"got {value!r}")
+    return value if value is None else str(value)
+
+
+def _opt_str(t: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = t.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ProviderConfigError(f"{where}: {key} must be a non-empty string")
+    return value
+
+
+def _opt_int(t: Mapping[str, Any], key: str, where: str) -> int | None:
+    if key not in t:
+        return None
+    return int(_number(t, key, where, 0, low=1, integer=True))
+
+
+def _number(t: Mapping[str, Any], key: str, where: str, default: float, *, low: float,
+            integer: bool = False) -> float:
+    value: Any = t.get(key, default)
+    wrong = isinstance(value, bool) or not isinstance(value, int | float)
+    if wrong or (integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise ProviderConfigError(f"{where}: {key} must be {kind}, got {value!r}")
+    number = float(value)
+    if not number >= low:  # also refuses NaN
+        raise ProviderConfigError(f"{where}: {key} must be >= {low:g}, got {value!r}")
+    return number

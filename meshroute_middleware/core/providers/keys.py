@@ -1,0 +1,348 @@
+"""Per-key gates of provider routes: cooldowns, rpm/rpd/tpm/tpd windows, monthly budgets.
+
+Windows (documented contract):
+- rpm and tpm are SLIDING 60-second windows kept in 1-second buckets: an event leaves the
+  window up to one second late, never early (so a key is never sent more than its limit, and
+  the state stays ≤ 61 buckets whatever the rate). A request counts at the moment it is sent
+  (`reserve`); its tokens count when they are known (`settle`, from the upstream's `usage`),
+  and until then the reserved estimate counts against tpm/tpd as "in flight".
+- rpd and tpd are FIXED windows: counters of the current UTC day, reset at 00:00 UTC.
+- The monthly budget (`monthly_tokens` of a model) is a fixed window per key and model, the
+  current UTC calendar month.
+Rate windows belong to a provider key (`fastco#2`): `rpm = 60` is per key across the provider's
+models. Cooldowns, the 429 ladder and budgets belong to a route key (`fastco/big-model#2`).
+Keys are named by their 1-based position in the provider's `keys` list, never by their value.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from .config import Provider, ProviderModel
+
+Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
+REASONS = ("cooldown", "rpm", "rpd", "tpm", "tpd", "budget")
+MINUTE_S = 60.0
+DAY_S = 86_400.0
+# Escalating cooldowns after repeated 429s that carry no Retry-After. The ceiling is 30 minutes:
+# users of the reference saw whole key pools benched for 24 h by one bad hour.
+COOLDOWN_LADDER_S = (30.0, 120.0, 600.0, 1800.0)
+RETRY_AFTER_MAX_S = 3600.0  # a Retry-After is obeyed up to an hour; longer is capped (hostile)
+INFLIGHT_TTL_S = 900.0  # a reservation never settled (a lost task) stops counting after this
+LADDER_RESET_S = 3600.0  # an hour without a 429 and the ladder starts again at its first step
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a key cannot take a request now, and when that ends (None: not known)."""
+
+    reason: str
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A request sent on a key: its estimate counts against tpm/tpd until settled."""
+
+    id: int
+    provider: str
+    route: str
+    key: int
+    tokens: int
+
+
+@dataclass(slots=True)
+class _Window:
+    """Rate-limit counters of one provider key."""
+
+    requests: dict[int, int] = field(default_factory=dict)  # second -> requests sent in it
+    tokens: dict[int, int] = field(default_factory=dict)  # second -> tokens settled in it
+    day: int = -1  # UTC day number the day counters belong to
+    day_requests: int = 0
+    day_tokens: int = 0
+    inflight: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (tokens, at)
+
+    def roll(self, now: float) -> None:
+        for buckets in (self.requests, self.tokens):  # oldest first: seconds come in order
+            while buckets:
+                first = next(iter(buckets))
+                if _leaves(first) > now:
+                    break
+                del buckets[first]
+        while self.inflight:  # oldest first: reservation ids grow with time
+            oldest = next(iter(self.inflight))
+            if self.inflight[oldest][1] + INFLIGHT_TTL_S > now:
+                break
+            del self.inflight[oldest]
+        day = int(now // DAY_S)
+        if day != self.day:
+            self.day, self.day_requests, self.day_tokens = day, 0, 0
+
+
+@dataclass(slots=True)
+class _KeyRoute:
+    """Cooldown, 429 ladder and monthly budget of one key on one model."""
+
+    cooldown_until: float = 0.0
+    strikes: int = 0  # 429s in a row (without a success or an hour's quiet in between)
+    last_429_at: float = 0.0
+    month: int = -1  # year * 12 + month - 1, UTC
+    month_tokens: int = 0
+
+    def roll(self, now: float) -> None:
+        month = _month_index(now)
+        if month != self.month:
+            self.month, self.month_tokens = month, 0
+
+
+def route_name(provider: str, model_id: str) -> str:
+    return f"{provider}/{model_id}"
+
+
+def key_route(route: str, key: int) -> str:
+    """The display name of one key on one route: `fastco/big-model#2`."""
+    return f"{route}#{key}"
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date); None if unusable."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(text).timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    if seconds != seconds or seconds < 0:
+        return None
+    return min(seconds, RETRY_AFTER_MAX_S)
+
+
+class KeyGates:
+    """Every key's limits and cooldowns; decides which key of a route takes the next request."""
+
+    def __init__(self) -> None:
+        self._windows: dict[tuple[str, int], _Window] = {}
+        self._routes: dict[tuple[str, int], _KeyRoute] = {}
+        self._cursor: dict[str, int] = {}
+        self._next_id = 0
+        self._dirty: set[tuple[str, str, int]] = set()  # (section, name, key) changed rows
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def check(self, provider: Provider, model: ProviderModel, key: int, tokens: int,
+              now: float) -> Refusal | None:
+        """Why `key` (1-based) cannot send `tokens` (estimate) to `model` now; None if it can."""
+        route = self._route(provider.name, model.id, key, now)
+        if route.cooldown_until > now:
+            return Refusal("cooldown", route.cooldown_until)
+        win, lim = self._window(provider.name, key, now), provider.limits
+        midnight = (win.day + 1) * DAY_S
+        pending = sum(n for n, _ in win.inflight.values()) + tokens
+        if lim.rpd is not None and win.day_requests >= lim.rpd:
+            return Refusal("rpd", midnight)
+        if lim.tpd is not None and win.day_tokens + pending > lim.tpd:
+            return Refusal("tpd", midnight if pending <= lim.tpd else None)
+        if lim.rpm is not None and sum(win.requests.values()) + 1 > lim.rpm:
+            return Refusal("rpm", _frees(win.requests, 1, lim.rpm))
+        if lim.tpm is not None and sum(win.tokens.values()) + pending > lim.tpm:
+            return Refusal("tpm", _frees(win.tokens, pending, lim.tpm))
+        budget = model.monthly_tokens
+        if budget is not None and route.month_tokens + tokens > budget:
+            return Refusal("budget", _month_start(route.month + 1))
+        return None
+
+    def pick(self, provider: Provider, model: ProviderModel, tokens: int,
+             now: float) -> tuple[int | None, list[tuple[int, Refusal]]]:
+        """Round-robin: the next key (1-based) that passes every gate, and who was refused why.
+
+        `tokens` is the caller's estimate of the request's total (prompt + completion) tokens.
+        """
+        n = len(provider.keys)
+        name = route_name(provider.name, model.id)
+        start = self._cursor.get(name, 0) % n
+        refused: list[tuple[int, Refusal]] = []
+        for step in range(n):
+            key = (start + step) % n + 1
+            refusal = self.check(provider, model, key, tokens, now)
+            if refusal is None:
+                self._cursor[name] = key % n
+                return key, refused
+            refused.append((key, refusal))
+        return None, refused
+
+    # -- recording ------------------------------------------------------------------------
+
+    def reserve(self, provider: Provider, model: ProviderModel, key: int, tokens: int,
+                now: float) -> Reservation:
+        """Count a request sent on `key` now; its `tokens` estimate is in flight until settled."""
+        win = self._window(provider.name, key, now)
+        self._dirty.add(("windows", provider.name, key))
+        self._next_id += 1
+        second = int(now // 1)
+        win.requests[second] = win.requests.get(second, 0) + 1
+        win.day_requests += 1
+        win.inflight[self._next_id] = (max(0, tokens), now)
+        return Reservation(self._next_id, provider.name, route_name(provider.name, model.id),
+                           key, max(0, tokens))
+
+    def settle(self, reservation: Reservation, used_tokens: int | None, now: float) -> None:
+        """Replace the estimate by the `usage` total (None: keep the estimate). Idempotent."""
+        win = self._window(reservation.provider, reservation.key, now)
+        if win.inflight.pop(reservation.id, None) is None:
+            return
+        used = reservation.tokens if used_tokens is None else max(0, used_tokens)
+        if used:
+            second = int(now // 1)
+            win.tokens[second] = win.tokens.get(second, 0) + used
+            win.day_tokens += used
+            self._dirty.add(("windows", reservation.provider, reservation.key))
+            self._dirty.add(("keys", reservation.route, reservation.key))
+            self._route(reservation.provider, reservation.route.partition("/")[2],
+                        reservation.key, now).month_tokens += used
+
+    def rate_limited(self, route: str, key: int, retry_after_s: float | None,
+                     now: float) -> float:
+        """A 429 on `route` key `key`: cool it down (Retry-After, else the ladder); the end."""
+        state = self._routes.setdefault((route, key), _KeyRoute())
+        self._dirty.add(("keys", route, key))
+        if now - state.last_429_at > LADDER_RESET_S:
+            state.strikes = 0
+        state.strikes += 1
+        state.last_429_at = now
+        if retry_after_s is not None:
+            wait = min(max(retry_after_s, 0.0), RETRY_AFTER_MAX_S)
+        else:
+            wait = COOLDOWN_LADDER_S[min(state.strikes, len(COOLDOWN_LADDER_S)) - 1]
+        state.cooldown_until = max(state.cooldown_until, now + wait)
+        return state.cooldown_until
+
+    def succeeded(self, route: str, key: int) -> None:
+        """A success ends the 429 ladder of that key on that route."""
+        state = self._routes.get((route, key))
+        if state is not None and state.strikes:
+            state.strikes = 0
+            self._dirty.add(("keys", route, key))
+
+    def clear(self, route: str | None = None, key: int | None = None) -> int:
+        """Lift cooldowns (of one route, one route key, or all) and restart their ladders.
+
+        Returns how many keys were cooling down (or had been: a lapsed cooldown counts too).
+        """
+        cleared = 0
+        for (name, pos), state in self._routes.items():
+            if (route is None or name == route) and (key is None or pos == key):
+                cleared += state.cooldown_until > 0
+                if state.cooldown_until or state.strikes:
+                    self._dirty.add(("keys", name, pos))
+                state.cooldown_until, state.strikes = 0.0, 0
+        return cleared
+
+    # -- display --------------------------------------------------------------------------
+
+    def month_tokens(self, route: str, key: int, now: float) -> int:
+        state = self._routes.get((route, key))
+        if state is None:
+            return 0
+        state.roll(now)
+        return state.month_tokens
+
+    def key_states(self, provider: Provider, model: ProviderModel,
+                   now: float) -> list[dict[str, Any]]:
+        """The chain endpoint's `keys` list: ready, cooldown or limited, with until and reason."""
+        out: list[dict[str, Any]] = []
+        for key in range(1, len(provider.keys) + 1):
+            refusal = self.check(provider, model, key, 0, now)
+            state = "ready" if refusal is None else (
+                "cooldown" if refusal.reason == "cooldown" else "limited")
+            out.append({"key": key, "state": state,
+                        "until": None if refusal is None else refusal.until,
+                        "reason": None if refusal is None else refusal.reason})
+        return out
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def snapshot(self, now: float, *, changed_only: bool = False) -> Snapshot:
+        """Plain data for the state store: rows named by provider/route and key position.
+
+        `changed_only`: just the rows changed since the previous snapshot (write-through).
+        """
+        dirty, self._dirty = self._dirty, set()
+        windows = []
+        for (name, key), win in self._windows.items():
+            if changed_only and ("windows", name, key) not in dirty:
+                continue
+            win.roll(now)
+            windows.append({"name": name, "key": key,
+                            "requests": sorted([b, n] for b, n in win.requests.items()),
+                            "tokens": sorted([b, n] for b, n in win.tokens.items()),
+                            "day": win.day,
+                            "day_requests": win.day_requests, "day_tokens": win.day_tokens})
+        routes = [{"name": name, "key": key, "cooldown_until": s.cooldown_until,
+                   "strikes": s.strikes, "last_429_at": s.last_429_at, "month": s.month,
+                   "month_tokens": s.month_tokens} for (name, key), s in self._routes.items()
+                  if not changed_only or ("keys", name, key) in dirty]
+        return {"windows": windows, "keys": routes}
+
+    def restore(self, data: Snapshot) -> None:
+        """Load a snapshot (tokens in flight at the time are not in it: they were never used)."""
+        for row in data.get("windows", []):
+            self._windows[(str(row["name"]), int(row["key"]))] = _Window(
+                {int(b): int(n) for b, n in row["requests"]},
+                {int(b): int(n) for b, n in row["tokens"]}, int(row["day"]),
+                int(row["day_requests"]), int(row["day_tokens"]))
+        for row in data.get("keys", []):
+            self._routes[(str(row["name"]), int(row["key"]))] = _KeyRoute(
+                float(row["cooldown_until"]), int(row["strikes"]), float(row["last_429_at"]),
+                int(row["month"]), int(row["month_tokens"]))
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _window(self, provider: str, key: int, now: float) -> _Window:
+        win = self._windows.setdefault((provider, key), _Window())
+        win.roll(now)
+        return win
+
+    def _route(self, provider: str, model_id: str, key: int, now: float) -> _KeyRoute:
+        state = self._routes.setdefault((route_name(provider, model_id), key), _KeyRoute())
+        state.roll(now)
+        return state
+
+
+def _leaves(second: int) -> float:
+    """When the events of a 1-second bucket leave the sliding minute (its end + 60 s)."""
+    return second + 1 + MINUTE_S
+
+
+def _frees(buckets: dict[int, int], pending: int, limit: int) -> float | None:
+    """When enough of the minute's events leave for `pending` more to fit under `limit`."""
+    if pending > limit:
+        return None  # in-flight work (or the request itself) is over the limit alone
+    excess = sum(buckets.values()) + pending - limit
+    for second in sorted(buckets):
+        excess -= buckets[second]
+        if excess <= 0:
+            return _leaves(second)
+    return None
+
+
+def _month_index(now: float) -> int:
+    return _month_of_hour(int(now // 3600))
+
+
+@functools.lru_cache(maxsize=8)
+def _month_of_hour(hour: int) -> int:
+    """Months start on an hour boundary in UTC, so the hour number decides the month."""
+    moment = datetime.fromtimestamp(hour * 3600, UTC)
+    return moment.year * 12 + moment.month - 1
+
+
+def _month_start(index: int) -> float:
+    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC).timestamp()

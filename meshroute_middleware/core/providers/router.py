@@ -1,0 +1,309 @@
+"""The provider-side router facade: resolve, rank, take a key, record, explain, persist.
+
+One object holds the mutable state (key gates, learned statistics per route, sessions); the
+clock and the rng come in on every call. The forward loop of the adapter uses it like this:
+
+    res = router.resolve(model, mesh_models)          # 400 / 404 raise here
+    passed = []
+    for scored in router.rank(res, now, rng, pinned=pin, session=sid, tokens=est):
+        got = router.acquire(scored.candidate, est, now)
+        if isinstance(got, list):  passed += got; continue      # key gates said no
+        ... send (got.key: the 1-based key position; None for a mesh route) ...
+        over = router.record(got, kind, now, reason=..., used_tokens=..., retry_after_s=...)
+        if over is None: return answer;  passed.append(over)
+    return router.exhausted(res, passed, now)         # status, Retry-After, error body
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidPinError, MeshRouteError
+from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
+from .config import ProvidersConfig
+from .exhaustion import Exhaustion, PassedOver, exhaustion, soonest_reset
+from .keys import KeyGates, Reservation, Snapshot, key_route
+from .scoring import (
+    STRATEGY_WEIGHTS,
+    OutcomeKind,
+    RouteStats,
+    combine,
+    expected_reliability,
+    headroom_factor,
+    intelligence_score,
+    price_score,
+    rate_limit_factor,
+    sample_reliability,
+    speed_score,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A candidate with its axes and combined score (sampled when ranking, expected on display)."""
+
+    candidate: Candidate
+    score: float
+    reliability: float
+    speed: float
+    intelligence: float
+    price: float
+    headroom: float
+    rate_limit: float
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A route taken: for a provider route, the key (1-based) and its reservation."""
+
+    candidate: Candidate
+    key: int | None = None
+    reservation: Reservation | None = None
+
+    @property
+    def route(self) -> str:
+        """`fastco/big-model#2` for a provider route, the model's name for a mesh route."""
+        if self.key is None:
+            return self.candidate.route
+        return key_route(self.candidate.route, self.key)
+
+
+class StateRestoreError(MeshRouteError, ValueError):
+    """Stored state does not have the shape `snapshot()` writes."""
+
+
+class ProviderRouter:
+    """Ranks provider and mesh routes on the same axes and gates provider keys."""
+
+    def __init__(self, cfg: ProvidersConfig, gates: KeyGates | None = None,
+                 sessions: Sessions | None = None) -> None:
+        self.cfg = cfg
+        self.gates = gates or KeyGates()
+        self.sessions = sessions or Sessions()
+        self.stats: dict[str, RouteStats] = {}
+        self._stats_dirty: set[str] = set()
+
+    def resolve(self, model: str, mesh_models: Collection[str]) -> Resolution:
+        return resolve(self.cfg, model, mesh_models)
+
+    # -- ranking --------------------------------------------------------------------------
+
+    def score(self, candidate: Candidate, strategy: str, now: float,
+              rng: random.Random | None = None) -> Scored:
+        """All axes of one route; reliability is a Thompson draw when `rng` is given."""
+        st = self.stats.get(candidate.route)
+        if st is None:
+            st = RouteStats()
+        reliability = (expected_reliability(st.ok, st.fail) if rng is None
+                       else sample_reliability(st.ok, st.fail, rng))
+        speed = speed_score(st.tokens_per_s, st.ttfb_ms)
+        intelligence = intelligence_score(candidate.tier)
+        model = candidate.model
+        price = price_score(model.price_in, model.price_out) if model else 1.0
+        headroom = self._headroom(candidate, now)
+        rate_limit = rate_limit_factor(st.penalty_now(now))
+        total = combine(STRATEGY_WEIGHTS[strategy], reliability, speed, intelligence, price,
+                        headroom, rate_limit)
+        return Scored(candidate, total, reliability, speed, intelligence, price, headroom,
+                      rate_limit)
+
+    def rank(self, res: Resolution, now: float, rng: random.Random | None = None, *,
+             pinned: str | None = None, session: str | None = None,
+             tokens: int = 0) -> list[Scored]:
+        """The order to try routes in: by score, then the session's route, then the pin first."""
+        candidates = list(res.candidates)
+        if pinned is not None and all(c.route != pinned for c in candidates):
+            pair = self.cfg.split_route(pinned)
+            if pair is None:
+                raise InvalidPinError(f"pinned route {pinned!r} is not a route of "
+                                      f"{res.model!r}")
+            candidates.append(provider_candidate(*pair))
+        ranked = sorted((self.score(c, res.strategy, now, rng) for c in candidates),
+                        key=lambda s: -s.score)
+        sticky = self.sessions.get(session, now)
+        if sticky is not None and not self._usable(sticky, ranked, tokens, now):
+            sticky = None
+        for first in (sticky, pinned):  # the pin ends up in front of the session's route
+            ranked = _move_first(ranked, first)
+        return ranked
+
+    # -- taking a route -------------------------------------------------------------------
+
+    def acquire(self, candidate: Candidate, tokens: int, now: float, *,
+                context_tokens: int | None = None) -> Attempt | list[PassedOver]:
+        """Take the candidate: a key that passes its gates (reserved), or why none does.
+
+        `tokens`: what to reserve against the key's limits (`TokenEstimate.reserve`);
+        `context_tokens`: what the context must hold (`TokenEstimate.context_need`; default
+        `tokens`).
+        """
+        need = tokens if context_tokens is None else context_tokens
+        if candidate.context is not None and need > candidate.context:
+            return [PassedOver(candidate.route, "context")]
+        if candidate.provider is None or candidate.model is None:
+            return Attempt(candidate)
+        key, refused = self.gates.pick(candidate.provider, candidate.model, tokens, now)
+        if key is None:
+            return [PassedOver(key_route(candidate.route, k), r.reason, r.until)
+                    for k, r in refused]
+        reservation = self.gates.reserve(candidate.provider, candidate.model, key, tokens, now)
+        return Attempt(candidate, key, reservation)
+
+    def record(self, attempt: Attempt, kind: OutcomeKind, now: float, *,
+               reason: str | None = None, used_tokens: int | None = None,
+               tokens_per_s: float | None = None, ttfb_ms: float | None = None,
+               retry_after_s: float | None = None,
+               session: str | None = None) -> PassedOver | None:
+        """Fold an attempt's outcome in; the PassedOver to report when the route failed.
+
+        `reason` (`http_5xx`, `timeout`, `connect`, or `context` for an upstream's
+        context-length refusal, which counts as a client error) names a failure; a 429 is
+        `http_429` by itself. `used_tokens` is `usage.total_tokens` when the upstream said.
+        """
+        route = attempt.route
+        stats = self.stats.setdefault(attempt.candidate.route, RouteStats())
+        stats.record(kind, now, tokens_per_s, ttfb_ms)
+        if kind is not OutcomeKind.CLIENT_ERROR:
+            self._stats_dirty.add(attempt.candidate.route)
+        until: float | None = None
+        if attempt.reservation is not None:
+            spent = used_tokens if used_tokens is not None or kind is OutcomeKind.SUCCESS else 0
+            self.gates.settle(attempt.reservation, spent, now)
+        if attempt.key is not None:
+            if kind is OutcomeKind.RATE_LIMITED:
+                until = self.gates.rate_limited(attempt.candidate.route, attempt.key,
+                                                retry_after_s, now)
+            elif kind is OutcomeKind.SUCCESS:
+                self.gates.succeeded(attempt.candidate.route, attempt.key)
+        if kind is OutcomeKind.SUCCESS:
+            self.sessions.served(session, attempt.candidate.route, now)
+            return None
+        if kind is OutcomeKind.RATE_LIMITED:
+            return PassedOver(route, "http_429", until)
+        if kind is OutcomeKind.CLIENT_ERROR and reason is None:
+            return None
+        return PassedOver(route, reason or "http_5xx")
+
+    def exhausted(self, res: Resolution, passed: list[PassedOver], now: float) -> Exhaustion:
+        return exhaustion(res, passed, now)
+
+    def may_attempt(self, attempts: int, started: float, now: float) -> bool:
+        """Whether the loop may try one more route: under `max_attempts` and the time budget."""
+        routing = self.cfg.routing
+        return attempts < routing.max_attempts and now - started < routing.total_budget_s
+
+    def time_left(self, started: float, now: float) -> float:
+        """Seconds of the request's total budget still left (for the next attempt's timeout)."""
+        return max(0.0, self.cfg.routing.total_budget_s - (now - started))
+
+    def wait_for_key(self, passed: Sequence[PassedOver], started: float,
+                     now: float) -> float | None:
+        """Seconds to wait for the soonest reset, when `wait_for_key_s` allows it; else None.
+
+        The adapter sleeps this long and then runs the loop once more; the wait must also fit
+        in the request's remaining time budget.
+        """
+        limit = self.cfg.routing.wait_for_key_s
+        soonest = soonest_reset(passed, now)
+        if limit <= 0 or soonest is None:
+            return None
+        wait = soonest - now
+        return wait if wait <= limit and wait < self.time_left(started, now) else None
+
+    # -- operators ------------------------------------------------------------------------
+
+    def clear(self, route: str | None = None) -> int:
+        """Clear cooldowns and 429 penalties: all, one route (`fastco/big-model`) or one key
+        (`fastco/big-model#2`, its cooldown only). How many keys had a cooldown."""
+        base, key = _split_key(route)
+        if key is None:
+            for name, stats in self.stats.items():
+                if base is None or name == base:
+                    stats.clear_penalty()
+                    self._stats_dirty.add(name)
+        return self.gates.clear(base, key)
+
+    def knows_route(self, route: str) -> bool:
+        """Whether `clear` can name `route`: a provider route (or one of its keys) or a mesh
+        model with statistics."""
+        base, key = _split_key(route)
+        assert base is not None
+        pair = self.cfg.split_route(base)
+        if pair is not None:
+            return key is None or 1 <= key <= len(pair[0].keys)
+        return key is None and base in self.stats
+
+    def chain_view(self, res: Resolution, now: float) -> dict[str, Any]:
+        """`GET /v1/routing/chain`: the order a request would try now, on expected values."""
+        chain = []
+        for s in self.rank(res, now):
+            c = s.candidate
+            keys = (self.gates.key_states(c.provider, c.model, now)
+                    if c.provider is not None and c.model is not None else [])
+            chain.append({"route": c.route, "kind": "provider" if c.is_provider else "mesh",
+                          "score": s.score, "reliability": s.reliability, "speed": s.speed,
+                          "intelligence": s.intelligence, "price": s.price,
+                          "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
+        return {"model": res.model, "strategy": res.strategy, "chain": chain}
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def snapshot(self, now: float, *, changed_only: bool = False) -> Snapshot:
+        """Plain rows for the state store; `changed_only`: those changed since the last call."""
+        data = self.gates.snapshot(now, changed_only=changed_only)
+        dirty, self._stats_dirty = self._stats_dirty, set()
+        data["stats"] = [{"name": name, "key": 0, **s.to_dict()}
+                         for name, s in self.stats.items() if not changed_only or name in dirty]
+        return data
+
+    def restore(self, data: Snapshot) -> None:
+        """Load rows from the state store; a malformed row raises StateRestoreError."""
+        try:
+            self.gates.restore(data)
+            for row in data.get("stats", []):
+                self.stats[str(row["name"])] = RouteStats.from_dict(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateRestoreError(f"malformed provider state row ({exc!r})") from exc
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _headroom(self, candidate: Candidate, now: float) -> float:
+        """The best key's headroom: the route stays attractive while one key has budget left."""
+        provider, model = candidate.provider, candidate.model
+        if provider is None or model is None or model.monthly_tokens is None:
+            return 1.0
+        least = min(self.gates.month_tokens(candidate.route, k, now)
+                    for k in range(1, len(provider.keys) + 1))
+        return headroom_factor(least, model.monthly_tokens)  # falls as usage rises
+
+    def _usable(self, route: str, ranked: list[Scored], tokens: int, now: float) -> bool:
+        """A session's route is usable while it is a candidate and one of its keys passes."""
+        c = next((s.candidate for s in ranked if s.candidate.route == route), None)
+        if c is None:
+            return False
+        if c.context is not None and tokens > c.context:
+            return False
+        if c.provider is None or c.model is None:
+            return True
+        return any(self.gates.check(c.provider, c.model, k, tokens, now) is None
+                   for k in range(1, len(c.provider.keys) + 1))
+
+
+def _split_key(route: str | None) -> tuple[str | None, int | None]:
+    """`fastco/big-model#2` → (`fastco/big-model`, 2); anything else → (route, None)."""
+    if route is None:
+        return None, None
+    head, sep, tail = route.rpartition("#")
+    if sep and tail.isdigit():
+        return head, int(tail)
+    return route, None
+
+
+def _move_first(ranked: list[Scored], route: str | None) -> list[Scored]:
+    for i, s in enumerate(ranked):
+        if s.candidate.route == route:
+            return [s, *ranked[:i], *ranked[i + 1:]]
+    return ranked

@@ -1,0 +1,200 @@
+"""A scriptable OpenAI-compatible provider on 127.0.0.1 for provider-route tests (not product).
+
+Each request takes the next `Reply` of the script (then `by_key[key]`, then `default`) and is
+logged as a `Seen`: the bearer key and the model it carried. Replies: 200 (streamed or not,
+with `usage`), any error status (429 with `Retry-After`, 5xx, 400), a slow first byte, and a
+stream that breaks after some chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.gateway.upstream import ServerThread
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the fake answers to one request."""
+
+    status: int = 200
+    tokens: int = 8  # completion tokens (one streamed chunk each)
+    prompt_tokens: int = 5
+    ttfb_s: float = 0.0  # wait this long before answering at all
+    token_delay_s: float = 0.0
+    retry_after: str | None = None  # Retry-After header of an error answer
+    break_after: int | None = None  # streaming: drop the connection after this many chunks
+    usage: bool = True  # include `usage` (in the last stream chunk when streaming)
+
+    @classmethod
+    def ok(cls, tokens: int = 8, **kw: Any) -> Reply:
+        return cls(200, tokens, **kw)
+
+    @classmethod
+    def rate_limited(cls, retry_after: str | None = "1") -> Reply:
+        return cls(429, retry_after=retry_after)
+
+    @classmethod
+    def error(cls, status: int = 500) -> Reply:
+        return cls(status)
+
+    @classmethod
+    def slow(cls, ttfb_s: float, tokens: int = 8) -> Reply:
+        return cls(200, tokens, ttfb_s=ttfb_s)
+
+    @classmethod
+    def broken(cls, after: int = 2, tokens: int = 8) -> Reply:
+        return cls(200, tokens, break_after=after)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as the provider saw it."""
+
+    key: str | None  # the bearer token, None when there was no `Authorization: Bearer`
+    model: str | None
+    stream: bool
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeProvider:
+    """An OpenAI-compatible provider whose answers a test scripts."""
+
+    name: str = "fake"
+    script: Sequence[Reply] = ()
+    default: Reply = field(default_factory=Reply)
+    by_key: dict[str, Reply] = field(default_factory=dict)  # a key's own default answer
+    models: tuple[str, ...] = ("big-model",)
+    seen: list[Seen] = field(default_factory=list)
+    disconnected: int = 0
+
+    def __post_init__(self) -> None:
+        self._script: deque[Reply] = deque(self.script)
+        self._lock = threading.Lock()
+        self.base_url = ""
+
+    def push(self, *replies: Reply) -> None:
+        """Append replies to the script (for the next requests)."""
+        with self._lock:
+            self._script.extend(replies)
+
+    @property
+    def keys(self) -> list[str | None]:
+        return [s.key for s in self.seen]
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ])
+
+    @contextmanager
+    def serve(self) -> Iterator[FakeProvider]:
+        """Run on a free loopback port; `base_url` is `http://127.0.0.1:PORT/v1` meanwhile."""
+        with ServerThread(self.app()) as server:
+            self.base_url = f"{server.url}/v1"
+            yield self
+
+    def _next(self, key: str | None) -> Reply:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        return self.by_key.get(key or "", self.default)
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list",
+                             "data": [{"id": m, "object": "model"} for m in self.models]})
+
+    async def _chat(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body is not JSON", "invalid_request_error")
+        auth = request.headers.get("authorization", "")
+        key = auth[7:] if auth.lower().startswith("bearer ") else None
+        stream = bool(body.get("stream"))
+        self.seen.append(Seen(key, body.get("model"), stream, dict(request.headers), body))
+        reply = self._next(key)
+        if reply.ttfb_s and not await self._wait(request, reply.ttfb_s):
+            return Response(status_code=499)
+        if reply.status != 200:
+            headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
+            return _error(reply.status, f"{self.name} answers {reply.status}",
+                          "rate_limit_error" if reply.status == 429 else "server_error",
+                          headers)
+        if body.get("model") not in self.models:
+            return _error(404, f"{self.name} has no model {body.get('model')!r}",
+                          "invalid_request_error")
+        if stream:
+            return StreamingResponse(self._stream(body, reply), media_type="text/event-stream")
+        await asyncio.sleep(reply.token_delay_s * reply.tokens)
+        return JSONResponse(self._completion(body, reply))
+
+    async def _wait(self, request: Request, seconds: float) -> bool:
+        """Sleep `seconds`; False when the caller left meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if await request.is_disconnected():
+                self.disconnected += 1
+                return False
+            await asyncio.sleep(min(0.01, seconds))
+        return True
+
+    async def _stream(self, body: dict[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+        for i in range(reply.tokens):
+            if reply.break_after is not None and i == reply.break_after:
+                raise ConnectionResetError("scripted broken stream")
+            await asyncio.sleep(reply.token_delay_s)
+            yield _sse(self._chunk(body, {"content": f"t{i} "}, None))
+        last = self._chunk(body, {}, "stop")
+        if reply.usage:
+            last["usage"] = _usage(reply)
+        yield _sse(last)
+        yield b"data: [DONE]\n\n"
+
+    def _chunk(self, body: dict[str, Any], delta: dict[str, Any],
+               finish: str | None) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{self.name}", "object": "chat.completion.chunk", "created": 0,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{self.name}", "object": "chat.completion", "created": 0,
+            "model": body.get("model"),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant",
+                                     "content": " ".join(f"t{i}" for i in range(reply.tokens))}}]}
+        if reply.usage:
+            out["usage"] = _usage(reply)
+        return out
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.tokens,
+            "total_tokens": reply.prompt_tokens + reply.tokens}
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _error(status: int, message: str, kind: str,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": str(status)}},
+                        status_code=status, headers=headers)
