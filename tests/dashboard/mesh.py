@@ -35,9 +35,12 @@ class Shard:
 
 
 # The demo's ADR-0020 mixed topology, and a second model split across two boxes.
-QWEN = (Shard("gpu-a", "qwen-demo", 0, 21, 40, 150.0), Shard("gpu-b", "qwen-demo", 0, 19, 40, 80.0),
-        Shard("cpu-a", "qwen-demo", 0, 39, 40, 30.0), Shard("cpu-c", "qwen-demo", 20, 39, 40, 100.0))
-LLAMA = (Shard("edge-1", "llama-8b", 0, 15, 32, 90.0), Shard("edge-2", "llama-8b", 16, 31, 32, 70.0),
+QWEN = (Shard("gpu-a", "qwen-demo", 0, 21, 40, 150.0),
+        Shard("gpu-b", "qwen-demo", 0, 19, 40, 80.0),
+        Shard("cpu-a", "qwen-demo", 0, 39, 40, 30.0),
+        Shard("cpu-c", "qwen-demo", 20, 39, 40, 100.0))
+LLAMA = (Shard("edge-1", "llama-8b", 0, 15, 32, 90.0),
+         Shard("edge-2", "llama-8b", 16, 31, 32, 70.0),
          Shard("mini", "llama-8b", 0, 31, 32, 35.0))
 
 

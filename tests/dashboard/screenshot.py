@@ -17,17 +17,16 @@ LATE = Shard("cpu-b", "qwen-demo", 0, 39, 40, 22.0)  # joins half-way: a topolog
 
 
 async def _run(out: Path, seconds: float) -> None:
-    async with live_mesh(QWEN + LLAMA) as mesh:
-        async with open_page(mesh.url + "/dashboard") as page:
-            await page.wait_for("document.body.dataset.polls > 0", 60)
-            rounds = max(2, int(seconds / 3))
-            for i in range(rounds):
-                await mesh.traffic(["qwen-demo", "llama-8b"], 24, clients=3, seed=i)
-                if i == rounds // 2:
-                    await mesh.start_node(LATE, seed=99)
-                    await mesh.register(LATE)
-            await asyncio.sleep(1.5)  # one more debounced poll after the last request
-            await page.screenshot(out)
+    async with live_mesh(QWEN + LLAMA) as mesh, open_page(mesh.url + "/dashboard") as page:
+        await page.wait_for("document.body.dataset.polls > 0", 60)
+        rounds = max(2, int(seconds / 3))
+        for i in range(rounds):
+            await mesh.traffic(["qwen-demo", "llama-8b"], 24, clients=3, seed=i)
+            if i == rounds // 2:
+                await mesh.start_node(LATE, seed=99)
+                await mesh.register(LATE)
+        await asyncio.sleep(1.5)  # one more debounced poll after the last request
+        await page.screenshot(out)
     print(f"wrote {out} ({mesh.ok} requests ok, {mesh.failed} failed)")
 
 
