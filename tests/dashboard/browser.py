@@ -145,6 +145,9 @@ async def open_page(url: str, width: int = 1280, height: int = 800) -> AsyncIter
                                     height=height, deviceScaleFactor=1, mobile=False)
                     await page.send("Page.enable")
                     await page.send("Page.navigate", url=url)
+                    # the load event never comes (an EventSource stays open): wait for the DOM
+                    await page.wait_for(f"location.href === {json.dumps(url)} && "
+                                        "document.readyState !== 'loading'", START_TIMEOUT_S)
                     yield page
                 finally:
                     await page.close()

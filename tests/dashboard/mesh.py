@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -14,7 +14,7 @@ import aiohttp
 from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.server import Gateway, build_gateway
 from meshroute_middleware.settings import ServeSettings
-from node_agent.emulator import EmulatorConfig, serve_node
+from node_agent.emulator import EmulatedNode, EmulatorConfig, serve_node
 from node_agent.serving import serve_app
 
 
@@ -53,6 +53,7 @@ class LiveMesh:
     session: aiohttp.ClientSession
     stack: contextlib.AsyncExitStack
     node_urls: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, EmulatedNode] = field(default_factory=dict)
     ok: int = 0
     failed: int = 0
 
@@ -61,9 +62,15 @@ class LiveMesh:
         config = EmulatorConfig(node_id=shard.node_id, model=shard.model, start=shard.start,
                                 end=shard.end, layers=shard.layers, tps=shard.tps, slots=6,
                                 noise_sigma=0.1, seed=seed, hop_latency_s=0.0005)
-        _, url = await self.stack.enter_async_context(serve_node(config))
-        self.node_urls[shard.node_id] = url
+        node, url = await self.stack.enter_async_context(serve_node(config))
+        self.nodes[shard.node_id], self.node_urls[shard.node_id] = node, url
         return url
+
+    def slow_down(self, node_id: str, factor: float) -> None:
+        """The node computes `factor` times slower from now on (drift, as in the demo)."""
+        worker = self.nodes[node_id].worker
+        worker.config = replace(worker.config, tps=None,
+                                seconds_per_layer=worker.config.layer_s * factor)
 
     async def register(self, shard: Shard) -> None:
         """POST the node's record to the gateway (start the node first)."""

@@ -1,4 +1,5 @@
-"""Take docs/dashboard.png from a real run: two models, live traffic, a node joining late.
+"""Take docs/dashboard.png from a real run: two models, live traffic, the best node slowing
+down half-way and a node joining later.
 
 Run it through `scripts/dashboard-screenshot` (inside a loopback-only network namespace).
 """
@@ -23,6 +24,8 @@ async def _run(out: Path, seconds: float) -> None:
         for i in range(rounds):
             await mesh.traffic(["qwen-demo", "llama-8b"], 24, clients=3, seed=i)
             if i == rounds // 2:
+                mesh.slow_down("gpu-a", 3.0)
+            if i == rounds * 3 // 4:
                 await mesh.start_node(LATE, seed=99)
                 await mesh.register(LATE)
         await asyncio.sleep(1.5)  # one more debounced poll after the last request
