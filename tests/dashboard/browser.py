@@ -44,6 +44,7 @@ class Page:
         self.ws = ws
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.requested: list[str] = []  # every URL the page asked for (Network domain)
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -51,6 +52,8 @@ class Page:
             if msg.type != aiohttp.WSMsgType.TEXT:
                 continue
             data = json.loads(msg.data)
+            if data.get("method") == "Network.requestWillBeSent":
+                self.requested.append(data["params"]["request"]["url"])
             future = self._waiting.pop(data.get("id", -1), None)
             if future is not None and not future.done():
                 future.set_result(data)
@@ -144,6 +147,7 @@ async def open_page(url: str, width: int = 1280, height: int = 800) -> AsyncIter
                     await page.send("Emulation.setDeviceMetricsOverride", width=width,
                                     height=height, deviceScaleFactor=1, mobile=False)
                     await page.send("Page.enable")
+                    await page.send("Network.enable")
                     await page.send("Page.navigate", url=url)
                     # the load event never comes (an EventSource stays open): wait for the DOM
                     await page.wait_for(f"location.href === {json.dumps(url)} && "

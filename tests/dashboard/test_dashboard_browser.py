@@ -140,3 +140,6 @@ async def test_provider_panel_renders_chain_keys_and_cooldowns_from_the_endpoint
         assert 0 < seconds <= 42  # counts down to `until`
         text = await page.evaluate("document.getElementById('chains').textContent")
         assert "strategy balanced" in text and "rpm 30 · tpm 6000" in text
+        # self-contained: everything the page loaded came from the gateway (no CDN, offline)
+        assert page.requested and all(u.startswith(url + "/") for u in page.requested)
+        assert url + "/v1/routing/chain?model=m" in page.requested
