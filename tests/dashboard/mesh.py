@@ -78,6 +78,11 @@ class LiveMesh:
         async with self.session.post(self.url + "/v1/nodes", json=record) as resp:
             assert resp.status in (200, 201), await resp.text()
 
+    async def remove(self, node_id: str) -> None:
+        """DELETE the node from the gateway (the node itself keeps running)."""
+        async with self.session.delete(f"{self.url}/v1/nodes/{node_id}") as resp:
+            assert resp.status == 200, await resp.text()
+
     async def chat(self, model: str, rng: random.Random, max_tokens: int = 12) -> None:
         """One chat request through the gateway, streaming or not."""
         body = {"model": model, "stream": rng.random() < 0.5, "max_tokens": max_tokens,

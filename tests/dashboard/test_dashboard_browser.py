@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,10 @@ from node_agent.serving import serve_app
 from .browser import Page, chromium_binary, open_page
 from .mesh import LLAMA, QWEN, LiveMesh, Shard, live_mesh
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(chromium_binary() is None,
-                       reason="chromium is not installed (scripts/ensure-chromium installs it)"),
-]
+pytestmark = pytest.mark.anyio
+needs_chromium = pytest.mark.skipif(
+    chromium_binary() is None,
+    reason="chromium is not installed (scripts/ensure-chromium installs it)")
 DEADLINE_S = 60.0  # DOM conditions: polls every 4 s, debounced refresh 0.5 s after events
 FIXTURE = Path(__file__).parent / "fixtures" / "provider_chain.json"
 PAGE = importlib.resources.files("meshroute_middleware") / "static" / "dashboard.html"
@@ -52,6 +52,7 @@ async def _gateway_routes(mesh: LiveMesh) -> dict[str, int]:
             for model in doc["models"].values() for row in model["candidates"]}
 
 
+@needs_chromium
 async def test_dashboard_lists_the_gateways_routes_and_follows_traffic_and_joins() -> None:
     async with live_mesh(QWEN + LLAMA) as mesh:
         await mesh.traffic(["qwen-demo", "llama-8b"], 30)
@@ -90,6 +91,13 @@ async def test_dashboard_lists_the_gateways_routes_and_follows_traffic_and_joins
             assert any(m.startswith("qwen-demo: ") and "+cpu-b" in m for m in markers)
             assert not any(m.startswith("llama-8b: ") and "cpu-b" in m for m in markers)
 
+            # a node leaves: its routes and its bar go, the chart marks it
+            await mesh.remove("gpu-b")
+            await page.wait_for(ROWS, DEADLINE_S, lambda v: "gpu-b[" not in v)
+            await page.wait_for(NODES, DEADLINE_S, lambda v: "gpu-b" not in v)
+            await page.wait_for(MARKERS, DEADLINE_S, lambda v: "−gpu-b" in v)
+            assert set(await _rows(page)) == set(await _gateway_routes(mesh))
+
 
 def _fixture_app(chain_until: float) -> Starlette:
     """/dashboard and the endpoints it reads, answered from the static JSON fixture."""
@@ -126,6 +134,7 @@ KEYS = """JSON.stringify([...document.querySelectorAll('#chains tr[data-route]')
    k.textContent.trim()])]))"""
 
 
+@needs_chromium
 async def test_provider_panel_renders_chain_keys_and_cooldowns_from_the_endpoint() -> None:
     app = _fixture_app(time.time() + 42.0)
     async with serve_app(app, "127.0.0.1", 0) as url, open_page(url + "/dashboard") as page:
@@ -143,3 +152,11 @@ async def test_provider_panel_renders_chain_keys_and_cooldowns_from_the_endpoint
         # self-contained: everything the page loaded came from the gateway (no CDN, offline)
         assert page.requested and all(u.startswith(url + "/") for u in page.requested)
         assert url + "/v1/routing/chain?model=m" in page.requested
+
+
+def test_dashboard_page_is_self_contained() -> None:
+    """No CDN, fonts or scripts from elsewhere: the page works offline (no browser needed)."""
+    html = PAGE.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "@import" not in html and "url(http" not in html
+    assert "<script src" not in html and '<link rel="stylesheet"' not in html
