@@ -1,0 +1,162 @@
+"""The dashboard in a real headless Chromium (DevTools protocol) against a live gateway.
+
+The page holds an EventSource open, so it never finishes loading: these tests drive it over
+the DevTools protocol and poll the DOM until a condition holds, with generous deadlines.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from node_agent.serving import serve_app
+
+from .browser import Page, chromium_binary, open_page
+from .mesh import LLAMA, QWEN, LiveMesh, Shard, live_mesh
+
+pytestmark = pytest.mark.anyio
+needs_chromium = pytest.mark.skipif(
+    chromium_binary() is None,
+    reason="chromium is not installed (scripts/ensure-chromium installs it)")
+DEADLINE_S = 60.0  # DOM conditions: polls every 4 s, debounced refresh 0.5 s after events
+FIXTURE = Path(__file__).parent / "fixtures" / "provider_chain.json"
+PAGE = importlib.resources.files("meshroute_middleware") / "static" / "dashboard.html"
+
+ROWS = """JSON.stringify([...document.querySelectorAll('#models tr[data-signature]')]
+  .map(tr => [tr.dataset.signature, +tr.querySelector('.samples').textContent]))"""
+NODES = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('#nodes [data-node]')]
+  .map(n => [n.dataset.node, n.querySelector('.layers i').style.width])))"""
+MARKERS = """JSON.stringify([...document.querySelectorAll('svg.chart .marker')]
+  .map(g => g.closest('svg').dataset.model + ': ' + g.dataset.label))"""
+
+
+async def _rows(page: Page) -> dict[str, int]:
+    return dict(json.loads(await page.evaluate(ROWS)))
+
+
+async def _gateway_routes(mesh: LiveMesh) -> dict[str, int]:
+    async with mesh.session.get(mesh.url + "/v1/routing") as resp:
+        doc = await resp.json()
+    return {row["signature"]: row["samples"]
+            for model in doc["models"].values() for row in model["candidates"]}
+
+
+@needs_chromium
+async def test_dashboard_lists_the_gateways_routes_and_follows_traffic_and_joins() -> None:
+    async with live_mesh(QWEN + LLAMA) as mesh:
+        await mesh.traffic(["qwen-demo", "llama-8b"], 30)
+        routes = await _gateway_routes(mesh)
+        assert len(routes) >= 5 and any(s.startswith("llama-8b|") for s in routes)
+        async with open_page(mesh.url + "/dashboard") as page:
+            shown = await page.wait_for(ROWS, DEADLINE_S,
+                                        lambda v: set(dict(json.loads(v))) == set(routes))
+            assert sum(dict(json.loads(shown)).values()) >= 30 - mesh.failed
+
+            nodes = json.loads(await page.wait_for(NODES, DEADLINE_S,
+                                                   lambda v: len(json.loads(v)) == 7))
+            assert nodes["gpu-a"] == "55%"  # layers 0-21 of 40
+            assert nodes["cpu-c"] == "50%" and nodes["mini"] == "100%"
+            assert await page.evaluate("document.getElementById('providers').hidden") is True
+            lines = "document.querySelectorAll('svg.chart[data-model=\"llama-8b\"] path.route')"
+            await page.wait_for(lines + ".length", DEADLINE_S)
+            assert await page.evaluate("document.querySelectorAll('#wall .ev').length") >= 30
+
+            # refresh: new traffic raises the sample counts shown, without a reload
+            before = sum((await _rows(page)).values())
+            await mesh.traffic(["qwen-demo", "llama-8b"], 20, seed=2)
+            await page.wait_for(ROWS, DEADLINE_S,
+                                lambda v: sum(dict(json.loads(v)).values()) >= before + 15)
+
+            # a node joins: its routes, its shard bar and a topology marker appear
+            late = Shard("cpu-b", "qwen-demo", 0, 39, 40, 22.0)
+            await mesh.start_node(late, seed=9)
+            await mesh.register(late)
+            await page.wait_for(ROWS, DEADLINE_S,
+                                lambda v: "qwen-demo|cpu-b[0-39]" in dict(json.loads(v)))
+            nodes = json.loads(await page.wait_for(NODES, DEADLINE_S, lambda v: "cpu-b" in v))
+            assert nodes["cpu-b"] == "100%"
+            markers = json.loads(await page.wait_for(MARKERS, DEADLINE_S,
+                                                     lambda v: "+cpu-b" in v))
+            assert any(m.startswith("qwen-demo: ") and "+cpu-b" in m for m in markers)
+            assert not any(m.startswith("llama-8b: ") and "cpu-b" in m for m in markers)
+
+            # a node leaves: its routes and its bar go, the chart marks it
+            await mesh.remove("gpu-b")
+            await page.wait_for(ROWS, DEADLINE_S, lambda v: "gpu-b[" not in v)
+            await page.wait_for(NODES, DEADLINE_S, lambda v: "gpu-b" not in v)
+            await page.wait_for(MARKERS, DEADLINE_S, lambda v: "−gpu-b" in v)
+            assert set(await _rows(page)) == set(await _gateway_routes(mesh))
+
+
+def _fixture_app(chain_until: float) -> Starlette:
+    """/dashboard and the endpoints it reads, answered from the static JSON fixture."""
+    data: dict[str, Any] = json.loads(FIXTURE.read_text())
+    chain = copy.deepcopy(data["chain"])
+    chain["m"]["chain"][1]["keys"][1]["until"] = chain_until  # a cooldown ending soon
+
+    async def chain_of(request: Request) -> Response:
+        model = request.query_params.get("model", "")
+        if model not in chain:
+            return JSONResponse({"error": {"message": "no", "type": "x", "code": "x"}}, 404)
+        return JSONResponse(chain[model])
+
+    async def events(request: Request) -> Response:
+        return Response(status_code=204)  # tells an EventSource not to reconnect
+
+    async def dashboard(request: Request) -> Response:
+        return HTMLResponse(PAGE.read_text())
+
+    async def routing(request: Request) -> Response:
+        return JSONResponse(data["routing"])
+
+    async def nodes(request: Request) -> Response:
+        return JSONResponse(data["nodes"])
+
+    return Starlette(routes=[
+        Route("/dashboard", dashboard), Route("/v1/routing", routing),
+        Route("/v1/nodes", nodes), Route("/v1/routing/chain", chain_of),
+        Route("/v1/routing/events", events)])
+
+
+KEYS = """JSON.stringify([...document.querySelectorAll('#chains tr[data-route]')].map(tr =>
+  [tr.dataset.route, [...tr.querySelectorAll('.key')].map(k => [k.dataset.state, k.title,
+   k.textContent.trim()])]))"""
+
+
+@needs_chromium
+async def test_provider_panel_renders_chain_keys_and_cooldowns_from_the_endpoint() -> None:
+    app = _fixture_app(time.time() + 42.0)
+    async with serve_app(app, "127.0.0.1", 0) as url, open_page(url + "/dashboard") as page:
+        rows = json.loads(await page.wait_for(KEYS, DEADLINE_S, lambda v: v != "[]"))
+        assert await page.evaluate("document.getElementById('providers').hidden") is False
+        assert [r[0] for r in rows] == ["m|gpu[0-39]", "provider:groq/llama-3.1-8b"]
+        keys = rows[1][1]
+        assert [k[0] for k in keys] == ["ready", "cooldown", "limited"]
+        assert keys[1][1] == "429 from upstream"
+        assert keys[2][1] == "daily token budget spent"
+        seconds = int(keys[1][2].split()[-2])
+        assert 0 < seconds <= 42  # counts down to `until`
+        text = await page.evaluate("document.getElementById('chains').textContent")
+        assert "strategy balanced" in text and "rpm 30 · tpm 6000" in text
+        # self-contained: everything the page loaded came from the gateway (no CDN, offline)
+        assert page.requested and all(u.startswith(url + "/") for u in page.requested)
+        assert url + "/v1/routing/chain?model=m" in page.requested
+
+
+def test_dashboard_page_is_self_contained() -> None:
+    """No CDN, fonts or scripts from elsewhere: the page works offline (no browser needed)."""
+    html = PAGE.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "@import" not in html and "url(http" not in html
+    assert "<script src" not in html and '<link rel="stylesheet"' not in html
