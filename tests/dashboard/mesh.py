@@ -11,9 +11,9 @@ from typing import Any
 
 import aiohttp
 
+from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.server import Gateway, build_gateway
-from meshroute_middleware.settings import ServeSettings
 from node_agent.emulator import EmulatedNode, EmulatorConfig, serve_node
 from node_agent.serving import serve_app
 

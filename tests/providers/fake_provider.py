@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.gateway.upstream import ServerThread
+from tests.upstream import ServerThread
 
 
 @dataclass(frozen=True)
