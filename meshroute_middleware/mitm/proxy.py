@@ -61,6 +61,7 @@ from .side import SideServer, build_side_app
 log = logging.getLogger("meshroute.mitm")
 CHAT_PATH = "/v1/chat/completions"
 H_ROUTE, H_PLAN, H_MODE = "x-meshroute-route", "x-meshroute-plan", "x-meshroute-mode"
+_OPTIONS_ERROR: Any = exceptions.OptionsError  # untyped in mitmproxy 11; how mitmdump refuses
 CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
 _NOT_FORWARDED = CREDENTIALS | {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
@@ -134,7 +135,7 @@ class MeshRouteAddon:
         try:
             self._build(options.settings_from(ctx.options, self.environ))
         except (SettingsError, ValueError) as exc:
-            raise exceptions.OptionsError(f"meshroute: {exc}") from exc
+            raise _OPTIONS_ERROR(f"meshroute: {exc}") from exc
 
     def _build(self, settings: ServeSettings) -> None:
         self.settings = settings
@@ -277,8 +278,8 @@ class MeshRouteAddon:
         req = flow.request
         for name in CREDENTIALS:  # never kept in the flow either, nor sent to the relay
             req.headers.pop(name, None)
-        for name, value in _plan_headers(decision):
-            req.headers[name.decode()] = value.decode()
+        for key, value in _plan_headers(decision):
+            req.headers[key.decode()] = value.decode()
         req.headers[TICKET_HEADER.decode()] = attempt.ticket
         req.scheme, req.host, req.port = "http", "127.0.0.1", self.side.port
         req.path = RELAY_PATH
@@ -337,7 +338,8 @@ class _PassThrough(Exception):
 
 
 def _is_chat(flow: http.HTTPFlow) -> bool:
-    return flow.request.method == "POST" and flow.request.path.split("?", 1)[0] == CHAT_PATH
+    request = flow.request
+    return bool(request.method == "POST" and request.path.split("?", 1)[0] == CHAT_PATH)
 
 
 def _is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:

@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("mitmproxy")
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
+import httpx
+import openai
 
-from node_agent.emulator import EmulatedNode, EmulatorConfig  # noqa: E402
-from tests.gateway.upstream import FakeChat  # noqa: E402
+from node_agent.emulator import EmulatedNode, EmulatorConfig
+from tests.gateway.upstream import FakeChat
 
-from .harness import Mitm, Node, dead_url, running_mitm  # noqa: E402
+from .harness import Mitm, Node, dead_url, running_mitm
 
 BASE = "http://mesh.invalid/v1"  # never resolved: the addon routes every chat request it knows
 MESSAGES = [{"role": "user", "content": "hi"}]
