@@ -21,7 +21,9 @@ answer chunk by chunk. Nothing is buffered anywhere: `flow.response.stream` is a
 passes each chunk on as it comes and feeds a `TokenMeter` on its way (TTFB, tokens), and the
 attempt is recorded in `response` (after the last chunk) or `error` (the client left: before
 the first byte that says nothing of the route and is cancelled; after it, what was delivered
-is a sample). The cost is one loopback hop, paid by every routed request.
+is a sample). A client that leaves while the addon still waits for a head cancels that request
+(mitmproxy holds a client's close back until a hook returns, so the addon watches the client
+connection's state itself). The cost is one loopback hop, paid by every routed request.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from mitmproxy import exceptions, http
+from mitmproxy.connection import ConnectionState
 
 from ..core import (
     Decision,
@@ -47,7 +50,7 @@ from ..core import (
     UnknownModelError,
     parse_node,
 )
-from ..forwarding import AiohttpForwarder, Forwarder, ForwardError
+from ..forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
 from ..httperrors import error_body
 from ..measure import TokenMeter
 from ..mesh import Mesh, load_nodes_file
@@ -59,6 +62,8 @@ from .relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
 from .side import SideServer, build_side_app
 
 log = logging.getLogger("meshroute.mitm")
+T = TypeVar("T")
+CLIENT_WATCH_S = 0.05  # how often a client is checked while the addon waits for a head
 CHAT_PATH = "/v1/chat/completions"
 H_ROUTE, H_PLAN, H_MODE = "x-meshroute-route", "x-meshroute-plan", "x-meshroute-mode"
 _OPTIONS_ERROR: Any = exceptions.OptionsError  # untyped in mitmproxy 11; how mitmdump refuses
@@ -115,8 +120,6 @@ class MeshRouteAddon:
         self._forwarder = forwarder
         self.ready = asyncio.Event()  # set once the side server listens
         self._attempts: dict[str, _Attempt] = {}  # flow id -> its streaming attempt
-        self._opening: set[str] = set()  # flows waiting in `request` for a head's answer
-        self._gone: set[str] = set()  # ... whose client left meanwhile
 
     # -- lifecycle ------------------------------------------------------------------
     def load(self, loader: Any) -> None:
@@ -222,12 +225,13 @@ class MeshRouteAddon:
     async def _open(self, flow: http.HTTPFlow, body: bytes, model: str,
                     first: Decision) -> None:
         """Walk the ranked routes until a head answers its status line; relay that answer."""
-        self._opening.add(flow.id)
+        assert self.telemetry is not None
+        self.telemetry.in_flight += 1
         try:
             await self._attempts_for(flow, body, model, first)
         finally:
-            self._opening.discard(flow.id)
-            self._gone.discard(flow.id)
+            if flow.id not in self._attempts:  # answered already (an error) or abandoned
+                self.telemetry.in_flight -= 1
 
     async def _attempts_for(self, flow: http.HTTPFlow, body: bytes, model: str,
                             first: Decision) -> None:
@@ -241,9 +245,12 @@ class MeshRouteAddon:
             self.telemetry.decided(decision)
             start = time.perf_counter()
             try:
-                upstream = await self._forwarder.open(
+                upstream = await _unless_client_leaves(flow, self._forwarder.open(
                     decision.route.head.url + CHAT_PATH, body,
-                    headers + _plan_headers(decision))
+                    headers + _plan_headers(decision)))
+            except _ClientGone:
+                self.router.cancel(decision)  # it says nothing about the route
+                return
             except ForwardError as exc:
                 self._finish(decision, Outcome(0, time.perf_counter() - start, 0.0, exc.kind))
                 failures[decision.signature] = str(exc)
@@ -253,10 +260,6 @@ class MeshRouteAddon:
             except BaseException:
                 self.router.cancel(decision)
                 raise
-            if flow.id in self._gone:  # the client left while we waited for the head
-                upstream.close()
-                self.router.cancel(decision)
-                return
             self._relay(flow, decision, upstream, start, failures)
             return
         rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
@@ -264,8 +267,8 @@ class MeshRouteAddon:
         _answer_error(flow, status, f"every route for {model!r} failed before its first byte",
                       code, routes=failures)
 
-    def _relay(self, flow: http.HTTPFlow, decision: Decision, upstream: Any, start: float,
-               failures: dict[str, str]) -> None:
+    def _relay(self, flow: http.HTTPFlow, decision: Decision, upstream: UpstreamResponse,
+               start: float, failures: dict[str, str]) -> None:
         """Point the flow at the relay, which streams the opened answer."""
         assert self.side is not None and self.router is not None
         streaming = _is_sse(upstream.headers)
@@ -303,10 +306,8 @@ class MeshRouteAddon:
 
     def response(self, flow: http.HTTPFlow) -> None:
         """The routed answer ended: record it."""
-        attempt = self._attempts.pop(flow.id, None)
-        if attempt is None:
-            return
-        if attempt.client_error:
+        attempt = self._pop(flow)
+        if attempt is None or attempt.client_error:
             return
         if not attempt.parked.fetched:  # the ticket expired first: none of the head's bytes
             self._finish(attempt.decision, attempt.outcome("relay"))
@@ -315,10 +316,8 @@ class MeshRouteAddon:
 
     def error(self, flow: http.HTTPFlow) -> None:
         """The flow failed: its client left, or the relay broke. Settle the attempt."""
-        attempt = self._attempts.pop(flow.id, None)
+        attempt = self._pop(flow)
         if attempt is None:
-            if flow.id in self._opening:
-                self._gone.add(flow.id)
             return
         self.relay.discard(attempt.ticket)
         attempt.parked.close()
@@ -328,9 +327,38 @@ class MeshRouteAddon:
             return
         self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
 
+    def _pop(self, flow: http.HTTPFlow) -> _Attempt | None:
+        attempt = self._attempts.pop(flow.id, None)
+        if attempt is not None and self.telemetry is not None:
+            self.telemetry.in_flight -= 1
+        return attempt
+
     def _finish(self, decision: Decision, outcome: Outcome) -> None:
         assert self.router is not None and self.telemetry is not None
         self.telemetry.finished(decision, outcome, self.router.record(decision, outcome))
+
+
+class _ClientGone(Exception):
+    """The client closed its connection while the addon waited for a head."""
+
+
+async def _unless_client_leaves(flow: http.HTTPFlow, opening: Awaitable[T]) -> T:
+    """Await `opening`, cancelling it (and so the head's request) if the client leaves.
+
+    mitmproxy queues a client's close behind a running hook, so the `error` hook cannot tell
+    us in time; the connection's state loses CAN_READ as soon as the client's EOF is read."""
+    task = asyncio.ensure_future(opening)
+    client = flow.client_conn
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=CLIENT_WATCH_S)
+            if done:
+                return task.result()
+            if not client.state & ConnectionState.CAN_READ:
+                raise _ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 class _PassThrough(Exception):

@@ -203,3 +203,21 @@ def test_bad_chat_requests_get_openai_errors(tmp_path: Path, body: bytes, status
         assert resp.status_code == status
         assert resp.json()["error"]["code"] == code
         assert resp.json()["error"]["type"]
+
+
+def test_client_leaving_before_the_first_byte_cancels_the_head_request(
+        tmp_path: Path) -> None:
+    thinking = FakeChat("thinking", header_delay_s=10.0)
+    with running_mitm(tmp_path, [Node("thinking", app=thinking.app())],
+                      meshroute_first_byte_timeout_s="30") as mitm:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(BASE + "/chat/completions", proxy=mitm.proxy, timeout=0.5,
+                       json={"model": "m", "messages": MESSAGES})
+        router = mitm.addon.router
+        assert router is not None
+        deadline = time.monotonic() + 5  # far below the head's 10 s of thinking
+        while thinking.cancelled == 0 or router.in_flight("m|thinking[0-39]"):
+            assert time.monotonic() < deadline, "the head kept working for a gone client"
+            time.sleep(0.02)
+        row = table(mitm)["m|thinking[0-39]"]
+        assert row["failures"] == 0 and row["successes"] == 0  # says nothing of the route
