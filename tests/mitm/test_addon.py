@@ -15,6 +15,7 @@ pytest.importorskip("mitmproxy")
 import httpx
 import openai
 
+from meshroute_middleware.mitm.relay import RELAY_PATH
 from node_agent.emulator import EmulatedNode, EmulatorConfig
 from tests.gateway.upstream import FakeChat
 
@@ -187,6 +188,8 @@ def test_non_chat_traffic_and_foreign_models_pass_untouched(tmp_path: Path) -> N
         assert foreign.json()["choices"][0]["message"]["content"] == "from elsewhere"
         assert elsewhere.seen[-1]["headers"]["authorization"] == "Bearer sk-for-elsewhere"
         assert "x-meshroute-route" not in foreign.headers and head.seen == []
+        forged = httpx.post(mitm.side + RELAY_PATH, headers={"x-meshroute-ticket": "guess"})
+        assert forged.status_code == 404 and forged.json()["error"]["code"] == "invalid_ticket"
 
 
 @pytest.mark.parametrize(("body", "status", "code"), [
