@@ -79,9 +79,9 @@ def running_mitm(tmp: Path, nodes: list[Node], extra_apps: dict[str, Any] | None
                                 with_termlog=False, with_dumper=False)
             addon = MeshRouteAddon()
             master.addons.add(addon)
-            master.options.update(
-                meshroute_nodes_file=str(path), meshroute_side_port=0,
-                meshroute_mdns="false", meshroute_health_interval_s="300", **settings)
+            master.options.update(**{
+                "meshroute_nodes_file": str(path), "meshroute_side_port": 0,
+                "meshroute_mdns": "false", "meshroute_health_interval_s": "300", **settings})
             task = asyncio.ensure_future(master.run())
             async with asyncio.timeout(STARTUP_TIMEOUT_S):
                 await addon.ready.wait()

@@ -136,6 +136,28 @@ def test_every_route_failing_is_one_openai_error_listing_why(tmp_path: Path) -> 
         assert set(error["routes"]) == {"m|dead[0-39]", "m|busy[0-39]"}
 
 
+def test_every_route_rate_limited_is_a_429(tmp_path: Path) -> None:
+    nodes = [Node(name, app=FakeChat(name, status=429).app()) for name in ("a", "b")]
+    with running_mitm(tmp_path, nodes) as mitm:
+        with pytest.raises(openai.RateLimitError) as info:
+            client(mitm).chat.completions.create(model="m", messages=MESSAGES)
+        assert isinstance(info.value.body, dict) and info.value.body["code"] == "rate_limited"
+
+
+def test_the_side_servers_lifespan_runs_health_checks(tmp_path: Path) -> None:
+    # The gateway's background services run beside mitmproxy: a node that stops answering
+    # leaves the topology (3 missed probes), as under `meshroute serve`.
+    nodes = [Node("live", app=FakeChat("live").app()), Node("dead", url=dead_url())]
+    with running_mitm(tmp_path, nodes, meshroute_health_interval_s="0.1") as mitm:
+        deadline = time.monotonic() + 10
+        while True:
+            listed = {n["node_id"] for n in httpx.get(mitm.side + "/v1/nodes").json()["nodes"]}
+            if listed == {"live"}:
+                break
+            assert time.monotonic() < deadline, f"dead node still listed: {listed}"
+            time.sleep(0.05)
+
+
 def test_stream_passes_chunk_by_chunk(tmp_path: Path) -> None:
     slow = FakeChat("slow", tokens=20, token_delay_s=0.05)
     with running_mitm(tmp_path, [Node("slow", app=slow.app())]) as mitm:
