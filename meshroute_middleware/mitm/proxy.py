@@ -33,74 +33,39 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from mitmproxy import exceptions, http
-from mitmproxy.connection import ConnectionState
 
-from ..core import (
-    Decision,
-    InvalidNodeError,
-    InvalidPinError,
-    NoRouteError,
-    Outcome,
-    Router,
-    UnknownModelError,
-    parse_node,
-)
+from ..core import Decision, InvalidPinError, NoRouteError, Outcome, Router, UnknownModelError
 from ..forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
-from ..httperrors import error_body
 from ..measure import TokenMeter
-from ..mesh import Mesh, load_nodes_file
+from ..mesh import Mesh
 from ..request import RequestError, parse_chat
 from ..settings import ServeSettings, SettingsError
 from ..telemetry import Telemetry
 from . import options
+from .flows import (
+    CHAT_PATH,
+    CREDENTIALS,
+    H_MODE,
+    H_ROUTE,
+    Attempt,
+    ClientGone,
+    answer_error,
+    forwarded_headers,
+    is_chat,
+    is_sse,
+    load_static_nodes,
+    plan_headers,
+    unless_client_leaves,
+)
 from .relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
 from .side import SideServer, build_side_app
 
 log = logging.getLogger("meshroute.mitm")
-T = TypeVar("T")
-CLIENT_WATCH_S = 0.05  # how often a client is checked while the addon waits for a head
-CHAT_PATH = "/v1/chat/completions"
-H_ROUTE, H_PLAN, H_MODE = "x-meshroute-route", "x-meshroute-plan", "x-meshroute-mode"
 _OPTIONS_ERROR: Any = exceptions.OptionsError  # untyped in mitmproxy 11; how mitmdump refuses
-CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
-_NOT_FORWARDED = CREDENTIALS | {
-    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
-    "trailer", "proxy-connection", "accept-encoding", "content-encoding"}
-
-
-@dataclass(slots=True, eq=False)
-class _Attempt:
-    """A routed flow whose head answered: measured as it streams, recorded at its end."""
-
-    decision: Decision
-    start: float  # perf_counter when the attempt was sent
-    parked: Parked
-    ticket: str
-    meter: TokenMeter
-    first: float | None = None
-    last: float | None = None
-    client_error: bool = False  # a 4xx: the client's own mistake, no sample
-
-    def chunk(self, data: bytes) -> bytes:
-        """flow.response.stream: pass the chunk on, noting time and tokens."""
-        now = time.perf_counter()
-        if data:
-            if self.first is None:
-                self.first = now
-            self.meter.feed(data)
-        self.last = now
-        return data
-
-    def outcome(self, error: str) -> Outcome:
-        last = self.last if self.last is not None else time.perf_counter()
-        first = self.first if self.first is not None else last
-        return Outcome(self.meter.completion_tokens, last - self.start, first - self.start,
-                       error)
 
 
 class MeshRouteAddon:
@@ -119,7 +84,7 @@ class MeshRouteAddon:
         self.side: SideServer | None = None
         self._forwarder = forwarder
         self.ready = asyncio.Event()  # set once the side server listens
-        self._attempts: dict[str, _Attempt] = {}  # flow id -> its streaming attempt
+        self._attempts: dict[str, Attempt] = {}  # flow id -> its streaming attempt
 
     # -- lifecycle ------------------------------------------------------------------
     def load(self, loader: Any) -> None:
@@ -148,7 +113,7 @@ class MeshRouteAddon:
         self.telemetry = Telemetry(self.router)
         self.mesh = Mesh(self.router, self.telemetry)
         if settings.nodes_file:
-            _load_static_nodes(self.mesh, settings.nodes_file)
+            load_static_nodes(self.mesh, settings.nodes_file)
 
     async def running(self) -> None:
         """Start the side server (endpoints, relay, discovery and gossip)."""
@@ -178,17 +143,17 @@ class MeshRouteAddon:
     # -- request ----------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         """Refuse an oversized chat body before mitmproxy reads it."""
-        if not _is_chat(flow) or self.settings is None:
+        if not is_chat(flow) or self.settings is None:
             return
         declared = flow.request.headers.get("content-length", "")
         limit = self.settings.max_body_bytes
         if declared.isdigit() and int(declared) > limit:
-            _answer_error(flow, 413, f"request body exceeds the limit of {limit} bytes",
+            answer_error(flow, 413, f"request body exceeds the limit of {limit} bytes",
                           "request_too_large")
 
     async def request(self, flow: http.HTTPFlow) -> None:
         """Route a chat request: choose, open the head's answer with fallback, relay it."""
-        if not _is_chat(flow) or flow.response is not None or self.router is None:
+        if not is_chat(flow) or flow.response is not None or self.router is None:
             return
         try:
             body = flow.request.get_content(strict=True) or b""
@@ -198,15 +163,15 @@ class MeshRouteAddon:
             req = parse_chat(body)
             decision = self._decide(req.model, req.pin)
         except ValueError:  # an undecodable Content-Encoding
-            _answer_error(flow, 400, "request body cannot be decoded", "invalid_request")
+            answer_error(flow, 400, "request body cannot be decoded", "invalid_request")
             return
         except RequestError as exc:
-            _answer_error(flow, exc.status, str(exc), exc.code)
+            answer_error(flow, exc.status, str(exc), exc.code)
             return
         except _PassThrough:
             return
         except NoRouteError as exc:
-            _answer_error(flow, 503, str(exc), "no_route_available", routes=exc.reasons)
+            answer_error(flow, 503, str(exc), "no_route_available", routes=exc.reasons)
             return
         await self._open(flow, req.body, req.model, decision)
 
@@ -237,7 +202,7 @@ class MeshRouteAddon:
                             first: Decision) -> None:
         assert self.router is not None and self.telemetry is not None
         assert self._forwarder is not None
-        headers = _forwarded_headers(flow.request.headers.fields)
+        headers = forwarded_headers(flow.request.headers.fields)
         failures: dict[str, str] = {}
         kinds: list[str] = []
         decision: Decision | None = first
@@ -245,10 +210,10 @@ class MeshRouteAddon:
             self.telemetry.decided(decision)
             start = time.perf_counter()
             try:
-                upstream = await _unless_client_leaves(flow, self._forwarder.open(
+                upstream = await unless_client_leaves(flow, self._forwarder.open(
                     decision.route.head.url + CHAT_PATH, body,
-                    headers + _plan_headers(decision)))
-            except _ClientGone:
+                    headers + plan_headers(decision)))
+            except ClientGone:
                 self.router.cancel(decision)  # it says nothing about the route
                 return
             except ForwardError as exc:
@@ -264,16 +229,16 @@ class MeshRouteAddon:
             return
         rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
         status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
-        _answer_error(flow, status, f"every route for {model!r} failed before its first byte",
+        answer_error(flow, status, f"every route for {model!r} failed before its first byte",
                       code, routes=failures)
 
     def _relay(self, flow: http.HTTPFlow, decision: Decision, upstream: UpstreamResponse,
                start: float, failures: dict[str, str]) -> None:
         """Point the flow at the relay, which streams the opened answer."""
         assert self.side is not None and self.router is not None
-        streaming = _is_sse(upstream.headers)
+        streaming = is_sse(upstream.headers)
         parked = Parked(upstream, streaming)
-        attempt = _Attempt(decision, start, parked, self.relay.park(parked),
+        attempt = Attempt(decision, start, parked, self.relay.park(parked),
                            TokenMeter(streaming), client_error=400 <= upstream.status < 500)
         if attempt.client_error:
             self.router.cancel(decision)  # the client's own mistake says nothing of the route
@@ -281,7 +246,7 @@ class MeshRouteAddon:
         req = flow.request
         for name in CREDENTIALS:  # never kept in the flow either, nor sent to the relay
             req.headers.pop(name, None)
-        for key, value in _plan_headers(decision):
+        for key, value in plan_headers(decision):
             req.headers[key.decode()] = value.decode()
         req.headers[TICKET_HEADER.decode()] = attempt.ticket
         req.scheme, req.host, req.port = "http", "127.0.0.1", self.side.port
@@ -327,7 +292,7 @@ class MeshRouteAddon:
             return
         self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
 
-    def _pop(self, flow: http.HTTPFlow) -> _Attempt | None:
+    def _pop(self, flow: http.HTTPFlow) -> Attempt | None:
         attempt = self._attempts.pop(flow.id, None)
         if attempt is not None and self.telemetry is not None:
             self.telemetry.in_flight -= 1
@@ -338,69 +303,5 @@ class MeshRouteAddon:
         self.telemetry.finished(decision, outcome, self.router.record(decision, outcome))
 
 
-class _ClientGone(Exception):
-    """The client closed its connection while the addon waited for a head."""
-
-
-async def _unless_client_leaves(flow: http.HTTPFlow, opening: Awaitable[T]) -> T:
-    """Await `opening`, cancelling it (and so the head's request) if the client leaves.
-
-    mitmproxy queues a client's close behind a running hook, so the `error` hook cannot tell
-    us in time; the connection's state loses CAN_READ as soon as the client's EOF is read."""
-    task = asyncio.ensure_future(opening)
-    client = flow.client_conn
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=CLIENT_WATCH_S)
-            if done:
-                return task.result()
-            if not client.state & ConnectionState.CAN_READ:
-                raise _ClientGone
-    finally:
-        if not task.done():
-            task.cancel()
-
-
 class _PassThrough(Exception):
     """A chat request for a model the mesh does not serve: leave it to its upstream."""
-
-
-def _is_chat(flow: http.HTTPFlow) -> bool:
-    request = flow.request
-    return bool(request.method == "POST" and request.path.split("?", 1)[0] == CHAT_PATH)
-
-
-def _is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-               for k, v in headers)
-
-
-def _forwarded_headers(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's headers a head may see: no credentials, hop-by-hop or x-meshroute-*."""
-    return [(k, v) for k, v in fields if k.lower().decode("latin-1") not in _NOT_FORWARDED
-            and not k.lower().startswith(b"x-meshroute-")]
-
-
-def _plan_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
-    return [(H_ROUTE.encode(), decision.signature.encode()),
-            (H_PLAN.encode(), decision.route.plan_header().encode()),
-            (H_MODE.encode(), decision.mode.encode())]
-
-
-def _answer_error(flow: http.HTTPFlow, status: int, message: str, code: str,
-                  **extra: Any) -> None:
-    """Answer the client with an OpenAI-style JSON error instead of forwarding."""
-    flow.response = http.Response.make(status, error_body(status, message, code, **extra),
-                                       {"content-type": "application/json"})
-
-
-def _load_static_nodes(mesh: Mesh, path: str) -> None:
-    """Validate every record of a nodes file first; refuse the file whole if one is bad."""
-    records = []
-    for i, data in enumerate(load_nodes_file(path)):
-        try:
-            records.append(parse_node(data, now=mesh.router.clock()))
-        except InvalidNodeError as exc:
-            raise ValueError(f"{path}: node #{i}: {exc}") from exc
-    for record in records:
-        mesh.upsert(record)
