@@ -61,15 +61,27 @@ def node() -> Iterator[str]:
         yield server.url
 
 
-def test_mitmdump_loads_the_addon_and_routes(tmp_path: Path, node: str) -> None:
+def launch(how: str, proxy_port: int, side_port: int, nodes: Path) -> subprocess.Popen[str]:
+    if how == "mitmdump -s":
+        return mitmdump("--listen-port", str(proxy_port),
+                        "--set", f"meshroute_nodes_file={nodes}",
+                        "--set", f"meshroute_side_port={side_port}",
+                        "--set", "meshroute_mdns=false", "--set", "meshroute_policy=adr0021")
+    # what `meshroute mitm` will run: meshroute flags, then mitmdump's own
+    return subprocess.Popen([sys.executable, "-m", "meshroute_middleware.mitm.cli",
+                             "--nodes-file", str(nodes), "--side-port", str(side_port),
+                             "--no-mdns", "--policy", "adr0021",
+                             "--listen-port", str(proxy_port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("how", ["mitmdump -s", "mitm.cli"])
+def test_mitmdump_loads_the_addon_and_routes(tmp_path: Path, node: str, how: str) -> None:
     nodes = tmp_path / "nodes.json"
     nodes.write_text(json.dumps({"nodes": [{"node_id": "solo", "model": "m", "start": 0,
                                             "end": 39, "layers": 40, "url": node, "tps": 30}]}))
     proxy_port, side_port = free_port(), free_port()
-    process = mitmdump("--listen-port", str(proxy_port),
-                       "--set", f"meshroute_nodes_file={nodes}",
-                       "--set", f"meshroute_side_port={side_port}",
-                       "--set", "meshroute_mdns=false", "--set", "meshroute_policy=adr0021")
+    process = launch(how, proxy_port, side_port, nodes)
     seen: list[str] = []
     try:
         wait_for(lines_of(process), "/v1/routing and /dashboard on", seen)

@@ -66,3 +66,25 @@ def test_real_mitmproxy_set_syntax() -> None:
     assert settings.nodes_file == "/tmp/n.json" and settings.router.explore_share == 0.1
     assert settings.gossip_peers == ("a:1", "b:2") and settings.mdns is False
     assert settings.router.min_sample_tokens == 3 and opts.meshroute_side_port == 0
+
+
+def test_meshroute_flags_become_set_arguments_and_the_rest_goes_to_mitmdump() -> None:
+    import argparse
+
+    from meshroute_middleware.mitm import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args, extra = parser.parse_known_args([
+        "--nodes-file", "n.json", "--no-mdns", "--gossip-peer", "a:1", "--gossip-peer", "b:2",
+        "--route-explore-share", "0.1", "--side-port", "0", "--listen-port", "8081",
+        "--mode", "reverse:http://127.0.0.1:9"])
+    argv = cli.mitmdump_argv(args, extra)
+    assert argv[:2] == ["-s", str(cli.ADDON_SCRIPT)] and cli.ADDON_SCRIPT.is_file()
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    assert sets == ["meshroute_nodes_file=n.json", "meshroute_mdns=false",
+                    "meshroute_gossip_peers=a:1", "meshroute_gossip_peers=b:2",
+                    "meshroute_explore_share=0.1", "meshroute_side_port=0"]
+    assert argv[-6:] == ["--listen-host", "127.0.0.1", "--listen-port", "8081", "--mode",
+                         "reverse:http://127.0.0.1:9"]
+    assert "--listen-host" not in cli.mitmdump_argv(args, ["--listen-host", "::1"])[:-2]
