@@ -149,7 +149,7 @@ class MeshRouteAddon:
         limit = self.settings.max_body_bytes
         if declared.isdigit() and int(declared) > limit:
             answer_error(flow, 413, f"request body exceeds the limit of {limit} bytes",
-                          "request_too_large")
+                         "request_too_large")
 
     async def request(self, flow: http.HTTPFlow) -> None:
         """Route a chat request: choose, open the head's answer with fallback, relay it."""
@@ -157,14 +157,24 @@ class MeshRouteAddon:
             return
         try:
             body = flow.request.get_content(strict=True) or b""
+        except ValueError:  # an undecodable Content-Encoding
+            answer_error(flow, 400, "request body cannot be decoded", "invalid_request")
+            return
+        try:
+            await self._route(flow, body)
+        except Exception:  # a bug of ours: a JSON error, never the flow sent on unrouted
+            log.exception("meshroute: internal error while routing a chat request")
+            if flow.id not in self._attempts:
+                answer_error(flow, 500, "internal error in meshroute; see the proxy log",
+                             "internal_error")
+
+    async def _route(self, flow: http.HTTPFlow, body: bytes) -> None:
+        try:
             if self.settings is not None and len(body) > self.settings.max_body_bytes:
                 raise RequestError(413, "request body exceeds the limit of "
                                    f"{self.settings.max_body_bytes} bytes", "request_too_large")
             req = parse_chat(body)
             decision = self._decide(req.model, req.pin)
-        except ValueError:  # an undecodable Content-Encoding
-            answer_error(flow, 400, "request body cannot be decoded", "invalid_request")
-            return
         except RequestError as exc:
             answer_error(flow, exc.status, str(exc), exc.code)
             return
@@ -230,7 +240,7 @@ class MeshRouteAddon:
         rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
         status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
         answer_error(flow, status, f"every route for {model!r} failed before its first byte",
-                      code, routes=failures)
+                     code, routes=failures)
 
     def _relay(self, flow: http.HTTPFlow, decision: Decision, upstream: UpstreamResponse,
                start: float, failures: dict[str, str]) -> None:
@@ -239,7 +249,7 @@ class MeshRouteAddon:
         streaming = is_sse(upstream.headers)
         parked = Parked(upstream, streaming)
         attempt = Attempt(decision, start, parked, self.relay.park(parked),
-                           TokenMeter(streaming), client_error=400 <= upstream.status < 500)
+                          TokenMeter(streaming), client_error=400 <= upstream.status < 500)
         if attempt.client_error:
             self.router.cancel(decision)  # the client's own mistake says nothing of the route
         self._attempts[flow.id] = attempt

@@ -59,7 +59,7 @@ class Mitm:
 
 @contextlib.contextmanager
 def running_mitm(tmp: Path, nodes: list[Node], extra_apps: dict[str, Any] | None = None,
-                 **settings: str) -> Iterator[Mitm]:
+                 forwarder: Any = None, **settings: str) -> Iterator[Mitm]:
     """Serve the nodes' apps, write the nodes file, run mitmproxy with the addon."""
     ready = threading.Event()
     box: dict[str, Any] = {}
@@ -77,7 +77,7 @@ def running_mitm(tmp: Path, nodes: list[Node], extra_apps: dict[str, Any] | None
             path.write_text(json.dumps([n.record() for n in nodes]))
             master = DumpMaster(options.Options(listen_host="127.0.0.1", listen_port=0),
                                 with_termlog=False, with_dumper=False)
-            addon = MeshRouteAddon()
+            addon = MeshRouteAddon(forwarder=forwarder)
             master.addons.add(addon)
             master.options.update(**{
                 "meshroute_nodes_file": str(path), "meshroute_side_port": 0,

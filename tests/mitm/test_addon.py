@@ -246,3 +246,24 @@ def test_client_leaving_before_the_first_byte_cancels_the_head_request(
             time.sleep(0.02)
         row = table(mitm)["m|thinking[0-39]"]
         assert row["failures"] == 0 and row["successes"] == 0  # says nothing of the route
+
+
+class BrokenForwarder:
+    """A bug in the forwarding seam: the addon must answer 500, not send the flow on."""
+
+    async def open(self, url: str, body: bytes, headers: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_bug_of_ours_is_a_json_500_and_leaves_nothing_in_flight(tmp_path: Path) -> None:
+    with running_mitm(tmp_path, [Node("head", app=FakeChat("head").app())],
+                      forwarder=BrokenForwarder()) as mitm:
+        resp = httpx.post(BASE + "/chat/completions", proxy=mitm.proxy, timeout=10,
+                          json={"model": "m", "messages": MESSAGES})
+        assert resp.status_code == 500 and resp.json()["error"]["code"] == "internal_error"
+        assert mitm.addon.router is not None
+        assert mitm.addon.router.in_flight("m|head[0-39]") == 0
+        assert mitm.addon.telemetry is not None and mitm.addon.telemetry.in_flight == 0
