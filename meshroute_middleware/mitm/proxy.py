@@ -284,8 +284,9 @@ class MeshRouteAddon:
         attempt = self._pop(flow)
         if attempt is None or attempt.client_error:
             return
-        if not attempt.parked.fetched:  # the ticket expired first: none of the head's bytes
-            self._finish(attempt.decision, attempt.outcome("relay"))
+        if not attempt.parked.fetched:  # the ticket expired first: our delay, not the route's
+            assert self.router is not None
+            self.router.cancel(attempt.decision)
             return
         self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
 
