@@ -1,0 +1,124 @@
+"""What the addon does to one flow: which flows are chat, the headers a head may see, the
+attempt that measures a streamed answer, answering with an error, waiting for a head while
+watching the client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from mitmproxy import http
+from mitmproxy.connection import ConnectionState
+
+from ..core import Decision, InvalidNodeError, Outcome, parse_node
+from ..httperrors import error_body
+from ..measure import TokenMeter
+from ..mesh import Mesh, load_nodes_file
+from .relay import Parked
+
+T = TypeVar("T")
+CLIENT_WATCH_S = 0.05  # how often a client is checked while the addon waits for a head
+CHAT_PATH = "/v1/chat/completions"
+H_ROUTE, H_PLAN, H_MODE = "x-meshroute-route", "x-meshroute-plan", "x-meshroute-mode"
+CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
+NOT_FORWARDED = CREDENTIALS | {
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
+    "trailer", "proxy-connection", "accept-encoding", "content-encoding"}
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    """A routed flow whose head answered: measured as it streams, recorded at its end."""
+
+    decision: Decision
+    start: float  # perf_counter when the attempt was sent
+    parked: Parked
+    ticket: str
+    meter: TokenMeter
+    first: float | None = None
+    last: float | None = None
+    client_error: bool = False  # a 4xx: the client's own mistake, no sample
+
+    def chunk(self, data: bytes) -> bytes:
+        """flow.response.stream: pass the chunk on, noting time and tokens."""
+        now = time.perf_counter()
+        if data:
+            if self.first is None:
+                self.first = now
+            self.meter.feed(data)
+        self.last = now
+        return data
+
+    def outcome(self, error: str) -> Outcome:
+        """What the router records: tokens over forwarding-to-last-byte, TTFB apart."""
+        last = self.last if self.last is not None else time.perf_counter()
+        first = self.first if self.first is not None else last
+        return Outcome(self.meter.completion_tokens, last - self.start, first - self.start,
+                       error)
+
+
+class ClientGone(Exception):
+    """The client closed its connection while the addon waited for a head."""
+
+
+async def unless_client_leaves(flow: http.HTTPFlow, opening: Awaitable[T]) -> T:
+    """Await `opening`, cancelling it (and so the head's request) if the client leaves.
+
+    mitmproxy queues a client's close behind a running hook, so the `error` hook cannot tell
+    us in time; the connection's state loses CAN_READ as soon as the client's EOF is read."""
+    task = asyncio.ensure_future(opening)
+    client = flow.client_conn
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=CLIENT_WATCH_S)
+            if done:
+                return task.result()
+            if not client.state & ConnectionState.CAN_READ:
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def is_chat(flow: http.HTTPFlow) -> bool:
+    request = flow.request
+    return bool(request.method == "POST" and request.path.split("?", 1)[0] == CHAT_PATH)
+
+
+def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+               for k, v in headers)
+
+
+def forwarded_headers(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The client's headers a head may see: no credentials, hop-by-hop or x-meshroute-*."""
+    return [(k, v) for k, v in fields if k.lower().decode("latin-1") not in NOT_FORWARDED
+            and not k.lower().startswith(b"x-meshroute-")]
+
+
+def plan_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    return [(H_ROUTE.encode(), decision.signature.encode()),
+            (H_PLAN.encode(), decision.route.plan_header().encode()),
+            (H_MODE.encode(), decision.mode.encode())]
+
+
+def answer_error(flow: http.HTTPFlow, status: int, message: str, code: str,
+                  **extra: Any) -> None:
+    """Answer the client with an OpenAI-style JSON error instead of forwarding."""
+    flow.response = http.Response.make(status, error_body(status, message, code, **extra),
+                                       {"content-type": "application/json"})
+
+
+def load_static_nodes(mesh: Mesh, path: str) -> None:
+    """Validate every record of a nodes file first; refuse the file whole if one is bad."""
+    records = []
+    for i, data in enumerate(load_nodes_file(path)):
+        try:
+            records.append(parse_node(data, now=mesh.router.clock()))
+        except InvalidNodeError as exc:
+            raise ValueError(f"{path}: node #{i}: {exc}") from exc
+    for record in records:
+        mesh.upsert(record)

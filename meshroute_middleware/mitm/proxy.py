@@ -1,0 +1,318 @@
+"""MeshRouteAddon: routes the chat requests that pass through mitmproxy, as the gateway does.
+
+A `POST /v1/chat/completions` is parsed (`request.parse_chat`), a route chosen by the same
+`Router` the gateway uses, and the request sent to the route's head with the plan headers
+(x-meshroute-route / -plan / -mode) and without the client's credentials (authorization,
+cookie, proxy-authorization, x-api-key: they were meant for the upstream the client named, not
+for a mesh node). Every other request passes untouched, and so does a chat request for a model
+no mesh node serves (the upstream the client named may serve it).
+
+Why the addon opens the upstream itself. Fallback must happen before the client sees a byte,
+on a refused connection, a timeout, a 5xx or a 429. mitmproxy 11 offers no way to retry a flow
+on another server: a failed connection goes to the `error` hook and the client gets a 502
+right after it; a 5xx reaches `responseheaders` on a server connection that cannot be swapped;
+`replay.client` makes a new flow whose answer goes nowhere near this client; and a response an
+addon sets carries a whole body, so answering from an exchange of our own would buffer every
+stream. So in the async `request` hook the addon opens the head's answer with the gateway's
+`Forwarder` (aiohttp, the same timeouts, the same ForwardError kinds) and walks the ranked
+routes until one answers its status line, recording each failure; only then does mitmproxy get
+the flow, pointed at the relay on the side server (loopback), which streams that already-open
+answer chunk by chunk. Nothing is buffered anywhere: `flow.response.stream` is a callable that
+passes each chunk on as it comes and feeds a `TokenMeter` on its way (TTFB, tokens), and the
+attempt is recorded in `response` (after the last chunk) or `error` (the client left: before
+the first byte that says nothing of the route and is cancelled; after it, what was delivered
+is a sample). A client that leaves while the addon still waits for a head cancels that request
+(mitmproxy holds a client's close back until a hook returns, so the addon watches the client
+connection's state itself). The cost is one loopback hop, paid by every routed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from mitmproxy import exceptions, http
+
+from ..core import Decision, InvalidPinError, NoRouteError, Outcome, Router, UnknownModelError
+from ..forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
+from ..measure import TokenMeter
+from ..mesh import Mesh
+from ..request import RequestError, parse_chat
+from ..settings import ServeSettings, SettingsError
+from ..telemetry import Telemetry
+from . import options
+from .flows import (
+    CHAT_PATH,
+    CREDENTIALS,
+    H_MODE,
+    H_ROUTE,
+    Attempt,
+    ClientGone,
+    answer_error,
+    forwarded_headers,
+    is_chat,
+    is_sse,
+    load_static_nodes,
+    plan_headers,
+    unless_client_leaves,
+)
+from .relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
+from .side import SideServer, build_side_app
+
+log = logging.getLogger("meshroute.mitm")
+_OPTIONS_ERROR: Any = exceptions.OptionsError  # untyped in mitmproxy 11; how mitmdump refuses
+
+
+class MeshRouteAddon:
+    """The mitmproxy addon; `environ` supplies MESHROUTE_* variables (the script passes
+    os.environ), `forwarder` replaces the aiohttp one (tests)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None,
+                 forwarder: Forwarder | None = None) -> None:
+        self.environ = dict(environ or {})
+        self.settings: ServeSettings | None = None
+        self.router: Router | None = None
+        self.telemetry: Telemetry | None = None
+        self.mesh: Mesh | None = None
+        self.tracker_id = ""
+        self.relay = Relay()
+        self.side: SideServer | None = None
+        self._forwarder = forwarder
+        self.ready = asyncio.Event()  # set once the side server listens
+        self._attempts: dict[str, Attempt] = {}  # flow id -> its streaming attempt
+
+    # -- lifecycle ------------------------------------------------------------------
+    def load(self, loader: Any) -> None:
+        """Register the meshroute_* options."""
+        options.register(loader)
+
+    def configure(self, updated: set[str]) -> None:
+        """(Re)build the routing state from the options; refused once running."""
+        from mitmproxy import ctx
+
+        if not any(name.startswith(options.PREFIX) for name in updated):
+            return
+        if self.side is not None:
+            log.warning("meshroute: options changed while running take effect on restart")
+            return
+        try:
+            self._build(options.settings_from(ctx.options, self.environ))
+        except (SettingsError, ValueError) as exc:
+            raise _OPTIONS_ERROR(f"meshroute: {exc}") from exc
+
+    def _build(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.tracker_id = settings.tracker_id or f"mitm-{uuid.uuid4().hex[:12]}"
+        self.router = Router(settings.router, clock=time.time,
+                             rng=random.Random(settings.seed), origin=self.tracker_id)
+        self.telemetry = Telemetry(self.router)
+        self.mesh = Mesh(self.router, self.telemetry)
+        if settings.nodes_file:
+            load_static_nodes(self.mesh, settings.nodes_file)
+
+    async def running(self) -> None:
+        """Start the side server (endpoints, relay, discovery and gossip)."""
+        from mitmproxy import ctx
+
+        if self.settings is None:
+            self.configure({options.CONFIG})
+        assert self.settings is not None and self.mesh is not None
+        if self._forwarder is None:
+            self._forwarder = AiohttpForwarder(self.settings.connect_timeout_s,
+                                               self.settings.first_byte_timeout_s)
+        port = int(getattr(ctx.options, options.SIDE_PORT))
+        app = build_side_app(self.settings, self.mesh, self.relay, self.tracker_id, port)
+        self.side = SideServer(app, port)
+        url = await self.side.start()
+        self.ready.set()
+        log.info("meshroute: tracker %s, policy %s; /v1/routing and /dashboard on %s",
+                 self.tracker_id, self.settings.router.policy, url)
+
+    async def done(self) -> None:
+        """Stop the side server and release upstream connections."""
+        if self.side is not None:
+            await self.side.stop()
+        if self._forwarder is not None:
+            await self._forwarder.aclose()
+
+    # -- request ----------------------------------------------------------------------
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Refuse an oversized chat body before mitmproxy reads it."""
+        if not is_chat(flow) or self.settings is None:
+            return
+        declared = flow.request.headers.get("content-length", "")
+        limit = self.settings.max_body_bytes
+        if declared.isdigit() and int(declared) > limit:
+            answer_error(flow, 413, f"request body exceeds the limit of {limit} bytes",
+                         "request_too_large")
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        """Route a chat request: choose, open the head's answer with fallback, relay it."""
+        if not is_chat(flow) or flow.response is not None or self.router is None:
+            return
+        try:
+            body = flow.request.get_content(strict=True) or b""
+        except ValueError:  # an undecodable Content-Encoding
+            answer_error(flow, 400, "request body cannot be decoded", "invalid_request")
+            return
+        try:
+            await self._route(flow, body)
+        except Exception:  # a bug of ours: a JSON error, never the flow sent on unrouted
+            log.exception("meshroute: internal error while routing a chat request")
+            if flow.id not in self._attempts:
+                answer_error(flow, 500, "internal error in meshroute; see the proxy log",
+                             "internal_error")
+
+    async def _route(self, flow: http.HTTPFlow, body: bytes) -> None:
+        try:
+            if self.settings is not None and len(body) > self.settings.max_body_bytes:
+                raise RequestError(413, "request body exceeds the limit of "
+                                   f"{self.settings.max_body_bytes} bytes", "request_too_large")
+            req = parse_chat(body)
+            decision = self._decide(req.model, req.pin)
+        except RequestError as exc:
+            answer_error(flow, exc.status, str(exc), exc.code)
+            return
+        except _PassThrough:
+            return
+        except NoRouteError as exc:
+            answer_error(flow, 503, str(exc), "no_route_available", routes=exc.reasons)
+            return
+        await self._open(flow, req.body, req.model, decision)
+
+    def _decide(self, model: str, pin: list[str] | None) -> Decision:
+        assert self.router is not None
+        try:
+            return self.router.choose(model, pin)
+        except UnknownModelError as exc:
+            if pin is None:
+                raise _PassThrough from exc  # not the mesh's model: the named upstream's
+            raise RequestError(404, f"model {model!r} is not served by any known route",
+                               "model_not_found") from exc
+        except InvalidPinError as exc:
+            raise RequestError(400, str(exc), "invalid_route") from exc
+
+    async def _open(self, flow: http.HTTPFlow, body: bytes, model: str,
+                    first: Decision) -> None:
+        """Walk the ranked routes until a head answers its status line; relay that answer."""
+        assert self.telemetry is not None
+        self.telemetry.in_flight += 1
+        try:
+            await self._attempts_for(flow, body, model, first)
+        finally:
+            if flow.id not in self._attempts:  # answered already (an error) or abandoned
+                self.telemetry.in_flight -= 1
+
+    async def _attempts_for(self, flow: http.HTTPFlow, body: bytes, model: str,
+                            first: Decision) -> None:
+        assert self.router is not None and self.telemetry is not None
+        assert self._forwarder is not None
+        headers = forwarded_headers(flow.request.headers.fields)
+        failures: dict[str, str] = {}
+        kinds: list[str] = []
+        decision: Decision | None = first
+        while decision is not None:
+            self.telemetry.decided(decision)
+            start = time.perf_counter()
+            try:
+                upstream = await unless_client_leaves(flow, self._forwarder.open(
+                    decision.route.head.url + CHAT_PATH, body,
+                    headers + plan_headers(decision)))
+            except ClientGone:
+                self.router.cancel(decision)  # it says nothing about the route
+                return
+            except ForwardError as exc:
+                self._finish(decision, Outcome(0, time.perf_counter() - start, 0.0, exc.kind))
+                failures[decision.signature] = str(exc)
+                kinds.append(exc.kind)
+                decision = self.router.fallback(decision)
+                continue
+            except BaseException:
+                self.router.cancel(decision)
+                raise
+            self._relay(flow, decision, upstream, start, failures)
+            return
+        rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
+        status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
+        answer_error(flow, status, f"every route for {model!r} failed before its first byte",
+                     code, routes=failures)
+
+    def _relay(self, flow: http.HTTPFlow, decision: Decision, upstream: UpstreamResponse,
+               start: float, failures: dict[str, str]) -> None:
+        """Point the flow at the relay, which streams the opened answer."""
+        assert self.side is not None and self.router is not None
+        streaming = is_sse(upstream.headers)
+        parked = Parked(upstream, streaming)
+        attempt = Attempt(decision, start, parked, self.relay.park(parked),
+                          TokenMeter(streaming), client_error=400 <= upstream.status < 500)
+        if attempt.client_error:
+            self.router.cancel(decision)  # the client's own mistake says nothing of the route
+        self._attempts[flow.id] = attempt
+        req = flow.request
+        for name in CREDENTIALS:  # never kept in the flow either, nor sent to the relay
+            req.headers.pop(name, None)
+        for key, value in plan_headers(decision):
+            req.headers[key.decode()] = value.decode()
+        req.headers[TICKET_HEADER.decode()] = attempt.ticket
+        req.scheme, req.host, req.port = "http", "127.0.0.1", self.side.port
+        req.path = RELAY_PATH
+        flow.metadata["meshroute"] = {
+            "signature": decision.signature, "mode": decision.mode,
+            "attempt": decision.attempt, "head": decision.route.head.url,
+            "passed_over": failures}
+
+    # -- response ---------------------------------------------------------------------
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        """Stream a routed answer through the meter; tell the client the route and mode."""
+        attempt = self._attempts.get(flow.id)
+        if attempt is None or flow.response is None:
+            return
+        flow.response.stream = attempt.chunk
+        headers = flow.response.headers
+        for name in [k for k in headers if k.lower().startswith("x-meshroute-")]:
+            headers.pop(name, None)
+        headers[H_ROUTE] = attempt.decision.signature
+        headers[H_MODE] = attempt.decision.mode
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """The routed answer ended: record it."""
+        attempt = self._pop(flow)
+        if attempt is None or attempt.client_error:
+            return
+        if not attempt.parked.fetched:  # the ticket expired first: our delay, not the route's
+            assert self.router is not None
+            self.router.cancel(attempt.decision)
+            return
+        self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """The flow failed: its client left, or the relay broke. Settle the attempt."""
+        attempt = self._pop(flow)
+        if attempt is None:
+            return
+        self.relay.discard(attempt.ticket)
+        attempt.parked.close()
+        assert self.router is not None
+        if attempt.first is None or attempt.client_error:
+            self.router.cancel(attempt.decision)  # nothing delivered: nothing learned
+            return
+        self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
+
+    def _pop(self, flow: http.HTTPFlow) -> Attempt | None:
+        attempt = self._attempts.pop(flow.id, None)
+        if attempt is not None and self.telemetry is not None:
+            self.telemetry.in_flight -= 1
+        return attempt
+
+    def _finish(self, decision: Decision, outcome: Outcome) -> None:
+        assert self.router is not None and self.telemetry is not None
+        self.telemetry.finished(decision, outcome, self.router.record(decision, outcome))
+
+
+class _PassThrough(Exception):
+    """A chat request for a model the mesh does not serve: leave it to its upstream."""
