@@ -3,7 +3,7 @@
 Three paths to the same instant chat backend (`benchmarks._apps:chat`, its own uvicorn process),
 one client request at a time (httpx, keep-alive):
 - `direct`: the backend itself;
-- `mitmproxy`: through `mitmdump -s meshroute_middleware/mitm/addon.py`, for a model the mesh
+- `mitmproxy`: through `mitmdump -s meshroute_middleware/app/mitm/addon.py`, for a model the mesh
   does not serve, so the addon lets the flow pass untouched (mitmproxy's own cost);
 - `routed`: through the same mitmdump for the mesh's model: parsed, routed, opened by the
   addon, relayed over loopback, measured and recorded.

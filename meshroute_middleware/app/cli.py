@@ -13,6 +13,7 @@ import node_agent.cli
 
 from ..sim import cli as bench
 from . import demo, serve
+from .mitm import cli as mitm
 
 # subcommand -> module with `add_arguments(parser)` and `run(args) -> int`
 SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
@@ -20,7 +21,9 @@ SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
     "node": (node_agent.cli, "announce (or emulate) an inference node over mDNS"),
     "bench": (bench, "run benchmarks (learning quality)"),
     "demo": (demo, "a whole mesh learning live, on this machine"),
+    "mitm": (mitm, "route chat traffic passing through mitmproxy (mitmdump options pass on)"),
 }
+PASS_ON = {"mitm"}  # subcommands whose unknown options belong to the program they run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,14 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    command: Callable[[argparse.Namespace], int] | None = getattr(args, "_run", None)
+    args, extra = parser.parse_known_args(argv)
+    command: Callable[..., int] | None = getattr(args, "_run", None)
     if command is None:
         parser.print_help()
         return 2
+    if extra and args.command not in PASS_ON:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        return int(command(args) or 0)
+        return int((command(args, extra) if args.command in PASS_ON else command(args)) or 0)
     except KeyboardInterrupt:
         return 130
 

@@ -40,7 +40,8 @@ from .settings import ServeSettings, SettingsError, add_arguments, load_settings
 log = logging.getLogger("meshroute.serve")
 PRUNE_EVERY_S = 60.0
 
-__all__ = ["Gateway", "GatewayConfig", "add_arguments", "build_gateway", "run"]
+__all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
+           "load_static_nodes", "run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +85,9 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     telemetry = Telemetry(router)
     mesh = Mesh(router, telemetry)
     if settings.nodes_file:
-        _load_static_nodes(mesh, settings.nodes_file)
+        load_static_nodes(mesh, settings.nodes_file)
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token))
-    inner.router.lifespan_context = lambda app: _lifespan(config, mesh)
+    inner.router.lifespan_context = lambda app: background_services(config, mesh)
     app = MeshRouteMiddleware(
         inner, settings.middleware(), router=router,
         forwarder=forwarder or AiohttpForwarder(settings.forward_timeouts()),
@@ -94,7 +95,7 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     return Gateway(config, router, telemetry, mesh, app)
 
 
-def _load_static_nodes(mesh: Mesh, path: str) -> None:
+def load_static_nodes(mesh: Mesh, path: str) -> None:
     """Validate every record of a nodes file first; refuse the file whole if one is bad."""
     records = []
     for i, data in enumerate(load_nodes_file(path)):
@@ -107,7 +108,7 @@ def _load_static_nodes(mesh: Mesh, path: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _lifespan(config: GatewayConfig, mesh: Mesh) -> AsyncIterator[None]:
+async def background_services(config: GatewayConfig, mesh: Mesh) -> AsyncIterator[None]:
     """Background services of a running gateway; each enters the exit stack."""
     settings = config.settings
     # The exit stack is entered inside the task group, so that services with task groups of

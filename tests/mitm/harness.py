@@ -16,7 +16,7 @@ from typing import Any
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
-from meshroute_middleware.mitm import MeshRouteAddon
+from meshroute_middleware.app.mitm import MeshRouteAddon
 from node_agent.serving import serve_app
 
 STARTUP_TIMEOUT_S = 20.0

@@ -15,7 +15,7 @@ pytest.importorskip("mitmproxy")
 import httpx
 import openai
 
-from meshroute_middleware.mitm.relay import RELAY_PATH
+from meshroute_middleware.app.mitm.relay import RELAY_PATH
 from node_agent.emulator import EmulatedNode, EmulatorConfig
 from tests.gateway.upstream import FakeChat
 

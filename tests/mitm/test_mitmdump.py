@@ -17,11 +17,11 @@ pytest.importorskip("mitmproxy")
 import httpx
 import openai
 
-import meshroute_middleware.mitm
+import meshroute_middleware.app.mitm
 from node_agent.emulator import EmulatedNode, EmulatorConfig
 from tests.gateway.upstream import ServerThread, free_port
 
-ADDON = Path(meshroute_middleware.mitm.__file__).parent / "addon.py"
+ADDON = Path(meshroute_middleware.app.mitm.__file__).parent / "addon.py"
 MITMDUMP = str(Path(sys.executable).parent / "mitmdump")
 STARTUP_TIMEOUT_S = 60.0  # a loaded 2-core machine imports mitmproxy slowly
 
@@ -68,7 +68,7 @@ def launch(how: str, proxy_port: int, side_port: int, nodes: Path) -> subprocess
                         "--set", f"meshroute_side_port={side_port}",
                         "--set", "meshroute_mdns=false", "--set", "meshroute_policy=adr0021")
     # what `meshroute mitm` will run: meshroute flags, then mitmdump's own
-    return subprocess.Popen([sys.executable, "-m", "meshroute_middleware.mitm.cli",
+    return subprocess.Popen([sys.executable, "-m", "meshroute_middleware.app.mitm.cli",
                              "--nodes-file", str(nodes), "--side-port", str(side_port),
                              "--no-mdns", "--policy", "adr0021",
                              "--listen-port", str(proxy_port)],

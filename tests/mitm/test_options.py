@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from meshroute_middleware.mitm import options
 from meshroute_middleware.settings import OPTIONS, SettingsError
+
+from meshroute_middleware.app.mitm import options
 
 
 class Recorder:
@@ -71,7 +71,7 @@ def test_real_mitmproxy_set_syntax() -> None:
 def test_meshroute_flags_become_set_arguments_and_the_rest_goes_to_mitmdump() -> None:
     import argparse
 
-    from meshroute_middleware.mitm import cli
+    from meshroute_middleware.app.mitm import cli
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)

@@ -1,6 +1,6 @@
 """The mitmproxy addon: route chat requests passing through mitmproxy with meshroute's Router.
 
-`mitmdump -s meshroute_middleware/mitm/addon.py --set meshroute_nodes_file=nodes.json`.
+`mitmdump -s meshroute_middleware/app/mitm/addon.py --set meshroute_nodes_file=nodes.json`.
 Needs the `mitm` extra (mitmproxy 11.0.2), in a venv of its own: `scripts/mitm-venv`.
 `MeshRouteAddon` is imported on first use, so that `mitm.options` (which needs no mitmproxy)
 can be read where mitmproxy is not installed.

@@ -8,7 +8,7 @@ process, so it needs the `mitm` extra (its own venv: scripts/mitm-venv).
 
 Ready for the composition root: `add_arguments(parser)` and `run(args, extra)`, where `extra`
 are the arguments the parser did not know (the root must `parse_known_args` for this command).
-`python -m meshroute_middleware.mitm.cli …` runs it alone.
+`python -m meshroute_middleware.app.mitm.cli …` runs it alone.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m meshroute_middleware.mitm.cli`."""
+    """`python -m meshroute_middleware.app.mitm.cli`."""
     parser = argparse.ArgumentParser(prog="meshroute mitm", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args, extra = parser.parse_known_args(argv)

@@ -13,10 +13,9 @@ from typing import Any, TypeVar
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
-from ..core import Decision, InvalidNodeError, Outcome, parse_node
-from ..httperrors import error_body
-from ..measure import TokenMeter
-from ..mesh import Mesh, load_nodes_file
+from ...core import Decision, Outcome
+from ...httperrors import error_body
+from ...measure import TokenMeter
 from .relay import Parked
 
 T = TypeVar("T")
@@ -110,15 +109,3 @@ def answer_error(flow: http.HTTPFlow, status: int, message: str, code: str,
     """Answer the client with an OpenAI-style JSON error instead of forwarding."""
     flow.response = http.Response.make(status, error_body(status, message, code, **extra),
                                        {"content-type": "application/json"})
-
-
-def load_static_nodes(mesh: Mesh, path: str) -> None:
-    """Validate every record of a nodes file first; refuse the file whole if one is bad."""
-    records = []
-    for i, data in enumerate(load_nodes_file(path)):
-        try:
-            records.append(parse_node(data, now=mesh.router.clock()))
-        except InvalidNodeError as exc:
-            raise ValueError(f"{path}: node #{i}: {exc}") from exc
-    for record in records:
-        mesh.upsert(record)

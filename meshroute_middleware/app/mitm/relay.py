@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from ..forwarding import ForwardError, UpstreamResponse
-from ..httperrors import send_error
-from ..measure import sse_error_event
+from ...forwarding import ForwardError, UpstreamResponse
+from ...httperrors import send_error
+from ...measure import sse_error_event
 
 log = logging.getLogger("meshroute.mitm")
 RELAY_PATH = "/meshroute/relay"

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Optional
 
-from ..core.config import RouterConfig
+from ...core.config import RouterConfig
 from ..settings import OPTIONS, Option, ServeSettings, load_settings
 
 PREFIX = "meshroute_"

@@ -6,6 +6,6 @@ The one place the addon meets the process environment (MESHROUTE_* variables, as
 
 import os
 
-from meshroute_middleware.mitm import MeshRouteAddon
+from meshroute_middleware.app.mitm import MeshRouteAddon
 
 addons = [MeshRouteAddon(environ=os.environ)]

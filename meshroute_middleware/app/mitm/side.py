@@ -18,9 +18,9 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from ..api import GatewayAPI, build_api_app
-from ..mesh import Mesh
-from ..server import _lifespan  # moves with server.py into the app/ composition package
+from ...api import GatewayAPI, build_api_app
+from ...mesh import Mesh
+from ..serve import GatewayConfig, background_services
 from ..settings import ServeSettings
 from .relay import RELAY_PATH, Relay
 
@@ -42,7 +42,8 @@ def build_side_app(settings: ServeSettings, mesh: Mesh, relay: Relay, tracker_id
     app = build_api_app(GatewayAPI(mesh, settings.node_token),
                         [Route(RELAY_PATH, relay, methods=["POST"])])
     announced = replace(settings, host=HOST, port=port)  # discovery announces this address
-    app.router.lifespan_context = lambda _: _lifespan(announced, mesh, tracker_id)
+    config = GatewayConfig.build(replace(announced, tracker_id=tracker_id))
+    app.router.lifespan_context = lambda _: background_services(config, mesh)
     return app
 
 

@@ -38,13 +38,14 @@ from typing import Any
 
 from mitmproxy import exceptions, http
 
-from ..core import Decision, InvalidPinError, NoRouteError, Outcome, Router, UnknownModelError
-from ..forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
-from ..measure import TokenMeter
-from ..mesh import Mesh
-from ..request import RequestError, parse_chat
+from ...core import Decision, InvalidPinError, NoRouteError, Outcome, Router, UnknownModelError
+from ...forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
+from ...measure import TokenMeter
+from ...mesh import Mesh
+from ...request import RequestError, parse_chat
+from ...telemetry import Telemetry
+from ..serve import load_static_nodes
 from ..settings import ServeSettings, SettingsError
-from ..telemetry import Telemetry
 from . import options
 from .flows import (
     CHAT_PATH,
@@ -57,7 +58,6 @@ from .flows import (
     forwarded_headers,
     is_chat,
     is_sse,
-    load_static_nodes,
     plan_headers,
     unless_client_leaves,
 )
@@ -123,8 +123,7 @@ class MeshRouteAddon:
             self.configure({options.CONFIG})
         assert self.settings is not None and self.mesh is not None
         if self._forwarder is None:
-            self._forwarder = AiohttpForwarder(self.settings.connect_timeout_s,
-                                               self.settings.first_byte_timeout_s)
+            self._forwarder = AiohttpForwarder(self.settings.forward_timeouts())
         port = int(getattr(ctx.options, options.SIDE_PORT))
         app = build_side_app(self.settings, self.mesh, self.relay, self.tracker_id, port)
         self.side = SideServer(app, port)
