@@ -19,7 +19,7 @@ import openai
 
 import meshroute_middleware.app.mitm
 from node_agent.emulator import EmulatedNode, EmulatorConfig
-from tests.gateway.upstream import ServerThread, free_port
+from tests.upstream import ServerThread, free_port
 
 ADDON = Path(meshroute_middleware.app.mitm.__file__).parent / "addon.py"
 MITMDUMP = str(Path(sys.executable).parent / "mitmdump")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshroute_middleware.settings import OPTIONS, SettingsError
 
 from meshroute_middleware.app.mitm import options
+from meshroute_middleware.app.settings import OPTIONS, SettingsError
 
 
 class Recorder:
