@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope
 from ..core import Decision
 from ..request import ChatRequest, replay
 from .attempts import Attempts, Exchange, Failed, Measurement
-from .headers import plan_headers, with_ours, without_ours
+from .headers import annotated, with_ours
 
 
 class AnnotateMode:
@@ -57,7 +57,7 @@ class AnnotateMode:
 
 def _annotated(scope: Scope, decision: Decision) -> Scope:
     """The app's scope: the plan in headers (any the client sent are dropped) and in state."""
-    headers = without_ours(scope.get("headers", ())) + plan_headers(decision)
+    headers = annotated(scope, decision)
     state = dict(scope.get("state") or {})
     state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
                           # the app's own copy: the route's plan must not be mutable by it
@@ -102,15 +102,12 @@ class _AnnotatedSend:
                 self.m.first = now
             if not message.get("more_body", False):
                 self.m.last = now
-            await self._send(message)
-            if self.m.meter is not None:
-                self.m.meter.feed(body)  # counted once on its way: the client does not wait
-            return
-        await self._send(message)
-
-    async def _send(self, message: Message) -> None:
+        else:
+            body = b""
         try:
             await self._ex.send(message)
         except OSError:
             self.gone = True
             raise
+        if kind == "http.response.body" and self.m.meter is not None:
+            self.m.meter.feed(body)  # counted once on its way: the client does not wait
