@@ -119,11 +119,11 @@ class MeshRouteMiddleware:
             log.exception("meshroute: internal error while choosing a route")
             await _internal_error(send)
             return
-        ex = Exchange(send)
         attempts = Attempts(self.router, self.telemetry, req.model)
+        ex = Exchange(scope, receive, send, req, attempts)
         self.telemetry.in_flight += 1
         try:
-            await self._mode.serve(scope, receive, ex, req, decision, attempts)
+            await self._mode.serve(ex, decision)
         except Exception:
             # A bug of ours must not leave a client with a traceback or a hung request.
             log.exception("meshroute: internal error while routing a chat request")

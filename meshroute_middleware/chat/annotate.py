@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope
+from starlette.types import ASGIApp, Message, Scope
 
 from ..core import Decision
-from ..request import ChatRequest, replay
-from .attempts import Attempts, Exchange, Failed, Measurement
-from .headers import plan_headers, with_ours, without_ours
+from ..request import replay
+from .attempts import Exchange, Failed, Measurement
+from .headers import annotated, with_ours
 
 
 class AnnotateMode:
@@ -20,44 +20,42 @@ class AnnotateMode:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def serve(self, scope: Scope, receive: Receive, ex: Exchange, req: ChatRequest,
-                    first: Decision, attempts: Attempts) -> None:
+    async def serve(self, ex: Exchange, first: Decision) -> None:
         """Run the app once per attempt; if every route failed, the client gets the last
         failing answer as it was (or an error if the app raised)."""
-        held: list[Message] = []
-
-        async def attempt(decision: Decision, measurement: Measurement) -> Failed | None:
-            nonlocal held
-            send = _AnnotatedSend(decision, measurement, ex)
-            try:
-                await self.app(_annotated(scope, decision), replay(req.body, receive),
-                               send.send)
-            except Exception:
-                if send.started:
-                    attempts.record(decision, measurement.outcome("app_error"))
-                    raise
-                send.failed = send.failed or Failed("app_error", "the app raised an error")
-            if send.failed is not None:
-                held = send.held
-                return send.failed
-            attempts.settle(decision, measurement, status=send.status, gone=send.gone)
-            return None
-
-        last, failed = await attempts.run(first, attempt)
+        last, failed = await ex.attempts.run(first, self._attempt, ex)
         if failed is None:
             return
         ex.started = True
-        if not held:
-            await attempts.send_exhausted(ex.send, last)
+        if not failed.held:
+            await ex.attempts.send_exhausted(ex.send, last)
             return
+        held = list(failed.held)
         held[0] = {**held[0], "headers": with_ours(held[0].get("headers", ()), last)}
         for message in held:
             await ex.send(message)
 
+    async def _attempt(self, decision: Decision, measurement: Measurement,
+                       ex: Exchange) -> Failed | None:
+        send = _AnnotatedSend(decision, measurement, ex)
+        try:
+            await self.app(_annotated(ex.scope, decision), replay(ex.req.body, ex.receive),
+                           send.send)
+        except Exception:
+            if send.started:
+                ex.attempts.record(decision, measurement.outcome("app_error"))
+                raise
+            if send.failed is None:
+                return Failed("app_error", "the app raised an error")
+        if send.failed is not None:
+            return Failed(send.failed.kind, send.failed.reason, tuple(send.held))
+        ex.attempts.settle(decision, measurement, status=send.status, gone=send.gone)
+        return None
+
 
 def _annotated(scope: Scope, decision: Decision) -> Scope:
     """The app's scope: the plan in headers (any the client sent are dropped) and in state."""
-    headers = without_ours(scope.get("headers", ())) + plan_headers(decision)
+    headers = annotated(scope, decision)
     state = dict(scope.get("state") or {})
     state["meshroute"] = {"signature": decision.signature, "mode": decision.mode,
                           # the app's own copy: the route's plan must not be mutable by it
@@ -102,15 +100,12 @@ class _AnnotatedSend:
                 self.m.first = now
             if not message.get("more_body", False):
                 self.m.last = now
-            await self._send(message)
-            if self.m.meter is not None:
-                self.m.meter.feed(body)  # counted once on its way: the client does not wait
-            return
-        await self._send(message)
-
-    async def _send(self, message: Message) -> None:
+        else:
+            body = b""
         try:
             await self._ex.send(message)
         except OSError:
             self.gone = True
             raise
+        if kind == "http.response.body" and self.m.meter is not None:
+            self.m.meter.feed(body)  # counted once on its way: the client does not wait

@@ -19,27 +19,30 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Receive, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..core import Decision, Outcome, Router
 from ..httperrors import send_error
 from ..measure import TokenMeter
+from ..request import ChatRequest
 from ..telemetry import Telemetry
 from .headers import is_sse, response_headers
 
 
 class Exchange:
-    """One chat request being served: its client's send, and what its error path and the
-    disconnect watchdog need to know."""
+    """One chat request being served: the request, its client's send, its attempts, and what
+    its error path and the disconnect watchdog need to know."""
 
-    __slots__ = ("gone", "receive", "seen", "send", "started", "task", "watcher")
+    __slots__ = ("attempts", "gone", "receive", "req", "scope", "seen", "send", "started",
+                 "task", "watcher")
 
-    def __init__(self, send: Send) -> None:
-        self.send = send
+    def __init__(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
+                 attempts: Attempts) -> None:
+        self.scope, self.receive, self.send, self.req = scope, receive, send, req
+        self.attempts = attempts
         self.started = False  # the client got a response start: too late for an error reply
         self.gone = False  # the client disconnected
         self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
-        self.receive: Receive | None = None
         self.seen = False  # a watchdog sweep has seen it under way
         self.watcher: asyncio.Task[None] | None = None
 
@@ -78,10 +81,11 @@ class Failed:
 
     kind: str
     reason: str
+    held: tuple[Message, ...] = ()  # the failing answer, held back from the client (annotate)
 
 
 # One attempt of a mode: None once it answered (and was settled), Failed to fall back.
-Attempt = Callable[[Decision, Measurement], Awaitable["Failed | None"]]
+Attempt = Callable[[Decision, Measurement, Exchange], Awaitable["Failed | None"]]
 
 
 class Attempts:
@@ -91,10 +95,11 @@ class Attempts:
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str) -> None:
         self.router, self.telemetry, self.model = router, telemetry, model
-        self.failures: dict[str, Failed] = {}  # signature -> why it was passed over
+        self.failures: dict[str, Failed] | None = None  # signature -> why it was passed over
         self._open: list[Decision] = []
 
-    async def run(self, first: Decision, attempt: Attempt) -> tuple[Decision, Failed | None]:
+    async def run(self, first: Decision, attempt: Attempt,
+                  ex: Exchange) -> tuple[Decision, Failed | None]:
         """Try `first`, then the ranked fallbacks while attempts fail before their first
         byte; return the last decision and, if every route failed, its failure."""
         decision = first
@@ -102,10 +107,12 @@ class Attempts:
             self._open.append(decision)
             self.telemetry.decided(decision)
             measurement = Measurement()
-            failed = await attempt(decision, measurement)
+            failed = await attempt(decision, measurement, ex)
             if failed is None:
                 return decision, None
             self.record(decision, measurement.failure(failed.kind))
+            if self.failures is None:
+                self.failures = {}
             self.failures[decision.signature] = failed
             following = self.router.fallback(decision)
             if following is None:
@@ -133,11 +140,12 @@ class Attempts:
 
     async def send_exhausted(self, send: Send, last: Decision) -> None:
         """Every route failed before its first byte: say so, route by route."""
-        kinds = [f.kind for f in self.failures.values()]
+        failures = self.failures or {}
+        kinds = [f.kind for f in failures.values()]
         if kinds and all(k == "http_429" for k in kinds):
             status, code = 429, "rate_limited"
         else:
             status, code = 503, "no_route_available"
         await send_error(send, status, f"every route for {self.model!r} failed before its "
                          "first byte", code, response_headers(last),
-                         routes={sig: f.reason for sig, f in self.failures.items()})
+                         routes={sig: f.reason for sig, f in failures.items()})

@@ -6,12 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from starlette.types import Receive, Scope
-
 from ..core import Decision
 from ..forwarding import Forwarder, ForwardError, UpstreamResponse
 from ..measure import sse_error_event
-from ..request import ChatRequest
 from .attempts import Attempts, Exchange, Failed, Measurement
 from .headers import forwardable, plan_headers, with_ours
 from .watchdog import Watchdog
@@ -27,32 +24,30 @@ class ForwardMode:
         self.forwarder = forwarder
         self._watchdog = Watchdog()
 
-    async def serve(self, scope: Scope, receive: Receive, ex: Exchange, req: ChatRequest,
-                    first: Decision, attempts: Attempts) -> None:
+    async def serve(self, ex: Exchange, first: Decision) -> None:
         """Forward with fallback; send the client an error if every route failed."""
-        task = self._watchdog.watch(ex, receive)
-        headers = forwardable(scope)
-
-        async def attempt(decision: Decision, measurement: Measurement) -> Failed | None:
-            try:
-                upstream = await self.forwarder.open(
-                    decision.route.head.url + CHAT_PATH, req.body,
-                    headers + plan_headers(decision))
-            except ForwardError as exc:
-                return Failed(exc.kind, str(exc))
-            await self._relay(decision, measurement, upstream, ex, attempts)
-            return None
-
+        task = self._watchdog.watch(ex)
         try:
-            last, failed = await attempts.run(first, attempt)
+            last, failed = await ex.attempts.run(first, self._attempt, ex)
             if failed is not None:
-                await attempts.send_exhausted(ex.send, last)
+                await ex.attempts.send_exhausted(ex.send, last)
         except asyncio.CancelledError:
             if not ex.gone:
                 raise
             task.uncancel()  # our own cancellation: the client left; nothing more to send
         finally:
             self._watchdog.forget(ex)
+
+    async def _attempt(self, decision: Decision, measurement: Measurement,
+                       ex: Exchange) -> Failed | None:
+        try:
+            upstream = await self.forwarder.open(
+                decision.route.head.url + CHAT_PATH, ex.req.body,
+                forwardable(ex.scope) + plan_headers(decision))
+        except ForwardError as exc:
+            return Failed(exc.kind, str(exc))
+        await self._relay(decision, measurement, upstream, ex, ex.attempts)
+        return None
 
     async def _relay(self, decision: Decision, m: Measurement, upstream: UpstreamResponse,
                      ex: Exchange, attempts: Attempts) -> None:

@@ -1,7 +1,8 @@
 """meshroute's own headers: the plan sent with a request, the route and mode on a response.
 
 A client (or a head) never gets to set them: whatever x-meshroute-* it sent is dropped, so
-everyone downstream sees exactly one plan, the gateway's.
+everyone downstream sees exactly one plan, the gateway's. (ASGI gives request header names in
+lower case; a response's are lowered before they are compared.)
 """
 
 from __future__ import annotations
@@ -49,14 +50,19 @@ def response_headers(decision: Decision) -> Headers:
     return [(H_ROUTE, _encoded(decision.route)[1]), (H_MODE, decision.mode.encode())]
 
 
-def without_ours(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
-    """Headers with any x-meshroute-* dropped."""
-    return [(k, v) for k, v in headers if not k.lower().startswith(OURS)]
-
-
 def with_ours(headers: Iterable[tuple[bytes, bytes]], decision: Decision) -> Headers:
     """Response headers with the gateway's route and mode, and nobody else's."""
-    return without_ours(headers) + response_headers(decision)
+    out = [(k, v) for k, v in headers if not k.lower().startswith(OURS)]
+    out += ((H_ROUTE, _encoded(decision.route)[1]), (H_MODE, decision.mode.encode()))
+    return out
+
+
+def annotated(scope: Scope, decision: Decision) -> Headers:
+    """A client's request headers with the plan in place of any x-meshroute-* it sent."""
+    _, signature, plan = _encoded(decision.route)
+    out = [(k, v) for k, v in scope.get("headers", ()) if not k.startswith(OURS)]
+    out += ((H_ROUTE, signature), (H_PLAN, plan), (H_MODE, decision.mode.encode()))
+    return out
 
 
 def forwardable(scope: Scope) -> Headers:

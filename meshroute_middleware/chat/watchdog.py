@@ -27,7 +27,7 @@ class Watchdog:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def watch(self, ex: Exchange, receive: Receive) -> asyncio.Task[Any]:
+    def watch(self, ex: Exchange) -> asyncio.Task[Any]:
         """Watch a request from the task serving it; return that task.
 
         The loop is looked up once, not per request: asyncio's get_running_loop() makes a
@@ -40,7 +40,7 @@ class Watchdog:
             self._timer = None
             task = asyncio.current_task(loop)
             assert task is not None
-        ex.task, ex.receive = task, receive
+        ex.task = task
         self._active[ex] = None
         if self._timer is None:
             self._timer = loop.call_later(WATCH_AFTER_S, self._sweep)
@@ -56,7 +56,7 @@ class Watchdog:
     def _sweep(self) -> None:
         self._timer = None
         for ex in self._active:
-            if ex.seen and ex.watcher is None and ex.task is not None and ex.receive is not None:
+            if ex.seen and ex.watcher is None and ex.task is not None:
                 ex.watcher = asyncio.ensure_future(_watch_disconnect(ex.receive, ex.task, ex))
             ex.seen = True
         if self._active and self._loop is not None and not self._loop.is_closed():
