@@ -14,12 +14,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from node_agent.discovery import HEALTH_INTERVAL_S
+
 from ..core.config import RouterConfig
 from ..forwarding import ForwardTimeouts
 from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 
-_TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder
-HEALTH_INTERVAL_S = 2.0
+_TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
 
 
 @dataclass(frozen=True, slots=True)
