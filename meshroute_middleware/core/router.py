@@ -76,8 +76,13 @@ class Router:
         return self.topology.upsert(record, self.clock())
 
     def remove_node(self, node_id: str) -> bool:
-        """A node left; return whether it was known."""
-        return self.topology.remove(node_id, self.clock())
+        """A node left; return whether it was known. A model left empty is forgotten here too."""
+        known = self.topology.node(node_id)
+        removed = self.topology.remove(node_id, self.clock())
+        if known is not None and self.topology.model(known.model) is None:
+            self._cache.pop(known.model, None)
+            self._recent.pop(known.model, None)
+        return removed
 
     def models(self) -> list[str]:
         """Models with at least one node."""
