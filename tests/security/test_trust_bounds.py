@@ -189,3 +189,23 @@ async def test_metrics_and_routing_are_computed_at_most_once_a_second() -> None:
         assert set(first["models"]) == {"m0", "m1", "m2"}
         assert (await c.get("/v1/routing?model=m1")).json()["models"].keys() == {"m1"}
         assert calls["routing"] == 3  # a per-model query is its own cache entry
+
+
+async def test_a_whole_routing_table_has_a_bounded_draw_budget() -> None:
+    """/v1/routing over many models drew 400 Monte-Carlo choices per model (seconds)."""
+    gw = wide_gateway(200)
+    draws = 0
+    choose = gw.router.policy.choose
+
+    def counting(*args: Any) -> Any:
+        nonlocal draws
+        draws += 1
+        return choose(*args)
+
+    gw.router.policy.choose = counting  # type: ignore[method-assign]
+    table = gw.router.routing_table()
+    assert draws <= 4000 and table["models"]["m0"]["share_basis"] == "sampled"
+    assert sum(r["share"] for r in table["models"]["m0"]["candidates"]) == pytest.approx(1.0)
+    draws = 0
+    gw.router.routing_table("m0")  # one model keeps the full 400 draws
+    assert draws == 400
