@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -21,10 +22,12 @@ from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import NodeRecord, RouterConfig
 from meshroute_middleware.forwarding import ForwardTimeouts
 from meshroute_middleware.memory import ASGIForwarder
-from node_agent.discovery import MISSES_TO_REMOVE, Discovery
-from node_agent.mdns import NODE_SERVICE, encode_record
+from node_agent.announcer import _Registered
+from node_agent.discovery import MISSES_TO_REMOVE, Discovery, tracker_discovery
+from node_agent.mdns import NODE_SERVICE, encode_record, service_info
 
 from ..conftest import FakeClock
+from ..node_agent.conftest import LOOPBACK, PATIENCE_S
 from ..upstream import FakeChat, ServerThread
 
 pytestmark = pytest.mark.anyio
@@ -184,3 +187,34 @@ def test_real_socket_from_another_address_gets_401(other_address: str) -> None:
             assert c.post("/v1/nodes", json=record().to_dict()).status_code == 201
     node = gw.router.topology.node("gpu-a")
     assert node is not None and node.url == REAL
+
+
+async def test_real_multicast_impostor_is_refused_and_its_goodbye_removes_nothing() -> None:
+    """The attack over real mDNS on loopback: an impostor instance announcing `gpu-a`."""
+    gw = gateway()
+    real, impostor, bystander = (_Registered(LOOPBACK), _Registered(LOOPBACK),
+                                 _Registered(LOOPBACK))
+
+    def info(ident: str, rec: NodeRecord) -> Any:
+        return service_info(NODE_SERVICE, ident, rec.url, encode_record(rec), LOOPBACK)
+
+    async def until(condition: Any) -> None:
+        with anyio.fail_after(PATIENCE_S):
+            while not condition():
+                await anyio.sleep(0.02)
+
+    try:
+        async with tracker_discovery(gw.mesh, interfaces=LOOPBACK, health_interval_s=600):
+            await real.register(info("gpu-a", record()))
+            await until(lambda: gw.router.topology.node("gpu-a") is not None)
+            await impostor.register(info("evil", record(EVIL, tps=1e6)))
+            await until(lambda: rejected(gw, "mdns-claim") >= 1)
+            await impostor.close()  # its goodbye
+            await bystander.register(info("gpu-b", record("http://127.0.0.1:1002",
+                                                          node_id="gpu-b")))
+            await until(lambda: gw.router.topology.node("gpu-b") is not None)  # after it
+            node = gw.router.topology.node("gpu-a")
+            assert node is not None and node.url == REAL and node.tps == 10.0
+    finally:
+        for service in (real, impostor, bystander):
+            await service.close()
