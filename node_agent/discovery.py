@@ -170,6 +170,9 @@ class Discovery:
         if outcome == "refused":  # counted by the sink: another source owns this node id
             self._log_refusal(name, f"may not change node {record.node_id!r}")
             return
+        if outcome != "refresh":  # the latest announcement owns the id: older names let go
+            for other in [n for n, i in self.services.items() if i == record.node_id]:
+                del self.services[other]
         self.services[name] = record.node_id
         self._forget(record.node_id)
         self.claims[record.node_id] = claim

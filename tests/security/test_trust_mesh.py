@@ -132,6 +132,10 @@ async def test_signed_record_from_another_instance_may_repoint() -> None:
     discovery.announced(f"gpu-a-new.{NODE_SERVICE}", encode_record(record(moved), SECRET))
     node = gw.router.topology.node("gpu-a")
     assert node is not None and node.url == moved  # a mesh member moved it: allowed
+    discovery.goodbye(REAL_SERVICE)  # the old announcement no longer owns it
+    assert gw.router.topology.node("gpu-a") is not None
+    discovery.goodbye(f"gpu-a-new.{NODE_SERVICE}")
+    assert gw.router.topology.node("gpu-a") is None
 
 
 # -- HTTP node writes ---------------------------------------------------------------------
