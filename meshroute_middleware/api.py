@@ -166,7 +166,7 @@ class GatewayAPI:
             table["config"]["warnings"] = self.warnings
         body = json.dumps(table, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode()
-        if len(self._routing) > len(self.router.topology.models()):  # forget gone models
+        if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models
             self._routing.clear()
         self._routing[model] = (now, body)
         return body
