@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,12 @@ from starlette.routing import Route
 from .core import InvalidNodeError
 from .events import sse
 from .httperrors import error_body
-from .mesh import Mesh
+from .mesh import Mesh, MeshFullError
 from .telemetry import CONTENT_TYPE
 
+log = logging.getLogger("meshroute.api")
 MAX_NODE_BODY = 64 * 1024
+CACHE_S = 1.0  # /v1/routing and /metrics are computed at most once a second (issue 11)
 _DASHBOARD = (Path(__file__).parent / "static" / "dashboard.html").read_text()
 
 
@@ -30,12 +35,31 @@ def error_response(status: int, message: str, code: str, **extra: Any) -> Respon
                     media_type="application/json")
 
 
-class GatewayAPI:
-    """Endpoints over a Mesh; `node_token` guards node writes when set."""
+def is_loopback_client(request: Request) -> bool:
+    """Whether the peer of this connection is a loopback address (127.0.0.0/8, ::1)."""
+    if request.client is None:
+        return False
+    try:
+        address = ipaddress.ip_address(request.client.host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
-    def __init__(self, mesh: Mesh, node_token: str | None = None) -> None:
+
+class GatewayAPI:
+    """Endpoints over a Mesh. Node writes: with `node_token`, only with that bearer token;
+    without, only from loopback clients. `warnings` are shown in /v1/routing's config."""
+
+    def __init__(self, mesh: Mesh, node_token: str | None = None, *,
+                 warnings: Sequence[str] = (), cache_s: float = CACHE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.mesh, self.node_token = mesh, node_token
         self.router, self.telemetry = mesh.router, mesh.telemetry
+        self.warnings = list(warnings)
+        self.cache_s, self.clock = cache_s, clock
+        self._routing: dict[str | None, tuple[float, bytes]] = {}  # query -> (at, body)
 
     def routes(self) -> list[Route]:
         """The routes, for a Starlette app."""
@@ -71,18 +95,29 @@ class GatewayAPI:
         nodes = sorted(self.mesh.nodes(), key=lambda n: (n.model, n.node_id))
         return JSONResponse({"nodes": [n.to_dict() for n in nodes]})
 
-    def _authorized(self, request: Request) -> bool:
-        if not self.node_token:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.node_token}".encode())
+    def _refuse_write(self, request: Request, what: str) -> Response | None:
+        """None when this client may change the mesh, else the 401 to answer (counted)."""
+        client = request.client.host if request.client else "unknown"
+        if self.node_token:
+            given = request.headers.get("authorization", "")
+            if hmac.compare_digest(given.encode(), f"Bearer {self.node_token}".encode()):
+                return None
+            self.mesh.reject("http", f"{client[:64]}: missing or wrong bearer token")
+            return error_response(401, f"a valid bearer token is required to {what}",
+                                  "invalid_token")
+        if is_loopback_client(request):
+            return None
+        self.mesh.reject("http", f"{client[:64]}: node write from a non-loopback address")
+        log.warning("refused a node write from %s: no --node-token is set, so only loopback "
+                    "clients may change the mesh", client[:64])
+        return error_response(401, f"only loopback clients may {what} on this tracker "
+                              "(start it with --node-token to allow others)", "unauthorized")
 
     async def post_node(self, request: Request) -> Response:
         """Register or refresh a node record."""
-        if not self._authorized(request):
-            self.mesh.reject("http", "missing or wrong bearer token")
-            return error_response(401, "a valid bearer token is required to register nodes",
-                                  "invalid_token")
+        refusal = self._refuse_write(request, "register nodes")
+        if refusal is not None:
+            return refusal
         body = b""
         async for chunk in request.stream():
             body += chunk
@@ -95,6 +130,8 @@ class GatewayAPI:
             return error_response(400, "request body is not valid JSON", "invalid_json")
         try:
             record, change = self.mesh.upsert_raw(data, "http")
+        except MeshFullError as exc:
+            return error_response(409, str(exc), "too_many_nodes")
         except InvalidNodeError as exc:
             return error_response(400, f"invalid node record: {exc}", "invalid_node")
         return JSONResponse({"node": record.to_dict(), "change": change},
@@ -102,10 +139,9 @@ class GatewayAPI:
 
     async def delete_node(self, request: Request) -> Response:
         """Remove a node."""
-        if not self._authorized(request):
-            self.mesh.reject("http", "missing or wrong bearer token")
-            return error_response(401, "a valid bearer token is required to remove nodes",
-                                  "invalid_token")
+        refusal = self._refuse_write(request, "remove nodes")
+        if refusal is not None:
+            return refusal
         node_id = request.path_params["node_id"]
         if not self.mesh.remove(node_id):
             return error_response(404, f"no node {node_id!r}", "node_not_found")
@@ -117,7 +153,23 @@ class GatewayAPI:
         if model is not None and model not in self.router.models():
             return error_response(404, f"model {model!r} is not served by any known route",
                                   "model_not_found")
-        return JSONResponse(self.router.routing_table(model))
+        return Response(self._routing_body(model), media_type="application/json")
+
+    def _routing_body(self, model: str | None) -> bytes:
+        """The routing table as JSON, computed at most once per `cache_s` per query."""
+        now = self.clock()
+        cached = self._routing.get(model)
+        if cached is not None and now - cached[0] < self.cache_s:
+            return cached[1]
+        table = self.router.routing_table(model)
+        if self.warnings:
+            table["config"]["warnings"] = self.warnings
+        body = json.dumps(table, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode()
+        if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models
+            self._routing.clear()
+        self._routing[model] = (now, body)
+        return body
 
     async def events(self, request: Request) -> Response:
         """Server-Sent Events: history after ?since= (or Last-Event-ID), then live."""
@@ -137,7 +189,8 @@ class GatewayAPI:
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus text exposition."""
-        return Response(self.telemetry.render(), media_type=CONTENT_TYPE)
+        return Response(self.telemetry.render_cached(self.clock(), self.cache_s),
+                        media_type=CONTENT_TYPE)
 
     async def dashboard(self, request: Request) -> Response:
         """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard)."""

@@ -1,8 +1,11 @@
 """The routing event stream: route-selected and outcome events, with a bounded history.
 
-Publishing is on every request's path, so an event may be published as a plain tuple of
-atoms and the function that renders it, turned into its JSON-ready dict only when somebody
-reads it (a subscriber, or the history).
+Publishing is on every request's path, so it is O(1) whatever the number of subscribers: an
+event is a plain tuple of atoms and the function that renders it, appended to the history;
+the fan-out to subscribers runs later, once per batch, in one callback the loop schedules
+(`call_soon`), and each event is turned into its JSON-ready dict once per batch, not once per
+subscriber. Subscribers are bounded (`max_subscribers`): a new one past the cap closes the
+oldest; a subscriber too slow to take its buffer misses events. Both are counted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, TypeVar
 
 HISTORY = 500  # events kept for late subscribers
 QUEUE = 1000  # events buffered per slow subscriber before it misses some
+MAX_SUBSCRIBERS = 64  # open /v1/routing/events streams; docs/benchmarks.md "Bounds"
 
 Payload = dict[str, Any]
 T = TypeVar("T")
@@ -32,17 +36,37 @@ def _materialize(entry: _Entry) -> Payload:
     return {"type": kind, "id": event_id, "ts": ts, **render(content)}
 
 
-class EventBus:
-    """Publish is synchronous and never blocks; each subscriber gets its own queue."""
+class _Subscriber:
+    """One open stream: its buffer of events, a wake-up, and whether it was closed."""
 
-    def __init__(self, history: int = HISTORY) -> None:
+    __slots__ = ("buffer", "closed", "wake")
+
+    def __init__(self) -> None:
+        self.buffer: deque[Payload] = deque()
+        self.wake = asyncio.Event()
+        self.closed = False
+
+
+class EventBus:
+    """Publish is synchronous, O(1) and never blocks; fan-out happens off the request path."""
+
+    def __init__(self, history: int = HISTORY, max_subscribers: int = MAX_SUBSCRIBERS) -> None:
         self._history: deque[_Entry] = deque(maxlen=history)
-        self._subscribers: set[asyncio.Queue[Payload]] = set()
+        self._subscribers: dict[_Subscriber, None] = {}  # insertion order: oldest first
+        self.max_subscribers = max_subscribers
         self._last_id = 0
+        self._pending: deque[_Entry] = deque()  # published, not yet handed to subscribers
+        self._scheduled = False
         self.dropped = 0  # events a slow subscriber missed (exported as a metric)
+        self.subscribers_dropped = 0  # streams closed to make room (exported as a metric)
+
+    @property
+    def subscriber_count(self) -> int:
+        """Open subscriber streams."""
+        return len(self._subscribers)
 
     def publish(self, kind: str, payload: Payload) -> None:
-        """Add an event (`type`, `id`, `ts` are filled in) and hand it to every subscriber."""
+        """Add an event (`type`, `id`, `ts` are filled in); subscribers get it soon after."""
         self.publish_lazy(kind, _same, payload)
 
     def publish_lazy(self, kind: str, render: Callable[[T], Payload], content: T) -> None:
@@ -52,33 +76,69 @@ class EventBus:
         self._last_id += 1
         entry: _Entry = (self._last_id, kind, time.time(), render, content)
         self._history.append(entry)
-        if self._subscribers:
-            event = _materialize(entry)
-            for queue in self._subscribers:
-                try:
-                    queue.put_nowait(event)
-                except asyncio.QueueFull:
-                    self.dropped += 1
+        if not self._subscribers:
+            return
+        if len(self._pending) >= QUEUE:  # a burst longer than any buffer: the newest miss it
+            self.dropped += len(self._subscribers)
+            return
+        self._pending.append(entry)
+        if not self._scheduled:
+            try:  # once per batch, not per event: the first event of a batch schedules it
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # published outside the loop: the next batch carries it
+                return
+            self._scheduled = True
+            loop.call_soon(self._fan_out)
+
+    def _fan_out(self) -> None:
+        """Hand every event published since the last call to every subscriber (one batch)."""
+        self._scheduled = False
+        batch = [_materialize(e) for e in self._pending]
+        self._pending.clear()
+        for sub in self._subscribers:
+            overflow = len(sub.buffer) + len(batch) - QUEUE
+            if overflow > 0:  # a slow reader: it misses the newest events
+                self.dropped += overflow
+                sub.buffer.extend(batch[:len(batch) - overflow])
+            else:
+                sub.buffer.extend(batch)
+            sub.wake.set()
 
     def history(self, since_id: int = 0) -> list[Payload]:
         """Events kept in memory with an id above `since_id`."""
         return [_materialize(e) for e in self._history if e[0] > since_id]
 
+    def _join(self) -> _Subscriber:
+        while len(self._subscribers) >= self.max_subscribers > 0:
+            oldest = next(iter(self._subscribers))
+            del self._subscribers[oldest]
+            oldest.closed = True
+            oldest.wake.set()
+            self.subscribers_dropped += 1
+        sub = _Subscriber()
+        self._subscribers[sub] = None
+        return sub
+
     async def subscribe(self, since_id: int = 0) -> AsyncIterator[Payload]:
-        """The history after `since_id`, then live events, until the consumer stops."""
-        queue: asyncio.Queue[Payload] = asyncio.Queue(QUEUE)
-        self._subscribers.add(queue)
+        """The history after `since_id`, then live events, until the consumer stops or a
+        newer subscriber past the cap closes this one."""
+        sub = self._join()
         try:
             last = since_id
             for event in self.history(since_id):
                 last = event["id"]
                 yield event
-            while True:
-                event = await queue.get()
-                if event["id"] > last:
-                    yield event
+            while not sub.closed:
+                while sub.buffer:
+                    event = sub.buffer.popleft()
+                    if event["id"] > last:
+                        last = event["id"]
+                        yield event
+                sub.wake.clear()
+                if not sub.buffer and not sub.closed:
+                    await sub.wake.wait()
         finally:
-            self._subscribers.discard(queue)
+            self._subscribers.pop(sub, None)
 
 
 def sse(event: Payload) -> bytes:

@@ -1,7 +1,15 @@
 """The gateway's view of its mesh: node changes from every source go through here.
 
 It is the TopologySink that discovery, POST /v1/nodes and --nodes-file feed: one validation
-(`parse_node`), one place that bumps the router's topology and publishes node events.
+(`parse_node`), one place that bumps the router's topology and publishes node events, and the
+one place that decides who may change a node (docs/security.md, "Who may change the mesh").
+
+A write is either *trusted* (`claim=None`: a loopback or token-holding HTTP client, the nodes
+file, an mDNS record signed with the mesh secret) or an *unsigned claim* named by its source,
+`mdns:<service instance name>`. A claim may create an unknown node id and later refresh it
+(queue, tps) while its URL stays the same; it may neither re-point nor remove an id that a
+different source created, and its goodbye removes only ids the same announcement created. A
+trusted write may change anything and makes the id trusted.
 """
 
 from __future__ import annotations
@@ -14,22 +22,56 @@ from typing import Any
 from .core import InvalidNodeError, NodeRecord, Router, parse_node
 from .telemetry import Telemetry
 
+DEFAULT_MAX_NODES = 1024  # nodes per tracker (every model); docs/benchmarks.md "Bounds"
+REFUSED = "refused"  # what `upsert` returns for a write this source may not make
+
+
+class MeshFullError(InvalidNodeError):
+    """A new node would take the tracker past its `max_nodes`."""
+
 
 class Mesh:
     """Node bookkeeping over a Router; every method runs on the event loop."""
 
-    def __init__(self, router: Router, telemetry: Telemetry) -> None:
-        self.router, self.telemetry = router, telemetry
+    def __init__(self, router: Router, telemetry: Telemetry,
+                 max_nodes: int = DEFAULT_MAX_NODES) -> None:
+        self.router, self.telemetry, self.max_nodes = router, telemetry, max_nodes
+        self._claims: dict[str, str] = {}  # node_id -> the unsigned source that created it
 
-    def upsert(self, record: NodeRecord) -> str:
-        """Join or refresh a validated record; return the kind of change."""
+    def upsert(self, record: NodeRecord, claim: str | None = None) -> str:
+        """Join or refresh a validated record; return the kind of change, or 'refused' when
+        `claim` (an unsigned source) may not make it. MeshFullError past `max_nodes`."""
+        known = self.router.topology.node(record.node_id)
+        if claim is not None and known is not None:
+            refusal = self._refusal(known, record, claim)
+            if refusal:
+                self.reject("mdns-claim", f"{record.node_id}: {refusal}")
+                return REFUSED
+        if known is None and self.router.topology.size() >= self.max_nodes:
+            self.reject("node-limit", f"{record.node_id}: tracker holds {self.max_nodes} nodes")
+            raise MeshFullError(f"this tracker already holds {self.max_nodes} nodes "
+                                f"(--max-nodes)")
         change = self.router.upsert_node(record)
+        if claim is None:
+            self._claims.pop(record.node_id, None)
+        elif known is None:
+            self._claims[record.node_id] = claim
         if change != "refresh":
             self.telemetry.events.publish("node", {"change": change, "node": record.to_dict()})
         return change
 
+    def _refusal(self, known: NodeRecord, record: NodeRecord, claim: str) -> str:
+        owner = self._claims.get(record.node_id)
+        if owner != claim:
+            return (f"node id already announced by {owner or 'a trusted source'}; "
+                    f"unsigned {claim[:80]} may not change it")
+        if known.url != record.url:
+            return "an unsigned record may not re-point a known node to another URL"
+        return ""
+
     def upsert_raw(self, data: Mapping[str, Any], source: str) -> tuple[NodeRecord, str]:
-        """Validate then upsert; InvalidNodeError (counted as rejected) if malformed."""
+        """Validate then upsert as a trusted write; InvalidNodeError (counted as rejected) if
+        malformed, MeshFullError past `max_nodes`."""
         try:
             record = parse_node(data, now=self.router.clock())
         except InvalidNodeError as exc:
@@ -37,12 +79,23 @@ class Mesh:
             raise
         return record, self.upsert(record)
 
-    def remove(self, node_id: str) -> bool:
-        """A node left (goodbye, DELETE, failed health checks)."""
+    def remove(self, node_id: str, claim: str | None = None) -> bool:
+        """A node left (goodbye, DELETE, failed health checks). An unsigned goodbye (`claim`)
+        removes only a node that the same source created."""
+        if claim is not None and self._claims.get(node_id) != claim:
+            if self.router.topology.node(node_id) is not None:
+                self.reject("mdns-claim", f"{node_id}: goodbye from {claim[:80]}, which did "
+                            "not announce it")
+            return False
         removed = self.router.remove_node(node_id)
+        self._claims.pop(node_id, None)
         if removed:
             self.telemetry.events.publish("node", {"change": "leave", "node_id": node_id})
         return removed
+
+    def claim_of(self, node_id: str) -> str | None:
+        """The unsigned source that owns a node, None when it is trusted (or unknown)."""
+        return self._claims.get(node_id)
 
     def nodes(self) -> list[NodeRecord]:
         """Every node currently in the topology."""

@@ -20,7 +20,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _RouterCollector(Collector):
-    """Learned statistics read from the router at scrape time (nothing kept twice)."""
+    """Learned statistics read from the router at scrape time (nothing kept twice). It reads
+    the merged views only: no traffic shares, so no Monte-Carlo draws on a scrape."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -33,14 +34,16 @@ class _RouterCollector(Collector):
         nodes = GaugeMetricFamily("meshroute_nodes", "Nodes in the topology", labels=["model"])
         epoch = GaugeMetricFamily("meshroute_topology_epoch", "Topology epoch",
                                   labels=["model"])
-        for model, entry in self.router.routing_table()["models"].items():
+        now = self.router.clock()
+        for model in self.router.models():
             topo = self.router.topology.model(model)
             nodes.add_metric([model], len(topo.nodes) if topo else 0)
-            epoch.add_metric([model], entry["epoch"])
-            for row in entry["candidates"]:
-                if row["tps"] is not None:
-                    tps.add_metric([model, row["signature"], row["status"]], row["tps"])
-                weight.add_metric([model, row["signature"]], row["weight"])
+            epoch.add_metric([model], topo.epoch if topo else 0)
+            for arm in self.router.arms(model, now):
+                view = arm.view
+                if view.tps is not None:
+                    tps.add_metric([model, arm.signature, view.status], view.tps)
+                weight.add_metric([model, arm.signature], view.mass)
         yield from (tps, weight, nodes, epoch)
 
 
@@ -99,6 +102,7 @@ class Telemetry:
         self.forward_errors: dict[str, int] = {}  # kind -> n
         self.rejected: dict[str, int] = {}  # source -> n
         self.in_flight = 0  # chat requests being served
+        self._rendered: tuple[float, bytes] | None = None  # (when, exposition)
         self.registry.register(_RouterCollector(router))
         self.registry.register(_CallbackCollector(self._families))
 
@@ -115,6 +119,13 @@ class Telemetry:
         yield _counter("meshroute_events_dropped",
                        "Events a slow /v1/routing/events subscriber missed", [],
                        {(): self.events.dropped})
+        yield _counter("meshroute_event_subscribers_dropped",
+                       "/v1/routing/events subscribers closed to make room for newer ones", [],
+                       {(): self.events.subscribers_dropped})
+        subscribers = GaugeMetricFamily("meshroute_event_subscribers",
+                                        "Open /v1/routing/events streams")
+        subscribers.add_metric([], self.events.subscriber_count)
+        yield subscribers
         in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
         in_flight.add_metric([], self.in_flight)
         yield in_flight
@@ -146,3 +157,9 @@ class Telemetry:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+    def render_cached(self, now: float, max_age_s: float) -> bytes:
+        """The exposition, computed again only when the last one is `max_age_s` old."""
+        if self._rendered is None or not 0 <= now - self._rendered[0] < max_age_s:
+            self._rendered = (now, self.render())
+        return self._rendered[1]

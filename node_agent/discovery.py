@@ -46,11 +46,14 @@ TrackerCallback = Callable[[str, int], object]  # (host, gossip_port); the resul
 class TopologySink(Protocol):
     """Where discovery puts what it learns (the gateway implements it over a Router)."""
 
-    def upsert(self, record: NodeRecord) -> str:
-        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
+    def upsert(self, record: NodeRecord, claim: str | None = None) -> str:
+        """Join or refresh a node; return 'join', 'shard-change', 'refresh' or 'refused'.
+        `claim` names an unsigned source (`mdns:<instance>`), None a trusted one; raise
+        InvalidNodeError (counted by the sink) when the tracker holds too many nodes."""
 
-    def remove(self, node_id: str) -> bool:
-        """Remove a node; return whether it was there."""
+    def remove(self, node_id: str, claim: str | None = None) -> bool:
+        """Remove a node; return whether it was there. An unsigned `claim` removes only a
+        node the same source created."""
 
     def nodes(self) -> list[NodeRecord]:
         """Every node currently in the topology."""
@@ -74,6 +77,7 @@ class Discovery:
         self.services: dict[str, str] = {}  # node service name -> node_id
         self.trackers: dict[str, tuple[str, int]] = {}  # tracker service name -> peer
         self.misses: dict[str, int] = {}
+        self.claims: dict[str, str | None] = {}  # node_id -> the claim it was accepted under
         self.down: dict[str, NodeRecord] = {}  # removed by health checks, still probed
         self._logged: set[tuple[str, str]] = set()
         self._probe_limit = anyio.CapacityLimiter(MAX_CONCURRENT_PROBES)
@@ -110,45 +114,81 @@ class Discovery:
     async def _node_event(self, azc: AsyncZeroconf, name: str,
                           change: ServiceStateChange) -> None:
         if change is ServiceStateChange.Removed:
-            node_id = self.services.pop(name, None)
-            if node_id is not None:
-                self._forget(node_id)
-                self.sink.remove(node_id)
-                log.info("node %s said goodbye", node_id)
+            self.goodbye(name)
             return
         info = await self._resolve(azc, NODE_SERVICE, name)
         if info is None:
             self._reject("mdns", name, "service record could not be resolved")
             return
+        self.announced(name, info.properties)
+
+    def claim(self, name: str) -> str | None:
+        """The source of a record from service instance `name`: None (trusted) when records
+        must be signed with the mesh secret, else the unsigned claim `mdns:<instance>`."""
+        return None if self.mesh_secret else f"mdns:{name}"
+
+    def announced(self, name: str, properties: Any) -> None:
+        """A node service's TXT record arrived (resolved): validate, then accept or refuse."""
         try:
-            record = decode_record(info.properties, secret=self.mesh_secret)
+            record = decode_record(properties, secret=self.mesh_secret)
         except InvalidNodeError as exc:
             self._reject("mdns", name, str(exc))
             return
         self._accept(name, record)
 
+    def goodbye(self, name: str) -> None:
+        """A node service left: it removes only the node this same announcement created."""
+        node_id = self.services.pop(name, None)
+        if node_id is None:
+            return
+        claim = self.claim(name)
+        if self.claims.get(node_id, claim) == claim:
+            self._forget(node_id)
+        if self.sink.remove(node_id, claim):
+            log.info("node %s said goodbye", node_id)
+
     def _reject(self, source: str, name: str, reason: str) -> None:
         """Count every refusal through the sink; log each (service, reason) once."""
         self.sink.reject(source, f"{name[:80]}: {reason}")
+        self._log_refusal(name, reason)
+
+    def _accept(self, name: str, record: NodeRecord) -> None:
+        claim = self.claim(name)
+        if claim is not None and record.node_id in self.down \
+                and self.claims.get(record.node_id) != claim:  # still reserved: probed
+            self.sink.reject("mdns-claim", f"{record.node_id}: held by a node being probed")
+            self._log_refusal(name, f"may not take node {record.node_id!r} while it is down")
+            return
+        old = self.services.get(name)
+        if old is not None and old != record.node_id:  # re-registered under a new id
+            self.goodbye(name)
+        try:
+            outcome = self.sink.upsert(record, claim)
+        except InvalidNodeError as exc:  # counted by the sink (the tracker is full)
+            self._log_refusal(name, str(exc))
+            return
+        if outcome == "refused":  # counted by the sink: another source owns this node id
+            self._log_refusal(name, f"may not change node {record.node_id!r}")
+            return
+        if outcome != "refresh":  # the latest announcement owns the id: older names let go
+            for other in [n for n, i in self.services.items() if i == record.node_id]:
+                del self.services[other]
+        self.services[name] = record.node_id
+        self._forget(record.node_id)
+        self.claims[record.node_id] = claim
+        if outcome != "refresh":
+            log.info("node %s %s via mDNS (%s)", record.node_id, outcome, record.url)
+
+    def _log_refusal(self, name: str, reason: str) -> None:
         key = (name[:80], reason)
         if key not in self._logged and len(self._logged) < MAX_LOGGED_REJECTIONS:
             self._logged.add(key)
             log.warning("refused mDNS record %s: %s", name[:80], reason)
 
-    def _accept(self, name: str, record: NodeRecord) -> None:
-        old = self.services.get(name)
-        if old is not None and old != record.node_id:  # re-registered under a new id
-            self._forget(old)
-            self.sink.remove(old)
-        self.services[name] = record.node_id
-        self._forget(record.node_id)
-        outcome = self.sink.upsert(record)
-        if outcome != "refresh":
-            log.info("node %s %s via mDNS (%s)", record.node_id, outcome, record.url)
-
     def _forget(self, node_id: str) -> None:
         self.misses.pop(node_id, None)
         self.down.pop(node_id, None)
+        self.claims.pop(node_id, None)
 
     async def _tracker_event(self, azc: AsyncZeroconf, name: str,
                              change: ServiceStateChange) -> None:
@@ -203,6 +243,16 @@ class Discovery:
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             return False
 
+    def _restore(self, record: NodeRecord) -> None:
+        """A node removed by health checks answers again: back under the claim it had."""
+        try:
+            outcome = self.sink.upsert(record, self.claims.get(record.node_id))
+        except InvalidNodeError as exc:  # counted by the sink
+            log.warning("node %s answers again but is refused: %s", record.node_id, exc)
+            return
+        if outcome != "refused":
+            log.info("node %s answers again: back in the topology", record.node_id)
+
     def apply_probe(self, record: NodeRecord, ok: bool) -> None:
         """Count a probe result: 3 misses remove the node, an answer brings it back."""
         node_id = record.node_id
@@ -210,8 +260,7 @@ class Discovery:
             self.misses.pop(node_id, None)
             back = self.down.pop(node_id, None)
             if back is not None:
-                self.sink.upsert(back)
-                log.info("node %s answers again: back in the topology", node_id)
+                self._restore(back)
             return
         misses = self.misses[node_id] = self.misses.get(node_id, 0) + 1
         if misses == MISSES_TO_REMOVE and node_id not in self.down:

@@ -41,7 +41,7 @@ log = logging.getLogger("meshroute.serve")
 PRUNE_EVERY_S = 60.0
 
 __all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
-           "load_static_nodes", "run"]
+           "config_warnings", "exposure", "load_static_nodes", "run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +83,11 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     telemetry = Telemetry(router)
-    mesh = Mesh(router, telemetry)
+    mesh = Mesh(router, telemetry, settings.max_nodes)
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
-    inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token))
+    inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
+                                                warnings=config_warnings(config)))
     inner.router.lifespan_context = lambda app: background_services(config, mesh)
     app = MeshRouteMiddleware(
         inner, settings.middleware(), router=router,
@@ -103,14 +104,55 @@ def load_static_nodes(mesh: Mesh, path: str) -> None:
             records.append(parse_node(data, now=mesh.router.clock()))
         except InvalidNodeError as exc:
             raise ValueError(f"{path}: node #{i}: {exc}") from exc
+    if len({r.node_id for r in records}) > mesh.max_nodes:
+        raise ValueError(f"{path}: more than --max-nodes {mesh.max_nodes} nodes")
     for record in records:
         mesh.upsert(record)
+
+
+def config_warnings(config: GatewayConfig) -> list[str]:
+    """What /v1/routing's config warns about: settings that let strangers steer routing."""
+    gossip = config.gossip
+    if gossip is not None and gossip.secret is None and config.settings.insecure_gossip:
+        return ["insecure-gossip: gossip frames are not authenticated (--insecure-gossip); "
+                "anyone who reaches the gossip port can feed route statistics"]
+    return []
+
+
+def exposure(config: GatewayConfig) -> str:
+    """One line saying what this tracker opens to the network, and how it is guarded."""
+    settings, gossip = config.settings, config.gossip
+    http = f"http {settings.host}:{settings.port}"
+    writes = ("node writes: bearer token (--node-token)" if settings.node_token
+              else "node writes: loopback clients only (no --node-token)")
+    if not settings.mdns:
+        mdns = "mDNS: off"
+    elif settings.mesh_secret:
+        mdns = f"mDNS: on {settings.mdns_interfaces}, records must be signed (mesh secret)"
+    else:
+        mdns = (f"mDNS: on {settings.mdns_interfaces}, records UNSIGNED (no --mesh-secret: "
+                "new node ids accepted from anyone, known ones kept by their source)")
+    if gossip is None:
+        talk = "gossip: off"
+    else:
+        where = (f"{gossip.listen[0]}:{gossip.listen[1]}" if gossip.listen
+                 else "outbound only")
+        if gossip.secret is not None:
+            talk = f"gossip: {where}, authenticated (shared secret)"
+        elif settings.insecure_gossip:
+            talk = f"gossip: {where}, NOT authenticated (--insecure-gossip)"
+        else:
+            talk = f"gossip: {where}, not authenticated (loopback only)"
+        talk += f", peers {', '.join(settings.gossip_peers) or 'from mDNS'}"
+    return f"open: {http}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"
 
 
 @contextlib.asynccontextmanager
 async def background_services(config: GatewayConfig, mesh: Mesh) -> AsyncIterator[None]:
     """Background services of a running gateway; each enters the exit stack."""
     settings = config.settings
+    log.log(logging.WARNING if config_warnings(config) else logging.INFO, "%s",
+            exposure(config))
     # The exit stack is entered inside the task group, so that services with task groups of
     # their own (discovery) are left before it: cancel scopes must exit in LIFO order.
     async with anyio.create_task_group() as tg:

@@ -18,6 +18,7 @@ from node_agent.discovery import HEALTH_INTERVAL_S
 
 from ..core.config import RouterConfig
 from ..forwarding import ForwardTimeouts
+from ..mesh import DEFAULT_MAX_NODES
 from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
@@ -57,6 +58,8 @@ OPTIONS: tuple[Option, ...] = (
            "this tracker's origin id in gossip"),
     Option("node_token", str, ("--node-token",), ("MESHROUTE_NODE_TOKEN",),
            "bearer token required by /v1/nodes writes"),
+    Option("max_nodes", int, ("--max-nodes",), ("MESHROUTE_MAX_NODES",),
+           "most nodes this tracker holds over every model; new ones past it are refused"),
     Option("nodes_file", str, ("--nodes-file",), ("MESHROUTE_NODES_FILE",),
            "JSON file listing a static mesh"),
     Option("max_body_bytes", int, ("--max-body-bytes",), ("MESHROUTE_MAX_BODY_BYTES",),
@@ -100,6 +103,7 @@ class ServeSettings:
     tracker_id: str | None = None
     node_token: str | None = None
     nodes_file: str | None = None
+    max_nodes: int = DEFAULT_MAX_NODES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = _TIMEOUTS.connect_s
     first_byte_timeout_s: float = _TIMEOUTS.first_byte_s
@@ -119,6 +123,8 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_nodes <= 0:
+            raise ValueError(f"max_nodes must be positive, got {self.max_nodes}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
         for name in ("connect_timeout_s", "first_byte_timeout_s", "health_interval_s",

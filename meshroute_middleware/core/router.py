@@ -21,6 +21,9 @@ Clock = Callable[[], float]
 ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed
 RECENT_ATTEMPTS = 256  # attempts per model behind the 'recent' traffic shares
 MIN_RECENT_FOR_SHARES = 32
+SHARE_DRAWS = 400  # Monte-Carlo draws behind one model's 'sampled' shares
+TABLE_SHARE_DRAWS = 4000  # draws for a whole table, split over its models (issue 11)
+MIN_SHARE_DRAWS = 10
 
 
 @dataclass(slots=True)
@@ -76,8 +79,13 @@ class Router:
         return self.topology.upsert(record, self.clock())
 
     def remove_node(self, node_id: str) -> bool:
-        """A node left; return whether it was known."""
-        return self.topology.remove(node_id, self.clock())
+        """A node left; return whether it was known. A model left empty is forgotten here too."""
+        known = self.topology.node(node_id)
+        removed = self.topology.remove(node_id, self.clock())
+        if known is not None and self.topology.model(known.model) is None:
+            self._cache.pop(known.model, None)
+            self._recent.pop(known.model, None)
+        return removed
 
     def models(self) -> list[str]:
         """Models with at least one node."""
@@ -197,7 +205,8 @@ class Router:
                 for n in heads}
 
     # -- visibility ---------------------------------------------------------------
-    def _shares(self, arms: Sequence[Arm]) -> tuple[list[float], ShareBasis]:
+    def _shares(self, arms: Sequence[Arm],
+                draws: int = SHARE_DRAWS) -> tuple[list[float], ShareBasis]:
         """Shares and their basis: 'policy' (closed form), 'recent' (what the last attempts
         did: a load-aware policy's next pick depends on what is in flight, so one snapshot
         would say 100 % for whichever route is idle) or 'sampled' (Monte Carlo, cold)."""
@@ -208,17 +217,22 @@ class Router:
         if recent is not None and len(recent) >= MIN_RECENT_FOR_SHARES:
             counts = Counter(recent)
             return [counts.get(a.signature, 0) / len(recent) for a in arms], "recent"
-        return estimate_shares(self.policy, arms, self.clock()), "sampled"
+        if len(arms) == 1:
+            return [1.0], "sampled"
+        return estimate_shares(self.policy, arms, self.clock(), draws), "sampled"
 
     def routing_table(self, model: str | None = None) -> dict[str, Any]:
         """The /v1/routing document: config and, per model, epoch and candidate table."""
         models = self.models() if model is None else [model]
         now = self.clock()
+        # A bounded draw budget per table: 3,000 models at 400 draws each blocked the loop
+        # for seconds; a one-model table keeps the full 400.
+        draws = max(MIN_SHARE_DRAWS, min(SHARE_DRAWS, TABLE_SHARE_DRAWS // max(1, len(models))))
         out: dict[str, Any] = {}
         for name in models:
             topo = self.topology.model(name)
             arms = self.arms(name, now)
-            shares, basis = self._shares(arms) if arms else ([], "policy")
+            shares, basis = self._shares(arms, draws) if arms else ([], "policy")
             out[name] = {"epoch": topo.epoch if topo else 0, "share_basis": basis,
                          "candidates": self._table(arms, shares)}
         return {"config": self.config.to_dict(), "models": out}

@@ -150,6 +150,15 @@ class Topology:
         """Every node of every model."""
         return [n for t in self._models.values() for n in t.nodes.values()]
 
+    def node(self, node_id: str) -> NodeRecord | None:
+        """One node's record, or None."""
+        model = self._model_of.get(node_id)
+        return None if model is None else self._models[model].nodes.get(node_id)
+
+    def size(self) -> int:
+        """How many nodes, over every model (what --max-nodes bounds)."""
+        return len(self._model_of)
+
     def upsert(self, record: NodeRecord, now: float) -> ChangeKind:
         """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
         old_model = self._model_of.get(record.node_id)
@@ -183,11 +192,21 @@ class Topology:
         del topo.nodes[node_id]
         topo.version += 1
         self._bump(topo, now)
+        self._drop_if_empty(model, topo)
         return True
 
+    def _drop_if_empty(self, model: str, topo: ModelTopology) -> None:
+        """A model without nodes is forgotten (bounded: models never outnumber nodes). A node
+        joining it again bumps its change time to that moment, so nothing is lost."""
+        if not topo.nodes:
+            del self._models[model]
+
     def note_change(self, model: str, changed_at: float) -> None:
-        """Adopt a topology change time learned elsewhere (gossip) if it is newer."""
-        topo = self._models.setdefault(model, ModelTopology())
+        """Adopt a topology change time learned elsewhere (gossip) if it is newer. A model
+        with no node here is not created: a join would stamp its own, later, change time."""
+        topo = self._models.get(model)
+        if topo is None:
+            return
         if changed_at > topo.changed_at:
             topo.changed_at = changed_at
             topo.epoch += 1

@@ -124,7 +124,7 @@ def test_node_moving_to_another_model_leaves_the_first(clock: Any) -> None:
     clock.advance(1.0)
     assert topo.upsert(node("a", 0, 11, layers=12, model="small"), clock()) == "join"
     assert topo.models() == ["small"]
-    assert topo.model("m").epoch == 2
+    assert topo.model("m") is None  # its last node left: the empty model is forgotten
     assert [n.node_id for n in topo.nodes()] == ["a"]
 
 

@@ -30,13 +30,13 @@ class RecordingSink:
         self.rejections: list[tuple[str, str]] = []
         self.log: list[tuple[float, str, str]] = []
 
-    def upsert(self, record: NodeRecord) -> str:
+    def upsert(self, record: NodeRecord, claim: str | None = None) -> str:
         outcome = "refresh" if record.node_id in self.records else "join"
         self.records[record.node_id] = record
         self.log.append((time.monotonic(), "upsert", record.node_id))
         return outcome
 
-    def remove(self, node_id: str) -> bool:
+    def remove(self, node_id: str, claim: str | None = None) -> bool:
         self.log.append((time.monotonic(), "remove", node_id))
         return self.records.pop(node_id, None) is not None
 
