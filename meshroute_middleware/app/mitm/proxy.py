@@ -111,7 +111,7 @@ class MeshRouteAddon:
         self.router = Router(settings.router, clock=time.time,
                              rng=random.Random(settings.seed), origin=self.tracker_id)
         self.telemetry = Telemetry(self.router)
-        self.mesh = Mesh(self.router, self.telemetry)
+        self.mesh = Mesh(self.router, self.telemetry, settings.max_nodes)
         if settings.nodes_file:
             load_static_nodes(self.mesh, settings.nodes_file)
 

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from ...api import GatewayAPI, build_api_app
 from ...mesh import Mesh
-from ..serve import GatewayConfig, background_services
+from ..serve import GatewayConfig, background_services, config_warnings
 from ..settings import ServeSettings
 from .relay import RELAY_PATH, Relay
 
@@ -39,10 +39,10 @@ class _Server(uvicorn.Server):
 def build_side_app(settings: ServeSettings, mesh: Mesh, relay: Relay, tracker_id: str,
                    port: int) -> Starlette:
     """The side server's app: GatewayAPI routes, the relay, the background services."""
-    app = build_api_app(GatewayAPI(mesh, settings.node_token),
-                        [Route(RELAY_PATH, relay, methods=["POST"])])
     announced = replace(settings, host=HOST, port=port)  # discovery announces this address
     config = GatewayConfig.build(replace(announced, tracker_id=tracker_id))
+    app = build_api_app(GatewayAPI(mesh, settings.node_token, warnings=config_warnings(config)),
+                        [Route(RELAY_PATH, relay, methods=["POST"])])
     app.router.lifespan_context = lambda _: background_services(config, mesh)
     return app
 
