@@ -31,7 +31,8 @@ class Mesh:
     def upsert_raw(self, data: Mapping[str, Any], source: str) -> tuple[NodeRecord, str]:
         """Validate then upsert; InvalidNodeError (counted as rejected) if malformed."""
         try:
-            record = parse_node(data, now=self.router.clock())
+            record = parse_node(data, now=self.router.clock(),
+                                networks=self.router.topology.networks)
         except InvalidNodeError as exc:
             self.reject(source, str(exc))
             raise

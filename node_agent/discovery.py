@@ -122,10 +122,9 @@ class Discovery:
             return
         try:
             record = decode_record(info.properties, secret=self.mesh_secret)
+            self._accept(name, record)  # the topology may refuse it (--node-networks)
         except InvalidNodeError as exc:
             self._reject("mdns", name, str(exc))
-            return
-        self._accept(name, record)
 
     def _reject(self, source: str, name: str, reason: str) -> None:
         """Count every refusal through the sink; log each (service, reason) once."""

@@ -100,7 +100,8 @@ def load_static_nodes(mesh: Mesh, path: str) -> None:
     records = []
     for i, data in enumerate(load_nodes_file(path)):
         try:
-            records.append(parse_node(data, now=mesh.router.clock()))
+            records.append(parse_node(data, now=mesh.router.clock(),
+                                      networks=mesh.router.topology.networks))
         except InvalidNodeError as exc:
             raise ValueError(f"{path}: node #{i}: {exc}") from exc
     for record in records:
