@@ -28,7 +28,7 @@ from .chat.headers import allow_list
 from .core import InvalidPinError, NoRouteError, Router, RouterConfig, UnknownModelError
 from .forwarding import AiohttpForwarder, Forwarder
 from .httperrors import send_error
-from .request import DEFAULT_READ_TIMEOUT_S, RequestError, parse_chat, read_body, replay
+from .request import DEFAULT_BODY_TIMEOUT_S, RequestError, parse_chat, read_body, replay
 from .telemetry import Telemetry
 
 log = logging.getLogger("meshroute.middleware")
@@ -47,15 +47,15 @@ class MiddlewareConfig:
     path: str = CHAT_PATH
     forward_headers: tuple[str, ...] = ()  # credentials a node may see (docs/security.md)
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # forward mode's total deadline
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S  # the whole request body, else 408
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body, else 408
 
     def __post_init__(self) -> None:
         if self.mode not in ("forward", "annotate"):
             raise ValueError(f"mode must be 'forward' or 'annotate', got {self.mode!r}")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
-        if not (self.request_timeout_s > 0 and self.read_timeout_s > 0):
-            raise ValueError("request_timeout_s and read_timeout_s must be positive")
+        if not (self.request_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("request_timeout_s and body_timeout_s must be positive")
 
 
 def build_router(config: RouterConfig | None = None, *, seed: int | None = None,
@@ -105,7 +105,7 @@ class MeshRouteMiddleware:
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes,
-                                             self.config.read_timeout_s))
+                                             self.config.body_timeout_s))
             decision = self.router.choose(req.model, req.pin)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer

@@ -14,7 +14,7 @@ MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
 # library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
 MAX_JSON_DEPTH = 128
-DEFAULT_READ_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
+DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
 
 
 class RequestError(Exception):

@@ -134,7 +134,7 @@ def check_node_url(url: str, networks: Iterable[Network] = ()) -> None:
             raise InvalidNodeError(f"'url' host must be a dotted IPv4 address or a name, "
                                    f"got {host!r}") from None
         if host.rstrip(".") in _REFUSED_NAMES:
-            raise InvalidNodeError(f"'url' points at a cloud metadata service: {url!r}")
+            raise InvalidNodeError(f"'url' points at a cloud metadata service: {url!r}") from None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     if address is not None and any(address in net for net in _REFUSED_NETWORKS):
