@@ -49,21 +49,29 @@ class ForwardMode:
         try:
             last, failed = await ex.attempts.run(first, self._attempt, ex)
             if failed is not None:
-                await ex.attempts.send_exhausted(ex.send, last)
+                if asyncio.get_running_loop().time() >= ex.deadline:
+                    await self._too_late(ex, last)
+                else:
+                    await ex.attempts.send_exhausted(ex.send, last)
         except _DeadlineReached:
-            log.warning("meshroute: request for %r ran out of its %.0f s deadline",
-                        ex.req.model, self.request_timeout_s)
-            ex.attempts.telemetry.reject("request_timeout", "the request deadline ran out")
-            if not ex.started:
-                await send_error(ex.send, 504, "no route answered within the request's "
-                                 f"deadline of {self.request_timeout_s:g} s",
-                                 "request_timeout", response_headers(first))
+            await self._too_late(ex, first)
         except asyncio.CancelledError:
             if not ex.gone:
                 raise
             task.uncancel()  # our own cancellation: the client left; nothing more to send
         finally:
             self._watchdog.forget(ex)
+
+    async def _too_late(self, ex: Exchange, decision: Decision) -> None:
+        """The deadline ran out before any answer: 504, counted and logged."""
+        log.warning("meshroute: a request for %r ran out of its %g s deadline",
+                    ex.req.model, self.request_timeout_s)
+        ex.attempts.telemetry.reject("request_timeout", "the request's deadline ran out")
+        if not ex.started:
+            await send_error(ex.send, 504, "no route answered within the request's deadline "
+                             f"of {self.request_timeout_s:g} s", "request_timeout",
+                             response_headers(decision), routes={
+                                 sig: f.reason for sig, f in (ex.attempts.failures or {}).items()})
 
     async def _attempt(self, decision: Decision, measurement: Measurement,
                        ex: Exchange) -> Failed | None:

@@ -4,6 +4,7 @@ byte by byte, and raw client sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import socketserver
@@ -98,10 +99,8 @@ class RawNode:
                 while len(rest) < length:
                     rest += sock.recv(65536)
                 outer.requests.append(head + b"\r\n\r\n" + rest)
-                try:
+                with contextlib.suppress(OSError):
                     script(sock, head)
-                except OSError:
-                    pass
 
         socketserver.ThreadingTCPServer.allow_reuse_address = True
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
@@ -131,10 +130,9 @@ def raw_request(port: int, data: bytes, timeout: float = 15.0) -> bytes:
     """Send `data` on a fresh connection (as far as the server lets it) and read the
     answer until the server closes the connection or `timeout` passes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        try:
+        # the server may answer and close before we are done: then read its answer
+        with contextlib.suppress(OSError):
             sock.sendall(data)
-        except OSError:
-            pass  # the server answered and closed before we were done: read its answer
         return read_all(sock)
 
 
