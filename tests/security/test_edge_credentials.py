@@ -9,7 +9,6 @@ import httpx
 import pytest
 
 from meshroute_middleware.app.settings import load_settings
-from meshroute_middleware.chat.headers import allow_list, forwardable
 
 from ..chat.test_forward import Mesh, chat, node
 from ..upstream import FakeChat, ServerThread
@@ -47,6 +46,7 @@ async def test_the_forward_header_allow_list_lets_named_credentials_through() ->
 
 
 def test_forwardable_drops_credentials_unless_allowed() -> None:
+    from meshroute_middleware.chat.headers import allow_list, forwardable
     scope = {"headers": [(k.encode(), v.encode()) for k, v in CREDENTIALS.items()]
              + [(b"accept", b"*/*")]}
     assert forwardable(scope) == [(b"accept", b"*/*")]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from meshroute_middleware.request import MAX_JSON_DEPTH, RequestError, parse_chat
+from meshroute_middleware.request import RequestError, parse_chat
 
 from ..chat.test_forward import Mesh, assert_openai_error, node
 from ..upstream import FakeChat
 
 pytestmark = pytest.mark.anyio
+MAX_JSON_DEPTH = 128  # request.MAX_JSON_DEPTH
 
 
 def nested(depth: int, kind: str = "list") -> bytes:
@@ -49,6 +50,8 @@ async def test_json_at_the_depth_limit_is_forwarded() -> None:
 
 
 def test_parse_chat_depth_limit_is_exact_and_brackets_in_strings_do_not_count() -> None:
+    from meshroute_middleware import request
+    assert request.MAX_JSON_DEPTH == MAX_JSON_DEPTH
     parse_chat(nested(MAX_JSON_DEPTH))
     with pytest.raises(RequestError) as err:
         parse_chat(nested(MAX_JSON_DEPTH + 1))

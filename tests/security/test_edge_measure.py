@@ -10,12 +10,14 @@ import socket
 import httpx
 import pytest
 
-from meshroute_middleware.chat.attempts import DEFAULT_TOKEN_CEILING, Measurement
+from meshroute_middleware.chat.attempts import Measurement
 from meshroute_middleware.core.contracts.limits import MAX_TPS
 from meshroute_middleware.measure import TokenMeter
 
 from ..chat.test_forward import chat
 from .edge_util import EdgeGateway, RawNode, completion
+
+CEILING = 1 << 20  # chat.attempts.DEFAULT_TOKEN_CEILING
 
 
 def _answer(tokens: str, streaming: bool = False) -> RawNode:
@@ -54,7 +56,7 @@ def test_absurd_counts_do_not_poison_the_statistics(tokens: str) -> None:
             resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10)
             assert resp.status_code == 200
         for outcome in gw.outcomes():
-            assert outcome["completion_tokens"] <= DEFAULT_TOKEN_CEILING
+            assert outcome["completion_tokens"] <= CEILING
             assert outcome["tps"] is None or outcome["tps"] <= MAX_TPS
         table = httpx.get(gw.url + "/v1/routing").json()["models"]["m"]["candidates"]
         for row in table:
@@ -65,6 +67,8 @@ def test_absurd_counts_do_not_poison_the_statistics(tokens: str) -> None:
 
 
 def test_measurement_clamps_to_max_tokens_and_max_tps() -> None:
+    from meshroute_middleware.chat.attempts import DEFAULT_TOKEN_CEILING
+    assert DEFAULT_TOKEN_CEILING == CEILING
     m = Measurement(max_tokens=50)
     meter = m.answer([(b"content-type", b"application/json")])
     meter.feed(completion("9" * 5000))
@@ -74,7 +78,7 @@ def test_measurement_clamps_to_max_tokens_and_max_tps() -> None:
     fast.answer([]).feed(completion(10 ** 12))
     fast.last = fast.start + 1e-3  # a millisecond: 1e15 tokens/s claimed
     out = fast.outcome()
-    assert out.completion_tokens <= min(DEFAULT_TOKEN_CEILING, MAX_TPS * 1e-3)
+    assert out.completion_tokens <= min(CEILING, MAX_TPS * 1e-3)
     assert out.tps is not None and out.tps <= MAX_TPS
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from meshroute_middleware.app.settings import SettingsError, load_settings
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, RouterConfig, parse_node
-from meshroute_middleware.core.topology import Topology, check_node_url, parse_networks
 from meshroute_middleware.middleware import build_router
 
 from ..upstream import FakeChat, ServerThread
@@ -55,6 +54,7 @@ def test_node_urls_that_are_accepted(url: str) -> None:
 
 
 def test_node_networks_restrict_node_hosts_to_ip_literals_inside_them() -> None:
+    from meshroute_middleware.core.topology import check_node_url, parse_networks
     nets = parse_networks(["10.0.0.0/8", "fd12::/16"])
     check_node_url("http://10.1.2.3:8000", nets)
     check_node_url("http://[fd12::5]:8000", nets)
@@ -68,6 +68,7 @@ def test_node_networks_restrict_node_hosts_to_ip_literals_inside_them() -> None:
 
 def test_topology_refuses_a_record_built_elsewhere_outside_the_networks() -> None:
     """mDNS and static files build NodeRecords too: the topology checks every upsert."""
+    from meshroute_middleware.core.topology import Topology, parse_networks
     topo = Topology(parse_networks(["127.0.0.2/32"]))
     with pytest.raises(InvalidNodeError):
         topo.upsert(NodeRecord("n", "m", 0, 39, 40, "http://127.0.0.1:9"), now=1.0)
