@@ -10,6 +10,9 @@ import socket
 import time
 
 import httpx
+import pytest
+
+from meshroute_middleware.app.settings import SettingsError, load_settings
 
 from ..chat.test_forward import chat
 from ..upstream import FakeChat, ServerThread
@@ -124,3 +127,19 @@ def test_a_connection_flood_gets_503_health_checks_go_on_and_chat_works_after() 
             time.sleep(0.05)
         assert resp is not None and resp.status_code == 200, resp.text if resp else None
         assert gw.rejected("http") == 20
+
+
+def test_edge_settings_have_one_row_each_and_are_checked() -> None:
+    settings = load_settings({"max_connections": 10, "max_header_bytes": 4096,
+                              "max_headers": 20, "header_timeout_s": 2.5},
+                             {"MESHROUTE_REQUEST_TIMEOUT": "90", "MESHROUTE_IDLE_TIMEOUT": "7",
+                              "MESHROUTE_BODY_TIMEOUT": "12"})
+    limits = settings.edge_limits()
+    assert (limits.max_connections, limits.max_header_bytes, limits.max_headers,
+            limits.header_timeout_s) == (10, 4096, 20, 2.5)
+    assert settings.middleware().request_timeout_s == 90
+    assert settings.middleware().body_timeout_s == 12
+    assert settings.forward_timeouts().idle_s == 7
+    for bad in ({"max_connections": 0}, {"request_timeout_s": 0.0}, {"max_headers": -1}):
+        with pytest.raises(SettingsError):
+            load_settings(bad)
