@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,27 @@ class EdgeLimits:
             raise ValueError(f"edge limits must be positive, got {self}")
         if not self.header_timeout_s > 0:
             raise ValueError(f"header_timeout_s must be positive, got {self.header_timeout_s}")
+
+
+DESCRIPTOR_MARGIN = 256  # descriptors kept for outgoing sockets, files, gossip, mDNS
+
+
+def fit_descriptor_limit(max_connections: int) -> None:
+    """Raise the soft descriptor limit so `max_connections` client sockets leave room for
+    health probes, forwarding and gossip; warn if the hard limit does not allow it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + DESCRIPTOR_MARGIN
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < need:
+        log.warning("only %d file descriptors: --max-connections %d leaves too few for "
+                    "health probes and forwarding; lower it or raise `ulimit -n`",
+                    target, max_connections)
 
 
 class _RefusalLog:

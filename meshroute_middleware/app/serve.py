@@ -35,7 +35,7 @@ from ..forwarding import AiohttpForwarder, Forwarder
 from ..mesh import Mesh, load_nodes_file
 from ..middleware import MeshRouteMiddleware, build_router
 from ..telemetry import Telemetry
-from .edge import edge_protocol
+from .edge import edge_protocol, fit_descriptor_limit
 from .settings import ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)
+    fit_descriptor_limit(settings.max_connections)
     uvicorn.Server(server_config(gateway)).run()
     return 0
 

@@ -143,3 +143,18 @@ def test_edge_settings_have_one_row_each_and_are_checked() -> None:
     for bad in ({"max_connections": 0}, {"request_timeout_s": 0.0}, {"max_headers": -1}):
         with pytest.raises(SettingsError):
             load_settings(bad)
+
+
+def test_serve_makes_room_for_max_connections_in_the_descriptor_limit() -> None:
+    import resource
+
+    from meshroute_middleware.app.edge import DESCRIPTOR_MARGIN, fit_descriptor_limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024 + DESCRIPTOR_MARGIN:
+        pytest.skip("hard descriptor limit too low to test")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+        fit_descriptor_limit(1024)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 1024 + DESCRIPTOR_MARGIN
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
