@@ -57,6 +57,17 @@ def test_a_head_silent_between_chunks_past_the_idle_timeout_ends_the_stream() ->
         assert outcome["ok"] is False
 
 
+def test_a_json_answer_that_goes_silent_is_cut_off_not_completed() -> None:
+    """A non-stream answer dripping past the idle timeout: the client's connection is
+    aborted (no clean 200 with part of a body) and the attempt is a failure."""
+    with dripper(0.6, 10, streaming=False) as slow, EdgeGateway(idle_timeout_s=0.2) as gw:
+        gw.register("slow", slow.url)
+        with pytest.raises(httpx.TransportError):
+            httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30)
+        [outcome] = gw.outcomes()
+        assert outcome["ok"] is False and outcome["error"] == "stream"
+
+
 def test_the_total_request_deadline_ends_a_stream_that_keeps_dripping() -> None:
     """Bytes every 0.1 s (never idle for long) for 8 s against a 1 s deadline."""
     with dripper(0.1, 80) as slow, EdgeGateway(request_timeout_s=1.0) as gw:
