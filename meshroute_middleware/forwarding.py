@@ -2,20 +2,29 @@
 
 The transport seam: `Forwarder` opens an upstream response whose body can be relayed chunk by
 chunk. Failures before the first byte are raised as ForwardError with a kind the router records.
+
+The forwarder never follows a redirect (a head answering 3xx is a failed attempt: following it
+would let a node point the gateway at any URL it likes), asks for an identity encoding and keeps
+`content-encoding` if a head compresses anyway (the bytes are relayed as they came, so the
+header must stay with them), and gives up on a head that stays silent between two chunks for
+longer than `ForwardTimeouts.idle_s`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 
+# Response headers a head's answer loses on its way (chat.headers drops the rest: cookies,
+# the head's own date/server). content-length is re-added from the parsed value.
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
-    b"accept-encoding", b"content-encoding",
+    b"accept-encoding", b"proxy-connection",
 })
 _ERROR_BODY_LIMIT = 64 * 1024
 
@@ -26,9 +35,10 @@ class ForwardTimeouts:
 
     connect_s: float = 5.0
     first_byte_s: float = 60.0
+    idle_s: float = 30.0  # the longest silence between two chunks of an answer
 
     def __post_init__(self) -> None:
-        if not (self.connect_s > 0 and self.first_byte_s > 0):
+        if not (self.connect_s > 0 and self.first_byte_s > 0 and self.idle_s > 0):
             raise ValueError(f"forward timeouts must be positive, got {self}")
 
 
@@ -74,10 +84,16 @@ class _AiohttpResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     raw: aiohttp.ClientResponse
+    idle_s: float
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        content = self.raw.content
         try:
-            async for chunk in self.raw.content.iter_any():
+            while True:
+                async with asyncio.timeout(self.idle_s):
+                    chunk = await content.readany()
+                if not chunk:
+                    return
                 yield chunk
         except TimeoutError as exc:
             raise ForwardError("stream", "the head stalled mid-response") from exc
@@ -93,6 +109,7 @@ class AiohttpForwarder:
 
     def __init__(self, timeouts: ForwardTimeouts | None = None) -> None:
         timeouts = timeouts or ForwardTimeouts()
+        self.idle_s = timeouts.idle_s
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s,
             sock_read=timeouts.first_byte_s)
@@ -112,13 +129,18 @@ class AiohttpForwarder:
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         hdrs.append(("accept-encoding", "identity"))
         try:
-            raw = await self._client().post(url, data=body, headers=hdrs)
+            raw = await self._client().post(url, data=body, headers=hdrs,
+                                            allow_redirects=False)
         except TimeoutError as exc:
             raise ForwardError("timeout", f"no answer from {url} in time") from exc
         except aiohttp.ClientConnectorError as exc:
             raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from exc
         except aiohttp.ClientError as exc:
             raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+        if 300 <= raw.status < 400:  # never followed: the node may not choose our target
+            raw.release()
+            raise ForwardError("redirect", f"{url} answered {raw.status} (a redirect, not "
+                               "followed)", raw.status)
         if raw.status >= 500 or raw.status == 429:
             err_body = await _read_bounded(raw)
             raw.release()
@@ -127,7 +149,7 @@ class AiohttpForwarder:
         out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]
         if (cl := raw.headers.get("content-length")) is not None:
             out.append((b"content-length", cl.encode()))
-        return _AiohttpResponse(raw.status, out, raw)
+        return _AiohttpResponse(raw.status, out, raw, self.idle_s)
 
     async def aclose(self) -> None:
         """Close the session."""

@@ -17,6 +17,12 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
+_MAX_DIGITS = 18  # a longer count is a lie: read as 10**18 (clamped later), never int()-ed
+
+
+def _count(digits: bytes) -> int:
+    """A count as sent, without int()'s ValueError past 4,300 digits (or its cost)."""
+    return int(digits) if len(digits) <= _MAX_DIGITS else 10 ** _MAX_DIGITS
 
 
 class TokenMeter:
@@ -48,7 +54,7 @@ class TokenMeter:
         if b'"usage"' in line:
             match = _COMPLETION_TOKENS.search(line)
             if match:
-                self.usage_tokens = int(match.group(1))
+                self.usage_tokens = _count(match.group(1))
         if _NONEMPTY_CONTENT.search(line):
             self.chunks_counted += 1
 
@@ -65,6 +71,6 @@ class TokenMeter:
         while at >= 0:
             match = _COMPLETION_TOKENS.match(tail, at)
             if match:
-                return int(match.group(1))
+                return _count(match.group(1))
             at = tail.rfind(b'"completion_tokens"', 0, at)
         return 0

@@ -20,10 +20,14 @@ class _MemoryResponse:
                  queue: asyncio.Queue[Message | BaseException], task: asyncio.Task[None]) -> None:
         self.status, self.headers = status, headers
         self._queue, self._task = queue, task
+        self.idle_s = ForwardTimeouts().idle_s
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
-            item = await self._queue.get()
+            try:
+                item = await asyncio.wait_for(self._queue.get(), self.idle_s)
+            except TimeoutError:
+                raise ForwardError("stream", "the app stalled mid-response") from None
             if isinstance(item, BaseException):
                 raise ForwardError("stream", f"the app failed mid-response: {item!r}")
             body = item.get("body", b"")
@@ -43,6 +47,7 @@ class ASGIForwarder:
                  timeouts: ForwardTimeouts | None = None) -> None:
         self.apps = dict(apps)
         self.first_byte_timeout_s = (timeouts or ForwardTimeouts()).first_byte_s
+        self.idle_s = (timeouts or ForwardTimeouts()).idle_s
 
     async def open(self, url: str, body: bytes,
                    headers: Iterable[tuple[bytes, bytes]]) -> _MemoryResponse:
@@ -63,6 +68,11 @@ class ASGIForwarder:
             raise ForwardError("http_5xx", f"{url} crashed: {start!r}", 500)
         status = int(start["status"])
         response = _MemoryResponse(status, list(start.get("headers", [])), queue, task)
+        response.idle_s = self.idle_s
+        if 300 <= status < 400:  # like the real forwarder: never followed
+            task.cancel()
+            raise ForwardError("redirect", f"{url} answered {status} (a redirect, not "
+                               "followed)", status)
         if status >= 500 or status == 429:
             err = b"".join([c async for c in response.chunks()])
             kind = "http_429" if status == 429 else "http_5xx"

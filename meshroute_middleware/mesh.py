@@ -51,7 +51,11 @@ class Mesh:
             self.reject("node-limit", f"{record.node_id}: tracker holds {self.max_nodes} nodes")
             raise MeshFullError(f"this tracker already holds {self.max_nodes} nodes "
                                 f"(--max-nodes)")
-        change = self.router.upsert_node(record)
+        try:
+            change = self.router.upsert_node(record)
+        except InvalidNodeError as exc:  # the topology's own rules (--node-networks)
+            self.reject("mdns" if claim else "node", f"{record.node_id}: {exc}")
+            raise
         if claim is None:
             self._claims.pop(record.node_id, None)
         elif known is None:
@@ -73,7 +77,8 @@ class Mesh:
         """Validate then upsert as a trusted write; InvalidNodeError (counted as rejected) if
         malformed, MeshFullError past `max_nodes`."""
         try:
-            record = parse_node(data, now=self.router.clock())
+            record = parse_node(data, now=self.router.clock(),
+                                networks=self.router.topology.networks)
         except InvalidNodeError as exc:
             self.reject(source, str(exc))
             raise

@@ -23,11 +23,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .chat.annotate import AnnotateMode
 from .chat.attempts import Attempts, Exchange
-from .chat.forward import CHAT_PATH, ForwardMode
+from .chat.forward import CHAT_PATH, DEFAULT_REQUEST_TIMEOUT_S, ForwardMode
+from .chat.headers import allow_list
 from .core import InvalidPinError, NoRouteError, Router, RouterConfig, UnknownModelError
 from .forwarding import AiohttpForwarder, Forwarder
 from .httperrors import send_error
-from .request import RequestError, parse_chat, read_body, replay
+from .request import DEFAULT_BODY_TIMEOUT_S, RequestError, parse_chat, read_body, replay
 from .telemetry import Telemetry
 
 log = logging.getLogger("meshroute.middleware")
@@ -44,12 +45,17 @@ class MiddlewareConfig:
     mode: Mode = "forward"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     path: str = CHAT_PATH
+    forward_headers: tuple[str, ...] = ()  # credentials a node may see (docs/security.md)
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # forward mode's total deadline
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body, else 408
 
     def __post_init__(self) -> None:
         if self.mode not in ("forward", "annotate"):
             raise ValueError(f"mode must be 'forward' or 'annotate', got {self.mode!r}")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
+        if not (self.request_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("request_timeout_s and body_timeout_s must be positive")
 
 
 def build_router(config: RouterConfig | None = None, *, seed: int | None = None,
@@ -76,7 +82,9 @@ class MeshRouteMiddleware:
         self.telemetry = telemetry or Telemetry(self.router)
         self.annotate = self.config.mode == "annotate"
         self._mode: AnnotateMode | ForwardMode = (
-            AnnotateMode(app) if self.annotate else ForwardMode(self.forwarder))
+            AnnotateMode(app) if self.annotate else ForwardMode(
+                self.forwarder, forward_headers=allow_list(self.config.forward_headers),
+                request_timeout_s=self.config.request_timeout_s))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -96,10 +104,14 @@ class MeshRouteMiddleware:
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes))
+            req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes,
+                                             self.config.body_timeout_s))
             decision = self.router.choose(req.model, req.pin)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
+                if exc.status in (408, 413) or exc.code == "invalid_json":
+                    self.telemetry.reject("http", f"{exc.status} {exc.code}: {exc}")
+                    log.warning("meshroute: refused a chat request: %s %s", exc.status, exc)
                 await send_error(send, exc.status, str(exc), exc.code)
             return
         except UnknownModelError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,10 @@ import orjson
 from starlette.types import Message, Receive, Scope
 
 MAX_PIN_HOPS = 64
+# Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
+# library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
+MAX_JSON_DEPTH = 128
+DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
 
 
 class RequestError(Exception):
@@ -27,10 +32,24 @@ class ChatRequest:
     body: bytes
     model: str
     pin: list[str] | None
+    max_tokens: int | None = None  # the client's bound on the answer: measurements clamp to it
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body, or RequestError(413) as soon as it exceeds `limit`."""
+async def read_body(scope: Scope, receive: Receive, limit: int,
+                    timeout_s: float | None = None) -> bytes:
+    """The whole request body, or RequestError(413) as soon as it exceeds `limit`, or
+    RequestError(408) when it has not all arrived within `timeout_s`."""
+    if timeout_s is None:
+        return await _read_body(scope, receive, limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(scope, receive, limit)
+    except TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {timeout_s:g} s",
+                           "request_timeout") from None
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
@@ -70,12 +89,32 @@ def loads(body: bytes) -> Any:
         return json.loads(body)
 
 
+def _too_deep(payload: Any, limit: int) -> bool:
+    """Whether a parsed value nests containers deeper than `limit` (iteratively)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return False
+
+
 def parse_chat(body: bytes) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
     try:
         payload = loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError(400, "request body is not valid JSON", "invalid_json") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError(400, "request body is not valid JSON (or nests deeper than "
+                           f"{MAX_JSON_DEPTH} levels)", "invalid_json") from None
+    # Cheap first: fewer opening brackets than the limit cannot nest deeper than it.
+    if (body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+            and _too_deep(payload, MAX_JSON_DEPTH)):
+        raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+                           "invalid_json")
     if not isinstance(payload, dict):
         raise RequestError(400, "request body must be a JSON object", "invalid_request")
     model = payload.get("model")
@@ -89,7 +128,10 @@ def parse_chat(body: bytes) -> ChatRequest:
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
         body = _without_route(body, payload)
-    return ChatRequest(body, model, pin)
+    limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    max_tokens = (limit if isinstance(limit, int) and not isinstance(limit, bool)
+                  and limit > 0 else None)
+    return ChatRequest(body, model, pin, max_tokens)
 
 
 def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:

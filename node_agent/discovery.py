@@ -131,10 +131,9 @@ class Discovery:
         """A node service's TXT record arrived (resolved): validate, then accept or refuse."""
         try:
             record = decode_record(properties, secret=self.mesh_secret)
+            self._accept(name, record)
         except InvalidNodeError as exc:
             self._reject("mdns", name, str(exc))
-            return
-        self._accept(name, record)
 
     def goodbye(self, name: str) -> None:
         """A node service left: it removes only the node this same announcement created."""
@@ -164,7 +163,7 @@ class Discovery:
             self.goodbye(name)
         try:
             outcome = self.sink.upsert(record, claim)
-        except InvalidNodeError as exc:  # counted by the sink (the tracker is full)
+        except InvalidNodeError as exc:  # counted by the sink (tracker full, --node-networks)
             self._log_refusal(name, str(exc))
             return
         if outcome == "refused":  # counted by the sink: another source owns this node id

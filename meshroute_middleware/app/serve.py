@@ -35,13 +35,14 @@ from ..forwarding import AiohttpForwarder, Forwarder
 from ..mesh import Mesh, load_nodes_file
 from ..middleware import MeshRouteMiddleware, build_router
 from ..telemetry import Telemetry
+from .edge import edge_protocol, fit_descriptor_limit
 from .settings import ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
 PRUNE_EVERY_S = 60.0
 
 __all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
-           "config_warnings", "exposure", "load_static_nodes", "run"]
+           "config_warnings", "exposure", "load_static_nodes", "run", "server_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,8 @@ def load_static_nodes(mesh: Mesh, path: str) -> None:
     records = []
     for i, data in enumerate(load_nodes_file(path)):
         try:
-            records.append(parse_node(data, now=mesh.router.clock()))
+            records.append(parse_node(data, now=mesh.router.clock(),
+                                      networks=mesh.router.topology.networks))
         except InvalidNodeError as exc:
             raise ValueError(f"{path}: node #{i}: {exc}") from exc
     if len({r.node_id for r in records}) > mesh.max_nodes:
@@ -209,6 +211,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)
-    uvicorn.run(gateway.app, host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), lifespan="on", access_log=False)
+    fit_descriptor_limit(settings.max_connections)
+    uvicorn.Server(server_config(gateway)).run()
     return 0
+
+
+def server_config(gateway: Gateway, port: int | None = None) -> uvicorn.Config:
+    """uvicorn's configuration for a gateway: its address and the HTTP edge's limits
+    (app.edge: head size, header lines, head timeout, connections; uvicorn's own
+    `limit_concurrency` is left off, ours refuses a connection at once)."""
+    settings = gateway.config.settings
+    return uvicorn.Config(
+        gateway.app, host=settings.host, port=settings.port if port is None else port,
+        log_level=settings.log_level.lower(), lifespan="on", access_log=False,
+        http=edge_protocol(settings.edge_limits(), gateway.telemetry.reject))

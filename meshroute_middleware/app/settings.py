@@ -16,12 +16,16 @@ from typing import Any
 
 from node_agent.discovery import HEALTH_INTERVAL_S
 
+from ..chat.forward import DEFAULT_REQUEST_TIMEOUT_S
 from ..core.config import RouterConfig
 from ..forwarding import ForwardTimeouts
 from ..mesh import DEFAULT_MAX_NODES
 from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
+from ..request import DEFAULT_BODY_TIMEOUT_S
+from .edge import EdgeLimits
 
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
+_EDGE = EdgeLimits()  # the HTTP edge's defaults live with its protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,24 @@ OPTIONS: tuple[Option, ...] = (
            "seconds to connect to a route head"),
     Option("first_byte_timeout_s", float, ("--first-byte-timeout",),
            ("MESHROUTE_FIRST_BYTE_TIMEOUT",), "seconds to wait for a head's first byte"),
+    Option("idle_timeout_s", float, ("--idle-timeout",), ("MESHROUTE_IDLE_TIMEOUT",),
+           "seconds a head may stay silent between two chunks of an answer"),
+    Option("request_timeout_s", float, ("--request-timeout",), ("MESHROUTE_REQUEST_TIMEOUT",),
+           "total seconds a chat request may take, every fallback included"),
+    Option("body_timeout_s", float, ("--body-timeout",), ("MESHROUTE_BODY_TIMEOUT",),
+           "seconds for a request body to arrive (else 408)"),
+    Option("header_timeout_s", float, ("--header-timeout",), ("MESHROUTE_HEADER_TIMEOUT",),
+           "seconds for a request head to arrive (else 408)"),
+    Option("max_connections", int, ("--max-connections",), ("MESHROUTE_MAX_CONNECTIONS",),
+           "open client connections at most (503 past it)"),
+    Option("max_header_bytes", int, ("--max-header-bytes",), ("MESHROUTE_MAX_HEADER_BYTES",),
+           "largest request head accepted (431 past it)"),
+    Option("max_headers", int, ("--max-headers",), ("MESHROUTE_MAX_HEADERS",),
+           "most header lines a request may have (431 past it)"),
+    Option("forward_headers", str, ("--forward-header",), ("MESHROUTE_FORWARD_HEADERS",),
+           "client credential header a node may see (repeatable; default: none)", many=True),
+    Option("node_networks", str, ("--node-networks",), ("MESHROUTE_NODE_NETWORKS",),
+           "CIDR,...: node URLs must point into these networks", many=True),
     Option("mdns", bool, ("--mdns",), ("MESHROUTE_MDNS",), "discover nodes over mDNS"),
     Option("mdns_interfaces", str, ("--mdns-interfaces",), ("MESHROUTE_MDNS_INTERFACES",),
            "interfaces for mDNS: 'all' or comma-separated addresses"),
@@ -107,6 +129,14 @@ class ServeSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = _TIMEOUTS.connect_s
     first_byte_timeout_s: float = _TIMEOUTS.first_byte_s
+    idle_timeout_s: float = _TIMEOUTS.idle_s
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    header_timeout_s: float = _EDGE.header_timeout_s
+    max_connections: int = _EDGE.max_connections
+    max_header_bytes: int = _EDGE.max_header_bytes
+    max_headers: int = _EDGE.max_headers
+    forward_headers: tuple[str, ...] = ()
     mdns: bool = True
     mdns_interfaces: str = "all"
     mesh_secret: str | None = None
@@ -128,7 +158,9 @@ class ServeSettings:
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
         for name in ("connect_timeout_s", "first_byte_timeout_s", "health_interval_s",
-                     "gossip_interval_s"):
+                     "gossip_interval_s", "idle_timeout_s", "request_timeout_s",
+                     "body_timeout_s", "header_timeout_s", "max_connections",
+                     "max_header_bytes", "max_headers"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.gossip_fanout < 1:
@@ -141,11 +173,20 @@ class ServeSettings:
 
     def middleware(self) -> MiddlewareConfig:
         """The gateway's middleware options."""
-        return MiddlewareConfig(mode="forward", max_body_bytes=self.max_body_bytes)
+        return MiddlewareConfig(mode="forward", max_body_bytes=self.max_body_bytes,
+                                forward_headers=self.forward_headers,
+                                request_timeout_s=self.request_timeout_s,
+                                body_timeout_s=self.body_timeout_s)
 
     def forward_timeouts(self) -> ForwardTimeouts:
         """How long the forwarder waits for a head."""
-        return ForwardTimeouts(self.connect_timeout_s, self.first_byte_timeout_s)
+        return ForwardTimeouts(self.connect_timeout_s, self.first_byte_timeout_s,
+                               self.idle_timeout_s)
+
+    def edge_limits(self) -> EdgeLimits:
+        """The HTTP server's limits (uvicorn's protocol, app.edge)."""
+        return EdgeLimits(self.max_connections, self.max_header_bytes, self.max_headers,
+                          self.header_timeout_s)
 
 
 class SettingsError(ValueError):
@@ -172,10 +213,11 @@ def add_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = 
 
 def _convert(opt: Option, raw: Any, source: str) -> Any:
     if opt.many:
-        items = raw.split(",") if isinstance(raw, str) else raw
+        items = [raw] if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple):
             raise SettingsError(f"{source}: {opt.name} must be a list")
-        return tuple(str(i).strip() for i in items if str(i).strip())
+        parts = [p for i in items for p in str(i).split(",")]  # 'a,b' and repeated flags
+        return tuple(p.strip() for p in parts if p.strip())
     if opt.kind is bool and isinstance(raw, str):
         low = raw.strip().lower()
         if low not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:

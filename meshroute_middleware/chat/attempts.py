@@ -22,6 +22,7 @@ from typing import Any
 from starlette.types import Message, Receive, Scope, Send
 
 from ..core import Decision, Outcome, Router
+from ..core.contracts.limits import MAX_TPS
 from ..httperrors import send_error
 from ..measure import TokenMeter
 from ..request import ChatRequest
@@ -33,8 +34,8 @@ class Exchange:
     """One chat request being served: the request, its client's send, its attempts, and what
     its error path and the disconnect watchdog need to know."""
 
-    __slots__ = ("attempts", "gone", "receive", "req", "scope", "seen", "send", "started",
-                 "task", "watcher")
+    __slots__ = ("attempts", "deadline", "gone", "receive", "req", "scope", "seen", "send",
+                 "started", "task", "watcher")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
                  attempts: Attempts) -> None:
@@ -45,14 +46,23 @@ class Exchange:
         self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
         self.seen = False  # a watchdog sweep has seen it under way
         self.watcher: asyncio.Task[None] | None = None
+        self.deadline = float("inf")  # the loop time the request must be done by
+
+
+# Completion tokens a request without `max_tokens` may be credited with (2**20): a node's
+# claim beyond it is clipped, so no lie about usage reaches the statistics.
+DEFAULT_TOKEN_CEILING = 1 << 20
 
 
 class Measurement:
-    """Times one attempt and counts the tokens of its answer as they pass."""
+    """Times one attempt and counts the tokens of its answer as they pass; what it reports is
+    clamped (docs/security.md): tokens to the request's `max_tokens` (else
+    DEFAULT_TOKEN_CEILING), and tokens/s to limits.MAX_TPS."""
 
-    __slots__ = ("first", "last", "meter", "start")
+    __slots__ = ("ceiling", "first", "last", "meter", "start")
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None) -> None:
+        self.ceiling = max_tokens if max_tokens is not None else DEFAULT_TOKEN_CEILING
         self.start = time.perf_counter()
         self.first: float | None = None  # the answer's first body byte
         self.last: float | None = None  # the answer's end
@@ -72,7 +82,9 @@ class Measurement:
         last = self.last if self.last is not None else time.perf_counter()
         first = self.first if self.first is not None else last
         tokens = self.meter.completion_tokens if self.meter is not None else 0
-        return Outcome(tokens, last - self.start, first - self.start, error)
+        seconds = last - self.start
+        tokens = min(tokens, self.ceiling, int(MAX_TPS * max(seconds, 0.0)))
+        return Outcome(tokens, seconds, first - self.start, error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +118,7 @@ class Attempts:
         while True:
             self._open.append(decision)
             self.telemetry.decided(decision)
-            measurement = Measurement()
+            measurement = Measurement(ex.req.max_tokens)
             failed = await attempt(decision, measurement, ex)
             if failed is None:
                 return decision, None

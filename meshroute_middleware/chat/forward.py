@@ -1,36 +1,60 @@
 """Forward mode: each attempt goes to the chosen route's head, and the answer streams back to
-the client untouched while it is measured."""
+the client untouched while it is measured.
+
+A request has a total deadline (`request_timeout_s`, from the moment it is served): past it
+no further route is tried; a client that got nothing yet gets a 504 JSON error, a stream ends
+with an SSE error event. A non-stream answer that breaks off (the head died, stalled past the
+idle timeout, or the deadline ran out) is never passed off as complete: the client's
+connection is aborted without the final chunk, and the attempt is recorded as failed."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from ..core import Decision
 from ..forwarding import Forwarder, ForwardError, UpstreamResponse
+from ..httperrors import send_error
 from ..measure import sse_error_event
 from .attempts import Attempts, Exchange, Failed, Measurement
-from .headers import forwardable, plan_headers, with_ours
+from .headers import forwardable, from_node, plan_headers, response_headers
 from .watchdog import Watchdog
 
 CHAT_PATH = "/v1/chat/completions"
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)
+log = logging.getLogger("meshroute.forward")
+
+
+class _DeadlineReached(Exception):
+    """The request's total deadline ran out between two attempts."""
 
 
 class ForwardMode:
     """Serves a chat request by forwarding it; a client that goes away cancels whatever is
     under way (waiting for a head's first byte included) and so the upstream request."""
 
-    def __init__(self, forwarder: Forwarder) -> None:
+    def __init__(self, forwarder: Forwarder, *,
+                 forward_headers: frozenset[bytes] = frozenset(),
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
         self.forwarder = forwarder
+        self.forward_headers = forward_headers  # credentials the operator lets through
+        self.request_timeout_s = request_timeout_s
         self._watchdog = Watchdog()
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Forward with fallback; send the client an error if every route failed."""
         task = self._watchdog.watch(ex)
+        ex.deadline = asyncio.get_running_loop().time() + self.request_timeout_s
         try:
             last, failed = await ex.attempts.run(first, self._attempt, ex)
             if failed is not None:
-                await ex.attempts.send_exhausted(ex.send, last)
+                if asyncio.get_running_loop().time() >= ex.deadline:
+                    await self._too_late(ex, last)
+                else:
+                    await ex.attempts.send_exhausted(ex.send, last)
+        except _DeadlineReached:
+            await self._too_late(ex, first)
         except asyncio.CancelledError:
             if not ex.gone:
                 raise
@@ -38,14 +62,30 @@ class ForwardMode:
         finally:
             self._watchdog.forget(ex)
 
+    async def _too_late(self, ex: Exchange, decision: Decision) -> None:
+        """The deadline ran out before any answer: 504, counted and logged."""
+        log.warning("meshroute: a request for %r ran out of its %g s deadline",
+                    ex.req.model, self.request_timeout_s)
+        ex.attempts.telemetry.reject("request_timeout", "the request's deadline ran out")
+        if not ex.started:
+            await send_error(ex.send, 504, "no route answered within the request's deadline "
+                             f"of {self.request_timeout_s:g} s", "request_timeout",
+                             response_headers(decision), routes={
+                                 sig: f.reason for sig, f in (ex.attempts.failures or {}).items()})
+
     async def _attempt(self, decision: Decision, measurement: Measurement,
                        ex: Exchange) -> Failed | None:
+        if asyncio.get_running_loop().time() >= ex.deadline:
+            raise _DeadlineReached
         try:
-            upstream = await self.forwarder.open(
-                decision.route.head.url + CHAT_PATH, ex.req.body,
-                forwardable(ex.scope) + plan_headers(decision))
+            async with asyncio.timeout_at(ex.deadline):
+                upstream = await self.forwarder.open(
+                    decision.route.head.url + CHAT_PATH, ex.req.body,
+                    forwardable(ex.scope, self.forward_headers) + plan_headers(decision))
         except ForwardError as exc:
             return Failed(exc.kind, str(exc))
+        except TimeoutError:
+            return Failed("timeout", "no answer within the request's deadline")
         await self._relay(decision, measurement, upstream, ex, ex.attempts)
         return None
 
@@ -62,15 +102,24 @@ class ForwardMode:
         try:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": with_ours(upstream.headers, decision)})
-            try:
-                async for chunk in upstream.chunks():
-                    if m.first is None:
-                        m.first = time.perf_counter()
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    meter.feed(chunk)  # counted once on its way: the client does not wait
-            except ForwardError as exc:
-                error = exc.kind
+                        "headers": from_node(upstream.headers, decision)})
+            chunks = upstream.chunks()
+            while True:
+                try:
+                    async with asyncio.timeout_at(ex.deadline):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except ForwardError as exc:
+                    error = exc.kind
+                    break
+                except TimeoutError:
+                    error = "timeout"
+                    break
+                if m.first is None:
+                    m.first = time.perf_counter()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                meter.feed(chunk)  # counted once on its way: the client does not wait
         except OSError:
             ex.gone = True
         except BaseException:  # cancelled (the client left) or a bug: settle, then go on
@@ -80,12 +129,21 @@ class ForwardMode:
             raise
         upstream.close()
         m.last = time.perf_counter()
+        if error and not meter.streaming and not ex.gone:
+            # A broken JSON answer must not end like a complete one: no final chunk, so the
+            # server aborts the client's connection (chunked: no terminator; else short).
+            log.warning("meshroute: %s broke off mid-answer (%s): aborting the client's "
+                        "connection", decision.signature, error)
+            attempts.settle(decision, m, error, gone=ex.gone)
+            return
         if not ex.gone:
             # The client's response ends before the bookkeeping: a stream's last chunk is
             # not held back by recording it.
             tail = b""
             if error and meter.streaming:
-                tail = sse_error_event("the route's head failed mid-stream; partial response")
+                tail = sse_error_event("the route's head failed mid-stream; partial response"
+                                       if error != "timeout" else "the route's head stalled "
+                                       "or the request's deadline ran out; partial response")
             try:
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
             except OSError:
@@ -101,7 +159,7 @@ async def _pipe_plain(decision: Decision, upstream: UpstreamResponse, ex: Exchan
     try:
         ex.started = True
         await ex.send({"type": "http.response.start", "status": upstream.status,
-                       "headers": with_ours(upstream.headers, decision)})
+                       "headers": from_node(upstream.headers, decision)})
         async for chunk in upstream.chunks():
             await ex.send({"type": "http.response.body", "body": chunk, "more_body": True})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -3,6 +3,11 @@
 A client (or a head) never gets to set them: whatever x-meshroute-* it sent is dropped, so
 everyone downstream sees exactly one plan, the gateway's. (ASGI gives request header names in
 lower case; a response's are lowered before they are compared.)
+
+Credentials stay home (docs/security.md, "The HTTP edge"): a client's `authorization`,
+`cookie`, `proxy-authorization` and `x-api-key` are never sent to a mesh node unless named in
+the `--forward-header` allow-list, and a node's answer loses `set-cookie` and its hop-by-hop
+headers, and its `date` and `server` (the gateway's server sends its own: one of each).
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ _HOP_BY_HOP_REQUEST = frozenset({
     b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
     b"upgrade", b"te", b"trailer", b"proxy-authorization", b"proxy-connection",
     b"accept-encoding",
+})
+# A client's credentials for the gateway, not for whichever node a route leads to.
+CREDENTIALS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
+# What a node's answer never brings to the client.
+_DROPPED_RESPONSE = frozenset({
+    b"set-cookie", b"set-cookie2", b"date", b"server", b"connection", b"keep-alive",
+    b"proxy-authenticate", b"proxy-connection", b"te", b"trailer", b"transfer-encoding",
+    b"upgrade",
 })
 
 # A route's signature and plan header, encoded once per route object: docs/benchmarks.md
@@ -57,6 +70,23 @@ def with_ours(headers: Iterable[tuple[bytes, bytes]], decision: Decision) -> Hea
     return out
 
 
+def from_node(headers: Iterable[tuple[bytes, bytes]], decision: Decision) -> Headers:
+    """A node's response headers as the client gets them: no cookies, no hop-by-hop, no
+    date/server of the node's (the gateway's server adds its own), our route and mode."""
+    out = []
+    for k, v in headers:
+        low = k.lower()
+        if low not in _DROPPED_RESPONSE and not low.startswith(OURS):
+            out.append((k, v))
+    out += ((H_ROUTE, _encoded(decision.route)[1]), (H_MODE, decision.mode.encode()))
+    return out
+
+
+def allow_list(names: Iterable[str]) -> frozenset[bytes]:
+    """The `--forward-header` names as ASGI compares them (lower-case bytes)."""
+    return frozenset(n.strip().lower().encode("latin-1") for n in names if n.strip())
+
+
 def annotated(scope: Scope, decision: Decision) -> Headers:
     """A client's request headers with the plan in place of any x-meshroute-* it sent."""
     _, signature, plan = _encoded(decision.route)
@@ -65,10 +95,12 @@ def annotated(scope: Scope, decision: Decision) -> Headers:
     return out
 
 
-def forwardable(scope: Scope) -> Headers:
-    """A client's request headers worth forwarding: no hop-by-hop, no x-meshroute-*."""
+def forwardable(scope: Scope, allowed: frozenset[bytes] = frozenset()) -> Headers:
+    """A client's request headers worth forwarding to a node: no hop-by-hop, no
+    x-meshroute-*, and no credentials unless `allowed` names them."""
     return [(k, v) for k, v in scope.get("headers", ())
-            if k not in _HOP_BY_HOP_REQUEST and not k.startswith(OURS)]
+            if k not in _HOP_BY_HOP_REQUEST and not k.startswith(OURS)
+            and (k not in CREDENTIALS or k in allowed)]
 
 
 def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import routes, stats
+from .topology import parse_networks
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,7 @@ class RouterConfig:
     min_sample_tokens: int = 8  # ADR-0021 MESHNET_ROUTE_MIN_SAMPLE_TOKENS
     max_candidates: int = routes.MAX_CANDIDATES
     prune_after_s: float = stats.PRUNE_AFTER_S
+    node_networks: tuple[str, ...] = ()  # CIDRs node URLs must point into (empty: anywhere)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore_share <= 1.0:
@@ -31,6 +33,7 @@ class RouterConfig:
             raise ValueError(f"min_sample_tokens must be >= 0, got {self.min_sample_tokens}")
         if self.max_candidates < 1:
             raise ValueError(f"max_candidates must be >= 1, got {self.max_candidates}")
+        parse_networks(self.node_networks)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as shown in /v1/routing."""

@@ -15,7 +15,7 @@ from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
-from .topology import ModelTopology, NodeRecord, Topology
+from .topology import ModelTopology, NodeRecord, Topology, parse_networks
 
 Clock = Callable[[], float]
 ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed
@@ -66,7 +66,7 @@ class Router:
         self.config = config or RouterConfig()
         self.clock = clock
         self.rng = rng or random.Random(0)
-        self.topology = Topology()
+        self.topology = Topology(parse_networks(self.config.node_networks))
         self.stats = RouteStatsStore(origin, self.config.half_life_s, self.config.prune_after_s)
         self.policy = policy or make_policy(self.config)
         self._cache: dict[str, tuple[int, tuple[Route, ...]]] = {}

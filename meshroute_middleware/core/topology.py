@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,7 +16,16 @@ from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
 MAX_LAYERS = 100_000
 MAX_QUEUE = 1_000_000
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@/+-]+$")
-_URL_RE = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+_URL_RE = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")  # no userinfo/query/fragment
+_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$")
+_NUMERIC_HOST_RE = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+))*$", re.I)
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Never a node: link-local (cloud metadata lives at 169.254.169.254) and AWS's IPv6 metadata.
+_REFUSED_NETWORKS: tuple[Network, ...] = (
+    ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"),
+    ipaddress.ip_network("fd00:ec2::254/128"),
+)
+_REFUSED_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 _INT_RE = re.compile(r"^-?[0-9]{1,18}$")  # ASCII digits only: int() also takes '١' and '_'
 
 
@@ -89,16 +99,64 @@ def _as_text(data: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def parse_node(data: Mapping[str, Any], *, now: float = 0.0) -> NodeRecord:
-    """Validate a node record from any source (mDNS, HTTP, file); raise InvalidNodeError."""
+def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
+    """`--node-networks` CIDRs as networks; ValueError naming a malformed one."""
+    out = []
+    for value in values:
+        try:
+            out.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"not a network in CIDR notation: {value!r}") from None
+    return tuple(out)
+
+
+def check_node_url(url: str, networks: Iterable[Network] = ()) -> None:
+    """Where a node may point (docs/security.md): http(s) without userinfo, query or
+    fragment; never a link-local or cloud-metadata address; inside `networks` when any are
+    given (then the host must be an IP literal: a name could resolve anywhere)."""
+    if not _URL_RE.match(url) or len(url) > 2048:
+        raise InvalidNodeError(f"'url' must be an http(s) URL without user info, query or "
+                               f"fragment, got {url!r}")
+    hostport = url.split("://", 1)[1].split("/", 1)[0]
+    match = _HOST_PORT_RE.match(hostport)
+    if match is None:
+        raise InvalidNodeError(f"'url' has a malformed host: {url!r}")
+    host = match.group(1).strip("[]").lower()
+    port = match.group(2)
+    if port is not None and not 0 < int(port[1:]) <= 65535:
+        raise InvalidNodeError(f"'url' has a port out of range: {url!r}")
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = (
+            ipaddress.ip_address(host))
+    except ValueError:
+        address = None
+        if _NUMERIC_HOST_RE.match(host):  # 2852039166, 0xa9fea9fe, 169.254.43518: refused
+            raise InvalidNodeError(f"'url' host must be a dotted IPv4 address or a name, "
+                                   f"got {host!r}") from None
+        if host.rstrip(".") in _REFUSED_NAMES:
+            raise InvalidNodeError(f"'url' points at a cloud metadata service: {url!r}") from None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address is not None and any(address in net for net in _REFUSED_NETWORKS):
+        raise InvalidNodeError(f"'url' points at a link-local or metadata address: {url!r}")
+    networks = tuple(networks)
+    if networks and (address is None or not any(address in net for net in networks)):
+        raise InvalidNodeError(f"'url' host {host!r} is outside the allowed node networks")
+
+
+def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
+               networks: Iterable[Network] = ()) -> NodeRecord:
+    """Validate a node record from any source (mDNS, HTTP, file); raise InvalidNodeError.
+    `networks`: where node URLs may point (`--node-networks`; empty: anywhere allowed)."""
     if not isinstance(data, Mapping):
         raise InvalidNodeError("a node record must be a JSON object")
     node_id, model = _as_text(data, "node_id"), _as_text(data, "model")
     if not _ID_RE.match(node_id):
         raise InvalidNodeError("'node_id' may hold only letters, digits and . _ : @ / + -")
     url = data.get("url")
-    if not isinstance(url, str) or not _URL_RE.match(url) or len(url) > 2048:
+    if not isinstance(url, str):
         raise InvalidNodeError(f"'url' must be an http(s) URL, got {url!r}")
+    check_node_url(url, networks)
     layers = _as_int(data, "layers")
     start, end = _as_int(data, "start"), _as_int(data, "end")
     if not 0 < layers <= MAX_LAYERS:
@@ -132,11 +190,15 @@ class ModelTopology:
 
 
 class Topology:
-    """Node records per model. Pure: callers pass `now`; nothing here does I/O."""
+    """Node records per model. Pure: callers pass `now`; nothing here does I/O.
 
-    def __init__(self) -> None:
+    `networks` (`--node-networks`) is checked again on every upsert, whatever the record's
+    source, so a record built without it (mDNS, a static file) cannot slip past."""
+
+    def __init__(self, networks: Iterable[Network] = ()) -> None:
         self._models: dict[str, ModelTopology] = {}
         self._model_of: dict[str, str] = {}
+        self.networks = tuple(networks)
 
     def models(self) -> list[str]:
         """Every model with at least one node, sorted."""
@@ -160,7 +222,9 @@ class Topology:
         return len(self._model_of)
 
     def upsert(self, record: NodeRecord, now: float) -> ChangeKind:
-        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
+        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'.
+        InvalidNodeError if its URL may not be a node's (nothing changes then)."""
+        check_node_url(record.url, self.networks)
         old_model = self._model_of.get(record.node_id)
         if old_model is not None and old_model != record.model:
             self.remove(record.node_id, now)

@@ -240,9 +240,9 @@ class ThompsonPolicy:
             belief = self._beliefs[signature] = ArmBelief(t=now)
         belief.decay(now, self.half_life_s)
         belief.add_result(outcome.ok)
-        if (outcome.ok and outcome.completion_tokens >= self.min_sample_tokens
-                and outcome.seconds > 0):
-            belief.add_tps(outcome.completion_tokens / outcome.seconds)
+        tps = outcome.tps  # the one tokens/s rule: capped at MAX_TPS, None if unmeasurable
+        if outcome.ok and outcome.completion_tokens >= self.min_sample_tokens and tps is not None:
+            belief.add_tps(tps)
 
     def _prune(self, now: float) -> None:
         """Forget the half of the arms updated longest ago."""

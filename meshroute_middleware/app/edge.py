@@ -1,0 +1,216 @@
+"""The HTTP edge of `meshroute serve`: the limits uvicorn (with httptools) does not enforce.
+
+Measured with uvicorn 0.54 / httptools 0.9 (docs/security.md, "The HTTP edge"): httptools
+buffers a header of any size and any number of header lines, and uvicorn has no timeout for
+a request head that never completes nor for a connection that never sends a byte;
+`limit_concurrency` answers 503 only once a head is complete, so half-sent requests hold file
+descriptors until the process runs out of them. `EdgeProtocol` is uvicorn's httptools
+protocol with these limits added, each refusal an OpenAI-style JSON error with
+`connection: close`, counted (`meshroute_rejected{source="http"}`) and logged (at most once
+a second, with the number refused since):
+
+- more than `max_connections` open connections: 503 `too_many_connections` at once;
+- a request head over `max_header_bytes` or with more than `max_headers` lines: 431
+  `headers_too_large` (counted as it arrives: the buffer never grows past the limit);
+- a head not complete `header_timeout_s` after the connection opened or the request began:
+  408 `request_timeout`;
+- a malformed request: 400 `invalid_request` (uvicorn answers plain text).
+
+The body's own timeout is the middleware's (`read_body`, 408), so it holds under any server.
+Outgoing sockets (health probes, gossip) are not connections of this server: the limit does
+not starve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ..httperrors import error_body
+
+log = logging.getLogger("meshroute.edge")
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    """The HTTP edge's limits: the one home of their defaults."""
+
+    max_connections: int = 512
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if min(self.max_connections, self.max_header_bytes, self.max_headers) < 1:
+            raise ValueError(f"edge limits must be positive, got {self}")
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"header_timeout_s must be positive, got {self.header_timeout_s}")
+
+
+DESCRIPTOR_MARGIN = 256  # descriptors kept for outgoing sockets, files, gossip, mDNS
+
+
+def fit_descriptor_limit(max_connections: int) -> None:
+    """Raise the soft descriptor limit so `max_connections` client sockets leave room for
+    health probes, forwarding and gossip; warn if the hard limit does not allow it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + DESCRIPTOR_MARGIN
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < need:
+        log.warning("only %d file descriptors: --max-connections %d leaves too few for "
+                    "health probes and forwarding; lower it or raise `ulimit -n`",
+                    target, max_connections)
+
+
+class _RefusalLog:
+    """Logs refusals at most once a second, saying how many there were since."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.quiet = 0
+
+    def __call__(self, client: Any, status: int, reason: str) -> None:
+        now = time.monotonic()
+        if now - self.last < 1.0:
+            self.quiet += 1
+            return
+        more = f" (and {self.quiet} more refusals in the last second)" if self.quiet else ""
+        log.warning("refused a connection from %s: %d %s%s", client, status, reason, more)
+        self.last, self.quiet = now, 0
+
+
+def edge_protocol(limits: EdgeLimits,
+                  on_reject: Callable[[str, str], None] = lambda source, reason: None,
+                  ) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with `limits`; `on_reject(source, reason)` counts."""
+    refused_log = _RefusalLog()
+
+    class EdgeProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_bytes = 0  # of the head's parts as parsed
+            self._raw_head = 0  # bytes received while a head is incomplete
+            self._header_lines = 0
+            self._head_done = False
+            self._too_large = False
+            self._refused = False
+            self._head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                self._refuse(503, f"the gateway holds its maximum of {limits.max_connections} "
+                             "connections; retry later", "too_many_connections")
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(limits.header_timeout_s, self._timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _timeout(self) -> None:
+            self._head_timer = None
+            if not self._head_done and not self._refused:
+                self._refuse(408, f"the request head did not arrive within "
+                             f"{limits.header_timeout_s:g} s", "request_timeout")
+
+        def _refuse(self, status: int, message: str, code: str) -> None:
+            self._refused = True
+            self._disarm()
+            body = error_body(status, message, code)
+            head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+                    "content-type: application/json\r\n"
+                    f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+            if not self.transport.is_closing():
+                self.transport.write(head + body)
+                self.transport.close()
+            on_reject("http", f"{status} {code}")
+            refused_log(self.client, status, code)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            counting = not self._head_done
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError:
+                if not self._refused:
+                    self._refuse(400, "malformed HTTP request", "invalid_request")
+                return
+            if counting and not self._head_done and not self._refused:
+                self._raw_head += len(data)
+                if self._raw_head > limits.max_header_bytes:
+                    self._refuse(431, f"the request head exceeds {limits.max_header_bytes} "
+                                 "bytes", "headers_too_large")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_bytes = self._raw_head = self._header_lines = 0
+            self._head_done = self._too_large = False
+            self._arm()
+
+        def on_url(self, url: bytes) -> None:
+            self._head_bytes += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_lines += 1
+            self._head_bytes += len(name) + len(value) + 4
+            if (self._header_lines > limits.max_headers
+                    or self._head_bytes > limits.max_header_bytes):
+                self._too_large = True
+                return  # not kept: the request is refused when its head ends
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._head_done = True
+            self._disarm()
+            if self._refused:
+                return
+            if self._too_large:
+                self._refuse(431, f"the request head exceeds {limits.max_headers} lines or "
+                             f"{limits.max_header_bytes} bytes", "headers_too_large")
+                return
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
+                self._head_done = False
+
+    return EdgeProtocol
