@@ -33,7 +33,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ..core import InvalidPinError, NoRouteError, Router, UnknownModelError
 from ..core.providers.chain import Candidate, InvalidModelError, Resolution
 from ..core.providers.exhaustion import PassedOver
-from ..core.providers.keys import parse_retry_after
+from ..core.providers.keys import Reservation, parse_retry_after
 from ..core.providers.router import Attempt, ProviderRouter
 from ..core.providers.scoring import OutcomeKind
 from ..core.providers.tokens import estimate
@@ -124,6 +124,7 @@ class ProviderChat:
         self.mesh = ForwardMode(forwarder)
         self._watchdog = Watchdog()
         self._all_secrets = tuple(s for keys in secrets.values() for s in keys)
+        self._settled: set[Reservation] = set()  # recorded attempts still under way
 
     def claims(self, model: str) -> bool:
         """Whether a request for `model` takes the provider chain (else the mesh path)."""
@@ -251,6 +252,20 @@ class ProviderChat:
         if (accept := _header(ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
         url = c.provider.base_url.rstrip("/") + "/chat/completions"
+        try:
+            return await self._provider_attempt(ex, got, url, body, headers, session,
+                                                started, tally)
+        except asyncio.CancelledError:  # the client left: settle the reservation, blame nobody
+            if not got.reservation or got.reservation not in self._settled:
+                self.providers.record(got, OutcomeKind.CLIENT_ERROR, self.clock())
+            raise
+        finally:
+            if got.reservation is not None:
+                self._settled.discard(got.reservation)
+
+    async def _provider_attempt(self, ex: Exchange, got: Attempt, url: str, body: bytes,
+                                headers: list[tuple[bytes, bytes]], session: str | None,
+                                started: float, tally: _Tally) -> PassedOver | None:
         budget = min(self.first_byte_timeout_s, self.providers.time_left(started, self.clock()))
         sent = time.perf_counter()
         try:
@@ -259,7 +274,7 @@ class ProviderChat:
             return self._failed(got, "timeout", session)
         except ForwardError as exc:
             if exc.kind == "http_429":
-                return self.providers.record(
+                return self._record(
                     got, OutcomeKind.RATE_LIMITED, self.clock(), session=session,
                     retry_after_s=parse_retry_after(exc.retry_after, self.clock()))
             return self._failed(got, _REASONS.get(exc.kind, "http_5xx"), session)
@@ -272,8 +287,16 @@ class ProviderChat:
         finally:
             upstream.close()
 
+    def _record(self, got: Attempt, kind: OutcomeKind, now: float,
+                **kw: Any) -> PassedOver | None:
+        """The ProviderRouter's record, remembered so that a cancellation does not settle the
+        reservation twice."""
+        if got.reservation is not None:
+            self._settled.add(got.reservation)
+        return self.providers.record(got, kind, now, **kw)
+
     def _failed(self, got: Attempt, reason: str, session: str | None) -> PassedOver | None:
-        return self.providers.record(got, OutcomeKind.FAILURE, self.clock(), reason=reason,
+        return self._record(got, OutcomeKind.FAILURE, self.clock(), reason=reason,
                                      session=session)
 
     async def _read_all(self, upstream: UpstreamResponse, budget: float) -> bytes:
@@ -295,9 +318,9 @@ class ProviderChat:
         except (ForwardError, TimeoutError):
             body = b""
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
-            return self.providers.record(got, OutcomeKind.CLIENT_ERROR, self.clock(),
+            return self._record(got, OutcomeKind.CLIENT_ERROR, self.clock(),
                                          reason="context", session=session)
-        self.providers.record(got, OutcomeKind.CLIENT_ERROR, self.clock(), session=session)
+        self._record(got, OutcomeKind.CLIENT_ERROR, self.clock(), session=session)
         await self._answer(ex, upstream, tally, got.route, self._scrub(body))
         return None
 
@@ -316,7 +339,7 @@ class ProviderChat:
         meter = TokenMeter(streaming=False)
         meter.feed(body)
         seconds = max(done - sent, 1e-6)
-        self.providers.record(got, OutcomeKind.SUCCESS, self.clock(), used_tokens=used,
+        self._record(got, OutcomeKind.SUCCESS, self.clock(), used_tokens=used,
                               tokens_per_s=meter.completion_tokens / seconds,
                               ttfb_ms=seconds * 1000, session=session)
         await self._answer(ex, upstream, tally, got.route, self._scrub(body))
@@ -365,7 +388,7 @@ class ProviderChat:
         seconds = max(time.perf_counter() - first_at, 1e-6)
         tokens = meter.completion_tokens
         kind = OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS
-        self.providers.record(got, kind, self.clock(), reason="connect" if error else None,
+        self._record(got, kind, self.clock(), reason="connect" if error else None,
                               used_tokens=_total_tokens(tail),
                               tokens_per_s=tokens / seconds if tokens > 1 else None,
                               ttfb_ms=(first_at - sent) * 1000, session=session)
@@ -413,13 +436,13 @@ class ProviderChat:
         if failed is not None:
             return self._failed(got, _REASONS.get(failed.kind, "http_5xx"), session)
         if send.status is not None and 400 <= send.status < 500:
-            self.providers.record(got, OutcomeKind.CLIENT_ERROR, self.clock(), session=session)
+            self._record(got, OutcomeKind.CLIENT_ERROR, self.clock(), session=session)
             return None
         first = send.first if send.first is not None else time.perf_counter()
         end = send.end if send.end is not None else time.perf_counter()
         tokens = send.meter.completion_tokens if send.meter is not None else 0
         seconds = max(end - first, 1e-6)
-        self.providers.record(got, OutcomeKind.SUCCESS, self.clock(),
+        self._record(got, OutcomeKind.SUCCESS, self.clock(),
                               tokens_per_s=tokens / seconds if tokens > 1 else None,
                               ttfb_ms=(first - sent) * 1000, session=session)
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,3 +181,22 @@ def test_a_pin_that_is_no_route_is_400(providers: tuple[FakeProvider, FakeProvid
         answer = gw.chat("auto", route=["nosuch/model"])
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "invalid_route"
+
+
+def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_reservation(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    doc = providers_doc(fast, slow, fast_limits={"tpm": 300})
+    doc["providers"][0]["keys"] = ["env:FAST_A"]
+    fast.push(Reply.slow(20.0))
+    with gateway(doc, clock=FakeClock(T0)) as gw:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{gw.url}/v1/chat/completions", timeout=0.5,
+                       json={"model": "fastco/big-model", "messages": HI, "max_tokens": 200})
+        deadline = time.monotonic() + 30
+        while not fast.disconnected:  # the gateway hung up on the provider
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # 205 tokens reserved would leave no room for another 205 under tpm = 300
+        answer = gw.chat("fastco/big-model", max_tokens=200)
+    assert answer.status_code == 200
