@@ -133,15 +133,15 @@ class ProviderChat:
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest) -> None:
         """Answer one chat request: a route's answer, or why none could give one."""
+        tally = _Tally([])
         try:
             res = self.providers.resolve(req.model, self.router.models())
         except InvalidModelError as exc:
-            await send_error(send, 400, str(exc), "invalid_model")
+            await send_error(send, 400, str(exc), "invalid_model", tally.headers())
             return
         except UnknownModelError as exc:
-            await send_error(send, 404, str(exc), "model_not_found")
+            await send_error(send, 404, str(exc), "model_not_found", tally.headers())
             return
-        tally = _Tally([])
         ex = Exchange(scope, receive, _MeshSend(send, tally), req,
                       Attempts(self.router, self.telemetry, req.model))
         opened: list[Attempts] = [ex.attempts]
@@ -172,7 +172,8 @@ class ProviderChat:
         try:
             payload = json.loads(ex.req.body)
         except ValueError:  # parse_chat accepted it with orjson; the stdlib must agree
-            await send_error(send, 400, "request body is not valid JSON", "invalid_json")
+            await send_error(send, 400, "request body is not valid JSON", "invalid_json",
+                             tally.headers())
             return
         est = estimate(payload)
         session = _header(ex.scope, H_SESSION)

@@ -107,6 +107,7 @@ def test_unknown_alias_is_400_unknown_model_404_nothing_configured_503(
         assert gw.chat("auto:nonsense").status_code == 400
         assert gw.chat("auto:nonsense").json()["error"]["code"] == "invalid_model"
         assert gw.chat("fastco/no-such").status_code == 404
+        assert gw.chat("fastco/no-such").headers["x-meshroute-attempts"] == "0"
         empty = gw.chat("auto")  # the chain names a mesh model no node serves
         assert empty.status_code == 503
         assert empty.json()["error"]["code"] == "routes_exhausted"
