@@ -53,6 +53,8 @@ log = logging.getLogger("meshroute.providers")
 H_ATTEMPTS, H_TRIED = b"x-meshroute-attempts", b"x-meshroute-tried"
 H_SESSION = b"x-session-id"
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
+MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
+_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens", re.I)
 _PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id"})
@@ -351,14 +353,20 @@ class ProviderChat:
                       budget: float) -> PassedOver | None:
         """An SSE answer: nothing is sent before its first chunk; then it is relayed."""
         chunks = upstream.chunks().__aiter__()
+        held = bytearray()  # held back until content (a role-only chunk is no answer yet)
+        deadline = time.perf_counter() + budget
         try:
-            first = b""
-            while not first:
-                first = await asyncio.wait_for(chunks.__anext__(), budget)
+            while not (_CONTENT.search(held) or len(held) > MAX_HELD_BYTES):
+                held += await asyncio.wait_for(chunks.__anext__(),
+                                               max(deadline - time.perf_counter(), 0.001))
         except TimeoutError:
             return self._failed(got, "timeout", session)
-        except (ForwardError, StopAsyncIteration):
+        except ForwardError:
             return self._failed(got, "connect", session)
+        except StopAsyncIteration:  # ended without content: relay what it said, if anything
+            if not held:
+                return self._failed(got, "connect", session)
+        first = bytes(held)
         first_at = time.perf_counter()
         meter = TokenMeter(streaming=True)
         tail = b""
@@ -369,7 +377,7 @@ class ProviderChat:
             await ex.send({"type": "http.response.start", "status": upstream.status,
                            "headers": _passed_on(upstream.headers) + tally.headers()})
             chunk = first
-            while True:
+            while chunk:
                 meter.feed(chunk)
                 tail = (tail + chunk)[-4096:]
                 await ex.send({"type": "http.response.body", "body": chunk,

@@ -38,6 +38,7 @@ class Reply:
     retry_after: str | None = None  # Retry-After header of an error answer
     break_after: int | None = None  # streaming: drop the connection after this many chunks
     usage: bool = True  # include `usage` (in the last stream chunk when streaming)
+    role_first: bool = False  # streaming: a role-only chunk (no content) before the tokens
 
     @classmethod
     def ok(cls, tokens: int = 8, **kw: Any) -> Reply:
@@ -156,6 +157,8 @@ class FakeProvider:
         return True
 
     async def _stream(self, body: dict[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+        if reply.role_first:
+            yield _sse(self._chunk(body, {"role": "assistant", "content": ""}, None))
         for i in range(reply.tokens):
             if reply.break_after is not None and i == reply.break_after:
                 raise ConnectionResetError("scripted broken stream")

@@ -200,3 +200,13 @@ def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_reservation(
         # 205 tokens reserved would leave no room for another 205 under tpm = 300
         answer = gw.chat("fastco/big-model", max_tokens=200)
     assert answer.status_code == 200
+
+
+def test_a_role_only_first_chunk_is_held_back_so_a_break_still_fails_over(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    fast.default = Reply(200, 8, break_after=0, role_first=True)
+    with gateway(providers_doc(fast, slow)) as gw:
+        resp, text = stream(gw.url, route=["fastco/big-model"])
+    assert resp.headers["x-meshroute-route"] == "slowco/small-model#1"
+    assert '"role"' not in text and "error" not in text and "t0 " in text
