@@ -298,9 +298,13 @@ class ProviderChat:
             self._settled.add(got.reservation)
         return self.providers.record(got, kind, now, **kw)
 
+    def _tps(self, tokens: int, seconds: float) -> float | None:
+        """A tok/s sample, when the answer had enough tokens to be one (as on the mesh)."""
+        return tokens / seconds if tokens >= self.router.config.min_sample_tokens else None
+
     def _failed(self, got: Attempt, reason: str, session: str | None) -> PassedOver | None:
         return self._record(got, OutcomeKind.FAILURE, self.clock(), reason=reason,
-                                     session=session)
+                            session=session)
 
     async def _read_all(self, upstream: UpstreamResponse, budget: float) -> bytes:
         async def read() -> bytes:
@@ -322,7 +326,7 @@ class ProviderChat:
             body = b""
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
             return self._record(got, OutcomeKind.CLIENT_ERROR, self.clock(),
-                                         reason="context", session=session)
+                                reason="context", session=session)
         self._record(got, OutcomeKind.CLIENT_ERROR, self.clock(), session=session)
         await self._answer(ex, upstream, tally, got.route, self._scrub(body))
         return None
@@ -343,8 +347,8 @@ class ProviderChat:
         meter.feed(body)
         seconds = max(done - sent, 1e-6)
         self._record(got, OutcomeKind.SUCCESS, self.clock(), used_tokens=used,
-                              tokens_per_s=meter.completion_tokens / seconds,
-                              ttfb_ms=seconds * 1000, session=session)
+                     tokens_per_s=self._tps(meter.completion_tokens, seconds),
+                     ttfb_ms=seconds * 1000, session=session)
         await self._answer(ex, upstream, tally, got.route, self._scrub(body))
         return None
 
@@ -394,13 +398,13 @@ class ProviderChat:
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
         except OSError:
             ex.gone = True
-        seconds = max(time.perf_counter() - first_at, 1e-6)
+        seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
         tokens = meter.completion_tokens
         kind = OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS
         self._record(got, kind, self.clock(), reason="connect" if error else None,
-                              used_tokens=_total_tokens(tail),
-                              tokens_per_s=tokens / seconds if tokens > 1 else None,
-                              ttfb_ms=(first_at - sent) * 1000, session=session)
+                     used_tokens=_total_tokens(tail),
+                     tokens_per_s=self._tps(tokens, seconds),
+                     ttfb_ms=(first_at - sent) * 1000, session=session)
         return None
 
     async def _answer(self, ex: Exchange, upstream: UpstreamResponse, tally: _Tally,
@@ -450,10 +454,10 @@ class ProviderChat:
         first = send.first if send.first is not None else time.perf_counter()
         end = send.end if send.end is not None else time.perf_counter()
         tokens = send.meter.completion_tokens if send.meter is not None else 0
-        seconds = max(end - first, 1e-6)
+        seconds = max(end - sent, 1e-6)  # forwarding to the last byte (DESIGN.md)
         self._record(got, OutcomeKind.SUCCESS, self.clock(),
-                              tokens_per_s=tokens / seconds if tokens > 1 else None,
-                              ttfb_ms=(first - sent) * 1000, session=session)
+                     tokens_per_s=self._tps(tokens, seconds),
+                     ttfb_ms=(first - sent) * 1000, session=session)
         return None
 
 
