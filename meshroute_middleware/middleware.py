@@ -130,6 +130,8 @@ class MeshRouteMiddleware:
             await self.providers.serve(scope, receive, send, req)
             return
         attempts = Attempts(self.router, self.telemetry, req.model)
+        if self.providers is not None:  # with provider routes, every answer says what it tried
+            send = self.providers.with_tried(send, attempts)
         ex = Exchange(scope, receive, send, req, attempts)
         self.telemetry.in_flight += 1
         try:

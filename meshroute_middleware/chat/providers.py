@@ -111,6 +111,23 @@ class _MeshSend:
         await self._send(message)
 
 
+def with_tried(send: Send, attempts: Attempts) -> Send:
+    """The mesh path's send, with `x-meshroute-attempts` and `x-meshroute-tried` added (mesh
+    route signatures, in order) where the gateway has provider routes too."""
+    async def _send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            tried = list(attempts.failures or ())
+            route = next((v.decode("latin-1") for k, v in headers if k == H_ROUTE), None)
+            if route is not None and route not in tried:
+                tried.append(route)
+            headers += [(H_ATTEMPTS, str(len(tried)).encode()),
+                        (H_TRIED, ",".join(tried).encode())]
+            message = {**message, "headers": headers}
+        await send(message)
+    return _send
+
+
 class ProviderChat:
     """Serves chat requests whose model names a provider route, `auto` or `auto:*`."""
 
@@ -127,6 +144,8 @@ class ProviderChat:
         self._watchdog = Watchdog()
         self._all_secrets = tuple(s for keys in secrets.values() for s in keys)
         self._settled: set[Reservation] = set()  # recorded attempts still under way
+
+    with_tried = staticmethod(with_tried)
 
     def claims(self, model: str) -> bool:
         """Whether a request for `model` takes the provider chain (else the mesh path)."""
