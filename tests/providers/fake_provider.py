@@ -38,6 +38,8 @@ class Reply:
     retry_after: str | None = None  # Retry-After header of an error answer
     break_after: int | None = None  # streaming: drop the connection after this many chunks
     usage: bool = True  # include `usage` (in the last stream chunk when streaming)
+    message: str | None = None  # an error answer's message, when not the default one
+    echo_key: bool = False  # an error answer quotes the key it got (some providers do)
     role_first: bool = False  # streaming: a role-only chunk (no content) before the tokens
 
     @classmethod
@@ -135,7 +137,9 @@ class FakeProvider:
             return Response(status_code=499)
         if reply.status != 200:
             headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
-            return _error(reply.status, f"{self.name} answers {reply.status}",
+            quoted = f" (key {key})" if reply.echo_key else ""
+            text = reply.message or f"{self.name} answers {reply.status}"
+            return _error(reply.status, f"{text}{quoted}",
                           "rate_limit_error" if reply.status == 429 else "server_error",
                           headers)
         if body.get("model") not in self.models:

@@ -111,3 +111,30 @@ def test_unknown_alias_is_400_unknown_model_404_nothing_configured_503(
         empty = gw.chat("auto")  # the chain names a mesh model no node serves
         assert empty.status_code == 503
         assert empty.json()["error"]["code"] == "routes_exhausted"
+
+
+def test_an_upstream_4xx_is_relayed_scrubbed_of_the_key_and_blames_nobody(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    fast.default = Reply(401, echo_key=True)
+    with gateway(providers_doc(fast, slow)) as gw:
+        answer = gw.chat("fastco/big-model")
+        view = httpx.get(f"{gw.url}/v1/routing/chain", params={"model": "fastco/big-model"})
+    assert answer.status_code == 401
+    assert answer.headers["x-meshroute-route"] == "fastco/big-model#1"
+    assert "(key ***)" in answer.json()["error"]["message"]
+    assert_no_key_in(answer.text)
+    assert view.json()["chain"][0]["reliability"] == 0.5  # the prior: nothing counted
+    assert slow.seen == []
+
+
+def test_an_upstream_context_length_refusal_falls_over_and_blames_nobody(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    fast.default = Reply(400, message="This model's maximum context length is 4096 tokens")
+    with gateway(providers_doc(fast, slow)) as gw:
+        answer = gw.chat("auto", route=["fastco/big-model"])
+        view = httpx.get(f"{gw.url}/v1/routing/chain", params={"model": "fastco/big-model"})
+    assert answer.status_code == 200
+    assert answer.headers["x-meshroute-tried"] == "fastco/big-model#1,slowco/small-model#1"
+    assert view.json()["chain"][0]["reliability"] == 0.5
