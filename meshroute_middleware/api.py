@@ -17,7 +17,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .core import InvalidNodeError
+from .core import InvalidNodeError, Router, UnknownModelError
+from .core.providers.chain import InvalidModelError
+from .core.providers.router import ProviderRouter
 from .events import sse
 from .httperrors import error_body
 from .mesh import Mesh, MeshFullError
@@ -224,3 +226,58 @@ def build_api_app(api: GatewayAPI, extra_routes: list[Route] | None = None) -> S
     """The inner Starlette app: endpoints plus OpenAI-style error handlers."""
     return Starlette(routes=api.routes() + list(extra_routes or []),
                      exception_handlers={HTTPException: http_error, 500: server_error})
+
+
+class ProviderRoutingAPI:
+    """Provider routes (issue 12): `GET /v1/routing/chain`, `POST /v1/cooldowns/clear`.
+
+    Clearing needs `admin_token` (`--admin-token`, else the node token) whenever one is set.
+    """
+
+    def __init__(self, providers: ProviderRouter, router: Router, *,
+                 admin_token: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.providers, self.router = providers, router
+        self.admin_token, self.clock = admin_token, clock
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/routing/chain", self.chain, methods=["GET"]),
+                Route("/v1/cooldowns/clear", self.clear, methods=["POST"])]
+
+    async def chain(self, request: Request) -> Response:
+        """The ordered chain a request for `model` would try now; nothing is sent."""
+        model = request.query_params.get("model")
+        if not model:
+            return error_response(400, "'model' is required: /v1/routing/chain?model=M",
+                                  "invalid_model")
+        try:
+            res = self.providers.resolve(model, self.router.models())
+        except InvalidModelError as exc:
+            return error_response(400, str(exc), "invalid_model")
+        except UnknownModelError as exc:
+            return error_response(404, str(exc), "model_not_found")
+        return JSONResponse(self.providers.chain_view(res, self.clock()))
+
+    async def clear(self, request: Request) -> Response:
+        """Clear cooldowns and 429 penalties: all, or `{"route": ...}`'s."""
+        if self.admin_token:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
+                return error_response(401, "a valid admin bearer token is required to clear "
+                                      "cooldowns", "invalid_token")
+        body = await request.body()
+        route: str | None = None
+        if body.strip():
+            if len(body) > MAX_NODE_BODY:
+                return error_response(413, "request body too large", "request_too_large")
+            try:
+                data = json.loads(body)
+            except ValueError:
+                return error_response(400, "request body is not valid JSON", "invalid_json")
+            if not isinstance(data, dict) or not isinstance(data.get("route", ""), str):
+                return error_response(400, "the body is {\"route\": \"provider/model\"} or "
+                                      "nothing", "invalid_request")
+            route = data.get("route") or None
+        if route is not None and not self.providers.knows_route(route):
+            return error_response(404, f"no route {route!r}", "route_not_found")
+        cleared = self.providers.clear(route)
+        return JSONResponse({"cleared": cleared, "route": route})

@@ -46,9 +46,10 @@ class ForwardError(Exception):
     """The head failed before its first byte; `kind` is what the statistics record."""
 
     def __init__(self, kind: str, message: str, status: int | None = None,
-                 body: bytes = b"") -> None:
+                 body: bytes = b"", retry_after: str | None = None) -> None:
         super().__init__(message)
         self.kind, self.status, self.body = kind, status, body
+        self.retry_after = retry_after  # a 429's Retry-After header, as sent
 
 
 class UpstreamResponse(Protocol):
@@ -145,7 +146,8 @@ class AiohttpForwarder:
             err_body = await _read_bounded(raw)
             raw.release()
             kind = "http_429" if raw.status == 429 else "http_5xx"
-            raise ForwardError(kind, f"{url} answered {raw.status}", raw.status, err_body)
+            raise ForwardError(kind, f"{url} answered {raw.status}", raw.status, err_body,
+                               raw.headers.get("retry-after"))
         out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]
         if (cl := raw.headers.get("content-length")) is not None:
             out.append((b"content-length", cl.encode()))

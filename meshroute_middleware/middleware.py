@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,6 +30,9 @@ from .forwarding import AiohttpForwarder, Forwarder
 from .httperrors import send_error
 from .request import DEFAULT_BODY_TIMEOUT_S, RequestError, parse_chat, read_body, replay
 from .telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from .chat.providers import ProviderChat
 
 log = logging.getLogger("meshroute.middleware")
 MIB = 1024 * 1024
@@ -74,8 +77,10 @@ class MeshRouteMiddleware:
 
     def __init__(self, app: ASGIApp, config: MiddlewareConfig | None = None, *,
                  router: Router | None = None, forwarder: Forwarder | None = None,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None,
+                 providers: ProviderChat | None = None) -> None:
         self.app = app
+        self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
         self.config = config or MiddlewareConfig()
         self.router = router or build_router()
         self.forwarder = forwarder or AiohttpForwarder()
@@ -106,7 +111,8 @@ class MeshRouteMiddleware:
         try:
             req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes,
                                              self.config.body_timeout_s))
-            decision = self.router.choose(req.model, req.pin)
+            chain = self.providers is not None and self.providers.claims(req.model)
+            decision = None if chain else self.router.choose(req.model, req.pin)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413) or exc.code == "invalid_json":
@@ -131,7 +137,13 @@ class MeshRouteMiddleware:
             log.exception("meshroute: internal error while choosing a route")
             await _internal_error(send)
             return
+        if decision is None:
+            assert self.providers is not None
+            await self.providers.serve(scope, receive, send, req)
+            return
         attempts = Attempts(self.router, self.telemetry, req.model)
+        if self.providers is not None:  # with provider routes, every answer says what it tried
+            send = self.providers.with_tried(send, attempts)
         ex = Exchange(scope, receive, send, req, attempts)
         self.telemetry.in_flight += 1
         try:

@@ -13,11 +13,12 @@ import argparse
 import contextlib
 import logging
 import os
+import random
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 
 import anyio
 import uvicorn
@@ -29,17 +30,23 @@ from gossip.service import GossipConfig, GossipService
 from node_agent.discovery import health_checks, tracker_discovery
 from node_agent.mdns import parse_interfaces
 
-from ..api import GatewayAPI, build_api_app
+from ..api import GatewayAPI, ProviderRoutingAPI, build_api_app
+from ..chat.providers import ProviderChat
 from ..core import InvalidNodeError, Router, parse_node
+from ..core.providers.config import ProvidersConfig
+from ..core.providers.router import ProviderRouter
 from ..forwarding import AiohttpForwarder, Forwarder
+from ..keyring import Secret, resolve_keys, scrub
 from ..mesh import Mesh, load_nodes_file
 from ..middleware import MeshRouteMiddleware, build_router
+from ..statestore import StateStore, StateStoreError
 from ..telemetry import Telemetry
 from .edge import edge_protocol, fit_descriptor_limit
 from .settings import ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
 PRUNE_EVERY_S = 60.0
+SAVE_EVERY_S = 0.25  # provider state: changed rows written this often, off the request path
 
 __all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
            "config_warnings", "exposure", "load_static_nodes", "run", "server_config"]
@@ -52,15 +59,23 @@ class GatewayConfig:
     settings: ServeSettings
     tracker_id: str
     gossip: GossipConfig | None  # None: this tracker does not gossip
+    # provider keys in `keys` order, resolved at start (issue 12); never printed
+    secrets: Mapping[str, tuple[Secret, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, settings: ServeSettings) -> GatewayConfig:
-        """Check and build what the settings describe; ValueError naming what is wrong."""
+    def build(cls, settings: ServeSettings,
+              environ: Mapping[str, str] | None = None) -> GatewayConfig:
+        """Check and build what the settings describe; ValueError naming what is wrong.
+
+        `environ` resolves `env:NAME` provider keys (KeyRefError, a ValueError, names the
+        reference and never a value)."""
         if settings.mdns:
             parse_interfaces(settings.mdns_interfaces)  # refuse a bad value before starting
         gossip = GossipConfig.from_settings(settings) if settings.gossip else None
         tracker_id = settings.tracker_id or f"tracker-{uuid.uuid4().hex[:12]}"
-        return cls(settings, tracker_id, gossip)
+        secrets = (resolve_keys(settings.providers, environ or {})
+                   if settings.providers is not None else {})
+        return cls(settings, tracker_id, gossip, secrets)
 
 
 @dataclass(slots=True)
@@ -72,6 +87,8 @@ class Gateway:
     telemetry: Telemetry
     mesh: Mesh
     app: ASGIApp
+    providers: ProviderRouter | None = None  # provider routes, when the config has them
+    store: StateStore | None = None  # their state file, open while the gateway lives
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -87,14 +104,38 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     mesh = Mesh(router, telemetry, settings.max_nodes)
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
+    forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
+    providers = store = chat = None
+    extra = []
+    if settings.providers is not None:
+        providers, store = open_provider_state(settings.providers, settings.state_file, clock)
+        chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
+                            first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
+                            rng=random.Random(settings.seed))
+        extra = ProviderRoutingAPI(providers, router, clock=clock,
+                                   admin_token=settings.admin_token or settings.node_token
+                                   ).routes()
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
-                                                warnings=config_warnings(config)))
-    inner.router.lifespan_context = lambda app: background_services(config, mesh)
-    app = MeshRouteMiddleware(
-        inner, settings.middleware(), router=router,
-        forwarder=forwarder or AiohttpForwarder(settings.forward_timeouts()),
-        telemetry=telemetry)
-    return Gateway(config, router, telemetry, mesh, app)
+                                                warnings=config_warnings(config)), extra)
+    saver = (providers, store) if providers is not None and store is not None else None
+    inner.router.lifespan_context = lambda app: background_services(config, mesh, saver, clock)
+    app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,
+                              telemetry=telemetry, providers=chat)
+    return Gateway(config, router, telemetry, mesh, app, providers, store)
+
+
+def open_provider_state(cfg: ProvidersConfig, state_file: str,
+                        clock: Callable[[], float]) -> tuple[ProviderRouter, StateStore]:
+    """The provider router with the state a previous run saved (StateStoreError if the file
+    cannot be used)."""
+    providers = ProviderRouter(cfg)
+    store = StateStore(state_file).open()
+    try:
+        providers.restore(store.load())
+    except ValueError as exc:
+        store.close()
+        raise StateStoreError(f"state file {state_file}: {exc}") from exc
+    return providers, store
 
 
 def load_static_nodes(mesh: Mesh, path: str) -> None:
@@ -150,7 +191,9 @@ def exposure(config: GatewayConfig) -> str:
 
 
 @contextlib.asynccontextmanager
-async def background_services(config: GatewayConfig, mesh: Mesh) -> AsyncIterator[None]:
+async def background_services(config: GatewayConfig, mesh: Mesh,
+                              state: tuple[ProviderRouter, StateStore] | None = None,
+                              clock: Callable[[], float] = time.time) -> AsyncIterator[None]:
     """Background services of a running gateway; each enters the exit stack."""
     settings = config.settings
     log.log(logging.WARNING if config_warnings(config) else logging.INFO, "%s",
@@ -160,6 +203,8 @@ async def background_services(config: GatewayConfig, mesh: Mesh) -> AsyncIterato
     async with anyio.create_task_group() as tg:
         async with contextlib.AsyncExitStack() as stack:
             tg.start_soon(_prune_loop, mesh.router)
+            if state is not None:
+                tg.start_soon(_save_loop, *state, clock)
             gossip = None
             if config.gossip is not None:  # statistics exchange with peer trackers
                 gossip = GossipService(mesh.router, config.gossip)
@@ -197,17 +242,64 @@ async def _prune_loop(router: Router) -> None:
             log.info("pruned %d route statistics unseen for 24 h", dropped)
 
 
+async def _save_loop(providers: ProviderRouter, store: StateStore,
+                     clock: Callable[[], float]) -> None:
+    """Write the provider state's changed rows every SAVE_EVERY_S, in a worker thread; a last
+    time (and close the file) when the gateway stops."""
+    try:
+        while True:
+            await anyio.sleep(SAVE_EVERY_S)
+            now = clock()
+            rows = providers.snapshot(now, changed_only=True)
+            if any(rows.values()):
+                try:
+                    await anyio.to_thread.run_sync(store.save, rows, now)
+                except StateStoreError as exc:
+                    log.error("provider state not saved: %s", exc)
+    finally:
+        try:
+            now = clock()
+            store.save(providers.snapshot(now, changed_only=True), now)
+        except StateStoreError as exc:
+            log.error("provider state not saved at shutdown: %s", exc)
+        store.close()
+
+
+class _ScrubKeys(logging.Filter):
+    """A last line of defence: no provider key in a log line, whatever logged it."""
+
+    def __init__(self, secrets: tuple[Secret, ...]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = scrub(message, self.secrets)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return True
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the gateway from flags + env + file and serve it until interrupted."""
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
         settings = load_settings(cli, os.environ)
-        gateway = build_gateway(GatewayConfig.build(settings))
-    except (SettingsError, ValueError) as exc:
+        gateway = build_gateway(GatewayConfig.build(settings, os.environ))
+    except (SettingsError, ValueError, StateStoreError) as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secrets = tuple(s for keys in gateway.config.secrets.values() for s in keys)
+    if secrets:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_ScrubKeys(secrets))
+    if gateway.providers is not None:
+        cfg = gateway.providers.cfg
+        print(f"meshroute serve: {len(cfg.providers)} provider(s), "
+              f"{sum(len(p.keys) for p in cfg.providers)} key(s), state in "
+              f"{settings.state_file}", file=sys.stderr, flush=True)
     print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)

@@ -18,12 +18,15 @@ from node_agent.discovery import HEALTH_INTERVAL_S
 
 from ..chat.forward import DEFAULT_REQUEST_TIMEOUT_S
 from ..core.config import RouterConfig
+from ..core.providers.config import TABLES as PROVIDER_TABLES
+from ..core.providers.config import ProviderConfigError, ProvidersConfig, parse_providers_config
 from ..forwarding import ForwardTimeouts
 from ..mesh import DEFAULT_MAX_NODES
 from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 from ..request import DEFAULT_BODY_TIMEOUT_S
 from .edge import EdgeLimits
 
+DEFAULT_STATE_FILE = "meshroute-state.db"  # in the working directory (issue 12)
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
 _EDGE = EdgeLimits()  # the HTTP edge's defaults live with its protocol
 
@@ -111,6 +114,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("insecure_gossip", bool, ("--insecure-gossip",), ("MESHROUTE_INSECURE_GOSSIP",),
            "allow a non-loopback --gossip-listen without a gossip secret"),
     Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level"),
+    Option("state_file", str, ("--state-file",), ("MESHROUTE_STATE_FILE",),
+           "SQLite file of provider-route state (':memory:' for none)"),
+    Option("admin_token", str, ("--admin-token",), ("MESHROUTE_ADMIN_TOKEN",),
+           "bearer token required by POST /v1/cooldowns/clear (default: the node token)"),
 )
 
 
@@ -149,6 +156,9 @@ class ServeSettings:
     gossip_secret: str | None = None
     insecure_gossip: bool = False
     log_level: str = "info"
+    state_file: str = DEFAULT_STATE_FILE
+    admin_token: str | None = None
+    providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -232,17 +242,25 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
                             f"got {raw!r}") from None
 
 
-def _from_file(path: str) -> dict[str, tuple[Any, str]]:
+def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig | None]:
+    """The file's options, and its provider tables parsed (None when it has none)."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    tables = {k: data.pop(k) for k in PROVIDER_TABLES if k in data}
+    providers = None
+    if tables:
+        try:
+            providers = parse_providers_config(tables)
+        except ProviderConfigError as exc:
+            raise SettingsError(f"{path}: {exc}") from exc
     flat = {**data.get("router", {}), **{k: v for k, v in data.items() if k != "router"}}
     known = {o.name: o for o in OPTIONS}
     unknown = sorted(set(flat) - set(known))
     if unknown:
         raise SettingsError(f"{path}: unknown option(s) {', '.join(unknown)}")
-    return {k: (_convert(known[k], v, path), path) for k, v in flat.items()}
+    return {k: (_convert(known[k], v, path), path) for k, v in flat.items()}, providers
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
@@ -260,8 +278,10 @@ def load_settings(cli: Mapping[str, Any] | None = None,
     cli, environ = dict(cli or {}), dict(environ or {})
     values: dict[str, tuple[Any, str]] = {}  # option -> (value, where it came from)
     config_file = cli.pop("config", None) or environ.get("MESHROUTE_CONFIG")
+    providers = None
     if config_file:
-        values.update(_from_file(config_file))
+        from_file, providers = _from_file(config_file)
+        values.update(from_file)
     values.update(_from_env(environ))
     known = {o.name: o for o in OPTIONS}
     for key, raw in cli.items():
@@ -279,4 +299,4 @@ def load_settings(cli: Mapping[str, Any] | None = None,
             raise SettingsError(f"{source}: {exc}") from exc
     router = RouterConfig(**{k: v for k, (v, _) in values.items() if k in router_names})
     serve = {k: v for k, (v, _) in values.items() if k not in router_names}
-    return replace(ServeSettings(), router=router, **serve)
+    return replace(ServeSettings(), router=router, providers=providers, **serve)

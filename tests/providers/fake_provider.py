@@ -38,6 +38,9 @@ class Reply:
     retry_after: str | None = None  # Retry-After header of an error answer
     break_after: int | None = None  # streaming: drop the connection after this many chunks
     usage: bool = True  # include `usage` (in the last stream chunk when streaming)
+    message: str | None = None  # an error answer's message, when not the default one
+    echo_key: bool = False  # an error answer quotes the key it got (some providers do)
+    role_first: bool = False  # streaming: a role-only chunk (no content) before the tokens
 
     @classmethod
     def ok(cls, tokens: int = 8, **kw: Any) -> Reply:
@@ -134,7 +137,9 @@ class FakeProvider:
             return Response(status_code=499)
         if reply.status != 200:
             headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
-            return _error(reply.status, f"{self.name} answers {reply.status}",
+            quoted = f" (key {key})" if reply.echo_key else ""
+            text = reply.message or f"{self.name} answers {reply.status}"
+            return _error(reply.status, f"{text}{quoted}",
                           "rate_limit_error" if reply.status == 429 else "server_error",
                           headers)
         if body.get("model") not in self.models:
@@ -156,6 +161,8 @@ class FakeProvider:
         return True
 
     async def _stream(self, body: dict[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+        if reply.role_first:
+            yield _sse(self._chunk(body, {"role": "assistant", "content": ""}, None))
         for i in range(reply.tokens):
             if reply.break_after is not None and i == reply.break_after:
                 raise ConnectionResetError("scripted broken stream")
