@@ -32,6 +32,9 @@ def _materialize(entry: _Entry) -> Payload:
     return {"type": kind, "id": event_id, "ts": ts, **render(content)}
 
 
+_END: Payload = {}  # by identity: the end of a subscription
+
+
 class EventBus:
     """Publish is synchronous and never blocks; each subscriber gets its own queue."""
 
@@ -60,6 +63,13 @@ class EventBus:
                 except asyncio.QueueFull:
                     self.dropped += 1
 
+    def close(self) -> None:
+        """End every subscription now (a stopping server: open streams must not hold it)."""
+        for queue in self._subscribers:
+            while queue.full():
+                queue.get_nowait()
+            queue.put_nowait(_END)
+
     def history(self, since_id: int = 0) -> list[Payload]:
         """Events kept in memory with an id above `since_id`."""
         return [_materialize(e) for e in self._history if e[0] > since_id]
@@ -75,6 +85,8 @@ class EventBus:
                 yield event
             while True:
                 event = await queue.get()
+                if event is _END:
+                    return
                 if event["id"] > last:
                     yield event
         finally:
