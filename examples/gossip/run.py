@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _procs import MESHROUTE, free_port, http, running, wait_until  # noqa: E402
+from _procs import MESHROUTE, free_port, http, running, wait_until
 
 STUB = Path(__file__).resolve().parent.parent / "node_agent" / "stub_server.py"
 LOOPBACK = "127.0.0.1"
@@ -49,7 +49,7 @@ def main() -> int:
             for node in nodes:
                 assert http("POST", url + "/v1/nodes", node)[0] in (200, 201)
         for _ in range(REQUESTS):
-            status, headers, _ = http("POST", trackers["a"] + "/v1/chat/completions", {
+            status, _, _ = http("POST", trackers["a"] + "/v1/chat/completions", {
                 "model": MODEL, "max_tokens": 16, "messages": [{"role": "user",
                                                                  "content": "hi"}]})
             assert status == 200, status

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _procs import MESHROUTE, free_port, http, running, wait_until  # noqa: E402
+from _procs import MESHROUTE, free_port, http, running, wait_until
 
 HERE = Path(__file__).resolve().parent
 LOOPBACK = "127.0.0.1"

@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-WORDS = "the mesh routes every request to the chain that answers fastest".split()
+WORDS = ["the", "mesh", "routes", "every", "request", "to", "the", "chain", "that",
+         "answers", "fastest"]
 
 
 def build(model: str, tokens_per_s: float) -> Starlette:
