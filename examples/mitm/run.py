@@ -48,7 +48,7 @@ def main() -> int:
         nodes_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "nodes.json"
         nodes_file.write_text(json.dumps(nodes))
         stack.enter_context(running(
-            MITMDUMP, "-s", str(ADDON), "--listen-host", LOOPBACK, "--listen-port",
+            MITMDUMP, "-q", "-s", str(ADDON), "--listen-host", LOOPBACK, "--listen-port",
             str(proxy_port), "--set", f"meshroute_nodes_file={nodes_file}",
             "--set", f"meshroute_side_port={side_port}", "--set", "meshroute_mdns=false",
             ready_url=side + "/v1/routing"))
