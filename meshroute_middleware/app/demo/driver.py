@@ -35,6 +35,7 @@ from .mesh import (
     register,
     route_true_tps,
 )
+from .providers import CHAIN_MODEL, PROVIDER, RateLimited
 from .tally import Tally
 from .view import Live, Plain, best_true_tps
 
@@ -131,6 +132,10 @@ class Demo:
         self.tally = Tally()
         self.nodes: dict[str, LiveNode] = {}
         self.watch: dict[str, str] = {}  # joined node -> what is still to announce about it
+        # Set by providers.provider_routes() once the gateway serves provider routes (issue
+        # 12's wiring): then the fake provider's 429s are announced as they happen.
+        self.limiter: RateLimited | None = None
+        self._refused = 0
         self.view = (Plain(router.policy) if args.plain or not sys.stdout.isatty()
                      else Live(router.policy))
 
@@ -205,6 +210,7 @@ class Demo:
                     actions[timeline.pop(0)[1]]()
                 known = self._changes(known)
                 self._followed()
+                self._rate_limited()
                 self.view.show(self.gateway, self.nodes, self.tally)
                 if self.args.seconds and self.tally.elapsed_s() >= self.args.seconds:
                     break
@@ -274,6 +280,14 @@ class Demo:
                 self._event(f"{node_id}'s route is proven and now carries {share:.0%} of "
                             f"{model}")
                 del self.watch[node_id]
+
+    def _rate_limited(self) -> None:
+        """Announce the fake provider's 429s: its key cools down, the chain falls back."""
+        if self.limiter is None or self.limiter.refused == self._refused:
+            return
+        fresh, self._refused = self.limiter.refused - self._refused, self.limiter.refused
+        self._event(f"{PROVIDER} answered 429 ({fresh}x, rate limit): its key cools down and "
+                    f"'{CHAIN_MODEL}' falls back along its chain")
 
     async def _client(self, i: int) -> None:
         rng = random.Random(self.args.seed * 100 + i)
