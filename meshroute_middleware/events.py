@@ -104,6 +104,12 @@ class EventBus:
                 sub.buffer.extend(batch)
             sub.wake.set()
 
+    def close(self) -> None:
+        """End every subscription now (a stopping server: open streams must not hold it)."""
+        for sub in self._subscribers:
+            sub.closed = True
+            sub.wake.set()
+
     def history(self, since_id: int = 0) -> list[Payload]:
         """Events kept in memory with an id above `since_id`."""
         return [_materialize(e) for e in self._history if e[0] > since_id]

@@ -21,10 +21,13 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Run `app` on host:port (0: any free port) and yield its base URL until the exit."""
+async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, *,
+                    graceful_s: int | None = None) -> AsyncIterator[str]:
+    """Run `app` on host:port (0: any free port) and yield its base URL until the exit;
+    `graceful_s` bounds how long the exit waits for open connections (an SSE stream never
+    ends by itself; None: wait for them all)."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                            access_log=False)
+                            access_log=False, timeout_graceful_shutdown=graceful_s)
     server = _Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve)
