@@ -82,6 +82,7 @@ class Outcome(NamedTuple):
     seconds: float = 0.0  # from forwarding to the last byte
     ttfb_s: float = 0.0
     error: str = ""  # "" | "connect" | "timeout" | "http_5xx" | "http_429" | "stream" | ...
+    concurrency: float = 0.0  # the route's mean in-flight count while it ran (Router.record)
 
     @property
     def ok(self) -> bool:
