@@ -91,6 +91,37 @@ async def test_requests_beyond_slots_queue() -> None:
             assert abs(latency - 0.1 * wave) < 0.04, latencies
 
 
+async def test_a_full_batch_runs_each_request_slower() -> None:
+    # 4 slots, 50 % per neighbour: 4 requests of 10 tokens x 10 ms run together at 2.5x,
+    # ~250 ms each; alone one takes ~100 ms. The serial rule (each waits for the others)
+    # would give 100/200/300/400 ms, free batching 100 ms for all.
+    node = _cfg("batch", 0, 31, seconds_per_layer=0.01 / 32, slots=4, slot_slowdown=0.5)
+    latencies: list[float] = []
+    async with _mesh(node) as [(_, url)], aiohttp.ClientSession() as s:
+        async def one() -> None:
+            began = time.perf_counter()
+            status, _ = await _post(s, url, {**CHAT, "max_tokens": 10})
+            assert status == 200
+            latencies.append(time.perf_counter() - began)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(one)
+        await one()
+    together, alone = sorted(latencies[:4]), latencies[4]
+    # tolerance: the first tokens run before every request has joined the batch (-30 ms),
+    # and scheduling on a loaded machine (+60 ms)
+    assert all(0.22 < t < 0.31 for t in together), together
+    assert 0.09 < alone < 0.16, alone
+
+
+def test_the_batch_slowdown_grows_with_the_requests_running() -> None:
+    worker = ShardWorker(_cfg("w", 0, 31, slot_slowdown=0.25))
+    assert worker.slowdown() == 1.0
+    worker.running = 3
+    assert worker.slowdown() == pytest.approx(1.5)
+
+
 async def test_a_request_holds_a_slot_on_every_hop() -> None:
     # The tail has one slot: two concurrent two-hop requests run one after the other.
     head = _cfg("head", 0, 15, seconds_per_layer=0.01 / 16, slots=4)
