@@ -11,8 +11,8 @@ throughput is `T(c) = c · s1 · g(c)`, concave in c.
 the concurrency the request ran at, decayed and capped) and a posterior over a grid of
 (knee, slowdown) pairs, `log s1` Gaussian given each pair. Thompson sampling draws one curve
 per decision. A CUSUM on the standardised residuals against the best-fitting curve detects a
-change (a slowdown or a recovery) and cuts the old mass, so the route is re-learnt within a
-handful of samples. Pure: `now` is passed in, randomness comes from the caller's rng.
+change (a slowdown or a recovery) and forgets the old samples, so the route is re-learnt
+within a handful of samples. Pure: `now` is passed in, randomness comes from the caller's rng.
 """
 
 from __future__ import annotations
@@ -34,13 +34,19 @@ BINS_PER_OCTAVE = 4  # concurrency bins: 1, 1.19, 1.41, 1.68, 2, ...
 # and a cut makes the next residuals noisier: at h = 6 a stationary route at sigma 0.3 raised
 # 9 alarms in 3,000 samples (tests/core/test_saturation.py), at h = 8 the average run length
 # is ~10^4, and a halving is still caught in ~5 samples at sigma 0.3, ~10 at sigma 0.5.
-# A change keeps one sample's worth of the old ones, so new ones dominate after a few.
+# A change forgets every old sample, at every concurrency: a few stale samples at a
+# concurrency no longer tried would otherwise fix a wrong knee that nothing re-tests (seen
+# in scenario 13: a recovered server believed to saturate at 2 for the rest of the run).
 CUSUM_K, CUSUM_H = 0.5, 8.0
 CUSUM_MIN_MASS = 4.0  # samples in a concurrency bin before its residuals are tested
-RESET_MASS = 1.0
 # The fit is redone once the samples since the last one exceed this share of the mass
 # (every sample while few are known, every tenth at the mass cap): old fits differ little.
 REFIT_SHARE = 0.05
+# A concurrency no longer visited fades from the fit: its bin counts half after this many
+# samples at other concurrencies. Without it a few stale samples (a slowdown seen at 3 in
+# flight) fix a knee that nothing re-tests; with it the curve beyond what is visited grows
+# uncertain again and Thompson sampling re-tries it (scenario 13).
+BIN_HALF_LIFE_SAMPLES = 50.0
 MAX_MASS = 200.0  # cap on the decayed sample mass: an EWMA with weight >= 1/201
 OBS_SIGMA = 0.3  # prior per-request noise of log tps, worth PRIOR_SIGMA_MASS samples
 PRIOR_SIGMA_MASS = 2.0
@@ -78,6 +84,7 @@ class _Bin:
     mean: float = 0.0  # of log tps
     m2: float = 0.0  # mass-weighted squared deviations from mean
     c: float = 1.0  # mass-weighted mean concurrency
+    last: int = 0  # the route's sample count when this bin was last updated
 
 
 @dataclass(slots=True)
@@ -90,6 +97,7 @@ class CurveBelief:
     cusum_up: float = 0.0
     cusum_down: float = 0.0
     changes: int = 0  # detected change points (for tests and display)
+    samples: int = 0  # taken in all
     _fit: tuple[list[float], list[float], int] | None = None  # cumulative weights, mu, MAP
     _since_fit: int = 0  # samples taken since the fit
     _sigma: float = OBS_SIGMA  # as of the fit
@@ -133,13 +141,16 @@ class CurveBelief:
             # with fewer samples has little mass to forget anyway.
             z = (x - b.mean) / (self.sigma() * math.sqrt(1.0 + 1.0 / b.mass))
             changed = self._shifted(z)
-            if changed:
-                self.decay(RESET_MASS / self.mass)
+            if changed:  # forget every bin: stale ones would bend the curve's shape
+                self.bins.clear()
+                self.mass = 0.0
                 self.changes += 1
                 self._fit = None
         if self.mass + 1.0 > MAX_MASS:
             self.decay((MAX_MASS - 1.0) / self.mass)
+        self.samples += 1
         b = self.bins.setdefault(key, _Bin(c=c))
+        b.last = self.samples
         m1 = b.mass + 1.0
         delta = x - b.mean
         b.mean += delta / m1
@@ -172,7 +183,8 @@ class CurveBelief:
             return fit
         self._since_fit = 0
         self._sigma = self.sigma()
-        bins = [(b.mass, b.mean, _log_gs(b.c)) for b in self.bins.values() if b.mass > 1e-9]
+        bins = [(b.mass * 0.5 ** ((self.samples - b.last) / BIN_HALF_LIFE_SAMPLES), b.mean,
+                 _log_gs(b.c)) for b in self.bins.values() if b.mass > 1e-9]
         total = sum(m for m, _, _ in bins)
         if total <= 0:
             fit = self._fit = ([float(j + 1) for j in range(len(CURVES))],

@@ -44,11 +44,11 @@ BELIEF_HALF_LIFE_FACTOR = 6.0
 # A route's log-speed is modelled as a random walk: its variance grows by this much per second
 # since the route's last sample, so a route left alone is re-tried and one that got faster is
 # found (8-recovery) at a small cost in stationary scenarios (bench_learning.py).
-DRIFT_VAR_PER_S = 1e-5
+DRIFT_VAR_PER_S = 1e-6
 # ... and by this much per outcome observed on the route's model since then (one per
 # decision): what is re-learnt after a change is counted in requests, so a busy gateway
 # re-tries in fewer seconds (tuned on the tuning seeds: bench_learning.py).
-DRIFT_VAR_PER_DECISION = 1e-4
+DRIFT_VAR_PER_DECISION = 2e-4
 OBS_SIGMA = 0.3  # log-tps noise of a quiet LAN mesh, for a route known only through gossip
 # Beta prior on reliability: mean 0.95 with the weight of two requests (routes mostly work).
 PRIOR_OK, PRIOR_FAIL = 1.9, 0.1
@@ -181,6 +181,9 @@ class ThompsonPolicy:
         best, best_score, untried, untried_prior = 0, -math.inf, -1, -1.0
         known = False  # whether any arm was ever measured (else: ADR-0021's cold start)
         decisions = self._outcomes.get(arms[0].route.model, 0) if arms else 0
+        # The drift is shared out over the other routes: the share of decisions spent
+        # re-trying stays the same however many routes there are.
+        drift = DRIFT_VAR_PER_DECISION / max(len(arms) - 1, 1)
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -192,7 +195,7 @@ class ThompsonPolicy:
                     untried, untried_prior = i, arm.prior_tps
                 continue
             known = True
-            score = self.score(arm, belief, now, rng, decisions)
+            score = self.score(arm, belief, now, rng, decisions, drift)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
@@ -200,8 +203,9 @@ class ThompsonPolicy:
         return best, EXPLOIT
 
     def score(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
-              decisions: int = 0) -> float:
+              decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION) -> float:
         """One posterior draw of a request's net goodput on this arm (`gain` × reliability)."""
+        n = arm.in_flight
         if belief is not None and belief.curve.mass > 0.0:
             dt = max(now - belief.t, 0.0)  # a wall clock that stepped back: no decay
             d = decay_factor(dt, self.half_life_s)
@@ -209,26 +213,30 @@ class ThompsonPolicy:
             if arm.stale:
                 mass = min(mass, STALE_MASS)  # measured under an older topology: a prior only
             curve = belief.curve
-            j = curve.draw(rng)
-            drift = DRIFT_VAR_PER_S * dt + DRIFT_VAR_PER_DECISION * max(
+            _, mus, best = curve.fit()
+            # With nothing in flight every curve says s1: no curve draw needed (the MAP's s1).
+            j = curve.draw(rng) if n else best
+            drift = DRIFT_VAR_PER_S * dt + drift_per_decision * max(
                 decisions - belief.decision, 0)
             sd = math.sqrt((SD_SCALE * curve.spread()) ** 2 / mass + drift)
-            log_s1 = curve.fit()[1][j] + min(sd, MAX_SIGMA) * rng.gauss(0.0, 1.0)
+            log_s1 = mus[j] + min(sd, MAX_SIGMA) * rng.gauss(0.0, 1.0)
             r = d / (1.0 + RESULT_DRIFT_PER_DECISION * max(decisions - belief.result_decision,
                                                             0))
             ok, fail = belief.ok * r, belief.fail * r
         else:
             mu, sd = self._shared_prior(arm)
-            j = rng.randrange(len(CURVES))
+            j = rng.randrange(len(CURVES)) if n else 0
             log_s1 = mu + sd * rng.gauss(0.0, 1.0)
             if belief is None:
                 ok, fail = arm.view.ok, arm.view.fail
             else:
                 d = decay_factor(max(now - belief.t, 0.0), self.half_life_s)
                 ok, fail = belief.ok * d, belief.fail * d
-        knee, slowdown = CURVES[j]
         p = _reliability(ok, fail, rng)
-        return p * gain(math.exp(log_s1), knee, slowdown, arm.in_flight)
+        if not n:
+            return p * math.exp(log_s1)
+        knee, slowdown = CURVES[j]
+        return p * gain(math.exp(log_s1), knee, slowdown, n)
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:
