@@ -63,6 +63,22 @@ def log_g(c: float, knee: float, slowdown: float) -> float:
     return out
 
 
+# g(n) of every curve at whole in-flight counts 0..MAX_TABULATED (g(0) = g(1) = 1): a
+# decision reads these instead of computing logarithms.
+MAX_TABULATED = 64
+G_TABLE: tuple[tuple[float, ...], ...] = tuple(
+    tuple(math.exp(log_g(n, knee, slowdown)) for n in range(MAX_TABULATED + 1))
+    for knee, slowdown in CURVES)
+
+
+def g_at(j: int, n: int) -> float:
+    """g(n) of curve j for a whole in-flight count n >= 0."""
+    if n <= MAX_TABULATED:
+        return G_TABLE[j][n]
+    knee, slowdown = CURVES[j]
+    return math.exp(log_g(n, knee, slowdown))
+
+
 def throughput(n: int, s1: float, knee: float, slowdown: float) -> float:
     """Total tokens/s T(n) of a route with n requests in flight."""
     return n * s1 * math.exp(log_g(n, knee, slowdown)) if n > 0 else 0.0
@@ -125,7 +141,8 @@ class CurveBelief:
 
     def spread(self) -> float:
         """sigma() as of the last fit (cheap: read on every decision)."""
-        self.fit()
+        if self._fit is None:
+            self.fit()
         return self._sigma
 
     def add(self, tps: float, c: float) -> bool:
@@ -212,7 +229,7 @@ class CurveBelief:
 
     def draw(self, rng: random.Random) -> int:
         """One curve index drawn from the posterior."""
-        cum, _, _ = self.fit()
+        cum = (self._fit or self.fit())[0]
         return min(bisect.bisect_right(cum, rng.random() * cum[-1]), len(cum) - 1)
 
     def concurrencies(self) -> list[tuple[float, float, float]]:

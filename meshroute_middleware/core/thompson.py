@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from .policies import EXPLOIT, GREEDY, SCOUT, Arm, Outcome
-from .saturation import CURVES, CurveBelief, log_g
-from .stats import DECAYED, HALF_LIFE_S, PROVEN, STALE, decay_factor
+from .saturation import CURVES, CurveBelief, g_at
+from .stats import DECAYED, HALF_LIFE_S, LN2, PROVEN, STALE, decay_factor
 
 if TYPE_CHECKING:
     from .config import RouterConfig
@@ -132,7 +132,7 @@ def _reliability(ok: float, fail: float, rng: random.Random) -> float:
     """A Beta(PRIOR_OK + ok, PRIOR_FAIL + fail) draw; the mean when nothing failed."""
     a, b = PRIOR_OK + ok, PRIOR_FAIL + fail
     n = a + b
-    p = a / n
+    p: float = a / n
     if fail > NO_FAILURES:
         # Normal approximation of the Beta draw: ~10x cheaper than betavariate.
         p += math.sqrt(a * b / (n * n * (n + 1.0))) * rng.gauss(0.0, 1.0)
@@ -140,14 +140,14 @@ def _reliability(ok: float, fail: float, rng: random.Random) -> float:
     return p
 
 
-def gain(s1: float, knee: float, slowdown: float, in_flight: int) -> float:
-    """A request's own tokens/s on a route running `in_flight` others, minus
-    NEIGHBOUR_WEIGHT × the tokens/s those others lose."""
+def gain(s1: float, curve: int, in_flight: int) -> float:
+    """A request's own tokens/s on a route running `in_flight` others (saturation curve
+    `CURVES[curve]`), minus NEIGHBOUR_WEIGHT × the tokens/s those others lose."""
     n = in_flight
-    own = s1 * math.exp(log_g(n + 1, knee, slowdown))
+    own = s1 * g_at(curve, n + 1)
     if not n:
         return own
-    lost = n * (s1 * math.exp(log_g(n, knee, slowdown)) - own)
+    lost = n * (s1 * g_at(curve, n) - own)
     return own - NEIGHBOUR_WEIGHT * lost
 
 
@@ -206,20 +206,23 @@ class ThompsonPolicy:
               decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION) -> float:
         """One posterior draw of a request's net goodput on this arm (`gain` × reliability)."""
         n = arm.in_flight
-        if belief is not None and belief.curve.mass > 0.0:
-            dt = max(now - belief.t, 0.0)  # a wall clock that stepped back: no decay
-            d = decay_factor(dt, self.half_life_s)
-            mass = belief.curve.mass * d
+        curve = belief.curve if belief is not None else None
+        if belief is not None and curve is not None and curve.mass > 0.0:
+            dt = now - belief.t
+            if dt < 0.0:  # a wall clock that stepped back: no decay
+                dt = 0.0
+            d = math.exp(-LN2 * dt / self.half_life_s) if dt else 1.0  # decay_factor
+            mass = curve.mass * d
             if arm.stale:
                 mass = min(mass, STALE_MASS)  # measured under an older topology: a prior only
-            curve = belief.curve
             _, mus, best = curve.fit()
             # With nothing in flight every curve says s1: no curve draw needed (the MAP's s1).
             j = curve.draw(rng) if n else best
             drift = DRIFT_VAR_PER_S * dt + drift_per_decision * max(
                 decisions - belief.decision, 0)
-            sd = math.sqrt((SD_SCALE * curve.spread()) ** 2 / mass + drift)
-            log_s1 = mus[j] + min(sd, MAX_SIGMA) * rng.gauss(0.0, 1.0)
+            unit = SD_SCALE * curve.spread()
+            sd = math.sqrt(unit * unit / mass + drift)
+            log_s1 = mus[j] + (sd if sd < MAX_SIGMA else MAX_SIGMA) * rng.gauss(0.0, 1.0)
             r = d / (1.0 + RESULT_DRIFT_PER_DECISION * max(decisions - belief.result_decision,
                                                             0))
             ok, fail = belief.ok * r, belief.fail * r
@@ -235,8 +238,7 @@ class ThompsonPolicy:
         p = _reliability(ok, fail, rng)
         if not n:
             return p * math.exp(log_s1)
-        knee, slowdown = CURVES[j]
-        return p * gain(math.exp(log_s1), knee, slowdown, n)
+        return p * gain(math.exp(log_s1), j, n)
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:
