@@ -199,11 +199,13 @@ async def run_case(case: Case, clients_list: list[int], seconds: float) -> dict[
     return out
 
 
-async def requests_per_route(url: str) -> dict[str, int]:
-    """How many tps samples the gateway took on each route's head (its /v1/routing)."""
+async def requests_per_route(url: str) -> dict[str, Any]:
+    """Per route head, the tps samples the gateway took and their decayed mean (its
+    /v1/routing): where the traffic went and how fast the gateway saw it go."""
     async with aiohttp.ClientSession() as session, session.get(url + "/v1/routing") as resp:
         doc = await resp.json()
-    return {c["head"]: c["samples"] for m in doc["models"].values() for c in m["candidates"]}
+    return {c["head"]: [c["samples"], None if c["tps"] is None else round(c["tps"], 1)]
+            for m in doc["models"].values() for c in m["candidates"]}
 
 
 async def gateway(case: Case, node_urls: dict[str, str], policy: str,

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import Cells, bar, execute, markdown, plan, report, summarize
+from .harness import FULL_SEEDS, QUICK_SEEDS, Cells, bar, execute, markdown, plan, report, summarize
 from .scenarios import SCENARIOS, by_name
 
 BENCHMARKS = ("learning",)
@@ -30,15 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds never used while tuning the default policy")
     parser.add_argument("--scenario", action="append", metavar="NAME",
                         help="only this scenario (name or number; repeatable)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help=f"seeds per (scenario, policy) (default {FULL_SEEDS}; --quick: "
+                             f"{QUICK_SEEDS})")
     parser.add_argument("--workers", type=int, default=0,
                         help="processes (default: 1 with --quick, else the CPU count)")
 
 
 def learning(quick: bool = False, seed: int = 1, scenarios: list[str] | None = None,
-             workers: int = 0, progress: bool = True) -> Cells:
+             workers: int = 0, progress: bool = True, seeds: int | None = None) -> Cells:
     """Run the learning-quality benchmark: per scenario and policy, the averaged results."""
     chosen = [by_name(n) for n in scenarios] if scenarios else list(SCENARIOS)
-    jobs = plan(quick, seed, chosen)
+    jobs = plan(quick, seed, chosen, seeds=seeds)
     if workers <= 0:
         workers = 1 if quick else (os.cpu_count() or 1)
     results = execute(jobs, workers, bar() if progress else None)
@@ -51,13 +54,13 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else (
         HELD_OUT_SEED if args.held_out else TUNING_SEED)
     try:
-        cells = learning(args.quick, seed, args.scenario, args.workers)
+        cells = learning(args.quick, seed, args.scenario, args.workers, seeds=args.seeds)
     except KeyError as exc:
         print(f"meshroute bench: {exc.args[0]}", file=sys.stderr)
         return 2
     print(markdown(cells))
     held_out = ", ".join(s.name for s in SCENARIOS if s.held_out)
-    print(f"\n({'quick' if args.quick else 'full'} run, first seed {seed}"
+    print(f"\n({'quick' if args.quick else 'full'} run, seeds from {seed}"
           f"{' (held out)' if seed >= HELD_OUT_SEED else ''}; held-out scenarios: {held_out}; "
           f"{time.perf_counter() - started:.1f} s)")
     if args.json:
