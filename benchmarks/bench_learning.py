@@ -1,10 +1,11 @@
-"""Learning quality: every policy on the seven simulated scenarios, as fractions of an oracle.
+"""Learning quality: every policy on the simulated scenarios, as fractions of an oracle.
 
 Runs `meshroute bench learning` (meshroute_middleware/sim) and writes its JSON report to
 benchmarks/results/learning.json. The simulator drives the real Router on a simulated clock;
 see docs/benchmarks.md, "Learning quality", for what each column means.
 
-    python benchmarks/bench_learning.py [--quick] [--seed N] [--workers N]
+    python benchmarks/bench_learning.py [--quick] [--seed N] [--seeds N] [--workers N]
+    python benchmarks/bench_learning.py --held-out --seeds 8 --json PATH   (seeds never tuned on)
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
 
 from .announcer import NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
+from .load import LOAD_SOURCES, LoadReader
 from .mdns import addresses_for, parse_interfaces
 
 # option -> (environment variable, type); the CLI flag wins over the variable.
@@ -29,11 +30,13 @@ ENV: dict[str, tuple[str, type]] = {
     "tps": ("MESHROUTE_NODE_TPS", float), "node_id": ("MESHROUTE_NODE_ID", str),
     "mdns_interfaces": ("MESHROUTE_MDNS_INTERFACES", str),
     "mesh_secret": ("MESHROUTE_MESH_SECRET", str),
+    "load_from": ("MESHROUTE_NODE_LOAD_FROM", str),
 }
 EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
     "seconds_per_layer": (float, "seconds of compute per layer per token"),
     "hop_latency_s": (float, "seconds of link latency per token into this hop"),
-    "slots": (int, "requests served at once; more queue"),
+    "slots": (int, "requests served at once (the batch); more queue"),
+    "slot_slowdown": (float, "per-token slowdown per extra request in the batch (0: free)"),
     "max_queue": (int, "requests that may queue before 503"),
     "noise_sigma": (float, "sigma of per-request log-normal noise on compute time"),
     "seed": (int, "seed of the noise and fault draws"),
@@ -62,6 +65,7 @@ class NodeSettings:
     host: str
     port: int
     knobs: dict[str, Any]
+    load_from: str = "auto"  # where a real server's live load is read (node_agent/load.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", help="stable node id (default: model, shard, address)")
     parser.add_argument("--mdns-interfaces", help="'all' (default) or comma-separated addresses")
     parser.add_argument("--mesh-secret", help="sign the record with this mesh secret")
+    parser.add_argument("--load-from", choices=LOAD_SOURCES,
+                        help="read the fronted server's live queue and speed from its metrics "
+                             "(default auto: vLLM, llama.cpp or TGI, whichever answers)")
     parser.add_argument("--emulate", action="store_true", help="also serve an emulated node")
     parser.add_argument("--host", default="127.0.0.1", help="emulator listen address")
     parser.add_argument("--port", type=int, default=0, help="emulator port (0: any free)")
@@ -108,13 +115,18 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
     if values.get("url") is None and not emulate:
         raise ValueError("--url is required without --emulate")
     parse_interfaces(values.get("mdns_interfaces") or "all")
+    load_from = values.get("load_from") or "auto"
+    if load_from not in LOAD_SOURCES:
+        raise ValueError(f"--load-from must be one of {', '.join(LOAD_SOURCES)}, "
+                         f"got {load_from!r}")
     return NodeSettings(
         model=values.get("model") or "emu-model", start=start, end=end, layers=layers,
         url=values.get("url"), tps=values.get("tps"), node_id=values.get("node_id"),
         mdns_interfaces=values.get("mdns_interfaces") or "all",
         mesh_secret=values.get("mesh_secret"), emulate=emulate,
         host=values.get("host") or "127.0.0.1", port=int(values.get("port") or 0),
-        knobs={k: values[k] for k in EMULATOR_KNOBS if values.get(k) is not None})
+        knobs={k: values[k] for k in EMULATOR_KNOBS if values.get(k) is not None},
+        load_from=load_from)
 
 
 def default_node_id(s: NodeSettings, where: str) -> str:
@@ -173,6 +185,10 @@ async def _serve(s: NodeSettings) -> int:
                     emulated = node
                     tg.start_soon(announcer.follow,
                                   lambda: (emulated.queue_depth, emulated.measured_tps))
+                elif s.load_from != "none":  # a real server: its own metrics are the prior
+                    reader = LoadReader(url, s.load_from, tps)
+                    tg.start_soon(reader.run)
+                    tg.start_soon(announcer.follow, reader.announcement)
                 async for signum in signals:
                     print(f"meshroute node: {signal.Signals(signum).name}: saying goodbye",
                           flush=True)

@@ -46,6 +46,9 @@ class EmulatorConfig:
     tps: float | None = None  # if set: tokens/s of this node's whole shard, overrides the above
     hop_latency_s: float = 0.0  # per token, charged by a downstream hop for the link into it
     slots: int = 4
+    # Continuous batching: with k requests in the batch each token costs (1 + slot_slowdown ·
+    # (k − 1)) times its solo time (0: free batching, 1: no gain from batching at all).
+    slot_slowdown: float = 0.0
     max_queue: int = 256
     noise_sigma: float = 0.0  # per-request multiplicative log-normal noise on compute time
     seed: int = 0
@@ -63,7 +66,8 @@ class EmulatorConfig:
             raise ValueError("slots must be >= 1 and max_queue >= 0")
         if self.tps is not None and self.tps <= 0:
             raise ValueError("tps must be positive")
-        if self.seconds_per_layer < 0 or self.hop_latency_s < 0 or self.noise_sigma < 0:
+        if (self.seconds_per_layer < 0 or self.hop_latency_s < 0 or self.noise_sigma < 0
+                or self.slot_slowdown < 0):
             raise ValueError("times and noise must not be negative")
         if self.fail_share + self.die_share + self.stall_share > 1:
             raise ValueError("fault shares add up to more than 1")
@@ -96,7 +100,7 @@ class TokenTimer:
 
     async def step(self, extra_s: float = 0.0) -> None:
         """One token's work on this hop (plus `extra_s` of link latency)."""
-        target_s = self._cost_s + extra_s + self._debt_s
+        target_s = self._cost_s * self._worker.slowdown() + extra_s + self._debt_s
         began = time.perf_counter()
         if target_s > 0:
             await anyio.sleep(target_s)
@@ -137,6 +141,10 @@ class ShardWorker:
         sample = spent_s / layers
         old = self._layer_s_ewma
         self._layer_s_ewma = sample if old is None else old + MEASURE_ALPHA * (sample - old)
+
+    def slowdown(self) -> float:
+        """Per-token compute multiplier for the batch running now (`slot_slowdown`)."""
+        return 1.0 + self.config.slot_slowdown * max(self.running - 1, 0)
 
     def noise(self) -> float:
         """A mean-1 log-normal factor for one request's compute time."""

@@ -37,6 +37,7 @@ class Decision:
     _ranked: tuple[Route, ...] = field(default=(), repr=False)  # the fallback chain so far
     _unranked: Sequence[Arm] = field(default=(), repr=False)  # arms still to rank into it
     _open: bool = field(default=False, repr=False)  # counted in flight, not yet ended
+    _load0: tuple[float, float] = field(default=(0.0, 0.0), repr=False)  # (area, t) at start
 
     @property
     def signature(self) -> str:
@@ -71,6 +72,7 @@ class Router:
         self.policy = policy or make_policy(self.config)
         self._cache: dict[str, tuple[int, tuple[Route, ...]]] = {}
         self._in_flight: dict[str, int] = {}
+        self._load: dict[str, tuple[float, float]] = {}  # sig -> ∫ in_flight dt, as of t
         self._recent: dict[str, deque[str]] = {}  # model -> signatures of recent attempts
 
     # -- topology -----------------------------------------------------------------
@@ -153,6 +155,8 @@ class Router:
 
     def _begin(self, decision: Decision) -> Decision:
         sig = decision.signature
+        now = self.clock()
+        decision._load0 = (self._tick(sig, now), now)
         self._in_flight[sig] = self._in_flight.get(sig, 0) + 1
         recent = self._recent.get(decision.model)
         if recent is None:
@@ -161,6 +165,21 @@ class Router:
         decision._open = True
         return decision
 
+    def _tick(self, sig: str, now: float) -> float:
+        """The route's in-flight count integrated over time up to `now`."""
+        area, t = self._load.get(sig, (0.0, now))
+        area += self._in_flight.get(sig, 0) * max(now - t, 0.0)
+        self._load[sig] = (area, now)
+        return area
+
+    def concurrency(self, decision: Decision, now: float) -> float:
+        """The route's mean in-flight count over an open attempt's life so far."""
+        area0, t0 = decision._load0
+        area = self._tick(decision.signature, now)
+        if now > t0:
+            return (area - area0) / (now - t0)
+        return float(self._in_flight.get(decision.signature, 0))
+
     def cancel(self, decision: Decision) -> None:
         """End an attempt that says nothing about the route (the client's own 4xx, or it
         went away before any byte): no sample, no failure. Ending twice counts once."""
@@ -168,16 +187,20 @@ class Router:
             return
         decision._open = False
         sig = decision.signature
+        self._tick(sig, self.clock())
         left = self._in_flight.get(sig, 0) - 1
         if left > 0:
             self._in_flight[sig] = left
         else:
             self._in_flight.pop(sig, None)
+            self._load.pop(sig, None)  # no attempt open on it: nothing refers to its area
 
     def record(self, decision: Decision, outcome: Outcome) -> RecordResult:
         """Record a finished attempt; return 'sample', 'success' (too few tokens to be a
         sample) or 'failure'."""
         sig, model, now = decision.signature, decision.model, self.clock()
+        if decision._open:
+            outcome = outcome._replace(concurrency=self.concurrency(decision, now))
         self.cancel(decision)
         changed_at = self._changed_at(model)
         self.policy.observe(sig, outcome, now)

@@ -1,10 +1,13 @@
 """A discrete-event mesh simulator that drives the real Router on a simulated clock.
 
-Every request is decided by `Router.choose`, occupies one slot on every node of its route for
-its whole service time (waiting in FIFO order while any of them is full), and is reported back
-with `Router.record`; joins and leaves go through `upsert_node` / `remove_node`. All workload
-randomness (token counts, noise, failures, arrival gaps) is drawn up front from the seed, so
-every policy faces the very same requests.
+Every request is decided by `Router.choose`, occupies one slot on every node of its route from
+its start to its end (waiting in FIFO order while any of them is full), and is reported back
+with `Router.record`; joins and leaves go through `upsert_node` / `remove_node`. A node runs
+up to `slots` requests at once and each runs slower the fuller the batch is
+(`NodeSpec.slowdown`): serial servers, continuous batching and saturation are all this one
+model. Speeds change whenever a batch does, so a running request's finish time is recomputed
+on every start and end on its nodes. All workload randomness (token counts, noise, failures,
+arrival gaps) is drawn up front from the seed, so every policy faces the very same requests.
 """
 
 from __future__ import annotations
@@ -20,23 +23,28 @@ from ..core.policies import Outcome
 from ..core.router import Decision, Router
 from ..core.routes import Route
 from .model import MODEL, Event, NodeSpec, Scenario
-from .oracle import GOOD_WITHIN, OraclePolicy
+from .oracle import GOOD_WITHIN, OraclePolicy, gain_score
 
-ARRIVE, FINISH, ANNOUNCE = 0, 1, 2
+ARRIVE, FINISH, ANNOUNCE, TOKENS = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
 class NodeState:
-    """A node's live state: its spec (speed may drift), slots in use and queue."""
+    """A node's live state: its spec (speed may drift), the requests in its batch, its queue."""
 
     spec: NodeSpec
     present: bool = True
-    busy: int = 0  # slots in use
+    running: set[Request] = field(default_factory=set)  # holding a slot
     queued: int = 0  # waiting requests that need this node
-    load_s: float = 0.0  # expected service seconds of its running and queued requests
+    load_s: float = 0.0  # expected solo service seconds of its running and queued requests
+
+    @property
+    def busy(self) -> int:
+        """Slots in use."""
+        return len(self.running)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
     """One simulated request; the random draws are fixed before any policy sees it."""
 
@@ -49,9 +57,20 @@ class Request:
     arrival_s: float = 0.0
     decision: Decision | None = None
     nodes: tuple[str, ...] = ()
-    service_s: float = 0.0  # expected, at dispatch
+    compute_s: tuple[float, ...] = ()  # solo compute seconds per token on each node
+    hop_s: float = 0.0  # per-token link latency of the route
+    latency_s: float = 0.0  # fixed latency, paid once before the first token
+    service_s: float = 0.0  # expected solo service seconds, at dispatch
     fail_p: float = 0.0
     good: bool = False  # within GOOD_WITHIN of the oracle's choice when decided
+    tokens_left: float = 0.0  # of the token phase (a failing request stops early)
+    rate: float = 0.0  # tokens/s now; 0 before the token phase
+    updated_s: float = 0.0
+    version: int = 0  # bumps on every re-rate; stale FINISH events are skipped
+    ttfb_s: float = 0.0
+
+    def __hash__(self) -> int:
+        return self.index
 
 
 @dataclass(slots=True)
@@ -79,7 +98,7 @@ class Simulator:
                              policy=oracle)
         self.requests = _draw_requests(scenario, random.Random(seed))
         self._events = sorted(scenario.events, key=lambda e: e.at_request)
-        self._heap: list[tuple[float, int, int, Request | None]] = []
+        self._heap: list[tuple[float, int, int, Request | None, int]] = []
         self._seq = 0
         self._waiting: list[Request] = []
         self._next = 0
@@ -89,16 +108,27 @@ class Simulator:
             self._join(spec)
 
     # -- ground truth ---------------------------------------------------------------
-    def route_truth(self, route: Route) -> tuple[float, float, float]:
-        """(seconds per token, latency seconds, failure probability) of a route right now."""
-        per_token = (len(route.hops) - 1) * self.scenario.hop_token_s
-        latency, ok_p = 0.0, 1.0
+    def route_truth(self, route: Route) -> tuple[tuple[float, ...], float, float, float]:
+        """(solo compute seconds per token per hop, link seconds per token, latency seconds,
+        failure probability) of a route right now."""
+        compute, latency, ok_p = [], 0.0, 1.0
         for hop in route.hops:
             spec = self.nodes[hop.node.node_id].spec
-            per_token += (hop.end_layer - hop.start_layer + 1) * spec.s_per_layer
+            compute.append((hop.end_layer - hop.start_layer + 1) * spec.s_per_layer)
             latency += spec.latency_s
             ok_p *= 1.0 - spec.fail_rate
-        return per_token, latency, 1.0 - ok_p
+        hop_s = (len(route.hops) - 1) * self.scenario.hop_token_s
+        return tuple(compute), hop_s, latency, 1.0 - ok_p
+
+    def per_token_s(self, nodes: tuple[str, ...], compute: tuple[float, ...], hop_s: float,
+                    extra: frozenset[str] = frozenset()) -> float:
+        """Seconds per token of a request on these nodes at their current batch sizes (one
+        more request on the nodes in `extra`), noise aside."""
+        total = hop_s
+        for node_id, c in zip(nodes, compute, strict=True):
+            n = self.nodes[node_id]
+            total += c * n.spec.slowdown(n.busy + (node_id in extra))
+        return total
 
     def expected_wait_s(self, node_id: str) -> float:
         """The oracle's estimate of how long a new request waits for a slot on a node."""
@@ -108,13 +138,14 @@ class Simulator:
             return 0.0
         return (ahead + 1 - n.spec.slots) / n.spec.slots * (n.load_s / ahead)
 
-    def expected_cost_s(self, route: Route, tokens: int) -> float:
-        """Expected seconds of mesh time per delivered request (failures retried in kind)."""
-        per_token, latency, fail_p = self.route_truth(route)
-        wait = max(self.expected_wait_s(h.node.node_id) for h in route.hops)
-        service = tokens * per_token + latency
-        # A failure is cut at a uniform point of the service, so it costs half on average.
-        return (wait + service * (1.0 - fail_p / 2)) / max(1.0 - fail_p, 1e-9)
+    def can_start(self, node_ids: tuple[str, ...]) -> bool:
+        """Whether a request on these nodes would start at once (a free slot, no queue)."""
+        return all(self.nodes[n].busy < self.nodes[n].spec.slots and not self.nodes[n].queued
+                   for n in node_ids)
+
+    def gain(self, route: Route, tokens: int) -> float:
+        """The oracle's score of a route for a request: see `oracle.gain_score`."""
+        return gain_score(self, route, tokens)
 
     # -- the run ----------------------------------------------------------------------
     def run(self) -> Trace:
@@ -131,20 +162,25 @@ class Simulator:
         if self.scenario.announce_s > 0:
             self._push(self.scenario.announce_s, ANNOUNCE, None)
         while self._heap:
-            t, _, kind, req = heapq.heappop(self._heap)
+            t, _, kind, req, version = heapq.heappop(self._heap)
+            if req is not None and kind == FINISH and version != req.version:
+                continue  # re-rated since
             self.now = t
             if kind == ARRIVE:
                 self._arrive(req)
             elif kind == FINISH:
                 assert req is not None
                 self._finish(req)
+            elif kind == TOKENS:
+                assert req is not None
+                self._begin_tokens(req)
             else:
                 self._announce()
         return self._trace()
 
-    def _push(self, t: float, kind: int, req: Request | None) -> None:
+    def _push(self, t: float, kind: int, req: Request | None, version: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, req))
+        heapq.heappush(self._heap, (t, self._seq, kind, req, version))
 
     def _arrive(self, req: Request | None) -> None:
         if req is None:  # closed loop: the next request of the sequence
@@ -165,12 +201,13 @@ class Simulator:
 
     def _dispatch(self, req: Request, decision: Decision) -> None:
         route = decision.route
-        costs = [self.expected_cost_s(r, req.tokens) for r in self.router.candidates(MODEL)]
-        chosen = self.expected_cost_s(route, req.tokens)
-        req.good = chosen <= min(costs) * (1.0 + GOOD_WITHIN)
-        per_token, latency, req.fail_p = self.route_truth(route)
+        scores = [self.gain(r, req.tokens) for r in self.router.candidates(MODEL)]
+        req.good = self.gain(route, req.tokens) >= max(scores) * (1.0 - GOOD_WITHIN)
+        req.compute_s, req.hop_s, req.latency_s, req.fail_p = self.route_truth(route)
         req.decision, req.nodes = decision, route.node_ids
-        req.service_s = req.tokens * per_token + latency
+        req.service_s = req.tokens * (sum(req.compute_s) + req.hop_s) + req.latency_s
+        cut = req.cut_u if req.fail_u < req.fail_p else 1.0
+        req.tokens_left = req.tokens * cut
         for node_id in req.nodes:
             node = self.nodes[node_id]
             node.queued += 1
@@ -182,29 +219,54 @@ class Simulator:
         """Start waiting requests in FIFO order per node (a blocked node blocks later ones)."""
         blocked: set[str] = set()
         still: list[Request] = []
+        started: list[Request] = []
         for req in self._waiting:
             nodes = [self.nodes[n] for n in req.nodes]
             if blocked.isdisjoint(req.nodes) and all(n.busy < n.spec.slots for n in nodes):
-                self._start(req, nodes)
+                for node in nodes:
+                    node.queued -= 1
+                    node.running.add(req)
+                started.append(req)
             else:
                 blocked.update(req.nodes)
                 still.append(req)
         self._waiting = still
+        for req in started:
+            req.ttfb_s = self.now - req.arrival_s + req.latency_s
+            if req.latency_s > 0:
+                self._push(self.now + req.latency_s, TOKENS, req)
+            else:
+                self._begin_tokens(req)
+        if started:
+            self._rerate({n for r in started for n in r.nodes})
 
-    def _start(self, req: Request, nodes: list[NodeState]) -> None:
-        for node in nodes:
-            node.queued -= 1
-            node.busy += 1
-        seconds = req.service_s * req.noise
-        if req.fail_u < req.fail_p:
-            seconds *= req.cut_u
-        self._push(self.now + seconds, FINISH, req)
+    def _begin_tokens(self, req: Request) -> None:
+        req.updated_s = self.now
+        req.rate = 1.0  # marks the token phase; _rerate sets the true rate
+        per_token = self.per_token_s(req.nodes, req.compute_s, req.hop_s) * req.noise
+        req.ttfb_s += per_token
+        self._rerate(set(req.nodes))
+
+    def _rerate(self, node_ids: set[str]) -> None:
+        """Batch sizes changed on these nodes: advance and re-time their running requests."""
+        touched = {r for n in node_ids if n in self.nodes for r in self.nodes[n].running}
+        for req in sorted(touched, key=lambda r: r.index):
+            if req.rate <= 0:
+                continue  # still paying its fixed latency
+            req.tokens_left = max(req.tokens_left - req.rate * (self.now - req.updated_s), 0.0)
+            req.updated_s = self.now
+            req.rate = 1.0 / (self.per_token_s(req.nodes, req.compute_s, req.hop_s)
+                              * req.noise)
+            req.version += 1
+            self._push(self.now + req.tokens_left / req.rate, FINISH, req, req.version)
 
     def _finish(self, req: Request) -> None:
         for node_id in req.nodes:
             node = self.nodes[node_id]
-            node.busy -= 1
+            node.running.discard(req)
             node.load_s -= req.service_s
+        req.rate = 0.0
+        self._rerate(set(req.nodes))
         ok = req.fail_u >= req.fail_p
         self._end(req, ok=ok)
         self._start_waiting()
@@ -213,9 +275,7 @@ class Simulator:
         """Report the outcome to the router and log it; a closed-loop client sends again."""
         seconds = self.now - req.arrival_s
         if req.decision is not None:
-            per_token = req.service_s / max(req.tokens, 1)
-            ttfb = min(seconds, per_token * req.noise)
-            outcome = (Outcome(req.tokens, seconds, ttfb) if ok
+            outcome = (Outcome(req.tokens, seconds, min(seconds, req.ttfb_s)) if ok
                        else Outcome(0, seconds, 0.0, error))
             self.router.record(req.decision, outcome)
         self.done[req.index] = (self.now, req.tokens if ok else 0, not ok)
@@ -255,12 +315,20 @@ class Simulator:
             self._join(event.node)
         elif event.kind == "leave":
             self._leave(event.node_id)
-        elif event.kind == "slow":
+        elif event.kind in ("slow", "fail"):
             state = self.nodes[event.node_id]
-            spec = state.spec
-            state.spec = NodeSpec(spec.node_id, spec.start, spec.end, spec.layers,
-                                  spec.s_per_layer * event.factor, spec.slots, spec.latency_s,
-                                  spec.fail_rate, spec.advertised_tps)
+            if event.kind == "slow":
+                spec = replace(state.spec, s_per_layer=state.spec.s_per_layer * event.factor)
+            else:
+                spec = replace(state.spec, fail_rate=event.factor)
+            state.spec = spec
+            if event.kind == "slow":  # the new speed applies to the batch now running
+                for req in state.running:
+                    at = req.nodes.index(event.node_id)
+                    compute = list(req.compute_s)
+                    compute[at] *= event.factor
+                    req.compute_s = tuple(compute)
+                self._rerate({event.node_id})
 
     def _leave(self, node_id: str) -> None:
         """A node leaves: running requests drain, waiting ones fail to connect."""
@@ -288,14 +356,17 @@ class Simulator:
 
 
 def _draw_requests(scenario: Scenario, rng: random.Random) -> list[Request]:
-    """The workload: token counts, mean-one log-normal noise, failure draws."""
+    """The workload: token counts, mean-one log-normal noise, failure draws, arrival gaps
+    (bursts of `burst` requests at once, the mean rate unchanged)."""
     sigma = scenario.noise_sigma
     lo, hi = scenario.tokens
-    rate = scenario.poisson_rate
+    rate, burst = scenario.poisson_rate, max(scenario.burst, 1)
     out = []
     for i in range(scenario.requests):
         noise = math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2)
         gap_s = rng.expovariate(rate) if rate > 0 else 0.0
+        if burst > 1:
+            gap_s = gap_s * burst if i % burst == burst - 1 else 0.0
         out.append(Request(i, rng.randint(lo, hi), noise, rng.random(), rng.random(), gap_s))
     return out
 

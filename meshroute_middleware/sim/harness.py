@@ -50,13 +50,14 @@ def run_job(job: Job) -> RunMetrics:
 
 
 def plan(quick: bool, seed: int, scenarios: Sequence[Scenario] = SCENARIOS,
-         policies: Sequence[str] = POLICIES) -> list[Job]:
+         policies: Sequence[str] = POLICIES, seeds: int | None = None) -> list[Job]:
     """Every (scenario, policy, seed) run, the quick variant shorter and on one seed."""
-    seeds = [seed + k for k in range(QUICK_SEEDS if quick else FULL_SEEDS)]
+    count = seeds if seeds is not None else (QUICK_SEEDS if quick else FULL_SEEDS)
+    seed_list = [seed + k for k in range(count)]
     jobs = []
     for s in scenarios:
         sized = s.scaled(s.quick_requests) if quick else s
-        jobs += [(sized, p, k) for p in policies for k in seeds]
+        jobs += [(sized, p, k) for p in policies for k in seed_list]
     return jobs
 
 

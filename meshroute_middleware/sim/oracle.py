@@ -1,4 +1,12 @@
-"""The oracle: a policy handed the simulator's ground truth (true current speeds and queues)."""
+"""The oracle: a policy handed the simulator's ground truth, and the best split it should find.
+
+It scores a route by what sending the request there adds to the mesh's delivered tokens/s
+right now, with the true speeds, batch sizes, slowdowns and failure rates: the new request's
+own rate minus what its batch neighbours lose (zero when it would have to queue), plus a small
+tie-break on the request's own expected speed, queueing included (which decides among routes
+that are all saturated: shortest expected delay). For concave saturation curves this greedy
+marginal rule keeps a closed loop at the best split, which `best_split` computes exactly.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +16,21 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..core.policies import EXPLOIT, Arm, Mode, Outcome
 from ..core.routes import Route
+from .model import NodeSpec
 
 if TYPE_CHECKING:
     from .engine import Simulator
 
-# A decision is "good" when its route's expected cost is within 5 % of the oracle's best
+# A decision is "good" when its route's score is within 5 % of the oracle's best
 # (docs/benchmarks.md, "Learning quality": the re-convergence metric).
 GOOD_WITHIN = 0.05
+# Weight of the request's own expected speed beside the tokens/s it adds: a tie-break that
+# only decides among routes that are all saturated (where it is shortest expected delay).
+TIE_WEIGHT = 0.05
 
 
 class OraclePolicy:
-    """Picks the route of least expected mesh time per delivered request, knowing every
-    route's true current speed, failure rate and queue: greedy shortest expected delay."""
+    """Picks the route that adds the most delivered tokens/s, knowing the ground truth."""
 
     name: ClassVar[str] = "oracle"
 
@@ -27,7 +38,7 @@ class OraclePolicy:
         self.sim = sim
 
     def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
-        """The arm whose route has the smallest expected cost for the current request."""
+        """The arm whose route scores best for the current request."""
         req = self.sim.current
         tokens = req.tokens if req is not None else 1
         return best_route([a.route for a in arms], self.sim, tokens), EXPLOIT
@@ -37,6 +48,43 @@ class OraclePolicy:
 
 
 def best_route(routes: Sequence[Route], sim: Simulator, tokens: int) -> int:
-    """Index of the route with the least expected cost (the first on a tie)."""
-    costs = [sim.expected_cost_s(r, tokens) for r in routes]
-    return costs.index(min(costs))
+    """Index of the route with the best score (the first on a tie)."""
+    scores = [sim.gain(r, tokens) for r in routes]
+    return scores.index(max(scores))
+
+
+def gain_score(sim: Simulator, route: Route, tokens: int) -> float:
+    """Expected delivered tokens/s the mesh gains now by sending the request on `route`,
+    plus TIE_WEIGHT × the request's own expected delivered speed."""
+    compute, hop_s, latency_s, fail_p = sim.route_truth(route)
+    nodes = route.node_ids
+    ok_p = 1.0 - fail_p
+    if not sim.can_start(nodes):
+        wait = max(sim.expected_wait_s(n) for n in nodes)
+        per_token = sum(c * sim.nodes[n].spec.slowdown(sim.nodes[n].spec.slots)
+                        for n, c in zip(nodes, compute, strict=True)) + hop_s
+        return TIE_WEIGHT * ok_p * tokens / (wait + latency_s + tokens * per_token)
+    extra = frozenset(nodes)
+    per_token = sim.per_token_s(nodes, compute, hop_s, extra)
+    gain = ok_p / per_token
+    for req in {r for n in nodes for r in sim.nodes[n].running}:
+        if req.rate <= 0:
+            continue
+        before = sim.per_token_s(req.nodes, req.compute_s, req.hop_s)
+        after = sim.per_token_s(req.nodes, req.compute_s, req.hop_s, extra)
+        gain -= (1.0 - req.fail_p) * (1.0 / before - 1.0 / after)
+    own = tokens / (latency_s + tokens * per_token)
+    return gain + TIE_WEIGHT * ok_p * own
+
+
+def best_split(nodes: Sequence[NodeSpec], clients: int) -> tuple[list[int], float]:
+    """The best way to spread `clients` closed-loop requests over single-node routes: how
+    many on each and the total tokens/s, maximising Σ throughput(n) exactly (greedy on the
+    marginal gains, optimal because every node's throughput curve is concave)."""
+    split = [0] * len(nodes)
+    for _ in range(clients):
+        gains = [n.throughput(k + 1) * (1 - n.fail_rate) - n.throughput(k) * (1 - n.fail_rate)
+                 for n, k in zip(nodes, split, strict=True)]
+        split[gains.index(max(gains))] += 1
+    total = sum(n.throughput(k) * (1 - n.fail_rate) for n, k in zip(nodes, split, strict=True))
+    return split, total

@@ -1,8 +1,9 @@
-"""The benchmark scenarios: issue 6's seven and a recovery (names are the JSON keys)."""
+"""The benchmark scenarios: issue 6's seven, a recovery, and issue 14's batching servers
+(names are the JSON keys)."""
 
 from __future__ import annotations
 
-from .model import Event, NodeSpec, Scenario, whole
+from .model import Event, NodeSpec, Scenario, batching, serial, whole
 
 # ADR-0020's mesh: a 40-layer model (Qwen3.6-35B-A3B), a fast GPU node on layers 0-21 and slow
 # CPU nodes on 0-39. Speeds are illustrative; the per-token hop latency is what makes the
@@ -28,7 +29,18 @@ LOAD_FACTOR = 0.8  # issue 6: Poisson arrivals at 80 % of the mesh's total capac
 
 def load_rate(nodes: tuple[NodeSpec, ...], factor: float) -> float:
     """Requests/s that load every slot of every node to `factor` of its capacity."""
-    return factor * sum(n.slots * n.shard_tps for n in nodes) / MEAN_TOKENS
+    return factor * sum(n.throughput(n.slots) for n in nodes) / MEAN_TOKENS
+
+
+# Issue 14: servers that batch. Per-request speeds alone 90 / 60 / 30 tok/s, the ratios of the
+# independent check (900 / 600 / 300); vLLM-like decode slows a few percent per neighbour.
+ROOMY = (batching("fast", 90.0, 16, 0.05), batching("mid", 60.0, 16, 0.05),
+         batching("slow", 30.0, 16, 0.05))
+# The fast server's batch saturates: 4 slots and a steep slowdown (a small GPU, long prompts).
+TIGHT = (batching("fast", 90.0, 4, 0.25), batching("mid", 60.0, 8, 0.1),
+         batching("slow", 30.0, 8, 0.05))
+SERIAL = (serial("fast", 90.0), serial("mid", 60.0), serial("slow", 30.0))
+BURST = 8
 
 
 def _churn_events() -> tuple[Event, ...]:
@@ -68,6 +80,22 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("8-recovery", "the slowest route becomes 1.5x the fastest mid-run",
              (whole("a", 60.0), whole("b", 50.0), whole("c", 30.0)), 3000,
              events=(Event(1000, "slow", "c", factor=1 / 3),)),
+    Scenario("9-batch-roomy", "batching servers 90/60/30, 4 clients: the fast one has room",
+             ROOMY, 3000, clients=4),
+    Scenario("10-batch-saturates", "16 clients, the fast server saturates: the best is a split",
+             TIGHT, 4000, clients=16),
+    Scenario("11-serial", "serial servers 90/60/30 with 4 clients: spreading is right",
+             SERIAL, 3000, clients=4),
+    Scenario("12-bursty", "bursts of 8 requests at 60 % of capacity, batching servers",
+             TIGHT, 3000, poisson_rate=load_rate(TIGHT, 0.6), burst=BURST, held_out=True),
+    Scenario("13-batch-slowdown", "4 clients; the fast server slows 3x, then recovers",
+             ROOMY, 3000, clients=4,
+             events=(Event(1000, "slow", "fast", factor=3.0),
+                     Event(2000, "slow", "fast", factor=1 / 3))),
+    Scenario("14-batch-outage", "4 clients; the fast server fails every request, then recovers",
+             ROOMY, 3000, clients=4, held_out=True,
+             events=(Event(1000, "fail", "fast", factor=1.0),
+                     Event(2000, "fail", "fast", factor=0.0))),
 )
 
 

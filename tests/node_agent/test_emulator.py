@@ -97,6 +97,39 @@ async def test_requests_beyond_slots_queue() -> None:
             assert latency > 0.1 * wave - 0.01, latencies
 
 
+async def test_a_full_batch_runs_each_request_slower() -> None:
+    # 4 slots, 50 % per neighbour: 4 requests of 20 tokens x 10 ms run together at 2.5x,
+    # ~500 ms each; alone one takes ~200 ms. A serial server (each waits for the others)
+    # would give 100/200/300/400 ms, free batching 100 ms for all.
+    node = _cfg("batch", 0, 31, seconds_per_layer=0.01 / 32, slots=4, slot_slowdown=0.5)
+    latencies: list[float] = []
+    async with _mesh(node) as [(_, url)], aiohttp.ClientSession() as s:
+        async def one() -> None:
+            began = time.perf_counter()
+            status, _ = await _post(s, url, {**CHAT, "max_tokens": 20})
+            assert status == 200
+            latencies.append(time.perf_counter() - began)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(one)
+        await one()
+    together, alone = sorted(latencies[:4]), latencies[4]
+    # Ratios, not wall-clock bounds (a loaded machine stretches every sleep): together each
+    # takes ~2.5x as long as alone (>= 1.6x allows for the first tokens running before the
+    # batch is full and ~50 ms of HTTP per request on a loaded machine; free batching gives
+    # 1x), and they end together (a serial queue would give 1:2:3:4).
+    assert together[0] >= 1.6 * alone, (together, alone)
+    assert together[-1] <= 1.3 * together[0], together
+
+
+def test_the_batch_slowdown_grows_with_the_requests_running() -> None:
+    worker = ShardWorker(_cfg("w", 0, 31, slot_slowdown=0.25))
+    assert worker.slowdown() == 1.0
+    worker.running = 3
+    assert worker.slowdown() == pytest.approx(1.5)
+
+
 async def test_a_request_holds_a_slot_on_every_hop() -> None:
     # The tail has one slot: two concurrent two-hop requests run one after the other.
     head = _cfg("head", 0, 15, seconds_per_layer=0.01 / 16, slots=4)

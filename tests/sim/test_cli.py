@@ -37,8 +37,16 @@ def test_quick_run_writes_the_report(tmp_path: Path, capsys) -> None:  # type: i
     load = s["5-load"]
     assert (load["thompson"]["p95_latency_s"]
             <= MAX_P95_RATIO * load["adr0021"]["p95_latency_s"])
+    # Issue 14: batching servers. With 16 clients and a saturating fast server the peers
+    # that ignore load pile onto it (~0.5 of the oracle); with serial servers the same.
+    for name in ("10-batch-saturates", "11-serial"):
+        cells = s[name]
+        peers = max(cells[p]["fraction_of_oracle"] for p in POLICIES
+                    if p not in ("oracle", "thompson"))
+        assert cells["thompson"]["fraction_of_oracle"] >= peers + MIN_GAIN
     table = capsys.readouterr().out
     assert "| 1-two-routes | thompson |" in table
+    assert "held-out scenarios: 12-bursty, 14-batch-outage" in table
 
 
 def test_unknown_scenario_is_an_error(capsys) -> None:  # type: ignore[no-untyped-def]

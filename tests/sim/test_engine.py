@@ -11,7 +11,8 @@ import pytest
 
 from meshroute_middleware.sim.engine import Simulator, _draw_requests
 from meshroute_middleware.sim.metrics import throughput
-from meshroute_middleware.sim.model import MODEL, Event, NodeSpec, Scenario, whole
+from meshroute_middleware.sim.model import MODEL, Event, NodeSpec, Scenario, batching, serial, whole
+from meshroute_middleware.sim.oracle import best_split
 
 
 def quiet(name: str, nodes: tuple[NodeSpec, ...], requests: int = 200, **kw: object) -> Scenario:
@@ -125,3 +126,73 @@ def test_nodes_announce_their_queue_depth_to_the_router() -> None:
     [record] = [n for n in sim.router.topology.nodes() if n.node_id == "a"]
     assert record.queue == 3
     assert record.effective_tps == pytest.approx(record.tps / 4)
+
+
+def test_a_batch_slows_every_request_in_it() -> None:
+    # One node, 4 slots, each neighbour costs 25 %: with 4 clients every request runs at
+    # 60 / 1.75 tok/s and the node delivers 4 × that (tails aside: 400 requests).
+    node = batching("b", 60.0, 4, 0.25)
+    trace = Simulator(quiet("s", (node,), requests=400, clients=4), "oracle", 3).run()
+    assert throughput(trace) == pytest.approx(node.throughput(4), rel=0.02)
+    assert node.throughput(4) == pytest.approx(4 * 60.0 / 1.75)
+
+
+def test_a_serial_node_delivers_its_speed_whatever_the_clients() -> None:
+    trace = Simulator(quiet("s", (serial("s", 50.0),), requests=200, clients=8),
+                      "oracle", 4).run()
+    assert throughput(trace) == pytest.approx(50.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("clients", [4, 16])
+def test_the_oracle_reaches_the_best_split(clients: int) -> None:
+    nodes = (batching("fast", 90.0, 4, 0.25), batching("mid", 60.0, 8, 0.1),
+             batching("slow", 30.0, 8, 0.05))
+    split, best = best_split(nodes, clients)
+    assert sum(split) == clients
+    trace = Simulator(quiet("o", nodes, requests=2000, clients=clients), "oracle", 5).run()
+    # Greedy on the true marginal gains holds the closed loop at the best split; request
+    # lengths vary (64-512 tokens) so the mix drifts a little as requests end: within 3 %.
+    assert throughput(trace) == pytest.approx(best, rel=0.03)
+
+
+def test_the_best_split_of_a_roomy_fast_server_is_all_of_it() -> None:
+    nodes = (batching("fast", 90.0, 16, 0.05), batching("mid", 60.0, 16, 0.05))
+    assert best_split(nodes, 4)[0] == [4, 0]
+    assert best_split((serial("a", 90.0), serial("b", 60.0)), 4)[0] in ([3, 1], [2, 2])
+
+
+def test_bursty_arrivals_come_in_bursts_at_the_mean_rate() -> None:
+    scenario = quiet("b", (whole("a", 1000.0, slots=64),), requests=8000, poisson_rate=2.0,
+                     burst=8)
+    requests = _draw_requests(scenario, random.Random(6))
+    gaps = [r.gap_s for r in requests]
+    assert all(g == 0.0 for i, g in enumerate(gaps) if i % 8 != 7)
+    # 1,000 burst gaps, exponential with mean 4 s: the mean gap has sd 0.5 / sqrt(1000)·8;
+    # ±0.05 s per request is ~4 sd.
+    assert statistics.fmean(gaps) == pytest.approx(0.5, abs=0.05)
+
+
+def test_fail_events_set_and_clear_a_nodes_failure_rate() -> None:
+    scenario = quiet("f", (whole("a", 60.0), whole("b", 50.0)), requests=300,
+                     events=(Event(100, "fail", "a", factor=1.0),
+                             Event(200, "fail", "a", factor=0.0)))
+    sim = Simulator(scenario, "oracle", 7)
+    trace = sim.run()
+    assert not any(trace.failed)  # the oracle knows: it leaves a while a fails
+    assert {sim.requests[i].nodes[0] for i in range(100, 200)} == {"b"}
+    assert {sim.requests[i].nodes[0] for i in range(200, 300)} == {"a"}
+
+
+def test_a_slow_event_slows_the_requests_already_running() -> None:
+    scenario = quiet("s", (whole("a", 60.0, slots=4),), requests=8, clients=4,
+                     events=(Event(4, "slow", "a", factor=2.0),))
+    sim = Simulator(scenario, "oracle", 8)
+    trace = sim.run()
+    # The slowdown hits at the first completion (the arrival of request 4); the three
+    # requests still running from t = 0 take twice as long for what they had left.
+    slowed_at = min(trace.finish_s[:4])
+    still = [i for i in range(4) if trace.finish_s[i] > slowed_at]
+    assert len(still) == 3
+    for i in still:
+        solo = sim.requests[i].tokens / 60.0
+        assert trace.finish_s[i] == pytest.approx(slowed_at + 2 * (solo - slowed_at))

@@ -100,6 +100,7 @@ class Outcome(NamedTuple):
     # "" on success, else a kinds.ErrorKind. Typed `str` until the forwarders (adapters) type
     # their kinds as ErrorKind; then this narrows to `ErrorKind | Literal[""]`.
     error: str = ""
+    concurrency: float = 0.0  # the route's mean in-flight count while it ran (Router.record)
 
     @property
     def ok(self) -> bool:

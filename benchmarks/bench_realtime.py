@@ -1,0 +1,246 @@
+"""Real-time learning check: a real `meshroute serve` over HTTP in front of emulated nodes.
+
+  python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--json PATH]
+
+Per scenario, three single-node routes run as emulated nodes (each its own process on
+127.0.0.1) whose behaviour the gateway is not told: serial servers, batching servers with
+room, or a fast server whose batch saturates. `meshroute serve --no-mdns --nodes-file`
+fronts them, announcing each node's solo speed. N closed-loop clients (1, 4, 16) send
+non-streaming chat completions of TOKENS tokens for `--seconds`; delivered tokens/s counts the
+completion tokens of successful answers over the wall time, learning included.
+
+The best achievable is measured, not assumed: the same clients call the nodes directly,
+spread as the best split says (`sim.oracle.best_split` on the nodes' true saturation curves;
+with a roomy fast server that is all of them on the fast one). Each policy's tok/s is
+reported as a fraction of it. Runs of one scenario interleave so a noisy neighbour hurts all
+alike. Bounded: every run stops at its deadline, every request has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from meshroute_middleware.sim.model import NodeSpec, batching, serial
+from meshroute_middleware.sim.oracle import best_split
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+MODEL = "emu-model"
+TOKENS = 32  # completion tokens per request
+REQUEST_TIMEOUT_S = 30.0
+POLICIES = ("thompson", "epsilon-greedy")
+RESULTS = Path(__file__).parent / "results" / "realtime.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One mesh: its nodes' true behaviour (NodeSpec as in the simulator)."""
+
+    name: str
+    title: str
+    nodes: tuple[NodeSpec, ...]
+
+
+# Speeds of the independent check (900 / 600 / 300 tok/s) scaled by 1/5: the emulator sleeps
+# per token, and 16 clients at 900 tok/s would measure the machine, not the routing.
+CASES = (
+    Case("roomy", "batching servers 180/120/60, 16 slots, 5 % per neighbour",
+         (batching("fast", 180.0, 16, 0.05), batching("mid", 120.0, 16, 0.05),
+          batching("slow", 60.0, 16, 0.05))),
+    Case("saturating", "the fast server saturates: 2 slots, 30 % per neighbour",
+         (batching("fast", 180.0, 2, 0.3), batching("mid", 120.0, 8, 0.05),
+          batching("slow", 60.0, 8, 0.05))),
+    Case("serial", "serial servers 180/120/60 (one request at a time)",
+         (serial("fast", 180.0), serial("mid", 120.0), serial("slow", 60.0))),
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def node_command(spec: NodeSpec, port: int) -> list[str]:
+    """An emulated node with the spec's solo speed, slots and batch slowdown."""
+    config = {"node_id": spec.node_id, "model": MODEL, "tps": spec.shard_tps,
+              "slots": spec.slots, "slot_slowdown": spec.slot_slowdown,
+              "max_tokens_default": TOKENS, "max_queue": 4096}
+    code = ("import anyio, json, sys\n"
+            "from node_agent.emulator import EmulatorConfig, serve_node\n"
+            "async def main():\n"
+            "    async with serve_node(EmulatorConfig(**json.loads(sys.argv[1])), "
+            "'127.0.0.1', int(sys.argv[2])):\n"
+            "        await anyio.sleep_forever()\n"
+            "anyio.run(main)\n")
+    return [PY, "-c", code, json.dumps(config), str(port)]
+
+
+def gateway_command(nodes_file: str, port: int, policy: str) -> list[str]:
+    return [PY, "-m", "meshroute_middleware.cli", "serve", "--no-mdns", "--host", "127.0.0.1",
+            "--port", str(port), "--nodes-file", nodes_file, "--policy", policy,
+            "--seed", "1", "--log-level", "warning"]
+
+
+async def wait_up(url: str, deadline_s: float = 30.0) -> None:
+    """Until `url` answers HTTP at all (any status)."""
+    end = time.monotonic() + deadline_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < end:
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)):
+                    return
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def client(session: aiohttp.ClientSession, url: str, stop_at: float) -> tuple[int, int]:
+    """One closed-loop client until `stop_at`: (completion tokens delivered, failures)."""
+    body = {"model": MODEL, "max_tokens": TOKENS,
+            "messages": [{"role": "user", "content": "count to thirty-two"}]}
+    tokens = failures = 0
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    while time.monotonic() < stop_at:
+        try:
+            async with session.post(url + "/v1/chat/completions", json=body,
+                                    timeout=timeout) as resp:
+                doc = await resp.json(content_type=None)
+                if resp.status == 200:
+                    tokens += int(doc["usage"]["completion_tokens"])
+                else:
+                    failures += 1
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            failures += 1
+    return tokens, failures
+
+
+async def load(urls: list[str], seconds: float) -> dict[str, float]:
+    """Closed-loop clients, client i on urls[i]; delivered tokens/s over the wall time."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        began = time.monotonic()
+        results = await asyncio.gather(*(client(session, u, began + seconds) for u in urls))
+        elapsed = time.monotonic() - began
+    tokens = sum(t for t, _ in results)
+    return {"tokens_per_s": tokens / elapsed, "failures": float(sum(f for _, f in results))}
+
+
+def direct_urls(case: Case, node_urls: dict[str, str], clients: int) -> list[str]:
+    """Client i's node under the best split of `clients` closed-loop clients."""
+    split, _ = best_split(case.nodes, clients)
+    out: list[str] = []
+    for spec, k in zip(case.nodes, split, strict=True):
+        out += [node_urls[spec.node_id]] * k
+    return out
+
+
+def start(cmd: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def run_case(case: Case, clients_list: list[int], seconds: float) -> dict[str, Any]:
+    """Every client count and policy on one mesh; fresh nodes and gateway per run."""
+    out: dict[str, Any] = {}
+    for clients in clients_list:
+        row: dict[str, Any] = {}
+        for variant in ("best", *POLICIES):
+            procs: list[subprocess.Popen[bytes]] = []
+            try:
+                node_urls = {}
+                for spec in case.nodes:
+                    port = free_port()
+                    procs.append(start(node_command(spec, port)))
+                    node_urls[spec.node_id] = f"http://127.0.0.1:{port}"
+                for url in node_urls.values():
+                    await wait_up(url + "/v1/models")
+                if variant == "best":
+                    urls = direct_urls(case, node_urls, clients)
+                    row[variant] = await load(urls, seconds)
+                else:
+                    url = await gateway(case, node_urls, variant, procs)
+                    row[variant] = await load([url] * clients, seconds)
+                    row[variant]["requests_per_route"] = await requests_per_route(url)
+            finally:
+                for proc in procs:
+                    stop(proc)
+        best = row["best"]["tokens_per_s"]
+        for variant in POLICIES:
+            row[variant]["fraction_of_best"] = row[variant]["tokens_per_s"] / best
+        out[str(clients)] = row
+        print(f"{case.name:10s} clients {clients:2d}: best {best:7.1f} tok/s  " + "  ".join(
+            f"{p} {row[p]['fraction_of_best']:.3f} {row[p]['requests_per_route']}"
+            for p in POLICIES), flush=True)
+    return out
+
+
+async def requests_per_route(url: str) -> dict[str, Any]:
+    """Per route head, the tps samples the gateway took and their decayed mean (its
+    /v1/routing): where the traffic went and how fast the gateway saw it go."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/v1/routing") as resp:
+        doc = await resp.json()
+    return {c["head"]: [c["samples"], None if c["tps"] is None else round(c["tps"], 1)]
+            for m in doc["models"].values() for c in m["candidates"]}
+
+
+async def gateway(case: Case, node_urls: dict[str, str], policy: str,
+                  procs: list[subprocess.Popen[bytes]]) -> str:
+    """Start `meshroute serve` over the nodes; return its URL."""
+    nodes = [{"node_id": s.node_id, "model": MODEL, "start": 0, "end": s.layers - 1,
+              "layers": s.layers, "url": node_urls[s.node_id], "tps": s.shard_tps}
+             for s in case.nodes]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"nodes": nodes}, f)
+    port = free_port()
+    procs.append(start(gateway_command(f.name, port, policy)))
+    url = f"http://127.0.0.1:{port}"
+    await wait_up(url + "/v1/routing")
+    return url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="per run (default 20)")
+    parser.add_argument("--clients", default="1,4,16", help="client counts (default 1,4,16)")
+    parser.add_argument("--case", action="append", help="only this case (repeatable)")
+    parser.add_argument("--json", type=Path, default=RESULTS, help="write the report here")
+    args = parser.parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",")]
+    cases = [c for c in CASES if not args.case or c.name in args.case]
+    report = {"seconds": args.seconds, "tokens": TOKENS, "cases": {}}
+    for case in cases:
+        report["cases"][case.name] = {"title": case.title,
+                                      "runs": asyncio.run(run_case(case, clients,
+                                                                   args.seconds))}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Saturation curves: the model's shapes, fitting them from samples, change detection."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from meshroute_middleware.core.saturation import (
+    CURVES,
+    CurveBelief,
+    bin_of,
+    log_g,
+    throughput,
+)
+
+
+def test_the_curve_family_covers_serial_batching_and_saturation() -> None:
+    # serial: a request shares the server with c - 1 others
+    assert [math.exp(log_g(c, 1.0, 0.0)) for c in (1, 2, 4)] == pytest.approx([1, 1 / 2, 1 / 4])
+    # batching without slowdown up to the knee, then queueing
+    assert [math.exp(log_g(c, 4.0, 0.0)) for c in (1, 4, 8)] == pytest.approx([1, 1, 1 / 2])
+    # per-neighbour slowdown
+    assert math.exp(log_g(3, 8.0, 0.25)) == pytest.approx(1 / 1.5)
+    assert throughput(0, 60.0, 4.0, 0.0) == 0.0
+    assert throughput(6, 60.0, 4.0, 0.0) == pytest.approx(240.0)
+
+
+@pytest.mark.parametrize(("knee", "slowdown"), CURVES)
+def test_every_curve_has_a_concave_non_decreasing_throughput(knee: float,
+                                                             slowdown: float) -> None:
+    ts = [throughput(n, 50.0, knee, slowdown) for n in range(0, 40)]
+    gains = [b - a for a, b in itertools.pairwise(ts)]
+    assert all(g >= -1e-9 for g in gains)
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(gains))
+
+
+def _feed(belief: CurveBelief, truth: tuple[float, float, float], rng: random.Random,
+          n: int, sigma: float = 0.1, cs: tuple[float, ...] = (1, 2, 3, 4, 6, 8)) -> None:
+    s1, knee, slowdown = truth
+    for k in range(n):
+        c = cs[k % len(cs)]
+        belief.add(s1 * math.exp(log_g(c, knee, slowdown) + rng.gauss(0.0, sigma)), c)
+
+
+@pytest.mark.parametrize("truth", [(50.0, 1.0, 0.0),  # serial
+                                   (90.0, 16.0, 0.05),  # batching with room
+                                   (90.0, 4.0, 0.25),  # a batch that saturates
+                                   (60.0, 8.0, 0.0)])  # free batching up to 8 slots
+def test_the_fit_recovers_the_throughput_curve(truth: tuple[float, float, float]) -> None:
+    belief = CurveBelief()
+    _feed(belief, truth, random.Random(1), 120)
+    _, mus, best = belief.fit()
+    knee, slowdown = CURVES[best]
+    for n in range(1, 9):
+        want = throughput(n, *truth)
+        got = throughput(n, math.exp(mus[best]), knee, slowdown)
+        # 120 samples with sigma 0.1 (log): the fitted curve's total throughput is within 8 %
+        # at every concurrency it was sampled near (the grid itself is coarser than that).
+        assert got == pytest.approx(want, rel=0.08), (n, CURVES[best])
+
+
+def test_a_change_is_detected_within_a_handful_of_samples() -> None:
+    belief = CurveBelief()
+    rng = random.Random(2)
+    _feed(belief, (60.0, 8.0, 0.05), rng, 200)
+    before = belief.changes  # a false alarm here is rare (~3 per 100,000 samples), not wrong
+    _feed(belief, (30.0, 8.0, 0.05), rng, 5)  # halved: 0.69 in log, ~7 sigma per sample
+    assert belief.changes == before + 1
+    _feed(belief, (30.0, 8.0, 0.05), rng, 7)
+    assert math.exp(belief.predict(1.0)) == pytest.approx(30.0, rel=0.1)
+
+
+def test_no_false_alarm_on_a_stationary_noisy_route() -> None:
+    belief = CurveBelief()
+    # 3,000 samples with sigma 0.3: the CUSUM at h = 6 sigma should almost never fire (its
+    # average run length at k = 0.5 is in the tens of thousands); allow one.
+    _feed(belief, (40.0, 4.0, 0.1), random.Random(3), 3000, sigma=0.3)
+    assert belief.changes <= 1
+
+
+def test_masses_are_capped_and_decay() -> None:
+    belief = CurveBelief()
+    _feed(belief, (40.0, 1.0, 0.0), random.Random(4), 500)
+    assert belief.mass == pytest.approx(200.0)
+    belief.decay(0.5)
+    assert belief.mass == pytest.approx(100.0)
+    assert sum(m for _, _, m in belief.concurrencies()) == pytest.approx(100.0)
+
+
+def test_concurrency_bins_are_quarter_octaves() -> None:
+    assert [bin_of(c) for c in (0.5, 1.0, 1.19, 2.0, 4.0)] == [0, 0, 1, 4, 8]
