@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -81,7 +82,5 @@ class HostileServer:
     def __exit__(self, *exc: object) -> None:
         self.sock.close()
         for conn in self._conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def node_process(name: str, port: int, tokens: int, delay: float) -> Iterator[subprocess.Popen[bytes]]:
+def node_process(name: str, port: int, tokens: int,
+                 delay: float) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-m", "tests.faults.node_proc", name, str(port),
                              str(tokens), str(delay)], cwd=ROOT)
     try:
@@ -78,8 +79,8 @@ async def test_a_node_killed_mid_load() -> None:
             register(server.url, "good", g.url, tps=10)
             results: list[dict[str, Any]] = []
             flowing = anyio.Event()
-            async with httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client:
-                async with anyio.create_task_group() as tg:
+            async with (httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client,
+                        anyio.create_task_group() as tg):
                     for i in range(16):  # half streams, half whole answers
                         tg.start_soon(_request, client, i % 2 == 0, results, flowing)
                     with anyio.fail_after(DEADLINE_S):

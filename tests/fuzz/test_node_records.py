@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 def _valid(record: NodeRecord) -> None:
     """What every record in the topology must satisfy (parse_node's contract)."""
     assert 0 <= record.start <= record.end < record.layers
-    assert 0 < record.tps and math.isfinite(record.tps)
+    assert record.tps > 0 and math.isfinite(record.tps)
     assert 0 <= record.rep <= 1 and record.queue >= 0
     assert record.url.startswith(("http://", "https://"))
     assert record.node_id and record.model
