@@ -158,7 +158,8 @@ class GatewayAPI:
 
     async def health(self, request: Request) -> Response:
         """Liveness."""
-        return JSONResponse({"ok": True, "models": self.router.models()})
+        return JSONResponse({"ok": True, "models": self.router.models(),
+                             "tracker": self.router.stats.origin})
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -115,9 +115,11 @@ def openapi_document() -> dict[str, Any]:
                     "text/plain": {"schema": {"type": "string"}}}}}}},
             "/healthz": {"get": {
                 "summary": "Liveness",
-                "responses": {"200": _json({"type": "object", "required": ["ok", "models"],
+                "responses": {"200": _json({"type": "object",
+                                            "required": ["ok", "models", "tracker"],
                                             "properties": {"ok": {"type": "boolean"},
-                                                           "models": {"type": "array"}}},
+                                                           "models": {"type": "array"},
+                                                           "tracker": {"type": "string"}}},
                                            "alive")}}},
             "/dashboard": {"get": {
                 "summary": "The live routing dashboard",

@@ -86,6 +86,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("insecure_gossip", bool, ("--insecure-gossip",), ("MESHROUTE_INSECURE_GOSSIP",),
            "allow a non-loopback --gossip-listen without a gossip secret"),
     Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level"),
+    Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
+           "processes serving the one port, sharing learned statistics over loopback gossip"),
 )
 
 
@@ -115,6 +117,7 @@ class ServeSettings:
     gossip_secret: str | None = None
     insecure_gossip: bool = False
     log_level: str = "info"
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -125,6 +128,8 @@ class ServeSettings:
                      "gossip_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"workers must be in 1..64, got {self.workers}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
 
