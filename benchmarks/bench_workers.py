@@ -122,12 +122,22 @@ def one_connection_per_worker(url: str, n: int) -> list[httpx.Client]:
 
 def propagation(url: str, n: int, trials: int) -> list[float]:
     """Seconds from a recorded answer until all n workers count it, per trial; each worker is
-    polled on a connection of its own, so the poll adds one round trip, not a search."""
-    clients = one_connection_per_worker(url, n)
-    try:
-        times = []
-        for _ in range(trials):
-            total = max(worker_view(c)[1] for c in clients)
+    polled on a connection of its own, so the poll adds one round trip, not a search. Each
+    trial starts once every worker agrees on the count."""
+    times = []
+    for _ in range(trials):
+        clients = one_connection_per_worker(url, n)
+        try:
+            settled = time.monotonic() + 30
+            while True:  # every worker reached, all agreeing on the count
+                views = dict(worker_view(c) for c in clients)
+                if len(views) == n and len(set(views.values())) == 1:
+                    break
+                if len(views) < n:  # an idle connection was closed and reopened elsewhere
+                    clients.append(httpx.Client(base_url=url, timeout=5))
+                if time.monotonic() > settled:
+                    raise RuntimeError(f"the workers never agreed on a count: {views}")
+            total = worker_view(clients[0])[1]
             resp = clients[0].post("/v1/chat/completions", content=CHAT,
                                    headers={"content-type": "application/json"})
             resp.raise_for_status()
@@ -135,14 +145,18 @@ def propagation(url: str, n: int, trials: int) -> list[float]:
             while len(have) < n or min(have.values()) < total + 1:
                 if time.monotonic() - done > 30:
                     raise RuntimeError(f"no propagation in 30 s: {have}")
+                polled = set()
                 for client in clients:
                     tracker, samples = worker_view(client)
                     have[tracker] = samples
+                    polled.add(tracker)
+                if len(polled) < n:  # an idle connection was closed and reopened elsewhere
+                    clients.append(httpx.Client(base_url=url, timeout=5))
             times.append(time.monotonic() - done)
-        return times
-    finally:
-        for client in clients:
-            client.close()
+        finally:
+            for client in clients:
+                client.close()
+    return times
 
 
 def main() -> int:
@@ -168,6 +182,12 @@ def main() -> int:
                     gateways[name, n] = gateway(n, backend, args.gossip_interval, Path(tmp))
             for (_, n), (_, url) in gateways.items():
                 up(url, n)
+            for n in counts:
+                if n > 1:
+                    times = propagation(gateways["chat", n][1], n, args.trials)
+                    results["propagation"][f"N={n}"] = {
+                        "median_s": statistics.median(times), "max_s": max(times),
+                        "trials": times}
             for _, (_, url) in gateways.items():  # warm-up, not recorded
                 load(url, args.connections, 1)
             runs: dict[str, list[dict[str, float]]] = {}
@@ -187,12 +207,6 @@ def main() -> int:
                     "cpu_us": statistics.median(r["cpu_us"] for r in rows),
                     "errors": sum(r["errors"] for r in rows),
                     "rounds": rows}
-            for n in counts:
-                if n > 1:
-                    times = propagation(gateways["chat", n][1], n, args.trials)
-                    results["propagation"][f"N={n}"] = {
-                        "median_s": statistics.median(times), "max_s": max(times),
-                        "trials": times}
         finally:
             for proc, _ in gateways.values():
                 proc.terminate()

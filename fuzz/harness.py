@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing (atheris) of meshroute's hostile-input parsers; not a pytest suite.
 
-  python fuzz/harness.py TARGET [libFuzzer options, e.g. -max_total_time=60 -runs=N]
+  python fuzz/harness.py TARGET CORPUS_DIR fuzz/seeds/TARGET [-max_total_time=60 ...]
 
 TARGET is one of: request, node, txt, gossip, providers. Each target feeds the fuzzer's bytes
 to one parser and fails (atheris reports the input and a crash file) on any exception other
