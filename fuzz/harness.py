@@ -9,6 +9,7 @@ than the parser's documented refusal. Needs atheris in a venv of its own (see fu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -63,14 +64,10 @@ def txt_record(data: bytes) -> None:
         key = fdp.PickValueInList([b"v", b"id", b"m", b"s", b"e", b"l", b"u", b"t", b"q", b"r",
                                    b"hp", b"gp", fdp.ConsumeBytes(4)])
         props[key] = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 40))
-    try:
+    with contextlib.suppress(InvalidNodeError):
         txt.decode_node(props)
-    except InvalidNodeError:
-        pass
-    try:
+    with contextlib.suppress(txt.TxtError):
         txt.decode_tracker(props)
-    except txt.TxtError:
-        pass
 
 
 _CODEC = WireCodec("me")
@@ -81,20 +78,16 @@ def gossip(data: bytes) -> None:
     raw = fdp.ConsumeBool()
     rest = fdp.ConsumeBytes(len(data))
     frame = rest if raw else msgpack.packb([WIRE_VERSION, 2, "peer", NOW, 1, 0, rest, None])
-    try:
+    with contextlib.suppress(GossipError):
         _CODEC.decode(frame, NOW)
-    except GossipError:
-        pass
 
 
 def providers(data: bytes) -> None:
     value = _json(data)
     if not isinstance(value, dict):
         return
-    try:
+    with contextlib.suppress(ProviderConfigError):
         parse_providers_config(value)
-    except ProviderConfigError:
-        pass
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
