@@ -23,6 +23,7 @@ from .core.providers.router import ProviderRouter
 from .events import sse
 from .httperrors import error_body
 from .mesh import Mesh, MeshFullError
+from .openapi import openapi_document
 from .telemetry import CONTENT_TYPE
 
 log = logging.getLogger("meshroute.api")
@@ -31,9 +32,10 @@ CACHE_S = 1.0  # /v1/routing and /metrics are computed at most once a second (is
 _DASHBOARD = (Path(__file__).parent / "static" / "dashboard.html").read_text()
 
 
-def error_response(status: int, message: str, code: str, **extra: Any) -> Response:
+def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None,
+                   **extra: Any) -> Response:
     """An OpenAI-style JSON error response."""
-    return Response(error_body(status, message, code, **extra), status,
+    return Response(error_body(status, message, code, **extra), status, headers=headers,
                     media_type="application/json")
 
 
@@ -68,14 +70,15 @@ class GatewayAPI:
         return [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
-            Route("/v1/nodes", self.list_nodes, methods=["GET"]),
-            Route("/v1/nodes", self.post_node, methods=["POST"]),
+            # one route per path, so that a 405's Allow header lists every method
+            Route("/v1/nodes", self.nodes, methods=["GET", "POST"]),
             Route("/v1/nodes/{node_id:path}", self.delete_node, methods=["DELETE"]),
             Route("/v1/routing", self.routing, methods=["GET"]),
             Route("/v1/routing/events", self.events, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/healthz", self.health, methods=["GET"]),
             Route("/dashboard", self.dashboard, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
 
     async def models(self, request: Request) -> Response:
@@ -91,6 +94,12 @@ class GatewayAPI:
         """Only reached without MeshRouteMiddleware in front (it serves POSTs here)."""
         return error_response(503, "this app routes chat requests only behind "
                               "MeshRouteMiddleware", "not_routed")
+
+    async def nodes(self, request: Request) -> Response:
+        """GET lists the node records, POST registers one."""
+        if request.method == "POST":
+            return await self.post_node(request)
+        return await self.list_nodes(request)
 
     async def list_nodes(self, request: Request) -> Response:
         """The topology's node records."""
@@ -198,9 +207,14 @@ class GatewayAPI:
         """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard)."""
         return HTMLResponse(_DASHBOARD)
 
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document of these endpoints (meshroute_middleware/openapi.py)."""
+        return JSONResponse(openapi_document())
+
     async def health(self, request: Request) -> Response:
         """Liveness."""
-        return JSONResponse({"ok": True, "models": self.router.models()})
+        return JSONResponse({"ok": True, "models": self.router.models(),
+                             "tracker": self.router.stats.origin})
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -211,7 +225,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
                               "not_found")
     if status == 405:
         return error_response(405, f"method {request.method} not allowed on "
-                              f"{request.url.path}", "method_not_allowed")
+                              f"{request.url.path}", "method_not_allowed",
+                              headers=getattr(exc, "headers", None))  # Allow (RFC 9110)
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
     return error_response(status, str(detail), "http_error")
 

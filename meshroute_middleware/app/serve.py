@@ -12,13 +12,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import multiprocessing
 import os
 import random
+import secrets
+import signal
+import socket
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 import uvicorn
@@ -49,7 +53,8 @@ PRUNE_EVERY_S = 60.0
 SAVE_EVERY_S = 0.25  # provider state: changed rows written this often, off the request path
 
 __all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
-           "config_warnings", "exposure", "load_static_nodes", "run", "server_config"]
+           "config_warnings", "exposure", "load_static_nodes", "run", "run_workers",
+           "server_config", "worker_settings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
         settings = load_settings(cli, os.environ)
+        if settings.workers > 1:
+            return run_workers(settings)
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
     except (SettingsError, ValueError, StateStoreError) as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
@@ -317,3 +324,112 @@ def server_config(gateway: Gateway, port: int | None = None) -> uvicorn.Config:
         gateway.app, host=settings.host, port=settings.port if port is None else port,
         log_level=settings.log_level.lower(), lifespan="on", access_log=False,
         http=edge_protocol(settings.edge_limits(), gateway.telemetry.reject))
+
+
+# -- `meshroute serve --workers N` ------------------------------------------------------------
+
+def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int],
+                    tracker_id: str, secret: str) -> ServeSettings:
+    """Worker `index`'s settings: its own origin, gossip on loopback port `gossip_ports[index]`
+    with every sibling (and any configured peer) as a static peer, under the per-run secret."""
+    siblings = tuple(f"127.0.0.1:{p}" for i, p in enumerate(gossip_ports) if i != index)
+    return replace(settings, workers=1, tracker_id=f"{tracker_id}-w{index}",
+                   gossip_listen=f"127.0.0.1:{gossip_ports[index]}",
+                   gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
+                   gossip_secret_file=None, gossip_fanout=max(settings.gossip_fanout,
+                                                              len(gossip_ports) - 1))
+
+
+def _reuseport_socket(host: str, port: int, listen: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    if listen:
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    return sock
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held together while chosen, so none repeats)."""
+    held = [socket.socket() for _ in range(n)]
+    try:
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _serve_worker(settings: ServeSettings) -> None:
+    """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
+    gateway = build_gateway(GatewayConfig.build(settings, os.environ))
+    sock = _reuseport_socket(settings.host, settings.port, listen=True)
+    uvicorn.Server(server_config(gateway)).run(sockets=[sock])
+
+
+def run_workers(settings: ServeSettings) -> int:
+    """Serve one port with `settings.workers` processes (SO_REUSEPORT: the kernel spreads
+    connections over them). Each worker is an origin of its own; they gossip learned
+    statistics over loopback ports derived here, authenticated with a secret made for this
+    run. Nodes must reach every worker: mDNS or --nodes-file (POST /v1/nodes reaches one)."""
+    if settings.gossip_listen:
+        print("meshroute serve: --workers gossips on loopback ports of its own; "
+              "--gossip-listen cannot be combined with it", file=sys.stderr)
+        return 2
+    n = settings.workers
+    # the parent holds the port (bound, not listening) so that port 0 resolves once
+    try:
+        holder = _reuseport_socket(settings.host, settings.port, listen=False)
+    except OSError as exc:
+        print(f"meshroute serve: cannot bind {settings.host}:{settings.port}: {exc}",
+              file=sys.stderr)
+        return 2
+    port = int(holder.getsockname()[1])
+    tracker_id = settings.tracker_id or f"tracker-{uuid.uuid4().hex[:12]}"
+    secret, gossip_ports = secrets.token_hex(32), _free_ports(n)
+    shared = replace(settings, port=port)
+    children = []
+    try:
+        configs = [worker_settings(shared, i, gossip_ports, tracker_id, secret)
+                   for i in range(n)]
+        for cfg in configs:
+            GatewayConfig.build(cfg, os.environ)  # refuse a bad one before any process starts
+    except (SettingsError, ValueError) as exc:
+        print(f"meshroute serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"meshroute serve: {n} workers ({tracker_id}-w0..w{n - 1}) on "
+          f"http://{settings.host}:{port} (policy {settings.router.policy}), gossiping on "
+          f"127.0.0.1:{','.join(map(str, gossip_ports))}", file=sys.stderr, flush=True)
+    context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
+    for cfg in configs:
+        child = context.Process(target=_serve_worker, args=(cfg,), daemon=False)
+        child.start()
+        children.append(child)
+
+    def stop(signum: int, frame: object) -> None:
+        for child in children:
+            if child.is_alive() and child.pid is not None:
+                os.kill(child.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = 0
+    try:
+        while children:  # one worker gone for good ends the whole server
+            ended = [c for c in children if not c.is_alive()]
+            if ended:
+                code = code or (ended[0].exitcode or 0)
+                stop(signal.SIGTERM, None)
+                for child in children:
+                    child.join(10)
+                break
+            time.sleep(0.2)
+    finally:
+        holder.close()
+    return 0 if code in (0, -signal.SIGTERM) else 1

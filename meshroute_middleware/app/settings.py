@@ -118,6 +118,8 @@ OPTIONS: tuple[Option, ...] = (
            "SQLite file of provider-route state (':memory:' for none)"),
     Option("admin_token", str, ("--admin-token",), ("MESHROUTE_ADMIN_TOKEN",),
            "bearer token required by POST /v1/cooldowns/clear (default: the node token)"),
+    Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
+           "processes serving the one port, sharing learned statistics over loopback gossip"),
 )
 
 
@@ -159,6 +161,7 @@ class ServeSettings:
     state_file: str = DEFAULT_STATE_FILE
     admin_token: str | None = None
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -173,6 +176,8 @@ class ServeSettings:
                      "max_header_bytes", "max_headers"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"workers must be in 1..64, got {self.workers}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
 

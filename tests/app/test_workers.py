@@ -1,0 +1,78 @@
+"""`meshroute serve --workers N`: N processes on one port, each its own origin, sharing
+learned statistics over loopback gossip."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from meshroute_middleware.app.serve import worker_settings
+from meshroute_middleware.app.settings import ServeSettings, SettingsError, load_settings
+
+from ..upstream import FakeChat, ServerThread, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_worker_gossips_with_its_siblings_on_loopback_under_one_secret() -> None:
+    base = ServeSettings(mdns=False, workers=3, gossip_peers=("10.0.0.9:7000",))
+    configs = [worker_settings(base, i, [7001, 7002, 7003], "t", "s3") for i in range(3)]
+    assert [c.tracker_id for c in configs] == ["t-w0", "t-w1", "t-w2"]
+    assert configs[1].gossip_listen == "127.0.0.1:7002"
+    assert configs[1].gossip_peers == ("127.0.0.1:7001", "127.0.0.1:7003", "10.0.0.9:7000")
+    assert {c.gossip_secret for c in configs} == {"s3"} and all(c.workers == 1 for c in configs)
+    with pytest.raises(SettingsError, match="workers"):
+        load_settings({"workers": 0})
+
+
+def _tracker_and_samples(url: str) -> tuple[str, int]:
+    with httpx.Client(base_url=url, timeout=10) as client:  # one connection: one worker
+        tracker = client.get("/healthz").json()["tracker"]
+        rows = client.get("/v1/routing").json()["models"]["m"]["candidates"]
+        return tracker, sum(r["samples"] for r in rows)
+
+
+def test_a_sample_learned_in_one_worker_reaches_the_others(tmp_path: Path) -> None:
+    head = FakeChat("n", tokens=20)
+    with ServerThread(head.app()) as up:
+        nodes = tmp_path / "nodes.json"
+        nodes.write_text(json.dumps([{"node_id": "n", "model": "m", "start": 0, "end": 9,
+                                      "layers": 10, "url": up.url, "tps": 10.0}]))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([sys.executable, "-m", "meshroute_middleware.app.cli", "serve",
+                                 "--workers", "2", "--port", str(port), "--no-mdns",
+                                 "--nodes-file", str(nodes), "--gossip-interval", "0.2",
+                                 "--log-level", "warning"], cwd=ROOT)
+        try:
+            seen: dict[str, int] = {}
+            deadline = time.monotonic() + 60
+            while len(seen) < 2:  # every new connection lands on one of the workers
+                assert time.monotonic() < deadline and proc.poll() is None, seen
+                try:
+                    tracker, samples = _tracker_and_samples(url)
+                except httpx.TransportError:
+                    time.sleep(0.1)
+                    continue
+                seen[tracker] = samples
+            assert len({t.rsplit("-w", 1)[0] for t in seen}) == 1 and set(seen.values()) == {0}
+            resp = httpx.post(url + "/v1/chat/completions", timeout=10,
+                              json={"model": "m", "messages": []})
+            assert resp.status_code == 200
+            learned_at = time.monotonic()
+            have: dict[str, int] = {}
+            while len(have) < 2 or set(have.values()) != {1}:  # each worker counts it once
+                assert time.monotonic() < learned_at + 30, have
+                tracker, samples = _tracker_and_samples(url)
+                have[tracker] = samples
+            print(f"a sample reached both workers within {time.monotonic() - learned_at:.2f} s")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
