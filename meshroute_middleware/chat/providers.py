@@ -49,6 +49,7 @@ from .headers import H_ROUTE, OURS, is_sse
 from .watchdog import Watchdog
 
 log = logging.getLogger("meshroute.providers")
+WAIT_MARGIN_S = 0.05  # slept past the soonest key reset before trying again
 
 H_ATTEMPTS, H_TRIED = b"x-meshroute-attempts", b"x-meshroute-tried"
 H_SESSION = b"x-session-id"
@@ -220,7 +221,8 @@ class ProviderChat:
                 break
             log.info("providers: every key of %r is limited; waiting %.1f s for one",
                      res.model, wait)
-            await asyncio.sleep(wait)
+            # a hair past the reset: a wake-up exactly on it can still find the key limited
+            await asyncio.sleep(wait + WAIT_MARGIN_S)
         exhausted = self.providers.exhausted(res, passed, self.clock())
         status = exhausted.status
         if exhausted.mesh_only and status == 503 and passed and all(

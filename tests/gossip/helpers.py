@@ -15,9 +15,10 @@ NODES = (NodeRecord("fast", MODEL, 0, 9, 10, "http://127.0.0.1:9/a", tps=10.0),
          NodeRecord("slow", MODEL, 0, 9, 10, "http://127.0.0.1:9/b", tps=20.0))
 
 
-def make_router(origin: str, clock: Callable[[], float], explore_share: float = 0.0) -> Router:
+def make_router(origin: str, clock: Callable[[], float], explore_share: float = 0.0,
+                policy: str = RouterConfig.policy) -> Router:
     """A router knowing both nodes (joined at the clock's current time)."""
-    router = Router(RouterConfig(explore_share=explore_share), clock=clock,
+    router = Router(RouterConfig(policy=policy, explore_share=explore_share), clock=clock,
                     rng=random.Random(1), origin=origin)
     for node in NODES:
         router.upsert_node(node)

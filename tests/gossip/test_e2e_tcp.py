@@ -17,7 +17,8 @@ INTERVAL_S = 0.1
 
 
 async def test_three_trackers_learn_from_the_first_over_loopback() -> None:
-    routers = [make_router(f"tracker-{i}", time.time) for i in range(3)]
+    # adr0021: its exploit split has a closed form (P ∝ tps) to check the shared view against
+    routers = [make_router(f"tracker-{i}", time.time, policy="adr0021") for i in range(3)]
     async with AsyncExitStack() as stack:
         services: list[GossipService] = []
         for router in routers:  # each new tracker knows the ones started before it
