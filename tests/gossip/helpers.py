@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.core.policies import Outcome
@@ -16,9 +17,11 @@ NODES = (NodeRecord("fast", MODEL, 0, 9, 10, "http://127.0.0.1:9/a", tps=10.0),
 
 
 def make_router(origin: str, clock: Callable[[], float], explore_share: float = 0.0,
-                policy: str = RouterConfig.policy) -> Router:
-    """A router knowing both nodes (joined at the clock's current time)."""
-    router = Router(RouterConfig(policy=policy, explore_share=explore_share), clock=clock,
+                policy: str | None = None) -> Router:
+    """A router knowing both nodes (joined at the clock's current time); the default policy
+    unless `policy` names another."""
+    config = RouterConfig(explore_share=explore_share)
+    router = Router(replace(config, policy=policy) if policy else config, clock=clock,
                     rng=random.Random(1), origin=origin)
     for node in NODES:
         router.upsert_node(node)
