@@ -1,0 +1,453 @@
+"""Shared pieces of the load benchmarks: processes, wrk, an SSE stream holder, probes, /proc.
+
+Everything drives meshroute through its command line and HTTP only (no package imports), on
+127.0.0.1; every loop is bounded in time. Used by bench_load.py and bench_litellm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def meshroute_cmd() -> list[str]:
+    """The `meshroute` command of this interpreter's environment."""
+    script = Path(PY).parent / "meshroute"
+    return [str(script)] if script.exists() else [PY, "-m", "meshroute_middleware.cli"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to its hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def load_average() -> tuple[float, float, float]:
+    """The machine's 1, 5 and 15 minute load averages."""
+    return os.getloadavg()
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100, nearest rank) of `values`; nan when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+# -- /proc ---------------------------------------------------------------------------------
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants (a server that forks workers counts as a whole)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used by `pid` and its descendants (Linux /proc)."""
+    total = 0.0
+    for p in tree_pids(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and its descendants, MB."""
+    total_kb = 0
+    for p in tree_pids(pid):
+        try:
+            total_kb += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE_KB
+        except (OSError, IndexError):
+            continue
+    return total_kb / 1024
+
+
+def hwm_mb(pid: int) -> float:
+    """Peak resident memory (VmHWM) of `pid` and its descendants, MB."""
+    total_kb = 0
+    for p in tree_pids(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total_kb += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
+class RssSampler:
+    """Samples the RSS of some processes every `interval_s` in a thread: (t, {name: MB})."""
+
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.5) -> None:
+        self.pids, self.interval_s = pids, interval_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), {n: rss_mb(p) for n, p in self.pids.items()}))
+            self._stop.wait(self.interval_s)
+
+    def window(self, name: str, t0: float, t1: float) -> list[tuple[float, float]]:
+        """(t, MB) of `name` between t0 and t1."""
+        return [(t, s[name]) for t, s in self.samples if t0 <= t <= t1 and name in s]
+
+
+# -- processes -------------------------------------------------------------------------------
+@dataclass
+class Procs:
+    """Servers started for a run; all terminated (then killed) on exit."""
+
+    running: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, cmd: list[str], env: dict[str, str] | None = None,
+              log: Path | None = None) -> subprocess.Popen[bytes]:
+        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - lives with proc
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})},
+                                stdout=out, stderr=subprocess.STDOUT)
+        self.running.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for p in self.running:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.running:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+@contextmanager
+def processes() -> Iterator[Procs]:
+    """A Procs whose servers stop when the block ends, however it ends."""
+    procs = Procs()
+    try:
+        yield procs
+    finally:
+        procs.stop()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 90.0,
+              headers: dict[str, str] | None = None) -> None:
+    """Wait until GET `url` answers (any status); fail early if `proc` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                   timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up in {timeout_s} s")
+
+
+def start_emulator(procs: Procs, node_id: str, model: str, tps: float, slots: int,
+                   max_queue: int, log: Path | None = None) -> tuple[str, int]:
+    """`meshroute node --emulate` serving `model` at `tps` tokens/s per request; (url, pid)."""
+    port = free_port()
+    proc = procs.start([*meshroute_cmd(), "node", "--emulate", "--port", str(port),
+                        "--node-id", node_id, "--model", model, "--tps", str(tps),
+                        "--slots", str(slots), "--max-queue", str(max_queue),
+                        "--mdns-interfaces", "127.0.0.1"], log=log)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", proc)
+    return url, proc.pid
+
+
+def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]],
+                  log: Path | None = None) -> tuple[str, int]:
+    """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid)."""
+    port = free_port()
+    proc = procs.start([*meshroute_cmd(), "serve", "--port", str(port), "--no-mdns",
+                        "--log-level", "warning"], log=log)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/healthz", proc)
+    for node_id, (model, node_url) in nodes.items():
+        record = {"node_id": node_id, "model": model, "start": 0, "end": 31, "layers": 32,
+                  "url": node_url}
+        req = urllib.request.Request(url + "/v1/nodes", data=json.dumps(record).encode(),
+                                     headers={"content-type": "application/json"})
+        urllib.request.urlopen(req, timeout=10).close()
+    return url, proc.pid
+
+
+# -- wrk (non-streaming load) -----------------------------------------------------------------
+WRK_DONE = """
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRKJSON {"requests":%d,"duration_us":%d,"p50_us":%d,"p95_us":%d,'
+    .. '"p99_us":%d,"max_us":%d,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(95),
+    latency:percentile(99), latency.max, e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+def wrk_script(body: str, headers: dict[str, str]) -> str:
+    """A wrk Lua script that POSTs `body` and prints its summary as one JSON line."""
+    lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(body)}"]
+    lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
+    return "\n".join(lines) + "\n" + WRK_DONE
+
+
+async def wrk(url: str, body: str, connections: int, seconds: float,
+              headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> dict[str, float]:
+    """Run `wrk -t1` POSTing `body` to `url`; req/s, latency percentiles (ms), errors."""
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(wrk_script(body, hdrs))
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+            f"--timeout={int(timeout_s)}s", "-s", script.name, url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+    finally:
+        os.unlink(script.name)
+    line = next((x for x in out.decode().splitlines() if x.startswith("WRKJSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk failed on {url}: {out.decode()} {err.decode()}")
+    raw = json.loads(line.removeprefix("WRKJSON "))
+    seconds_run = raw["duration_us"] / 1e6
+    errors = raw["connect"] + raw["read"] + raw["write"] + raw["status"] + raw["timeout"]
+    return {"requests": raw["requests"], "rps": raw["requests"] / seconds_run,
+            "p50_ms": raw["p50_us"] / 1e3, "p95_ms": raw["p95_us"] / 1e3,
+            "p99_ms": raw["p99_us"] / 1e3, "max_ms": raw["max_us"] / 1e3,
+            "errors": errors, "non2xx": raw["status"], "timeouts": raw["timeout"],
+            "seconds": seconds_run}
+
+
+# -- SSE streams (an asyncio client holding many open streams) --------------------------------
+@dataclass
+class StreamStats:
+    """What the stream holder saw in one phase."""
+
+    started: int = 0
+    ok: int = 0
+    failed: int = 0
+    open_now: int = 0
+    peak_open: int = 0
+    chunks: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+    max_gap_ms: list[float] = field(default_factory=list)  # per stream: longest chunk gap
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        return {"streams_started": self.started, "streams_ok": self.ok,
+                "streams_failed": self.failed, "peak_open_streams": self.peak_open,
+                "chunks": self.chunks, "chunks_per_s": self.chunks / seconds,
+                "ttft_p50_ms": pct(self.ttft_ms, 50), "ttft_p95_ms": pct(self.ttft_ms, 95),
+                "ttft_p99_ms": pct(self.ttft_ms, 99),
+                "chunk_gap_max_p50_ms": pct(self.max_gap_ms, 50),
+                "chunk_gap_max_p99_ms": pct(self.max_gap_ms, 99),
+                "chunk_gap_max_ms": max(self.max_gap_ms, default=float("nan")),
+                "errors": dict(self.errors)}
+
+
+async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes,
+                      headers: dict[str, str], stats: StreamStats) -> None:
+    stats.started += 1
+    began = time.perf_counter()
+    first = last = None
+    max_gap, done, held = 0.0, False, False
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"status {resp.status}")
+            stats.open_now += 1
+            held = True
+            stats.peak_open = max(stats.peak_open, stats.open_now)
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                now = time.perf_counter()
+                if line.startswith(b"data: [DONE]"):
+                    done = True
+                    break
+                if b'"error"' in line[:20]:
+                    raise RuntimeError("SSE error event")
+                stats.chunks += 1
+                if first is None:
+                    first = now
+                    stats.ttft_ms.append((now - began) * 1e3)
+                else:
+                    assert last is not None
+                    max_gap = max(max_gap, now - last)
+                last = now
+        if not done:
+            raise RuntimeError("stream ended without [DONE]")
+        stats.ok += 1
+        stats.max_gap_ms.append(max_gap * 1e3)
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
+        stats.failed += 1
+        key = f"{type(exc).__name__}: {str(exc)[:60]}"
+        stats.errors[key] = stats.errors.get(key, 0) + 1
+    finally:
+        if held:
+            stats.open_now -= 1
+
+
+async def hold_streams(url: str, body: dict[str, Any], streams: int, seconds: float,
+                       ramp_s: float, headers: dict[str, str] | None = None,
+                       stream_timeout_s: float = 120.0) -> dict[str, Any]:
+    """Keep `streams` SSE requests open for `seconds`: each of `streams` workers (started
+    over `ramp_s`) opens a stream, reads it to [DONE], and opens the next until time is up.
+    Returns the StreamStats summary (TTFT measured from sending to the first data chunk)."""
+    stats = StreamStats()
+    data = json.dumps(body).encode()
+    hdrs = {"content-type": "application/json", **(headers or {})}
+    end = time.monotonic() + seconds
+    timeout = aiohttp.ClientTimeout(total=stream_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+
+    async def worker(delay: float) -> None:
+        await asyncio.sleep(delay)
+        while time.monotonic() < end:
+            await _one_stream(session, url, data, hdrs, stats)
+
+    began = time.monotonic()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(worker(ramp_s * i / streams) for i in range(streams)))
+    return stats.summary(time.monotonic() - began)
+
+
+# -- the stall probe --------------------------------------------------------------------------
+PROBE_SOURCE = r'''
+import http.client, sys, time
+host, port, path, interval, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+conn = None
+with open(out, "w", buffering=1) as f:
+    nxt = time.monotonic()
+    while True:
+        late = time.monotonic() - nxt
+        t0 = time.perf_counter()
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection(host, port, timeout=30)
+            conn.request("GET", path)
+            r = conn.getresponse(); r.read(); status = r.status
+        except Exception:
+            conn, status = None, 0
+        f.write(f"{time.time():.4f} {(time.perf_counter() - t0) * 1e3:.3f} {late * 1e3:.3f} {status}\n")
+        nxt += interval
+        pause = nxt - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            nxt = time.monotonic()
+'''
+
+
+class Probe:
+    """A separate tiny blocking process that GETs a cheap endpoint every `interval_s` over a
+    keep-alive connection and logs each answer's latency. A gateway whose event loop is
+    blocked for X ms cannot answer for X ms, so the longest probe latency is an upper bound
+    on the longest stall (it also holds queueing behind the loop's ordinary work and the
+    probe's own scheduling delay, logged separately as `late`)."""
+
+    def __init__(self, url: str, path: str, interval_s: float = 0.01) -> None:
+        host_port = url.removeprefix("http://")
+        self.host, self.port = host_port.split(":")[0], int(host_port.split(":")[1])
+        self.path, self.interval_s = path, interval_s
+        self.file = Path(tempfile.mkstemp(prefix="probe-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Probe:
+        self.proc = subprocess.Popen([PY, "-c", PROBE_SOURCE, self.host, str(self.port),
+                                      self.path, str(self.interval_s), str(self.file)])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(10)
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        """Probe latency stats (ms) between wall-clock times t0 and t1."""
+        lat, late, bad = [], [], 0
+        for line in self.file.read_text().splitlines():
+            parts = line.split()
+            if len(parts) != 4 or not t0 <= float(parts[0]) <= t1:
+                continue
+            lat.append(float(parts[1]))
+            late.append(float(parts[2]))
+            bad += parts[3] != "200"
+        return {"probes": len(lat), "probe_p50_ms": pct(lat, 50), "probe_p99_ms": pct(lat, 99),
+                "probe_max_ms": max(lat, default=float("nan")),
+                "probes_over_50ms": sum(x > 50 for x in lat), "probe_failed": bad,
+                "probe_self_late_max_ms": max(late, default=float("nan"))}
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key, the median of the numeric values over the runs (others: the last run's)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[-1].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+        else:
+            out[key] = value
+    return out
