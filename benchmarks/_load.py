@@ -342,7 +342,7 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes,
             raise RuntimeError("stream ended without [DONE]")
         stats.ok += 1
         stats.max_gap_ms.append(max_gap * 1e3)
-    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
+    except (TimeoutError, aiohttp.ClientError, RuntimeError) as exc:
         stats.failed += 1
         key = f"{type(exc).__name__}: {str(exc)[:60]}"
         stats.errors[key] = stats.errors.get(key, 0) + 1
@@ -376,32 +376,6 @@ async def hold_streams(url: str, body: dict[str, Any], streams: int, seconds: fl
 
 
 # -- the stall probe --------------------------------------------------------------------------
-PROBE_SOURCE = r'''
-import http.client, sys, time
-host, port, path, interval, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
-conn = None
-with open(out, "w", buffering=1) as f:
-    nxt = time.monotonic()
-    while True:
-        late = time.monotonic() - nxt
-        t0 = time.perf_counter()
-        try:
-            if conn is None:
-                conn = http.client.HTTPConnection(host, port, timeout=30)
-            conn.request("GET", path)
-            r = conn.getresponse(); r.read(); status = r.status
-        except Exception:
-            conn, status = None, 0
-        f.write(f"{time.time():.4f} {(time.perf_counter() - t0) * 1e3:.3f} {late * 1e3:.3f} {status}\n")
-        nxt += interval
-        pause = nxt - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        else:
-            nxt = time.monotonic()
-'''
-
-
 class Probe:
     """A separate tiny blocking process that GETs a cheap endpoint every `interval_s` over a
     keep-alive connection and logs each answer's latency. A gateway whose event loop is
@@ -417,8 +391,9 @@ class Probe:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Probe:
-        self.proc = subprocess.Popen([PY, "-c", PROBE_SOURCE, self.host, str(self.port),
-                                      self.path, str(self.interval_s), str(self.file)])
+        script = str(Path(__file__).with_name("_probe.py"))
+        self.proc = subprocess.Popen([PY, script, self.host, str(self.port), self.path,
+                                      str(self.interval_s), str(self.file)])
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -440,6 +415,22 @@ class Probe:
                 "probe_max_ms": max(lat, default=float("nan")),
                 "probes_over_50ms": sum(x > 50 for x in lat), "probe_failed": bad,
                 "probe_self_late_max_ms": max(late, default=float("nan"))}
+
+
+async def measure(coro: Any, pid: int | None = None,
+                  probe: Probe | None = None) -> dict[str, Any]:
+    """Await one load phase; add its wall-clock window, the CPU seconds `pid` (and its
+    children) spent over it, and the probe's stats over it."""
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    t0 = time.time()
+    result = dict(await coro)
+    t1 = time.time()
+    result["window"] = (t0, t1)
+    if pid:
+        result["server_cpu_s"] = cpu_seconds(pid) - cpu0
+    if probe is not None:
+        result.update(probe.window(t0, t1))
+    return result
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:

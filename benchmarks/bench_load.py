@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _load as L  # noqa: E402
+from benchmarks import _load as L
 
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -55,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--soak-streams", type=int, default=300)
     p.add_argument("--soak-connections", type=int, default=8)
     p.add_argument("--json", default=str(L.ROOT / "benchmarks/results/load.json"))
+    p.add_argument("--probe-interval", type=float, default=0.01, help="seconds")
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
 
@@ -75,7 +76,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         gw, gw_pid = L.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, logs / "gw.log")
         pids = {"gateway": gw_pid, "fast_node": fast_pid, "paced_node": paced_pid}
-        with L.Probe(gw, "/healthz") as probe, L.RssSampler(pids, 1.0) as rss:
+        with L.Probe(gw, "/healthz", args.probe_interval) as probe, L.RssSampler(pids, 1.0) as rss:
             out: dict[str, Any] = {"rss_idle_mb": L.rss_mb(gw_pid)}
             for target in (fast, gw):  # warm-up: pools, caches, first enumeration
                 await L.wrk(target + "/v1/chat/completions", json.dumps(CHAT), 8, 1)
@@ -89,33 +90,17 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     return out
 
 
-async def phase(probe: L.Probe, pid: int | None, coro: Any) -> dict[str, Any]:
-    """Run one load phase; add the gateway's CPU seconds and the probe's stats over it."""
-    cpu0 = L.cpu_seconds(pid) if pid else 0.0
-    t0 = time.time()
-    result = dict(await coro)
-    t1 = time.time()
-    result["window"] = (t0, t1)
-    if pid:
-        result["gateway_cpu_s"] = L.cpu_seconds(pid) - cpu0
-    result.update(probe.window(t0, t1))
-    return result
-
-
 async def nonstream(args: argparse.Namespace, fast: str, gw: str, gw_pid: int,
                     probe: L.Probe) -> dict[str, Any]:
     conns = [int(x) for x in args.connections.split(",") if x]
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in range(args.rounds):
         for c in conns:
-            for name, url, pid in (("direct", fast, None), ("gateway", gw, gw_pid)):
+            for name, url in (("direct", fast), ("gateway", gw)):
                 print(f"\rnon-streaming round {r + 1}/{args.rounds} c={c} {name:<8}",
                       end="", file=sys.stderr, flush=True)
-                res = await phase(probe, pid, L.wrk(url + "/v1/chat/completions",
-                                                    json.dumps(CHAT), c, args.seconds))
-                if pid:
-                    res["gateway_cpu_us_per_request"] = (res["gateway_cpu_s"] * 1e6
-                                                         / max(res["requests"], 1))
+                res = await L.measure(L.wrk(url + "/v1/chat/completions", json.dumps(CHAT),
+                                            c, args.seconds), gw_pid, probe)
                 runs.setdefault(f"{name} c={c}", []).append(res)
     print(file=sys.stderr)
     out: dict[str, Any] = {}
@@ -124,6 +109,19 @@ async def nonstream(args: argparse.Namespace, fast: str, gw: str, gw_pid: int,
         med["probe_max_ms"] = max(r["probe_max_ms"] for r in rs)
         med["errors"] = sum(r["errors"] for r in rs)
         out[key] = med
+    # While wrk calls the node directly the gateway serves only the probe (and its own
+    # timers): that CPU rate is taken off the gateway's runs to give its cost per request.
+    idle = [r["server_cpu_s"] / r["seconds"] for key, rs in runs.items()
+            if key.startswith("direct") for r in rs]
+    idle_rate = statistics.median(idle)
+    out["gateway_cpu_s_per_s_serving_only_the_probe"] = idle_rate
+    for key, rs in runs.items():
+        if key.startswith("gateway"):
+            out[key]["gateway_cpu_us_per_request"] = statistics.median(
+                r["server_cpu_s"] * 1e6 / max(r["requests"], 1) for r in rs)
+            out[key]["gateway_cpu_us_per_request_net_of_probe"] = statistics.median(
+                (r["server_cpu_s"] - idle_rate * r["seconds"]) * 1e6 / max(r["requests"], 1)
+                for r in rs)
     for c in conns:
         d, g = out[f"direct c={c}"], out[f"gateway c={c}"]
         out[f"ratio c={c}"] = {
@@ -137,16 +135,17 @@ async def sse(args: argparse.Namespace, streams: list[int], paced: str, gw: str,
     out: dict[str, Any] = {}
     ramp = min(args.stream_tokens / args.stream_tps, args.stream_seconds / 3)
     for n in streams:
-        for name, url, pid in (("direct", paced, None), ("gateway", gw, gw_pid)):
+        for name, url in (("direct", paced), ("gateway", gw)):
             print(f"SSE: holding {n} streams {name} for {args.stream_seconds} s",
                   file=sys.stderr, flush=True)
-            res = await phase(probe, pid, L.hold_streams(
-                url + "/v1/chat/completions", stream_body(args), n, args.stream_seconds, ramp))
-            if pid:
+            res = await L.measure(L.hold_streams(
+                url + "/v1/chat/completions", stream_body(args), n, args.stream_seconds, ramp),
+                gw_pid, probe)
+            if name == "gateway":
                 t0, t1 = res["window"]
                 res["gateway_rss_max_mb"] = max(
                     (mb for _, mb in rss.window("gateway", t0, t1)), default=float("nan"))
-                res["gateway_cpu_us_per_chunk"] = (res["gateway_cpu_s"] * 1e6
+                res["gateway_cpu_us_per_chunk"] = (res["server_cpu_s"] * 1e6
                                                    / max(res["chunks"], 1))
             out[f"{name} {n} streams"] = res
         d, g = out[f"direct {n} streams"], out[f"gateway {n} streams"]
@@ -166,7 +165,7 @@ async def soak(args: argparse.Namespace, gw: str, gw_pid: int, probe: L.Probe,
                        args.soak_seconds, min(5.0, args.soak_seconds / 10)),
         L.wrk(gw + "/v1/chat/completions", json.dumps(CHAT), args.soak_connections,
               args.soak_seconds, timeout_s=30))
-    res = await phase(probe, gw_pid, _tupled(loads))
+    res = await L.measure(_tupled(loads), gw_pid, probe)
     t0, t1 = res["window"]
     series = rss.window("gateway", t0, t1)
     warm = t0 + args.soak_warmup * (t1 - t0)
@@ -230,14 +229,16 @@ def report(res: dict[str, Any]) -> None:
     meta = res["meta"]
     print(f"\nload average before/after: {meta['load_average_before']} / "
           f"{meta['load_average_after']}")
-    print("\n| case | req/s | p50 ms | p95 ms | p99 ms | errors | gw CPU µs/req | probe max ms |")
+    print("\n| case | req/s | p50 ms | p95 ms | p99 ms | errors | gw CPU µs/req (net of probe) "
+          "| probe max ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for key, r in res["nonstream"].items():
-        if key.startswith("ratio"):
+        if not key.startswith(("direct", "gateway c")):
             continue
         print(f"| {key} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
               f"{r['p99_ms']:.2f} | {r['errors']} | "
-              f"{r.get('gateway_cpu_us_per_request', float('nan')):.0f} | "
+              f"{r.get('gateway_cpu_us_per_request', float('nan')):.0f} "
+              f"({r.get('gateway_cpu_us_per_request_net_of_probe', float('nan')):.0f}) | "
               f"{r['probe_max_ms']:.1f} |")
     for key, r in res["nonstream"].items():
         if key.startswith("ratio"):
