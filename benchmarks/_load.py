@@ -218,12 +218,24 @@ def start_emulator(procs: Procs, node_id: str, model: str, tps: float, slots: in
     return url, proc.pid
 
 
-def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]],
-                  log: Path | None = None) -> tuple[str, int]:
-    """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid)."""
+HOOKS = Path(__file__).with_name("_hooks")
+
+
+def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | None = None,
+                  hook_out: Path | None = None, gc_threshold: str | None = None
+                  ) -> tuple[str, int]:
+    """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid).
+    With `hook_out`, the gateway runs with benchmarks/_hooks on its PYTHONPATH, which logs
+    its event loop's lag and its GC pauses to that file (see _hooks/sitecustomize.py)."""
     port = free_port()
+    env = None
+    if hook_out is not None:
+        path = os.pathsep.join(x for x in (str(HOOKS), os.environ.get("PYTHONPATH")) if x)
+        env = {"PYTHONPATH": path, "MESHROUTE_BENCH_HOOK_OUT": str(hook_out)}
+        if gc_threshold:
+            env["MESHROUTE_BENCH_GC_THRESHOLD"] = gc_threshold
     proc = procs.start([*meshroute_cmd(), "serve", "--port", str(port), "--no-mdns",
-                        "--log-level", "warning"], log=log)
+                        "--log-level", "warning"], env=env, log=log)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", proc)
     for node_id, (model, node_url) in nodes.items():
@@ -317,7 +329,7 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes,
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             if resp.status != 200:
-                raise RuntimeError(f"status {resp.status}")
+                raise RuntimeError(f"status {resp.status}: {_error_text(await resp.read())}")
             stats.open_now += 1
             held = True
             stats.peak_open = max(stats.peak_open, stats.open_now)
@@ -344,11 +356,22 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes,
         stats.max_gap_ms.append(max_gap * 1e3)
     except (TimeoutError, aiohttp.ClientError, RuntimeError) as exc:
         stats.failed += 1
-        key = f"{type(exc).__name__}: {str(exc)[:60]}"
+        key = f"{type(exc).__name__}: {str(exc)[:240]}"
         stats.errors[key] = stats.errors.get(key, 0) + 1
     finally:
         if held:
             stats.open_now -= 1
+
+
+def _error_text(body: bytes) -> str:
+    """An error answer in short: its message and, for meshroute, each route's reason."""
+    try:
+        error = json.loads(body)["error"]
+        routes = error.get("routes") or {}
+        reasons = [str(r)[:90] for r in (routes.values() if isinstance(routes, dict) else routes)]
+        return f"{str(error.get('message'))[:80]} {reasons}".strip()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body[:120].decode(errors="replace")
 
 
 async def hold_streams(url: str, body: dict[str, Any], streams: int, seconds: float,
@@ -417,10 +440,10 @@ class Probe:
                 "probe_self_late_max_ms": max(late, default=float("nan"))}
 
 
-async def measure(coro: Any, pid: int | None = None,
-                  probe: Probe | None = None) -> dict[str, Any]:
+async def measure(coro: Any, pid: int | None = None, probe: Probe | None = None,
+                  hook_out: Path | None = None) -> dict[str, Any]:
     """Await one load phase; add its wall-clock window, the CPU seconds `pid` (and its
-    children) spent over it, and the probe's stats over it."""
+    children) spent over it, the probe's stats and the loop-lag hook's over it."""
     cpu0 = cpu_seconds(pid) if pid else 0.0
     t0 = time.time()
     result = dict(await coro)
@@ -430,7 +453,48 @@ async def measure(coro: Any, pid: int | None = None,
         result["server_cpu_s"] = cpu_seconds(pid) - cpu0
     if probe is not None:
         result.update(probe.window(t0, t1))
+    if hook_out is not None:
+        await asyncio.sleep(1.1)  # the hook writes once a second
+        result.update(hook_window(hook_out, t0, t1))
     return result
+
+
+@contextmanager
+def py_spy(pid: int | None, outdir: str | None, name: str, seconds: float) -> Iterator[None]:
+    """With a pid and an output folder: `py-spy record` that process (collapsed stacks,
+    idle frames left out) for `seconds` while the block runs."""
+    if pid is None or outdir is None:
+        yield
+        return
+    Path(outdir).mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen([str(Path(PY).parent / "py-spy"), "record", "--pid", str(pid),
+                            "--duration", str(int(seconds)), "--rate", "200", "--format", "raw",
+                            "--output", str(Path(outdir) / f"{name}.txt")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.wait(seconds + 30)
+
+
+def hook_window(path: Path | None, t0: float, t1: float) -> dict[str, Any]:
+    """The loop-lag hook's lines between t0 and t1: longest lag, beats over 50 ms, GC."""
+    if path is None or not path.exists():
+        return {}
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = [x for x in lines if t0 < x["t"] <= t1 + 1.0]
+    if not lines:
+        return {}
+    pauses = [p for x in lines for p in x["gc_pauses"]]
+    return {"loop_lag_max_ms": max((x["lag_max_ms"] or 0.0) for x in lines),
+            "loop_beats": sum(x["beats"] for x in lines),
+            "loop_lags_over_50ms": sum(x["over_50ms"] for x in lines),
+            "gc_ms": lines[-1]["gc_total_ms"] - lines[0]["gc_total_ms"],
+            "gc_pause_max_ms": max((p[1] for p in pauses), default=0.0),
+            "gc_pauses_over_5ms": len(pauses),
+            "gc_gen2_pauses": [{"wall_ms": p[1], "cpu_ms": p[3], "collected": p[2],
+                                "tracked_after": p[4]}
+                               for p in pauses if p[0] == 2][:50]}
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:

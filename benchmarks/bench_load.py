@@ -48,14 +48,20 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--connections", default="1,32", help="wrk connection counts")
     p.add_argument("--streams", default="100,1000", help="SSE stream counts to hold")
     p.add_argument("--stream-seconds", type=float, default=30)
-    p.add_argument("--stream-tps", type=float, default=2.0, help="tokens/s of one stream")
-    p.add_argument("--stream-tokens", type=int, default=20, help="tokens per stream")
+    p.add_argument("--stream-tps", type=float, default=1.0, help="tokens/s of one stream")
+    p.add_argument("--stream-tokens", type=int, default=15, help="tokens per stream")
     p.add_argument("--soak-seconds", type=float, default=90)
     p.add_argument("--soak-warmup", type=float, default=0.25, help="share of the soak")
     p.add_argument("--soak-streams", type=int, default=300)
     p.add_argument("--soak-connections", type=int, default=8)
     p.add_argument("--json", default=str(L.ROOT / "benchmarks/results/load.json"))
     p.add_argument("--probe-interval", type=float, default=0.01, help="seconds")
+    p.add_argument("--py-spy", metavar="DIR", help="profile the gateway with py-spy during "
+                   "each gateway SSE phase; collapsed stacks go to DIR")
+    p.add_argument("--no-loop-hook", action="store_true",
+                   help="don't run the gateway with the loop-lag/GC hook (benchmarks/_hooks)")
+    p.add_argument("--gateway-gc-threshold", metavar="G0,G1,G2",
+                   help="experiment: run the gateway with these gc thresholds (via the hook)")
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
 
@@ -73,8 +79,11 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                                           logs / "fast.log")
         paced, paced_pid = L.start_emulator(procs, "paced-0", "paced", args.stream_tps,
                                             slots, 4 * slots, logs / "paced.log")
+        hook = None if args.no_loop_hook else logs / "loop-hook.jsonl"
         gw, gw_pid = L.start_gateway(procs, {"fast-0": ("fast", fast),
-                                             "paced-0": ("paced", paced)}, logs / "gw.log")
+                                             "paced-0": ("paced", paced)}, logs / "gw.log", hook,
+                                     args.gateway_gc_threshold)
+        args.hook = hook
         pids = {"gateway": gw_pid, "fast_node": fast_pid, "paced_node": paced_pid}
         with L.Probe(gw, "/healthz", args.probe_interval) as probe, L.RssSampler(pids, 1.0) as rss:
             out: dict[str, Any] = {"rss_idle_mb": L.rss_mb(gw_pid)}
@@ -100,14 +109,18 @@ async def nonstream(args: argparse.Namespace, fast: str, gw: str, gw_pid: int,
                 print(f"\rnon-streaming round {r + 1}/{args.rounds} c={c} {name:<8}",
                       end="", file=sys.stderr, flush=True)
                 res = await L.measure(L.wrk(url + "/v1/chat/completions", json.dumps(CHAT),
-                                            c, args.seconds), gw_pid, probe)
+                                            c, args.seconds), gw_pid, probe, args.hook)
                 runs.setdefault(f"{name} c={c}", []).append(res)
     print(file=sys.stderr)
     out: dict[str, Any] = {}
     for key, rs in runs.items():
         med = L.median_of(rs)
-        med["probe_max_ms"] = max(r["probe_max_ms"] for r in rs)
-        med["errors"] = sum(r["errors"] for r in rs)
+        for k in ("probe_max_ms", "loop_lag_max_ms", "gc_pause_max_ms"):  # worst round
+            if k in rs[0]:
+                med[k] = max(r[k] for r in rs)
+        for k in ("errors", "probes_over_50ms", "loop_lags_over_50ms"):  # all rounds
+            if k in rs[0]:
+                med[k] = sum(r[k] for r in rs)
         out[key] = med
     # While wrk calls the node directly the gateway serves only the probe (and its own
     # timers): that CPU rate is taken off the gateway's runs to give its cost per request.
@@ -138,9 +151,11 @@ async def sse(args: argparse.Namespace, streams: list[int], paced: str, gw: str,
         for name, url in (("direct", paced), ("gateway", gw)):
             print(f"SSE: holding {n} streams {name} for {args.stream_seconds} s",
                   file=sys.stderr, flush=True)
-            res = await L.measure(L.hold_streams(
-                url + "/v1/chat/completions", stream_body(args), n, args.stream_seconds, ramp),
-                gw_pid, probe)
+            load = L.hold_streams(url + "/v1/chat/completions", stream_body(args), n,
+                                  args.stream_seconds, ramp)
+            with L.py_spy(gw_pid if name == "gateway" else None, args.py_spy,
+                          f"gateway-{n}-streams", args.stream_seconds):
+                res = await L.measure(load, gw_pid, probe, args.hook)
             if name == "gateway":
                 t0, t1 = res["window"]
                 res["gateway_rss_max_mb"] = max(
@@ -165,7 +180,7 @@ async def soak(args: argparse.Namespace, gw: str, gw_pid: int, probe: L.Probe,
                        args.soak_seconds, min(5.0, args.soak_seconds / 10)),
         L.wrk(gw + "/v1/chat/completions", json.dumps(CHAT), args.soak_connections,
               args.soak_seconds, timeout_s=30))
-    res = await L.measure(_tupled(loads), gw_pid, probe)
+    res = await L.measure(_tupled(loads), gw_pid, probe, args.hook)
     t0, t1 = res["window"]
     series = rss.window("gateway", t0, t1)
     warm = t0 + args.soak_warmup * (t1 - t0)
@@ -229,9 +244,10 @@ def report(res: dict[str, Any]) -> None:
     meta = res["meta"]
     print(f"\nload average before/after: {meta['load_average_before']} / "
           f"{meta['load_average_after']}")
+    nan = float("nan")
     print("\n| case | req/s | p50 ms | p95 ms | p99 ms | errors | gw CPU µs/req (net of probe) "
-          "| probe max ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| probe max ms | loop lag max ms | GC pause max ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key, r in res["nonstream"].items():
         if not key.startswith(("direct", "gateway c")):
             continue
@@ -239,13 +255,15 @@ def report(res: dict[str, Any]) -> None:
               f"{r['p99_ms']:.2f} | {r['errors']} | "
               f"{r.get('gateway_cpu_us_per_request', float('nan')):.0f} "
               f"({r.get('gateway_cpu_us_per_request_net_of_probe', float('nan')):.0f}) | "
-              f"{r['probe_max_ms']:.1f} |")
+              f"{r['probe_max_ms']:.1f} | {r.get('loop_lag_max_ms', nan):.1f} | "
+              f"{r.get('gc_pause_max_ms', nan):.1f} |")
     for key, r in res["nonstream"].items():
         if key.startswith("ratio"):
             print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
     print("\n| case | held (peak) | ok | failed | chunks/s | TTFT p50 | p95 | p99 | "
-          "max chunk gap ms | gw RSS max MB | probe max ms | >50 ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "max chunk gap ms | gw RSS max MB | probe max ms | >50 ms | loop lag max ms | "
+          ">50 ms | GC pause max ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key, r in res["sse"].items():
         if key.startswith("ratio"):
             continue
@@ -253,7 +271,8 @@ def report(res: dict[str, Any]) -> None:
               f"{r['streams_failed']} | {r['chunks_per_s']:,.0f} | {r['ttft_p50_ms']:.1f} | "
               f"{r['ttft_p95_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['chunk_gap_max_ms']:.0f} | "
               f"{r.get('gateway_rss_max_mb', float('nan')):.1f} | {r['probe_max_ms']:.1f} | "
-              f"{r['probes_over_50ms']} |")
+              f"{r['probes_over_50ms']} | {r.get('loop_lag_max_ms', nan):.1f} | "
+              f"{r.get('loop_lags_over_50ms', nan)} | {r.get('gc_pause_max_ms', nan):.1f} |")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
     for key, r in res["sse"].items():
@@ -263,7 +282,9 @@ def report(res: dict[str, Any]) -> None:
     print(f"\nsoak: {s['sse']['streams_ok']} streams ok, {s['sse']['streams_failed']} failed, "
           f"peak {s['sse']['peak_open_streams']} open; wrk {s['wrk']['requests']} requests "
           f"({s['wrk']['rps']:,.0f}/s, {s['wrk']['errors']} errors); probe max "
-          f"{s['probe_max_ms']:.1f} ms, {s['probes_over_50ms']} over 50 ms")
+          f"{s['probe_max_ms']:.1f} ms, {s['probes_over_50ms']} over 50 ms; loop lag max "
+          f"{s.get('loop_lag_max_ms', nan):.1f} ms, {s.get('loop_lags_over_50ms')} over 50 ms; "
+          f"GC pause max {s.get('gc_pause_max_ms', nan):.1f} ms")
     if "rss_slope_mb_per_min" in s:
         print(f"soak RSS after warm-up: {s['rss_after_warmup_first_mb']:.1f} -> "
               f"{s['rss_after_warmup_last_mb']:.1f} MB (growth "

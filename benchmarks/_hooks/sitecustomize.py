@@ -1,0 +1,108 @@
+"""A debug hook the load benchmark puts on a server's PYTHONPATH: event-loop lag and GC pauses.
+
+Inert unless MESHROUTE_BENCH_HOOK_OUT names a file. Then:
+- every event loop made by `uvloop.new_event_loop` or `asyncio.new_event_loop` gets a
+  heartbeat thread that posts a callback every MESHROUTE_BENCH_HOOK_INTERVAL_S (0.01) with
+  `call_soon_threadsafe` and measures how late it runs: the loop's lag, i.e. how long the loop
+  was busy with other callbacks (one long callback is a stall);
+- `gc.callbacks` times every garbage collection.
+Once a second it appends one JSON line: wall time, heartbeats, their max and p99 lag (ms),
+how many were over 50 ms, and the GC pauses over 5 ms: generation, wall ms, objects collected,
+CPU ms of the collecting thread (wall much above CPU: the process was waiting for a core),
+objects tracked after a full collection (-1 for the younger generations).
+Nothing of the server is imported or changed; the cost is one wake-up of the loop per beat.
+As an experiment only, MESHROUTE_BENCH_GC_THRESHOLD="g0,g1,g2" sets the GC thresholds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import threading
+import time
+from typing import Any
+
+OUT = os.environ.get("MESHROUTE_BENCH_HOOK_OUT")
+INTERVAL_S = float(os.environ.get("MESHROUTE_BENCH_HOOK_INTERVAL_S", "0.01"))
+GC_REPORT_MS = 5.0
+
+
+class _Recorder:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lags_ms: list[float] = []
+        self.gcs: list[tuple[int, float, int, float, int]] = []
+        self.gc_total_ms = 0.0
+        self._gc_began = self._gc_cpu_began = 0.0
+        self._lock = threading.Lock()
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        now, cpu = time.perf_counter(), time.thread_time()
+        if phase == "start":
+            self._gc_began, self._gc_cpu_began = now, cpu
+            return
+        pause_ms = (now - self._gc_began) * 1e3
+        self.gc_total_ms += pause_ms
+        if pause_ms >= GC_REPORT_MS:
+            tracked = len(gc.get_objects()) if info["generation"] == 2 else -1
+            self.gcs.append((info["generation"], round(pause_ms, 2), info["collected"],
+                             round((cpu - self._gc_cpu_began) * 1e3, 2), tracked))
+
+    def beat(self, loop: asyncio.AbstractEventLoop) -> None:
+        flushed = time.monotonic()
+        while not loop.is_closed():
+            posted = time.perf_counter()
+            try:
+                loop.call_soon_threadsafe(self._landed, posted)
+            except RuntimeError:  # the loop closed meanwhile
+                return
+            time.sleep(INTERVAL_S)
+            if time.monotonic() - flushed >= 1.0:
+                flushed = time.monotonic()
+                self.flush()
+
+    def _landed(self, posted: float) -> None:
+        with self._lock:
+            self.lags_ms.append((time.perf_counter() - posted) * 1e3)
+
+    def flush(self) -> None:
+        with self._lock:
+            lags, self.lags_ms = self.lags_ms, []
+        gcs, self.gcs = self.gcs, []
+        lags.sort()
+        line = {"t": round(time.time(), 3), "beats": len(lags),
+                "lag_max_ms": round(lags[-1], 2) if lags else None,
+                "lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
+                "over_50ms": sum(x > 50 for x in lags), "gc_total_ms": round(self.gc_total_ms, 1),
+                "gc_pauses": gcs}
+        with open(self.path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def _install(path: str) -> None:
+    recorder = _Recorder(path)
+    gc.callbacks.append(recorder.on_gc)
+
+    def watched(factory: Any) -> Any:
+        def make(*args: Any, **kwargs: Any) -> Any:
+            loop = factory(*args, **kwargs)
+            threading.Thread(target=recorder.beat, args=(loop,), daemon=True,
+                             name="bench-loop-heartbeat").start()
+            return loop
+        return make
+
+    asyncio.new_event_loop = asyncio.events.new_event_loop = watched(
+        asyncio.events.new_event_loop)
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.new_event_loop = watched(uvloop.new_event_loop)
+
+
+if OUT:
+    _install(OUT)
+    if os.environ.get("MESHROUTE_BENCH_GC_THRESHOLD"):  # an experiment, off by default
+        gc.set_threshold(*(int(x) for x in os.environ["MESHROUTE_BENCH_GC_THRESHOLD"].split(",")))
