@@ -489,6 +489,8 @@ def hook_window(path: Path | None, t0: float, t1: float) -> dict[str, Any]:
     return {"loop_lag_max_ms": max((x["lag_max_ms"] or 0.0) for x in lines),
             "loop_beats": sum(x["beats"] for x in lines),
             "loop_lags_over_50ms": sum(x["over_50ms"] for x in lines),
+            "loop_cpu_lag_max_ms": max((x.get("cpu_lag_max_ms") or 0.0) for x in lines),
+            "loop_cpu_lags_over_50ms": sum(x.get("cpu_over_50ms", 0) for x in lines),
             "gc_ms": lines[-1]["gc_total_ms"] - lines[0]["gc_total_ms"],
             "gc_pause_max_ms": max((p[1] for p in pauses), default=0.0),
             "gc_pauses_over_5ms": len(pauses),

@@ -115,10 +115,12 @@ async def nonstream(args: argparse.Namespace, fast: str, gw: str, gw_pid: int,
     out: dict[str, Any] = {}
     for key, rs in runs.items():
         med = L.median_of(rs)
-        for k in ("probe_max_ms", "loop_lag_max_ms", "gc_pause_max_ms"):  # worst round
+        for k in ("probe_max_ms", "loop_lag_max_ms", "loop_cpu_lag_max_ms",
+                  "gc_pause_max_ms"):  # worst round
             if k in rs[0]:
                 med[k] = max(r[k] for r in rs)
-        for k in ("errors", "probes_over_50ms", "loop_lags_over_50ms"):  # all rounds
+        for k in ("errors", "probes_over_50ms", "loop_lags_over_50ms",
+                  "loop_cpu_lags_over_50ms"):  # all rounds
             if k in rs[0]:
                 med[k] = sum(r[k] for r in rs)
         out[key] = med
@@ -246,8 +248,8 @@ def report(res: dict[str, Any]) -> None:
           f"{meta['load_average_after']}")
     nan = float("nan")
     print("\n| case | req/s | p50 ms | p95 ms | p99 ms | errors | gw CPU µs/req (net of probe) "
-          "| probe max ms | loop lag max ms | GC pause max ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| probe max ms | loop lag max ms | busy lag max ms | GC pause max ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key, r in res["nonstream"].items():
         if not key.startswith(("direct", "gateway c")):
             continue
@@ -256,14 +258,14 @@ def report(res: dict[str, Any]) -> None:
               f"{r.get('gateway_cpu_us_per_request', float('nan')):.0f} "
               f"({r.get('gateway_cpu_us_per_request_net_of_probe', float('nan')):.0f}) | "
               f"{r['probe_max_ms']:.1f} | {r.get('loop_lag_max_ms', nan):.1f} | "
-              f"{r.get('gc_pause_max_ms', nan):.1f} |")
+              f"{r.get('loop_cpu_lag_max_ms', nan):.1f} | {r.get('gc_pause_max_ms', nan):.1f} |")
     for key, r in res["nonstream"].items():
         if key.startswith("ratio"):
             print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
     print("\n| case | held (peak) | ok | failed | chunks/s | TTFT p50 | p95 | p99 | "
           "max chunk gap ms | gw RSS max MB | probe max ms | >50 ms | loop lag max ms | "
-          ">50 ms | GC pause max ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          ">50 ms | busy lag max ms | >50 ms | GC pause max ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key, r in res["sse"].items():
         if key.startswith("ratio"):
             continue
@@ -272,7 +274,8 @@ def report(res: dict[str, Any]) -> None:
               f"{r['ttft_p95_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['chunk_gap_max_ms']:.0f} | "
               f"{r.get('gateway_rss_max_mb', float('nan')):.1f} | {r['probe_max_ms']:.1f} | "
               f"{r['probes_over_50ms']} | {r.get('loop_lag_max_ms', nan):.1f} | "
-              f"{r.get('loop_lags_over_50ms', nan)} | {r.get('gc_pause_max_ms', nan):.1f} |")
+              f"{r.get('loop_lags_over_50ms', nan)} | {r.get('loop_cpu_lag_max_ms', nan):.1f} | "
+              f"{r.get('loop_cpu_lags_over_50ms', nan)} | {r.get('gc_pause_max_ms', nan):.1f} |")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
     for key, r in res["sse"].items():
@@ -283,7 +286,9 @@ def report(res: dict[str, Any]) -> None:
           f"peak {s['sse']['peak_open_streams']} open; wrk {s['wrk']['requests']} requests "
           f"({s['wrk']['rps']:,.0f}/s, {s['wrk']['errors']} errors); probe max "
           f"{s['probe_max_ms']:.1f} ms, {s['probes_over_50ms']} over 50 ms; loop lag max "
-          f"{s.get('loop_lag_max_ms', nan):.1f} ms, {s.get('loop_lags_over_50ms')} over 50 ms; "
+          f"{s.get('loop_lag_max_ms', nan):.1f} ms, {s.get('loop_lags_over_50ms')} over 50 ms "
+          f"(busy: {s.get('loop_cpu_lag_max_ms', nan):.1f} ms, "
+          f"{s.get('loop_cpu_lags_over_50ms')} over 50 ms); "
           f"GC pause max {s.get('gc_pause_max_ms', nan):.1f} ms")
     if "rss_slope_mb_per_min" in s:
         print(f"soak RSS after warm-up: {s['rss_after_warmup_first_mb']:.1f} -> "
