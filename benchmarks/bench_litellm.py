@@ -2,7 +2,7 @@
 same run, one network namespace.
 
   scripts/isolated python benchmarks/bench_litellm.py [--seconds 5] [--rounds 3]
-      [--streams 1000] [--stream-seconds 30] [--json PATH]
+      [--streams 100,1000] [--stream-seconds 30] [--json PATH]
 
 (re-runs itself under scripts/isolated when not already inside a namespace of its own: LiteLLM
 runs with no network but loopback, so its backend and the load generator live there too.)
@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=5, help="wrk run length")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--connections", default="1,32", help="wrk connection counts")
-    p.add_argument("--streams", default="1000", help="SSE stream counts to hold")
+    p.add_argument("--streams", default="100,1000", help="SSE stream counts to hold")
     p.add_argument("--stream-seconds", type=float, default=30)
     p.add_argument("--stream-tps", type=float, default=1.0, help="tokens/s of one stream")
     p.add_argument("--stream-tokens", type=int, default=15, help="tokens per stream")

@@ -53,7 +53,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--soak-seconds", type=float, default=90)
     p.add_argument("--soak-warmup", type=float, default=0.25, help="share of the soak")
     p.add_argument("--soak-streams", type=int, default=300)
-    p.add_argument("--soak-connections", type=int, default=8)
+    p.add_argument("--soak-connections", type=int, default=4)
+    p.add_argument("--flat-mb", type=float, default=2.0,
+                   help="RSS counts as flat when it grows by at most this (or 2 %%) after "
+                        "warm-up")
     p.add_argument("--json", default=str(L.ROOT / "benchmarks/results/load.json"))
     p.add_argument("--probe-interval", type=float, default=0.01, help="seconds")
     p.add_argument("--py-spy", metavar="DIR", help="profile the gateway with py-spy during "
@@ -189,6 +192,10 @@ async def soak(args: argparse.Namespace, gw: str, gw_pid: int, probe: L.Probe,
     after = [(t, mb) for t, mb in series if t >= warm]
     res["rss_series_mb"] = [(round(t - t0, 1), round(mb, 2)) for t, mb in series]
     res.update(rss_trend(after))
+    if "rss_growth_after_warmup_mb" in res:
+        allowed = max(args.flat_mb, 0.02 * res["rss_after_warmup_first_mb"])
+        res["rss_flat"] = res["rss_growth_after_warmup_mb"] <= allowed
+        res["rss_flat_rule_mb"] = allowed
     return res
 
 
@@ -295,7 +302,8 @@ def report(res: dict[str, Any]) -> None:
               f"{s['rss_after_warmup_last_mb']:.1f} MB (growth "
               f"{s['rss_growth_after_warmup_mb']:+.1f} MB, slope "
               f"{s['rss_slope_mb_per_min']:+.2f} MB/min over "
-              f"{s['post_warmup_minutes']:.1f} min)")
+              f"{s['post_warmup_minutes']:.1f} min): "
+              f"{'flat' if s['rss_flat'] else 'GROWING'} (rule: <= {s['rss_flat_rule_mb']:.1f} MB)")
     print(f"gateway RSS idle {res['rss_idle_mb']:.1f} MB, peak (VmHWM) "
           f"{res['gateway_peak_rss_mb']:.1f} MB, after {res['rss_after_mb']:.1f} MB")
 
