@@ -222,8 +222,8 @@ HOOKS = Path(__file__).with_name("_hooks")
 
 
 def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | None = None,
-                  hook_out: Path | None = None, gc_threshold: str | None = None
-                  ) -> tuple[str, int]:
+                  hook_out: Path | None = None, gc_threshold: str | None = None,
+                  gc_freeze_after_s: float | None = None) -> tuple[str, int]:
     """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid).
     With `hook_out`, the gateway runs with benchmarks/_hooks on its PYTHONPATH, which logs
     its event loop's lag and its GC pauses to that file (see _hooks/sitecustomize.py)."""
@@ -234,6 +234,8 @@ def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | N
         env = {"PYTHONPATH": path, "MESHROUTE_BENCH_HOOK_OUT": str(hook_out)}
         if gc_threshold:
             env["MESHROUTE_BENCH_GC_THRESHOLD"] = gc_threshold
+        if gc_freeze_after_s is not None:
+            env["MESHROUTE_BENCH_GC_FREEZE_AFTER_S"] = str(gc_freeze_after_s)
     proc = procs.start([*meshroute_cmd(), "serve", "--port", str(port), "--no-mdns",
                         "--log-level", "warning"], env=env, log=log)
     url = f"http://127.0.0.1:{port}"

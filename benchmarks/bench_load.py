@@ -65,6 +65,8 @@ def parse_args() -> argparse.Namespace:
                    help="don't run the gateway with the loop-lag/GC hook (benchmarks/_hooks)")
     p.add_argument("--gateway-gc-threshold", metavar="G0,G1,G2",
                    help="experiment: run the gateway with these gc thresholds (via the hook)")
+    p.add_argument("--gateway-gc-freeze-after", type=float, metavar="S",
+                   help="experiment: gc.freeze() in the gateway S seconds after its start")
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
 
@@ -85,7 +87,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         hook = None if args.no_loop_hook else logs / "loop-hook.jsonl"
         gw, gw_pid = L.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, logs / "gw.log", hook,
-                                     args.gateway_gc_threshold)
+                                     args.gateway_gc_threshold, args.gateway_gc_freeze_after)
         args.hook = hook
         pids = {"gateway": gw_pid, "fast_node": fast_pid, "paced_node": paced_pid}
         with L.Probe(gw, "/healthz", args.probe_interval) as probe, L.RssSampler(pids, 1.0) as rss:

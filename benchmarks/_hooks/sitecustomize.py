@@ -13,7 +13,9 @@ how many were over 50 ms, and the GC pauses over 5 ms: generation, wall ms, obje
 CPU ms of the collecting thread (wall much above CPU: the process was waiting for a core),
 objects tracked after a full collection (-1 for the younger generations).
 Nothing of the server is imported or changed; the cost is one wake-up of the loop per beat.
-As an experiment only, MESHROUTE_BENCH_GC_THRESHOLD="g0,g1,g2" sets the GC thresholds.
+As experiments only: MESHROUTE_BENCH_GC_THRESHOLD="g0,g1,g2" sets the GC thresholds;
+MESHROUTE_BENCH_GC_FREEZE_AFTER_S=S calls gc.freeze() on the loop S seconds after it is made
+(the start-up heap then leaves the collections).
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ class _Recorder:
 
     def beat(self, loop: asyncio.AbstractEventLoop, loop_thread: int) -> None:
         clock = time.pthread_getcpuclockid(loop_thread)
-        flushed = time.monotonic()
+        flushed = began = time.monotonic()
+        freeze_after_s = float(os.environ.get("MESHROUTE_BENCH_GC_FREEZE_AFTER_S") or "inf")
         while not loop.is_closed():
+            if time.monotonic() - began >= freeze_after_s:  # an experiment, off by default
+                loop.call_soon_threadsafe(gc.freeze)
+                freeze_after_s = float("inf")
             posted, posted_cpu = time.perf_counter(), time.clock_gettime(clock)
             try:
                 loop.call_soon_threadsafe(self._landed, posted, posted_cpu)
