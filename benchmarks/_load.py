@@ -493,6 +493,11 @@ def hook_window(path: Path | None, t0: float, t1: float) -> dict[str, Any]:
             "loop_lags_over_50ms": sum(x["over_50ms"] for x in lines),
             "loop_cpu_lag_max_ms": max((x.get("cpu_lag_max_ms") or 0.0) for x in lines),
             "loop_cpu_lags_over_50ms": sum(x.get("cpu_over_50ms", 0) for x in lines),
+            # busy lags over 50 ms in a second (or the one before) with a GC pause of 40+ ms
+            # of CPU: how many stalls garbage collection explains
+            "loop_cpu_lags_over_50ms_beside_gc": sum(
+                x.get("cpu_over_50ms", 0) for i, x in enumerate(lines)
+                if any(p[3] >= 40 for y in lines[max(0, i - 1):i + 1] for p in y["gc_pauses"])),
             "gc_ms": lines[-1]["gc_total_ms"] - lines[0]["gc_total_ms"],
             "gc_pause_max_ms": max((p[1] for p in pauses), default=0.0),
             "gc_pauses_over_5ms": len(pauses),

@@ -21,6 +21,7 @@ MESHROUTE_BENCH_GC_FREEZE_AFTER_S=S calls gc.freeze() on the loop S seconds afte
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import json
 import os
@@ -100,6 +101,7 @@ class _Recorder:
 def _install(path: str) -> None:
     recorder = _Recorder(path)
     gc.callbacks.append(recorder.on_gc)
+    atexit.register(recorder.flush)  # the last second's beats too
 
     def watched(factory: Any) -> Any:
         def make(*args: Any, **kwargs: Any) -> Any:

@@ -111,7 +111,7 @@ def burn():  # 0.25 s of this thread's CPU in one callback: a stall of the loop
 async def main():
     await asyncio.sleep(0.3)
     asyncio.get_running_loop().call_soon(burn)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(0.3)
 asyncio.run(main())
 """
 
