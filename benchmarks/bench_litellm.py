@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _load as L
+from benchmarks import _procs as P
 
 KEY = "sk-bench-not-a-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -58,19 +59,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stream-tps", type=float, default=1.0, help="tokens/s of one stream")
     p.add_argument("--stream-tokens", type=int, default=15, help="tokens per stream")
     p.add_argument("--stream-timeout", type=float, default=120, help="seconds, per stream")
-    p.add_argument("--json", default=str(L.ROOT / "benchmarks/results/litellm.json"))
+    p.add_argument("--json", default=str(P.ROOT / "benchmarks/results/litellm.json"))
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
 
 
 def litellm_venv() -> Path:
     """The LiteLLM venv, built by benchmarks/litellm-venv on first use."""
-    out = subprocess.run([str(L.ROOT / "benchmarks/litellm-venv")], check=True,
+    out = subprocess.run([str(P.ROOT / "benchmarks/litellm-venv")], check=True,
                          capture_output=True, text=True).stdout
     return Path(out.strip().splitlines()[-1])
 
 
-def start_litellm(procs: L.Procs, venv: Path, models: dict[str, str],
+def start_litellm(procs: P.Procs, venv: Path, models: dict[str, str],
                   workdir: Path) -> tuple[str, int]:
     """LiteLLM's proxy with one model_list entry per {model: backend url}; (url, pid)."""
     entries = "".join(f"  - model_name: {m}\n    litellm_params:\n      model: openai/{m}\n"
@@ -78,7 +79,7 @@ def start_litellm(procs: L.Procs, venv: Path, models: dict[str, str],
                       for m, url in models.items())
     (workdir / "cfg.yaml").write_text("model_list:\n" + entries)
     (workdir / "log.json").write_text(json.dumps(LOG_CONFIG))
-    port = L.free_port()
+    port = P.free_port()
     env = {"LITELLM_MASTER_KEY": KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
            "LITELLM_OFFLINE_MODE": "true", "LITELLM_LOG": "ERROR"}
     proc = procs.start([str(venv / "bin/litellm"), "--config", str(workdir / "cfg.yaml"),
@@ -86,7 +87,7 @@ def start_litellm(procs: L.Procs, venv: Path, models: dict[str, str],
                         "--log_config", str(workdir / "log.json")], env=env,
                        log=workdir / "litellm.log")
     url = f"http://127.0.0.1:{port}"
-    L.wait_http(url + "/health/liveliness", proc, timeout_s=180)
+    P.wait_http(url + "/health/liveliness", proc, timeout_s=180)
     return url, proc.pid
 
 
@@ -94,25 +95,25 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     streams = [int(x) for x in args.streams.split(",") if x]
     slots = max(streams) + 64
     venv = litellm_venv()
-    with L.processes() as procs:
-        fast, fast_pid = L.start_emulator(procs, "fast-0", "fast", 1e6, 64, 4096,
+    with P.processes() as procs:
+        fast, fast_pid = P.start_emulator(procs, "fast-0", "fast", 1e6, 64, 4096,
                                           tmp / "fast.log")
-        paced, paced_pid = L.start_emulator(procs, "paced-0", "paced", args.stream_tps,
+        paced, paced_pid = P.start_emulator(procs, "paced-0", "paced", args.stream_tps,
                                             slots, 4 * slots, tmp / "paced.log")
-        gw, gw_pid = L.start_gateway(procs, {"fast-0": ("fast", fast),
+        gw, gw_pid = P.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, tmp / "gw.log")
         lt, lt_pid = start_litellm(procs, venv, {"fast": fast, "paced": paced}, tmp)
         targets = {"direct": ((fast, fast_pid), (paced, paced_pid)),
                    "meshroute": ((gw, gw_pid), (gw, gw_pid)),
                    "litellm": ((lt, lt_pid), (lt, lt_pid))}
-        out: dict[str, Any] = {"rss_idle_mb": {"meshroute": L.rss_mb(gw_pid),
-                                               "litellm": L.rss_mb(lt_pid)}}
+        out: dict[str, Any] = {"rss_idle_mb": {"meshroute": P.rss_mb(gw_pid),
+                                               "litellm": P.rss_mb(lt_pid)}}
         for name, ((url, _), _) in targets.items():  # warm-up, not recorded
             print(f"warm-up {name}", file=sys.stderr, flush=True)
             await L.wrk(url + "/v1/chat/completions", json.dumps(CHAT), 8, 2, AUTH, 30)
         out["nonstream"] = await nonstream(args, targets)
         out["sse"] = await sse(args, streams, targets)
-        out["peak_rss_mb"] = {"meshroute": L.hwm_mb(gw_pid), "litellm": L.hwm_mb(lt_pid)}
+        out["peak_rss_mb"] = {"meshroute": P.hwm_mb(gw_pid), "litellm": P.hwm_mb(lt_pid)}
         out["litellm_version"] = subprocess.run(
             [str(venv / "bin/python"), "-c",
              "import importlib.metadata as m; print(m.version('litellm'))"],
@@ -164,7 +165,7 @@ async def sse(args: argparse.Namespace, streams: list[int],
         for name, (_, (url, pid)) in targets.items():
             print(f"SSE: holding {n} streams, {name}, for {args.stream_seconds} s",
                   file=sys.stderr, flush=True)
-            sampler = L.RssSampler({name: pid}, 1.0)
+            sampler = P.RssSampler({name: pid}, 1.0)
             with sampler:
                 res = await L.measure(L.hold_streams(
                     url + "/v1/chat/completions", body, n, args.stream_seconds, ramp, AUTH,
@@ -190,13 +191,13 @@ async def sse(args: argparse.Namespace, streams: list[int],
 def main() -> int:
     args = parse_args()
     if os.environ.get("MESHROUTE_ISOLATED") != "1" and not args.no_isolate:
-        isolated = str(L.ROOT / "scripts/isolated")
-        os.execv(isolated, [isolated, L.PY, *sys.argv])
+        isolated = str(P.ROOT / "scripts/isolated")
+        os.execv(isolated, [isolated, P.PY, *sys.argv])
     if not shutil.which("wrk"):
         print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
         return 2
-    fds = L.raise_fd_limit()
-    load_before = L.load_average()
+    fds = P.raise_fd_limit()
+    load_before = P.load_average()
     began = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-litellm-") as tmp:
         try:
@@ -210,7 +211,7 @@ def main() -> int:
                    + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
         "seconds": time.time() - began, "load_average_before": load_before,
-        "load_average_after": L.load_average(), "fd_limit": fds, "cpus": os.cpu_count(),
+        "load_average_after": P.load_average(), "fd_limit": fds, "cpus": os.cpu_count(),
         "args": vars(args)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")

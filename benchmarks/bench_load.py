@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _load as L
+from benchmarks import _procs as P
 
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -57,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--flat-mb", type=float, default=2.0,
                    help="RSS counts as flat when it grows by at most this (or 2 %%) after "
                         "warm-up")
-    p.add_argument("--json", default=str(L.ROOT / "benchmarks/results/load.json"))
+    p.add_argument("--json", default=str(P.ROOT / "benchmarks/results/load.json"))
     p.add_argument("--probe-interval", type=float, default=0.01, help="seconds")
     p.add_argument("--py-spy", metavar="DIR", help="profile the gateway with py-spy during "
                    "each gateway SSE phase; collapsed stacks go to DIR")
@@ -79,19 +80,19 @@ def stream_body(args: argparse.Namespace) -> dict[str, Any]:
 async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     streams = [int(x) for x in args.streams.split(",") if x]
     slots = max([*streams, args.soak_streams]) + 64
-    with L.processes() as procs:
-        fast, fast_pid = L.start_emulator(procs, "fast-0", "fast", 1e6, 64, 4096,
+    with P.processes() as procs:
+        fast, fast_pid = P.start_emulator(procs, "fast-0", "fast", 1e6, 64, 4096,
                                           logs / "fast.log")
-        paced, paced_pid = L.start_emulator(procs, "paced-0", "paced", args.stream_tps,
+        paced, paced_pid = P.start_emulator(procs, "paced-0", "paced", args.stream_tps,
                                             slots, 4 * slots, logs / "paced.log")
         hook = None if args.no_loop_hook else logs / "loop-hook.jsonl"
-        gw, gw_pid = L.start_gateway(procs, {"fast-0": ("fast", fast),
+        gw, gw_pid = P.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, logs / "gw.log", hook,
                                      args.gateway_gc_threshold, args.gateway_gc_freeze_after)
         args.hook = hook
         pids = {"gateway": gw_pid, "fast_node": fast_pid, "paced_node": paced_pid}
-        with L.Probe(gw, "/healthz", args.probe_interval) as probe, L.RssSampler(pids, 1.0) as rss:
-            out: dict[str, Any] = {"rss_idle_mb": L.rss_mb(gw_pid)}
+        with L.Probe(gw, "/healthz", args.probe_interval) as probe, P.RssSampler(pids, 1.0) as rss:
+            out: dict[str, Any] = {"rss_idle_mb": P.rss_mb(gw_pid)}
             for target in (fast, gw):  # warm-up: pools, caches, first enumeration
                 await L.wrk(target + "/v1/chat/completions", json.dumps(CHAT), 8, 1)
             await L.hold_streams(gw + "/v1/chat/completions", stream_body(args), 20,
@@ -99,8 +100,8 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             out["nonstream"] = await nonstream(args, fast, gw, gw_pid, probe)
             out["sse"] = await sse(args, streams, paced, gw, gw_pid, probe, rss)
             out["soak"] = await soak(args, gw, gw_pid, probe, rss)
-            out["gateway_peak_rss_mb"] = L.hwm_mb(gw_pid)
-            out["rss_after_mb"] = L.rss_mb(gw_pid)
+            out["gateway_peak_rss_mb"] = P.hwm_mb(gw_pid)
+            out["rss_after_mb"] = P.rss_mb(gw_pid)
     return out
 
 
@@ -151,7 +152,7 @@ async def nonstream(args: argparse.Namespace, fast: str, gw: str, gw_pid: int,
 
 
 async def sse(args: argparse.Namespace, streams: list[int], paced: str, gw: str, gw_pid: int,
-              probe: L.Probe, rss: L.RssSampler) -> dict[str, Any]:
+              probe: L.Probe, rss: P.RssSampler) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ramp = min(args.stream_tokens / args.stream_tps, args.stream_seconds / 3)
     for n in streams:
@@ -160,7 +161,7 @@ async def sse(args: argparse.Namespace, streams: list[int], paced: str, gw: str,
                   file=sys.stderr, flush=True)
             load = L.hold_streams(url + "/v1/chat/completions", stream_body(args), n,
                                   args.stream_seconds, ramp)
-            with L.py_spy(gw_pid if name == "gateway" else None, args.py_spy,
+            with P.py_spy(gw_pid if name == "gateway" else None, args.py_spy,
                           f"gateway-{n}-streams", args.stream_seconds):
                 res = await L.measure(load, gw_pid, probe, args.hook)
             if name == "gateway":
@@ -179,7 +180,7 @@ async def sse(args: argparse.Namespace, streams: list[int], paced: str, gw: str,
 
 
 async def soak(args: argparse.Namespace, gw: str, gw_pid: int, probe: L.Probe,
-               rss: L.RssSampler) -> dict[str, Any]:
+               rss: P.RssSampler) -> dict[str, Any]:
     print(f"soak: {args.soak_streams} SSE streams + wrk c={args.soak_connections} for "
           f"{args.soak_seconds} s", file=sys.stderr, flush=True)
     loads = asyncio.gather(
@@ -224,13 +225,13 @@ def rss_trend(series: list[tuple[float, float]]) -> dict[str, float]:
 def main() -> int:
     args = parse_args()
     if os.environ.get("MESHROUTE_ISOLATED") != "1" and not args.no_isolate:
-        isolated = str(L.ROOT / "scripts/isolated")
-        os.execv(isolated, [isolated, L.PY, *sys.argv])
+        isolated = str(P.ROOT / "scripts/isolated")
+        os.execv(isolated, [isolated, P.PY, *sys.argv])
     if not shutil.which("wrk"):
         print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
         return 2
-    fds = L.raise_fd_limit()
-    load_before = L.load_average()
+    fds = P.raise_fd_limit()
+    load_before = P.load_average()
     began = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         try:
@@ -243,7 +244,7 @@ def main() -> int:
         "command": "scripts/isolated python benchmarks/bench_load.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
         "seconds": time.time() - began, "load_average_before": load_before,
-        "load_average_after": L.load_average(), "fd_limit": fds, "cpus": os.cpu_count(),
+        "load_average_after": P.load_average(), "fd_limit": fds, "cpus": os.cpu_count(),
         "args": vars(args)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")

@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from benchmarks import _load as L
+from benchmarks import _procs as P
 
 pytestmark = pytest.mark.anyio
 
@@ -118,7 +119,7 @@ asyncio.run(main())
 
 def test_loop_hook_sees_a_blocking_callback(tmp_path: Path) -> None:
     out = tmp_path / "hook.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(L.HOOKS), "MESHROUTE_BENCH_HOOK_OUT": str(out)}
+    env = {**os.environ, "PYTHONPATH": str(P.HOOKS), "MESHROUTE_BENCH_HOOK_OUT": str(out)}
     subprocess.run([sys.executable, "-c", BLOCKER], env=env, check=True, timeout=60)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert sum(x["beats"] for x in lines) > 0
@@ -129,7 +130,7 @@ def test_loop_hook_sees_a_blocking_callback(tmp_path: Path) -> None:
 
 def test_hook_is_inert_without_its_variable() -> None:
     env = {k: v for k, v in os.environ.items() if k != "MESHROUTE_BENCH_HOOK_OUT"}
-    env["PYTHONPATH"] = str(L.HOOKS)
+    env["PYTHONPATH"] = str(P.HOOKS)
     code = "import asyncio, threading; asyncio.new_event_loop(); print(threading.active_count())"
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True, timeout=60)
