@@ -143,15 +143,15 @@ async def nonstream(args: argparse.Namespace,
         added = {n: {q: t[f"{q}_ms"] - d[f"{q}_ms"] for q in ("p50", "p95", "p99")}
                  for n, t in (("meshroute", m), ("litellm", lt))}
         out[f"ratio c={c}"] = {
-            "rps_meshroute_over_litellm": m["rps"] / lt["rps"],
-            "rps_meshroute_over_direct": m["rps"] / d["rps"],
-            "rps_litellm_over_direct": lt["rps"] / d["rps"],
+            "rps_meshroute_over_litellm": _over(m["rps"], lt["rps"]),
+            "rps_meshroute_over_direct": _over(m["rps"], d["rps"]),
+            "rps_litellm_over_direct": _over(lt["rps"], d["rps"]),
             "added_ms": added,
             **{f"added_{q}_litellm_over_meshroute": _over(added["litellm"][q],
                                                           added["meshroute"][q])
                for q in ("p50", "p99")},
             "cpu_per_request_litellm_over_meshroute":
-                lt["cpu_us_per_request"] / m["cpu_us_per_request"]}
+                _over(lt["cpu_us_per_request"], m["cpu_us_per_request"])}
     return out
 
 
@@ -177,14 +177,14 @@ async def sse(args: argparse.Namespace, streams: list[int],
         d, m, lt = (out[f"{t} {n} streams"] for t in ("direct", "meshroute", "litellm"))
         out[f"ratio {n} streams"] = {
             "streams_ok_meshroute_over_litellm": m["streams_ok"] / max(lt["streams_ok"], 1),
-            "chunks_per_s_meshroute_over_litellm": m["chunks_per_s"] / max(lt["chunks_per_s"],
-                                                                          1e-9),
+            "chunks_per_s_meshroute_over_litellm": _over(m["chunks_per_s"],
+                                                          lt["chunks_per_s"]),
             "added_ttft_p50_ms": {t: r["ttft_p50_ms"] - d["ttft_p50_ms"]
                                   for t, r in (("meshroute", m), ("litellm", lt))},
             "added_ttft_p99_ms": {t: r["ttft_p99_ms"] - d["ttft_p99_ms"]
                                   for t, r in (("meshroute", m), ("litellm", lt))},
             "cpu_per_stream_litellm_over_meshroute":
-                lt["cpu_us_per_stream"] / m["cpu_us_per_stream"]}
+                _over(lt["cpu_us_per_stream"], m["cpu_us_per_stream"])}
     return out
 
 
@@ -250,7 +250,8 @@ def report(res: dict[str, Any]) -> None:
 
 
 def _over(a: float, b: float) -> float | None:
-    """a / b, or None where b is not positive (an added latency lost in the noise)."""
+    """a / b, or None where b is not positive (an added latency lost in the noise, or a
+    phase too short for a single answer)."""
     return a / b if b > 0 else None
 
 

@@ -146,7 +146,7 @@ async def nonstream(args: argparse.Namespace, fast: str, gw: str, gw_pid: int,
     for c in conns:
         d, g = out[f"direct c={c}"], out[f"gateway c={c}"]
         out[f"ratio c={c}"] = {
-            "rps_gateway_over_direct": g["rps"] / d["rps"],
+            "rps_gateway_over_direct": g["rps"] / d["rps"] if d["rps"] else None,
             **{f"added_{q}_ms": g[f"{q}_ms"] - d[f"{q}_ms"] for q in ("p50", "p95", "p99")}}
     return out
 
@@ -173,7 +173,8 @@ async def sse(args: argparse.Namespace, streams: list[int], paced: str, gw: str,
             out[f"{name} {n} streams"] = res
         d, g = out[f"direct {n} streams"], out[f"gateway {n} streams"]
         out[f"ratio {n} streams"] = {
-            "chunks_per_s_gateway_over_direct": g["chunks_per_s"] / d["chunks_per_s"],
+            "chunks_per_s_gateway_over_direct": (g["chunks_per_s"] / d["chunks_per_s"]
+                                                 if d["chunks_per_s"] else None),
             **{f"added_ttft_{q}_ms": g[f"ttft_{q}_ms"] - d[f"ttft_{q}_ms"]
                for q in ("p50", "p95", "p99")}}
     return out
@@ -271,7 +272,8 @@ def report(res: dict[str, Any]) -> None:
               f"{r.get('loop_cpu_lag_max_ms', nan):.1f} | {r.get('gc_pause_max_ms', nan):.1f} |")
     for key, r in res["nonstream"].items():
         if key.startswith("ratio"):
-            print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
+            print(f"{key}: " + ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a"
+                                       for k, v in r.items()))
     print("\n| case | held (peak) | ok | failed | chunks/s | TTFT p50 | p95 | p99 | "
           "max chunk gap ms | gw RSS max MB | probe max ms | >50 ms | loop lag max ms | "
           ">50 ms | busy lag max ms | >50 ms | GC pause max ms |")
@@ -290,7 +292,8 @@ def report(res: dict[str, Any]) -> None:
             print(f"  errors: {r['errors']}")
     for key, r in res["sse"].items():
         if key.startswith("ratio"):
-            print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
+            print(f"{key}: " + ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a"
+                                       for k, v in r.items()))
     s = res["soak"]
     print(f"\nsoak: {s['sse']['streams_ok']} streams ok, {s['sse']['streams_failed']} failed, "
           f"peak {s['sse']['peak_open_streams']} open; wrk {s['wrk']['requests']} requests "
