@@ -1,0 +1,148 @@
+"""Smoke tests of the load benchmark's harness (benchmarks/_load.py, the loop-lag hook):
+fast, loopback only, no wall-clock upper bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from benchmarks import _load as L
+from benchmarks import _procs as P
+
+pytestmark = pytest.mark.anyio
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    if body.get("model") == "broken":
+        payload = {"error": {"message": "every route failed", "routes": {"r1": "refused"}}}
+        return web.json_response(payload, status=503)
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(3):
+        await resp.write(b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i)
+    if body.get("model") != "truncated":
+        await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+@pytest.fixture
+async def sse_url() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", _sse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}/v1/chat/completions"
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize(("model", "ok"), [("m", True), ("truncated", False),
+                                           ("broken", False)])
+async def test_hold_streams_counts_whole_streams_only(sse_url: str, model: str,
+                                                      ok: bool) -> None:
+    out = await L.hold_streams(sse_url, {"model": model, "stream": True}, streams=4,
+                               seconds=0.2, ramp_s=0.05)
+    assert out["streams_started"] >= 4
+    assert out["streams_ok"] + out["streams_failed"] == out["streams_started"]
+    if ok:
+        assert out["streams_failed"] == 0
+        assert out["chunks"] == 3 * out["streams_ok"]
+        assert out["ttft_p50_ms"] > 0
+    else:
+        assert out["streams_ok"] == 0
+        assert sum(out["errors"].values()) == out["streams_failed"]
+    if model == "broken":
+        assert any("status 503" in e and "refused" in e for e in out["errors"])
+        assert out["peak_open_streams"] == 0
+
+
+def test_percentile_and_rss_trend() -> None:
+    assert L.pct([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert L.pct([1.0, 2.0], 100) == 2.0
+    flat = [(float(t), 80.0) for t in range(60)]
+    growing = [(float(t), 80.0 + t / 6) for t in range(60)]
+    assert L.median_of([{"a": 1.0}, {"a": 3.0}, {"a": 2.0}]) == {"a": 2.0}
+    from benchmarks.bench_load import rss_trend
+    assert rss_trend(flat)["rss_growth_after_warmup_mb"] == 0.0
+    assert rss_trend(growing)["rss_slope_mb_per_min"] == pytest.approx(10.0)
+    assert rss_trend(growing)["rss_growth_after_warmup_mb"] > 8
+
+
+def test_wrk_script_posts_the_body_and_reports_json() -> None:
+    script = L.wrk_script('{"model": "m"}', {"Authorization": "Bearer x"})
+    assert 'wrk.method = "POST"' in script
+    assert 'wrk.body = "{\\"model\\": \\"m\\"}"' in script
+    assert 'wrk.headers["Authorization"] = "Bearer x"' in script
+    assert "WRKJSON" in script and "percentile(99)" in script
+
+
+def test_hook_window_sums_lines_in_the_window(tmp_path: Path) -> None:
+    path = tmp_path / "hook.jsonl"
+    lines = [{"t": t, "beats": 100, "lag_max_ms": lag, "over_50ms": int(lag > 50),
+              "cpu_lag_max_ms": lag / 2, "cpu_over_50ms": 0, "gc_total_ms": 10.0 * t,
+              "gc_pauses": [[2, lag, 0, lag / 2, 1000]] if lag > 50 else []}
+             for t, lag in ((1.0, 5.0), (2.0, 80.0), (3.0, 7.0), (9.0, 500.0))]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = L.hook_window(path, 0.5, 3.0)
+    assert out["loop_lag_max_ms"] == 80.0
+    assert out["loop_lags_over_50ms"] == 1
+    assert out["loop_beats"] == 300
+    assert out["gc_ms"] == 20.0
+    assert out["gc_gen2_pauses"] == [{"wall_ms": 80.0, "cpu_ms": 40.0, "collected": 0,
+                                      "tracked_after": 1000}]
+
+
+BLOCKER = """
+import asyncio, time
+def burn():  # 0.25 s of this thread's CPU in one callback: a stall of the loop
+    end = time.thread_time() + 0.25
+    while time.thread_time() < end:
+        pass
+async def main():
+    await asyncio.sleep(0.3)
+    asyncio.get_running_loop().call_soon(burn)
+    await asyncio.sleep(0.3)
+asyncio.run(main())
+"""
+
+
+def test_loop_hook_sees_a_blocking_callback(tmp_path: Path) -> None:
+    out = tmp_path / "hook.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(P.HOOKS), "MESHROUTE_BENCH_HOOK_OUT": str(out)}
+    subprocess.run([sys.executable, "-c", BLOCKER], env=env, check=True, timeout=60)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sum(x["beats"] for x in lines) > 0
+    # a beat posted while burn() ran landed after it: at least its remaining CPU time late
+    assert max(x["cpu_lag_max_ms"] or 0 for x in lines) >= 200
+    assert max(x["lag_max_ms"] or 0 for x in lines) >= 200
+
+
+def test_hook_is_inert_without_its_variable() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MESHROUTE_BENCH_HOOK_OUT"}
+    env["PYTHONPATH"] = str(P.HOOKS)
+    code = "import asyncio, threading; asyncio.new_event_loop(); print(threading.active_count())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "1"
+
+
+async def test_measure_adds_window_and_cpu() -> None:
+    async def load() -> dict[str, float]:
+        await asyncio.sleep(0)
+        return {"requests": 1}
+    out = await L.measure(load(), os.getpid())
+    assert out["requests"] == 1
+    t0, t1 = out["window"]
+    assert t1 >= t0
+    assert out["server_cpu_s"] >= 0
