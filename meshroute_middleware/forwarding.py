@@ -19,6 +19,8 @@ from typing import Protocol
 
 import aiohttp
 
+from .core.kinds import ErrorKind
+
 # Response headers a head's answer loses on its way (chat.headers drops the rest: cookies,
 # the head's own date/server). content-length is re-added from the parsed value.
 HOP_BY_HOP = frozenset({
@@ -45,7 +47,7 @@ class ForwardTimeouts:
 class ForwardError(Exception):
     """The head failed before its first byte; `kind` is what the statistics record."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None,
+    def __init__(self, kind: ErrorKind, message: str, status: int | None = None,
                  body: bytes = b"", retry_after: str | None = None) -> None:
         super().__init__(message)
         self.kind, self.status, self.body = kind, status, body
@@ -145,7 +147,7 @@ class AiohttpForwarder:
         if raw.status >= 500 or raw.status == 429:
             err_body = await _read_bounded(raw)
             raw.release()
-            kind = "http_429" if raw.status == 429 else "http_5xx"
+            kind: ErrorKind = "http_429" if raw.status == 429 else "http_5xx"
             raise ForwardError(kind, f"{url} answered {raw.status}", raw.status, err_body,
                                raw.headers.get("retry-after"))
         out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]

@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
+from .core.kinds import ErrorKind
 from .forwarding import ForwardError, ForwardTimeouts
 
 
@@ -75,7 +76,7 @@ class ASGIForwarder:
                                "followed)", status)
         if status >= 500 or status == 429:
             err = b"".join([c async for c in response.chunks()])
-            kind = "http_429" if status == 429 else "http_5xx"
+            kind: ErrorKind = "http_429" if status == 429 else "http_5xx"
             raise ForwardError(kind, f"{url} answered {status}", status, err)
         return response
 

@@ -17,12 +17,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from starlette.types import Message, Receive, Scope, Send
 
 from ..core import Decision, Outcome, Router
 from ..core.contracts.limits import MAX_TPS
+from ..core.kinds import ErrorKind
 from ..httperrors import send_error
 from ..measure import TokenMeter
 from ..request import ChatRequest
@@ -73,11 +74,11 @@ class Measurement:
         self.meter = TokenMeter(streaming=is_sse(headers))
         return self.meter
 
-    def failure(self, kind: str) -> Outcome:
+    def failure(self, kind: ErrorKind) -> Outcome:
         """A failure before the first byte."""
         return Outcome(0, time.perf_counter() - self.start, 0.0, kind)
 
-    def outcome(self, error: str = "") -> Outcome:
+    def outcome(self, error: ErrorKind | Literal[""] = "") -> Outcome:
         """What was measured, as the router records it."""
         last = self.last if self.last is not None else time.perf_counter()
         first = self.first if self.first is not None else last
@@ -91,7 +92,7 @@ class Measurement:
 class Failed:
     """An attempt that failed before its first byte; `kind` is what the statistics record."""
 
-    kind: str
+    kind: ErrorKind
     reason: str
     held: tuple[Message, ...] = ()  # the failing answer, held back from the client (annotate)
 
@@ -136,7 +137,8 @@ class Attempts:
         result = self.router.record(decision, outcome)
         self.telemetry.finished(decision, outcome, result)
 
-    def settle(self, decision: Decision, measurement: Measurement, error: str = "", *,
+    def settle(self, decision: Decision, measurement: Measurement,
+               error: ErrorKind | Literal[""] = "", *,
                status: int | None = None, gone: bool = False) -> None:
         """Record an attempt that answered, or cancel it if it says nothing of the route."""
         client_error = status is not None and 400 <= status < 500

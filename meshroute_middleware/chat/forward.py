@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Literal
 
 from ..core import Decision
+from ..core.kinds import ErrorKind
 from ..forwarding import Forwarder, ForwardError, UpstreamResponse
 from ..httperrors import send_error
 from ..measure import sse_error_event
@@ -98,7 +100,7 @@ class ForwardMode:
             return
         send = ex.send
         meter = m.answer(upstream.headers)
-        error = ""
+        error: ErrorKind | Literal[""] = ""
         try:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,

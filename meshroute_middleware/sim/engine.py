@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from ..core.config import RouterConfig
 from ..core.errors import MeshRouteError
+from ..core.kinds import ErrorKind
 from ..core.policies import Outcome
 from ..core.router import Decision, Router
 from ..core.routes import Route
@@ -271,7 +272,7 @@ class Simulator:
         self._end(req, ok=ok)
         self._start_waiting()
 
-    def _end(self, req: Request, *, ok: bool, error: str = "stream") -> None:
+    def _end(self, req: Request, *, ok: bool, error: ErrorKind = "stream") -> None:
         """Report the outcome to the router and log it; a closed-loop client sends again."""
         seconds = self.now - req.arrival_s
         if req.decision is not None:

@@ -8,12 +8,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from ...core import Decision, Outcome
+from ...core.kinds import ErrorKind
 from ...httperrors import error_body
 from ...measure import TokenMeter
 from .relay import Parked
@@ -51,7 +52,7 @@ class Attempt:
         self.last = now
         return data
 
-    def outcome(self, error: str) -> Outcome:
+    def outcome(self, error: ErrorKind | Literal[""]) -> Outcome:
         """What the router records: tokens over forwarding-to-last-byte, TTFB apart."""
         last = self.last if self.last is not None else time.perf_counter()
         first = self.first if self.first is not None else last

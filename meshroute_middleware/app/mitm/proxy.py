@@ -39,6 +39,7 @@ from typing import Any
 from mitmproxy import exceptions, http
 
 from ...core import Decision, InvalidPinError, NoRouteError, Outcome, Router, UnknownModelError
+from ...core.kinds import ErrorKind
 from ...forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
 from ...measure import TokenMeter
 from ...mesh import Mesh
@@ -213,7 +214,7 @@ class MeshRouteAddon:
         assert self._forwarder is not None
         headers = forwarded_headers(flow.request.headers.fields)
         failures: dict[str, str] = {}
-        kinds: list[str] = []
+        kinds: list[ErrorKind] = []
         decision: Decision | None = first
         while decision is not None:
             self.telemetry.decided(decision)

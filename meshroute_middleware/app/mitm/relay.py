@@ -14,9 +14,11 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Literal
 
 from starlette.types import Receive, Scope, Send
 
+from ...core.kinds import ErrorKind
 from ...forwarding import ForwardError, UpstreamResponse
 from ...httperrors import send_error
 from ...measure import sse_error_event
@@ -33,7 +35,7 @@ class Parked:
 
     upstream: UpstreamResponse
     streaming: bool
-    error: str = ""  # "stream" when the head failed mid-body
+    error: ErrorKind | Literal[""] = ""  # "stream" when the head failed mid-body
     fetched: bool = False  # mitmproxy came for it
     expiry: asyncio.TimerHandle | None = None
 

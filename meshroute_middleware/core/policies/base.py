@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from ..contracts.limits import MAX_TPS
 from ..kinds import (
@@ -18,6 +18,7 @@ from ..kinds import (
     PROVEN,
     SCOUT,
     STALE,
+    ErrorKind,
     Mode,
 )
 from ..routes import Route
@@ -97,9 +98,7 @@ class Outcome(NamedTuple):
     completion_tokens: int = 0
     seconds: float = 0.0  # from forwarding to the last byte
     ttfb_s: float = 0.0
-    # "" on success, else a kinds.ErrorKind. Typed `str` until the forwarders (adapters) type
-    # their kinds as ErrorKind; then this narrows to `ErrorKind | Literal[""]`.
-    error: str = ""
+    error: ErrorKind | Literal[""] = ""  # "" on success
     concurrency: float = 0.0  # the route's mean in-flight count while it ran (Router.record)
 
     @property
