@@ -169,8 +169,8 @@ class ChainWatch:
             return None
         self._fallback_told = True
         via = route.split("|", 1)[-1].replace("->", "→")
-        return (f"'{CHAIN_MODEL}' fell back: {', '.join(passed)} refused, {served} served it "
-                f"via {via}; the client got its answer, no error")
+        return (f"'{CHAIN_MODEL}' fell back from {', '.join(passed)} to {served} ({via}): "
+                "the client got its answer, not the 429")
 
     def tick(self, now: float) -> list[str]:
         """What happened since the last tick: 429s (and the cooldowns they started) from the
@@ -184,10 +184,9 @@ class ChainWatch:
         for key_route in sorted({e["signature"] for e in limited}):
             mine = [e for e in limited if e["signature"] == key_route]
             until = max((e.get("cooldown_until") or now) for e in mine)
-            times = f" ({len(mine)} requests at once)" if len(mine) > 1 else ""
-            lines.append(f"{key_route} answered 429 (rate limit){times}: the gateway cools "
-                         f"key {key_route.rpartition('#')[2]} down for {until - now:.0f} s "
-                         f"and '{CHAIN_MODEL}' falls back along its chain")
+            times = f" {len(mine)}x" if len(mine) > 1 else ""
+            lines.append(f"{key_route} answered 429{times} (rate limit): key "
+                         f"{key_route.rpartition('#')[2]} cools down for {until - now:.0f} s")
         if limited:
             self.counts.rate_limited += len(limited)
             self._fallback_told = False

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from .mesh import MODELS, LiveNode, route_true_tps
-from .providers import ChainWatch
+from .providers import CHAIN_MODEL, ChainWatch
 from .tally import Tally
 
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -69,12 +69,13 @@ class Live:
 
     def show(self, gateway: Any, nodes: dict[str, LiveNode], tally: Tally) -> None:
         """Redraw the whole view."""
+        chain = f", chain {CHAIN_MODEL}" if self.chain else ""
         out = ["\x1b[H\x1b[J", f"{BOLD}meshroute demo{RESET} {DIM}— models "
-               f"{', '.join(MODELS)}, policy {self._policy}, up {tally.elapsed_s():4.0f}s   "
+               f"{', '.join(MODELS)}{chain}, policy {self._policy}, up {tally.elapsed_s():4.0f}s   "
                f"(Ctrl-C to stop){RESET}", "", *table(gateway, nodes, True, self.chain), "",
                f"  requests ok {tally.ok}   failed {tally.failed}   delivered "
                f"{tally.tokens_per_s():6.1f} tok/s (all clients, 10 s window)", "",
-               f"  {DIM}mesh events:{RESET}"]
+               f"  {DIM}events:{RESET}"]
         out += [f"    {_fresh(at, line)}" for at, line in tally.events[-8:]] or ["    —"]
         out += ["", f"  {DIM}last requests (mode, route):{RESET}",
                 *(f"    {line}" for line in tally.last)]
