@@ -61,7 +61,7 @@ def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> N
     rows = _rows(final)
     assert len(rows) == 7  # qwen-demo: two hybrid and two single-node routes; llama-demo: 3
     assert "qwen-demo" in final and "llama-demo" in final
-    assert "auto  (provider chain, strategy fastest)" in final
+    assert "auto  (provider chain, strategy smartest)" in final
     assert re.search(r"\d\. fastco/big-model +score [\d.]+ +served +\d+ +key 1 (ready|cooldown "
                      r"\d+ s)", final), final
     assert all(line.rstrip().endswith("proven") for line in rows), final

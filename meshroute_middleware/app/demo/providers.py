@@ -74,10 +74,12 @@ class RateLimited:
 def providers_toml(base_url: str) -> str:
     """The demo's provider config: the fake provider first in a chain with the mesh model.
     Its limit is not declared (no `rpm`): the gateway learns it from the 429s, as it must
-    from a provider whose limits nobody wrote down."""
+    from a provider whose limits nobody wrote down. `smartest` puts the frontier model first
+    before anything is measured (under `fastest` both start from the same speed prior, and
+    the mesh, measured first, could keep the untried provider out for the whole demo)."""
     return f'''# written by `meshroute demo`
 [routing]
-strategy = "fastest"
+strategy = "smartest"
 chain = ["{PROVIDER_ROUTE}", "{QWEN}"]
 
 [[providers]]
@@ -87,7 +89,7 @@ keys = ["env:{KEY_ENV}"]
 
 [[providers.models]]
 id = "{PROVIDER_MODEL}"
-tier = "large"
+tier = "frontier"
 
 [mesh.{QWEN}]
 tier = "medium"
