@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from .core import InvalidNodeError, Router, UnknownModelError
 from .core.providers.chain import InvalidModelError
+from .core.providers.config import ProvidersConfig
 from .core.providers.router import ProviderRouter
 from .events import sse
 from .httperrors import error_body
@@ -54,12 +55,15 @@ def is_loopback_client(request: Request) -> bool:
 
 class GatewayAPI:
     """Endpoints over a Mesh. Node writes: with `node_token`, only with that bearer token;
-    without, only from loopback clients. `warnings` are shown in /v1/routing's config."""
+    without, only from loopback clients. `warnings` are shown in /v1/routing's config;
+    `providers`: the provider routes /v1/models lists beside the mesh models."""
 
     def __init__(self, mesh: Mesh, node_token: str | None = None, *,
                  warnings: Sequence[str] = (), cache_s: float = CACHE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 providers: ProviderRouter | None = None) -> None:
         self.mesh, self.node_token = mesh, node_token
+        self.providers = providers
         self.router, self.telemetry = mesh.router, mesh.telemetry
         self.warnings = list(warnings)
         self.cache_s, self.clock = cache_s, clock
@@ -82,12 +86,16 @@ class GatewayAPI:
         ]
 
     async def models(self, request: Request) -> Response:
-        """Every model the router can route, OpenAI list shape."""
+        """Every model the gateway can route, OpenAI list shape: the mesh models (`kind`
+        mesh, with their node count), then, with provider routes, the chains a client may ask
+        for (`auto`, `auto:<profile>`; kind chain) and the provider models (kind provider)."""
         per_model: dict[str, int] = {}
         for node in self.mesh.nodes():
             per_model[node.model] = per_model.get(node.model, 0) + 1
-        data = [{"id": m, "object": "model", "owned_by": "meshroute", "nodes": n}
-                for m, n in sorted(per_model.items())]
+        data = [{"id": m, "object": "model", "owned_by": "meshroute", "kind": "mesh",
+                 "nodes": n} for m, n in sorted(per_model.items())]
+        if self.providers is not None:
+            data += provider_models(self.providers.cfg)
         return JSONResponse({"object": "list", "data": data})
 
     async def chat_unrouted(self, request: Request) -> Response:
@@ -215,6 +223,25 @@ class GatewayAPI:
         """Liveness."""
         return JSONResponse({"ok": True, "models": self.router.models(),
                              "tracker": self.router.stats.origin})
+
+
+def provider_models(cfg: ProvidersConfig) -> list[dict[str, Any]]:
+    """/v1/models entries of the provider tables: chains first, then provider models."""
+    chains: list[tuple[str, tuple[str, ...], str]] = []
+    active = cfg.profile(cfg.routing.profile) if cfg.routing.profile else None
+    auto = active.chain if active is not None else cfg.routing.chain
+    if auto:
+        chains.append(("auto", auto, (active.strategy if active else None)
+                       or cfg.routing.strategy))
+    chains += [(f"auto:{p.name}", p.chain, p.strategy or cfg.routing.strategy)
+               for p in cfg.profiles]
+    data: list[dict[str, Any]] = [
+        {"id": name, "object": "model", "owned_by": "meshroute", "kind": "chain",
+         "chain": list(chain), "strategy": strategy} for name, chain, strategy in chains]
+    data += [{"id": f"{p.name}/{m.id}", "object": "model", "owned_by": p.name,
+              "kind": "provider", "tier": m.tier, "context": m.context}
+             for p in cfg.providers for m in p.models]
+    return data
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

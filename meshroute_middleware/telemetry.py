@@ -1,7 +1,15 @@
 """What the gateway tells the world: events on the bus and Prometheus metrics.
 
-Every chat request passes through `decided` and `finished`, so they only bump plain counters
-and queue lazy events; the Prometheus families are built from those counters at scrape time.
+Every chat request passes through `decided` and `finished` (a mesh attempt) or
+`provider_decided` and `provider_finished` (a provider key's attempt), so they only bump plain
+counters and queue lazy events; the Prometheus families are built from those counters at
+scrape time.
+
+A provider attempt publishes the same `route-selected` and `outcome` events as a mesh attempt,
+with `mode` "provider", `model` the provider route (`fastco/big-model`), `signature` the key
+route taken (`fastco/big-model#1`: the key's position, never the key), `head` the provider's
+name, and two fields of its own: `chain` (the model the client asked for: `auto`, ...) and,
+after a 429, `cooldown_until` (when the key may be used again, on the gateway's clock).
 """
 
 from __future__ import annotations
@@ -14,6 +22,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .core import Decision, Outcome, Router
+from .core.providers.exhaustion import PassedOver
+from .core.providers.router import ProviderRouter
+from .core.providers.scoring import OutcomeKind
 from .events import EventBus, Payload
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,6 +58,48 @@ class _RouterCollector(Collector):
         yield from (tps, weight, nodes, epoch)
 
 
+KEY_STATES = ("ready", "cooldown", "limited")
+
+
+def provider_outcome(kind: OutcomeKind, over: PassedOver | None, completion_tokens: int,
+                     seconds: float, ttfb_ms: float | None, *,
+                     sampled: bool) -> tuple[Outcome, str, float | None]:
+    """A provider attempt as a mesh attempt is told: (its Outcome, the result, the key's
+    cooldown end after a 429). `over`: what the ProviderRouter made of it; `sampled`: its
+    tokens/s was a sample."""
+    ttfb_s = ttfb_ms / 1000 if ttfb_ms is not None else seconds
+    if kind is OutcomeKind.SUCCESS:
+        return (Outcome(completion_tokens, seconds, ttfb_s, ""),
+                "sample" if sampled else "success", None)
+    if kind is OutcomeKind.CLIENT_ERROR:
+        error = over.reason if over is not None else "client_error"
+        return Outcome(0, seconds, ttfb_s, error), "client_error", None
+    error = over.reason if over is not None else "http_5xx"
+    until = over.until if over is not None and kind is OutcomeKind.RATE_LIMITED else None
+    return Outcome(0, seconds, ttfb_s, error), "failure", until
+
+
+def provider_key_families(providers: ProviderRouter, now: float) -> Iterator[Metric]:
+    """Each provider key's state (1 for the state it is in) and seconds left of its cooldown
+    or limit, read from the ProviderRouter at scrape time."""
+    state = GaugeMetricFamily("meshroute_provider_key_state",
+                              "Provider key state: 1 for the state the key is in",
+                              labels=["route", "key", "state"])
+    left = GaugeMetricFamily("meshroute_provider_key_wait_seconds",
+                             "Seconds until a cooling or limited provider key may be used",
+                             labels=["route", "key"])
+    for provider in providers.cfg.providers:
+        for model in provider.models:
+            route = f"{provider.name}/{model.id}"
+            for row in providers.gates.key_states(provider, model, now):
+                key = str(row["key"])
+                for name in KEY_STATES:
+                    state.add_metric([route, key, name], 1.0 if row["state"] == name else 0.0)
+                until = row["until"]
+                left.add_metric([route, key], max(0.0, until - now) if until else 0.0)
+    yield from (state, left)
+
+
 class _CallbackCollector(Collector):
     def __init__(self, produce: Callable[[], Iterable[Metric]]) -> None:
         self.produce = produce
@@ -75,10 +128,34 @@ def _selected(decision: Decision) -> Selected:
             decision.route.hops[0].node.node_id)
 
 
+def _provider_selected(route: str, key_route: str, attempt: int) -> Selected:
+    return (PROVIDER_MODE, key_route, route, attempt, route.partition("/")[0])
+
+
 def _selected_fields(selected: Selected) -> Payload:
     mode, signature, model, attempt, head = selected
     return {"mode": mode, "signature": signature, "model": model, "attempt": attempt,
             "head": head}
+
+
+# A provider attempt: its Selected, the client's model (the chain), and after a 429 the key's
+# cooldown end (None otherwise).
+ProviderSelected = tuple[Selected, str]
+ProviderFinished = tuple[Selected, str, Outcome, str, float | None]
+PROVIDER_MODE = "provider"
+
+
+def _provider_selected_fields(event: ProviderSelected) -> Payload:
+    selected, chain = event
+    return {**_selected_fields(selected), "chain": chain}
+
+
+def _provider_outcome_fields(event: ProviderFinished) -> Payload:
+    selected, chain, outcome, result, until = event
+    fields = {**_outcome_fields((selected, outcome, result)), "chain": chain}
+    if until is not None:
+        fields["cooldown_until"] = until
+    return fields
 
 
 def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
@@ -148,6 +225,29 @@ class Telemetry:
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy("outcome", _outcome_fields,
                                  (_selected(decision), outcome, result))
+
+    def provider_decided(self, chain: str, route: str, key_route: str, attempt: int) -> None:
+        """A provider key was taken for an attempt: `route` `fastco/big-model`, `key_route`
+        `fastco/big-model#1`, `attempt` its 0-based place among the request's attempts."""
+        key = (route, PROVIDER_MODE)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.events.publish_lazy("route-selected", _provider_selected_fields,
+                                 (_provider_selected(route, key_route, attempt), chain))
+
+    def provider_finished(self, chain: str, route: str, key_route: str, attempt: int,
+                          outcome: Outcome, result: str,
+                          cooldown_until: float | None = None) -> None:
+        """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
+        reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
+        own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
+        key = (route, result)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if outcome.error and result == "failure":
+            self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
+        self.events.publish_lazy(
+            "outcome", _provider_outcome_fields,
+            (_provider_selected(route, key_route, attempt), chain, outcome, result,
+             cooldown_until))
 
     def reject(self, source: str, reason: str) -> None:
         """Hostile or malformed input was refused."""

@@ -121,7 +121,8 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
                                    admin_token=settings.admin_token or settings.node_token
                                    ).routes()
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
-                                                warnings=config_warnings(config)), extra)
+                                                warnings=config_warnings(config),
+                                                providers=providers), extra)
     saver = (providers, store) if providers is not None and store is not None else None
     inner.router.lifespan_context = lambda app: background_services(config, mesh, saver, clock)
     app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,

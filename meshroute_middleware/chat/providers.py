@@ -42,7 +42,7 @@ from ..httperrors import send_error
 from ..keyring import Secret, scrub
 from ..measure import TokenMeter, sse_error_event
 from ..request import ChatRequest
-from ..telemetry import Telemetry
+from ..telemetry import Telemetry, provider_key_families, provider_outcome
 from .attempts import Attempts, Exchange
 from .forward import ForwardMode
 from .headers import H_ROUTE, OURS, is_sse
@@ -69,6 +69,7 @@ class _Tally:
 
     tried: list[str]
     route: str | None = None
+    chain: str = ""  # the model the client asked for (telemetry's `chain`)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         route = self.route or (self.tried[-1] if self.tried else "none")
@@ -145,6 +146,9 @@ class ProviderChat:
         self._watchdog = Watchdog()
         self._all_secrets = tuple(s for keys in secrets.values() for s in keys)
         self._settled: set[Reservation] = set()  # recorded attempts still under way
+        # provider attempts under way: (chain, attempt number, perf_counter at the start)
+        self._live: dict[Attempt, tuple[str, int, float]] = {}
+        telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 
     with_tried = staticmethod(with_tried)
 
@@ -155,7 +159,7 @@ class ProviderChat:
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest) -> None:
         """Answer one chat request: a route's answer, or why none could give one."""
-        tally = _Tally([])
+        tally = _Tally([], chain=req.model)
         try:
             res = self.providers.resolve(req.model, self.router.models())
         except InvalidModelError as exc:
@@ -276,6 +280,8 @@ class ProviderChat:
         if (accept := _header(ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
         url = c.provider.base_url.rstrip("/") + "/chat/completions"
+        self._live[got] = (tally.chain, len(tally.tried) - 1, time.perf_counter())
+        self.telemetry.provider_decided(tally.chain, c.route, got.route, len(tally.tried) - 1)
         try:
             return await self._provider_attempt(ex, got, url, body, headers, session,
                                                 started, tally)
@@ -284,6 +290,7 @@ class ProviderChat:
                 self.providers.record(got, OutcomeKind.CLIENT_ERROR, self.clock())
             raise
         finally:
+            self._live.pop(got, None)
             if got.reservation is not None:
                 self._settled.discard(got.reservation)
 
@@ -311,13 +318,21 @@ class ProviderChat:
         finally:
             upstream.close()
 
-    def _record(self, got: Attempt, kind: OutcomeKind, now: float,
-                **kw: Any) -> PassedOver | None:
+    def _record(self, got: Attempt, kind: OutcomeKind, now: float, *,
+                completion_tokens: int = 0, **kw: Any) -> PassedOver | None:
         """The ProviderRouter's record, remembered so that a cancellation does not settle the
-        reservation twice."""
+        reservation twice; a provider attempt's outcome is published too."""
         if got.reservation is not None:
             self._settled.add(got.reservation)
-        return self.providers.record(got, kind, now, **kw)
+        over = self.providers.record(got, kind, now, **kw)
+        live = self._live.get(got)
+        if live is not None:  # a mesh entry's own attempts published themselves
+            self.telemetry.provider_finished(
+                live[0], got.candidate.route, got.route, live[1],
+                *provider_outcome(kind, over, completion_tokens,
+                                  time.perf_counter() - live[2], kw.get("ttfb_ms"),
+                                  sampled=kw.get("tokens_per_s") is not None))
+        return over
 
     def _tps(self, tokens: int, seconds: float) -> float | None:
         """A tok/s sample, when the answer had enough tokens to be one (as on the mesh)."""
@@ -368,6 +383,7 @@ class ProviderChat:
         meter.feed(body)
         seconds = max(done - sent, 1e-6)
         self._record(got, OutcomeKind.SUCCESS, self.clock(), used_tokens=used,
+                     completion_tokens=meter.completion_tokens,
                      tokens_per_s=self._tps(meter.completion_tokens, seconds),
                      ttfb_ms=seconds * 1000, session=session)
         await self._answer(ex, upstream, tally, got.route, self._scrub(body))
@@ -423,7 +439,7 @@ class ProviderChat:
         tokens = meter.completion_tokens
         kind = OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS
         self._record(got, kind, self.clock(), reason="connect" if error else None,
-                     used_tokens=_total_tokens(tail),
+                     used_tokens=_total_tokens(tail), completion_tokens=tokens,
                      tokens_per_s=self._tps(tokens, seconds),
                      ttfb_ms=(first_at - sent) * 1000, session=session)
         return None

@@ -1,5 +1,6 @@
 """`meshroute demo` runs a whole mesh of two models end to end, learns, lives, and stops
-quietly on Ctrl-C with a summary; the dashboard is served."""
+quietly on Ctrl-C with a summary; its provider chain hits the fake provider's rate limit, the
+key cools down and the chain falls back with no failed request; the dashboard is served."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from ..upstream import free_port
 DEMO = [sys.executable, "-m", "meshroute_middleware.app.cli", "demo", "--plain"]
 SUMMARY = re.compile(r"^summary: (\d+) requests in \d+s, (\d+) failed; delivered ([\d.]+) "
                      r"tok/s per request vs ([\d.]+) always on the true best route")
+CHAIN = re.compile(r"; chain 'auto': (\d+) requests, (\d+) by fastco/big-model, (\d+) by the "
+                   r"mesh \((\d+) right after a 429, (\d+) while its key cooled down, (\d+) "
+                   r"ranked first\); 429s absorbed: (\d+)$")
 # An exit after Ctrl-C takes ~1.5 s here; the bound is for a loaded 2-core CI machine.
 EXIT_BOUND_S = 10.0
 
@@ -31,7 +35,7 @@ def _rows(table: str) -> list[str]:
 def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> None:
     port = free_port()
     proc = subprocess.run(
-        [*DEMO, "--seconds", "7", "--port", str(port), "--drift-after", "0",
+        [*DEMO, "--seconds", "9", "--port", str(port), "--drift-after", "0",
          "--leave-after", "0", "--join-after", "0", "--clients", "4",
          "--discovery", discovery], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -42,11 +46,24 @@ def test_demo_finds_its_nodes_serves_and_learns_every_route(discovery: str) -> N
     summary = SUMMARY.match(out.splitlines()[-1])
     assert summary, out[-2000:]
     requests, failed = int(summary.group(1)), int(summary.group(2))
-    assert requests >= 20 and failed == 0
+    assert requests >= 20 and failed == 0  # the chain's 429s reached no client
+    chain = CHAIN.search(out.splitlines()[-1])
+    assert chain, out.splitlines()[-1]
+    total, by_provider, by_mesh, after_429, cooling, first, limited = map(int, chain.groups())
+    assert total == by_provider + by_mesh and by_mesh == after_429 + cooling + first
+    assert by_provider >= 4 and limited >= 1 and after_429 >= 1  # served, refused, fell back
+    events = [line for line in out.splitlines() if line.startswith("event ")]
+    assert any(re.search(r"fastco/big-model#1 answered 429( \d+x)? \(rate limit\): key 1 "
+                         r"cools down for \d+ s$", e) for e in events), events
+    assert any("'auto' fell back from fastco/big-model#1 to qwen-demo (" in e and
+               e.endswith("): the client got its answer, not the 429") for e in events), events
     final = out[out.rindex("ok "):]
     rows = _rows(final)
     assert len(rows) == 7  # qwen-demo: two hybrid and two single-node routes; llama-demo: 3
     assert "qwen-demo" in final and "llama-demo" in final
+    assert "auto  (provider chain, strategy smartest)" in final
+    assert re.search(r"\d\. fastco/big-model +score [\d.]+ +served +\d+ +key 1 (ready|cooldown "
+                     r"\d+ s)", final), final
     assert all(line.rstrip().endswith("proven") for line in rows), final
     for line in rows:
         # Learned tok/s against what the emulator does on an idle machine: never much faster,

@@ -1,5 +1,5 @@
-"""The demo's provider routes (not enabled until the gateway serves provider routes): the
-fake provider refuses past its tight limit like a provider, and the config it writes parses."""
+"""The demo's provider routes: the fake provider refuses past its tight limit like a provider,
+and the config it writes parses, with the environment its key reference needs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from meshroute_middleware.app.demo.providers import (
     CHAIN_MODEL,
+    KEY_ENV,
     LIMIT,
     PROVIDER,
     PROVIDER_MODEL,
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.anyio
 
 async def test_the_fake_provider_rate_limits_and_its_config_chains_it(tmp_path: Path) -> None:
     async with contextlib.AsyncExitStack() as stack:
-        limiter, path = await provider_routes(stack, tmp_path)
-        config = parse_providers_config(tomllib.loads(path.read_text()))
+        fake = await provider_routes(stack, tmp_path)
+        limiter = fake.limiter
+        config = parse_providers_config(tomllib.loads(fake.config.read_text()))
         base_url = config.providers[0].base_url
         body = {"model": PROVIDER_MODEL, "max_tokens": 2,
                 "messages": [{"role": "user", "content": "hi"}]}
@@ -39,3 +41,4 @@ async def test_the_fake_provider_rate_limits_and_its_config_chains_it(tmp_path: 
     assert limiter.refused == 2
     assert config.routing.chain == (f"{PROVIDER}/{PROVIDER_MODEL}", "qwen-demo")
     assert CHAIN_MODEL == "auto"
+    assert config.providers[0].keys == (f"env:{KEY_ENV}",) and set(fake.environ) == {KEY_ENV}

@@ -10,6 +10,9 @@ import copy
 import importlib.resources
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from starlette.routing import Route
 
 from node_agent.serving import serve_app
 
+from ..upstream import free_port
 from .browser import Page, chromium_binary, open_page
 from .mesh import LLAMA, QWEN, LiveMesh, Shard, live_mesh
 
@@ -160,3 +164,41 @@ def test_dashboard_page_is_self_contained() -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert "@import" not in html and "url(http" not in html
     assert "<script src" not in html and '<link rel="stylesheet"' not in html
+
+
+CHAIN_ROWS = """JSON.stringify([...document.querySelectorAll('#chains [data-model]')].map(m =>
+  [m.dataset.model, [...m.querySelectorAll('tr[data-route]')].map(tr => [tr.dataset.route,
+   [...tr.querySelectorAll('.key')].map(k => k.dataset.state)])]))"""
+WALL_LIMITED = """JSON.stringify([...document.querySelectorAll('#wall .m-limited')].map(el =>
+  el.parentElement.textContent.replace(/\\s+/g, ' ').trim()))"""
+
+
+@needs_chromium
+async def test_the_demos_provider_chain_shows_its_429_cooldown_and_fallback() -> None:
+    """`meshroute demo` running: the panel lists the chain `auto` (the fake provider, then
+    the mesh model), its key cooling after the 429, and the call wall shows the 429 as the
+    gateway's event stream published it."""
+    port = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "meshroute_middleware.app.cli", "demo", "--plain", "--port",
+         str(port), "--discovery", "http", "--leave-after", "0", "--join-after", "0",
+         "--drift-after", "0", "--clients", "4"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if "dashboard" in line:
+                break
+        async with open_page(f"http://127.0.0.1:{port}/dashboard") as page:
+            chains = json.loads(await page.wait_for(
+                CHAIN_ROWS, DEADLINE_S, lambda v: '"cooldown"' in v))
+            limited = json.loads(await page.wait_for(WALL_LIMITED, DEADLINE_S,
+                                                     lambda v: v != "[]"))
+    finally:
+        demo.send_signal(signal.SIGINT)
+        out, _ = demo.communicate(timeout=30)
+    assert [model for model, _ in chains] == ["auto"]  # a lone mesh model is no chain to show
+    routes = dict(chains[0][1])
+    assert set(routes) == {"fastco/big-model", "qwen-demo"}
+    assert routes["fastco/big-model"] == ["cooldown"] and routes["qwen-demo"] == []
+    assert "fastco/big-model#1" in limited[0] and "429 · cools" in limited[0], limited
+    assert "summary:" in out and ", 0 failed;" in out  # the 429 reached no client

@@ -6,20 +6,23 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 
 from node_agent.serving import serve_app
 
 from ...core import NodeRecord, RouterConfig
-from ..serve import Gateway, build_gateway
-from ..settings import ServeSettings
+from ..serve import Gateway, GatewayConfig, build_gateway
+from ..settings import ServeSettings, load_settings
 from .mesh import (
     CLIENT_SHARE,
     DRIFTER,
@@ -35,7 +38,15 @@ from .mesh import (
     register,
     route_true_tps,
 )
-from .providers import CHAIN_MODEL, PROVIDER, RateLimited
+from .providers import (
+    CHAIN_MODEL,
+    CHAIN_SHARE,
+    LIMIT,
+    PROVIDER_ROUTE,
+    WINDOW_S,
+    ChainWatch,
+    provider_routes,
+)
 from .tally import Tally
 from .view import Live, Plain, best_true_tps
 
@@ -65,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--discovery", choices=("mdns", "http"), default="mdns",
                         help="how the gateway learns the nodes: mDNS on 127.0.0.1 (zero "
                              "configuration) or POST /v1/nodes")
+    parser.add_argument("--no-providers", dest="providers", action="store_false",
+                        help=f"leave out the provider chain ('{CHAIN_MODEL}': a rate-limited "
+                             f"fake provider, then {QWEN} on the mesh)")
     parser.add_argument("--plain", action="store_true",
                         help="print a status line every few seconds instead of a live table")
 
@@ -118,30 +132,46 @@ async def _main(args: argparse.Namespace) -> int:
 class Demo:
     """One run of the demo: the gateway, the live nodes, the clients and the timeline."""
 
+    gateway: Gateway  # built when the run starts (after the fake provider, if any)
+
     def __init__(self, args: argparse.Namespace, stop: asyncio.Event) -> None:
         self.args, self.stop = args, stop
         router = RouterConfig(half_life_s=HALF_LIFE_S)
         if args.policy is not None:
             router = dataclasses.replace(router, policy=args.policy)
         self.mdns = args.discovery == "mdns"
-        settings = ServeSettings(host=LOOPBACK, port=args.port, mdns=self.mdns,
-                                 mdns_interfaces=LOOPBACK, health_interval_s=1.0,
-                                 seed=args.seed, router=router, tracker_id="demo",
-                                 log_level="warning")
-        self.gateway: Gateway = build_gateway(settings)
+        self.settings = ServeSettings(host=LOOPBACK, port=args.port, mdns=self.mdns,
+                                      mdns_interfaces=LOOPBACK, health_interval_s=1.0,
+                                      seed=args.seed, router=router, tracker_id="demo",
+                                      log_level="warning")
         self.tally = Tally()
         self.nodes: dict[str, LiveNode] = {}
         self.watch: dict[str, str] = {}  # joined node -> what is still to announce about it
-        # Set by providers.provider_routes() once the gateway serves provider routes (issue
-        # 12's wiring): then the fake provider's 429s are announced as they happen.
-        self.limiter: RateLimited | None = None
-        self._refused = 0
+        self.chain: ChainWatch | None = None  # the provider chain, unless --no-providers
         self.view = (Plain(router.policy) if args.plain or not sys.stdout.isatty()
                      else Live(router.policy))
+
+    async def _build(self, stack: contextlib.AsyncExitStack) -> Gateway:
+        """The gateway; with the provider chain, the fake provider runs first and the gateway
+        loads the config it wrote as `meshroute serve --config` does (docs/providers.md)."""
+        if not self.args.providers:
+            return build_gateway(self.settings)
+        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="meshroute-demo-")))
+        fake = await provider_routes(stack, directory)
+        from_file = load_settings({"config": str(fake.config)}, {})
+        settings = dataclasses.replace(self.settings, providers=from_file.providers,
+                                       state_file=":memory:")
+        gateway = build_gateway(GatewayConfig.build(settings, {**os.environ, **fake.environ}))
+        self.chain = ChainWatch(gateway)
+        self.tally.chain = self.chain.counts
+        self.view.chain = self.chain
+        return gateway
 
     async def run(self) -> Tally:
         """Start everything, drive it until stopped, stop everything; return the tally."""
         async with contextlib.AsyncExitStack() as stack:
+            self.gateway = await self._build(stack)
             self.url = await stack.enter_async_context(
                 serve_app(self.gateway.app, LOOPBACK, self.args.port, graceful_s=SHUTDOWN_GRACE_S))
             self.session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -210,7 +240,9 @@ class Demo:
                     actions[timeline.pop(0)[1]]()
                 known = self._changes(known)
                 self._followed()
-                self._rate_limited()
+                if self.chain is not None:
+                    for line in self.chain.tick(time.time()):  # the gateway's clock
+                        self._event(line)
                 self.view.show(self.gateway, self.nodes, self.tally)
                 if self.args.seconds and self.tally.elapsed_s() >= self.args.seconds:
                     break
@@ -281,17 +313,12 @@ class Demo:
                             f"{model}")
                 del self.watch[node_id]
 
-    def _rate_limited(self) -> None:
-        """Announce the fake provider's 429s: its key cools down, the chain falls back."""
-        if self.limiter is None or self.limiter.refused == self._refused:
-            return
-        fresh, self._refused = self.limiter.refused - self._refused, self.limiter.refused
-        self._event(f"{PROVIDER} answered 429 ({fresh}x, rate limit): its key cools down and "
-                    f"'{CHAIN_MODEL}' falls back along its chain")
-
     async def _client(self, i: int) -> None:
         rng = random.Random(self.args.seed * 100 + i)
-        models, weights = list(CLIENT_SHARE), list(CLIENT_SHARE.values())
+        shares = dict(CLIENT_SHARE)
+        if self.chain is not None:
+            shares[CHAIN_MODEL] = CHAIN_SHARE
+        models, weights = list(shares), list(shares.values())
         while True:
             model = rng.choices(models, weights)[0]
             await self._request(model, stream=rng.random() < 0.5)
@@ -306,10 +333,11 @@ class Demo:
                                          json=body) as resp:
                 data = await resp.read()
                 signature = resp.headers.get("x-meshroute-route", "?")
-                mode = resp.headers.get("x-meshroute-mode", "?")
+                mode = resp.headers.get("x-meshroute-mode", "chain")
+                tried = resp.headers.get("x-meshroute-tried", "")
             ok = resp.status == 200 and b'"error"' not in data[-300:]
         except aiohttp.ClientError:
-            ok, signature, mode = False, "?", "?"
+            ok, signature, mode, tried = False, "?", "?", ""
         wall_s = time.monotonic() - began
         route = signature.split("|", 1)[-1]
         if not ok:
@@ -319,6 +347,12 @@ class Demo:
             self.tally.served(model, self.args.max_tokens, wall_s,
                               route_true_tps(hops, self.nodes))
             self._first_use(hops, mode)
+            if self.chain is not None and model == CHAIN_MODEL:
+                line = self.chain.answered(signature, [t for t in tried.split(",") if t])
+                if line:
+                    self._event(line)
+                if "|" in signature:
+                    route = f"{signature.split('|', 1)[0]} {route}"
         self.tally.last.append(f"{mode:<15} {route}")
 
     def _first_use(self, hops: list[dict[str, object]], mode: str) -> None:
@@ -333,4 +367,9 @@ class Demo:
               f"  dashboard   {self.url}/dashboard\n  routing     {self.url}/v1/routing\n"
               f"  try         curl -s {self.url}/v1/chat/completions -d "
               f"'{{\"model\": \"{QWEN}\", \"messages\": [{{\"role\": \"user\", "
-              f"\"content\": \"hi\"}}]}}'\n", flush=True)
+              f"\"content\": \"hi\"}}]}}'", flush=True)
+        if self.chain is not None:
+            print(f"  chain       model '{CHAIN_MODEL}': {PROVIDER_ROUTE} (a fake provider that "
+                  f"allows {LIMIT} requests per {WINDOW_S:.0f} s), then {QWEN} on the mesh\n"
+                  f"              {self.url}/v1/routing/chain?model={CHAIN_MODEL}", flush=True)
+        print(flush=True)

@@ -1,5 +1,8 @@
 """What the demo's clients saw, and what always choosing the true best route would have given.
 
+The comparison covers the mesh models' requests; the provider chain's (`auto`) are counted on
+their own (ChainCounts): who served them, and the 429s the gateway absorbed.
+
 Per request: delivered tokens/s = tokens ÷ the request's wall time at the client (gateway,
 forwarding and time to first byte included). The yardstick: the same tokens on the route that
 was truly best at that moment, at the emulator's idle speed (no queueing, no overhead), and on
@@ -12,6 +15,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+from .providers import ChainCounts
 
 
 @dataclass
@@ -30,6 +35,7 @@ class Tally:
     last: deque[str] = field(default_factory=lambda: deque(maxlen=6))
     events: list[tuple[float, str]] = field(default_factory=list)
     best_tps: dict[str, float] = field(default_factory=dict)  # model -> true best now
+    chain: ChainCounts | None = None  # the provider chain's requests, when it runs
 
     def elapsed_s(self) -> float:
         """Seconds since the traffic started."""
@@ -74,4 +80,6 @@ class Tally:
         if best > 0:
             text += (f" vs {best:.1f} always on the true best route ({delivered / best:.0%}; "
                      f"the routes chosen run at {chosen / best:.0%} of the best)")
+        if self.chain is not None:
+            text += f"; {self.chain.summary()}"
         return text

@@ -7,16 +7,20 @@ import time
 from typing import Any
 
 from .mesh import MODELS, LiveNode, route_true_tps
+from .providers import CHAIN_MODEL, ChainWatch
 from .tally import Tally
 
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 COLOURS = {"proven": "\x1b[32m", "unsampled": "\x1b[90m", "stale": "\x1b[35m",
            "decayed": "\x1b[33m"}
+COOLING = "\x1b[33m"
 ROUTE_WIDTH = 36
 
 
-def table(gateway: Any, nodes: dict[str, LiveNode], colour: bool) -> list[str]:
-    """Every model's candidate routes: learned against true tok/s, share, samples, status."""
+def table(gateway: Any, nodes: dict[str, LiveNode], colour: bool,
+          chain: ChainWatch | None = None) -> list[str]:
+    """Every model's candidate routes: learned against true tok/s, share, samples, status;
+    then the provider chain, when it runs."""
     doc = gateway.router.routing_table()["models"]
     lines = [f"  {'route':<{ROUTE_WIDTH}} {'learned':>8} {'true':>7} {'share':>16} "
              f"{'samples':>7}  status"]
@@ -27,6 +31,12 @@ def table(gateway: Any, nodes: dict[str, LiveNode], colour: bool) -> list[str]:
             lines.append("    (no route)")
             continue
         lines += [_row(row, nodes, colour) for row in entry["candidates"]]
+    if chain is not None:
+        rows = chain.rows(time.time())
+        if colour:
+            rows[0] = BOLD + rows[0] + RESET
+            rows = [row.replace(" cooldown ", f" {COOLING}cooldown{RESET} ") for row in rows]
+        lines += rows
     return lines
 
 
@@ -55,16 +65,18 @@ class Live:
 
     def __init__(self, policy: str) -> None:
         self._policy = policy
+        self.chain: ChainWatch | None = None
 
     def show(self, gateway: Any, nodes: dict[str, LiveNode], tally: Tally) -> None:
         """Redraw the whole view."""
+        chain = f", chain {CHAIN_MODEL}" if self.chain else ""
         out = ["\x1b[H\x1b[J", f"{BOLD}meshroute demo{RESET} {DIM}— models "
-               f"{', '.join(MODELS)}, policy {self._policy}, up {tally.elapsed_s():4.0f}s   "
-               f"(Ctrl-C to stop){RESET}", "", *table(gateway, nodes, True), "",
+               f"{', '.join(MODELS)}{chain}, policy {self._policy}, up {tally.elapsed_s():4.0f}s   "
+               f"(Ctrl-C to stop){RESET}", "", *table(gateway, nodes, True, self.chain), "",
                f"  requests ok {tally.ok}   failed {tally.failed}   delivered "
                f"{tally.tokens_per_s():6.1f} tok/s (all clients, 10 s window)", "",
-               f"  {DIM}mesh events:{RESET}"]
-        out += [f"    {_fresh(at, line)}" for at, line in tally.events[-6:]] or ["    —"]
+               f"  {DIM}events:{RESET}"]
+        out += [f"    {_fresh(at, line)}" for at, line in tally.events[-8:]] or ["    —"]
         out += ["", f"  {DIM}last requests (mode, route):{RESET}",
                 *(f"    {line}" for line in tally.last)]
         sys.stdout.write("\n".join(out) + "\n")
@@ -87,6 +99,7 @@ class Plain:
 
     def __init__(self, policy: str, every_s: float = 5.0) -> None:
         self._next, self._every_s = 0.0, every_s
+        self.chain: ChainWatch | None = None
 
     def show(self, gateway: Any, nodes: dict[str, LiveNode], tally: Tally) -> None:
         """Print the status and the table when it is time."""
@@ -96,7 +109,7 @@ class Plain:
         self._next = now + self._every_s
         print(f"[{tally.elapsed_s():5.0f}s] ok {tally.ok} failed {tally.failed} "
               f"delivered {tally.tokens_per_s():.1f} tok/s", flush=True)
-        print("\n".join(table(gateway, nodes, False)), flush=True)
+        print("\n".join(table(gateway, nodes, False, self.chain)), flush=True)
 
     def event(self, line: str) -> None:
         """Print a mesh event at once."""
