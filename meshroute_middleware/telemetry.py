@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .core import Decision, Outcome, Router
+from .core.kinds import CLIENT_ERROR, CONNECT, CONTEXT, HTTP_5XX, HTTP_429, TIMEOUT, ErrorKind
 from .core.providers.exhaustion import PassedOver
 from .core.providers.router import ProviderRouter
 from .core.providers.scoring import OutcomeKind
@@ -59,6 +60,10 @@ class _RouterCollector(Collector):
 
 
 KEY_STATES = ("ready", "cooldown", "limited")
+# A provider attempt's failure reason (core.providers.exhaustion.ATTEMPT_REASONS) as an ErrorKind.
+_PROVIDER_ERRORS: dict[str, ErrorKind] = {"http_429": HTTP_429, "http_5xx": HTTP_5XX,
+                                          "timeout": TIMEOUT, "connect": CONNECT,
+                                          "context": CONTEXT}
 
 
 def provider_outcome(kind: OutcomeKind, over: PassedOver | None, completion_tokens: int,
@@ -72,9 +77,9 @@ def provider_outcome(kind: OutcomeKind, over: PassedOver | None, completion_toke
         return (Outcome(completion_tokens, seconds, ttfb_s, ""),
                 "sample" if sampled else "success", None)
     if kind is OutcomeKind.CLIENT_ERROR:
-        error = over.reason if over is not None else "client_error"
+        error = _PROVIDER_ERRORS.get(over.reason, CLIENT_ERROR) if over else CLIENT_ERROR
         return Outcome(0, seconds, ttfb_s, error), "client_error", None
-    error = over.reason if over is not None else "http_5xx"
+    error = _PROVIDER_ERRORS.get(over.reason, HTTP_5XX) if over is not None else HTTP_5XX
     until = over.until if over is not None and kind is OutcomeKind.RATE_LIMITED else None
     return Outcome(0, seconds, ttfb_s, error), "failure", until
 

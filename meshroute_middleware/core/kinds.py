@@ -31,7 +31,7 @@ REFRESH: Final = "refresh"  # a heartbeat or a load update: same epoch
 
 # Why an attempt failed (Outcome.error; "" on success), as the forwarders report it.
 ErrorKind = Literal["connect", "timeout", "http_5xx", "http_429", "stream", "redirect",
-                    "app_error"]
+                    "app_error", "context", "client_error"]
 CONNECT: Final = "connect"  # the head could not be reached
 TIMEOUT: Final = "timeout"  # no answer in time
 HTTP_5XX: Final = "http_5xx"  # the head answered 5xx before any byte of the body
@@ -39,6 +39,8 @@ HTTP_429: Final = "http_429"  # the head is rate-limited
 STREAM: Final = "stream"  # the head died mid-response
 REDIRECT: Final = "redirect"  # the head answered 3xx: never followed (docs/security.md)
 APP_ERROR: Final = "app_error"  # annotate mode: the wrapped app raised before its first byte
+CONTEXT: Final = "context"  # a provider refused the prompt as too long for its context
+CLIENT_ERROR: Final = "client_error"  # a provider refused the request itself (4xx)
 
 # A route's statistics as a decision sees them (ADR-0021).
 Status = Literal["proven", "unsampled", "stale", "decayed"]
