@@ -19,6 +19,7 @@ LN2 = math.log(2.0)
 HALF_LIFE_S = 600.0  # ADR-0021 default
 DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
 PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
+MAX_NOTED_ORIGINS = 1024  # origins' change stamps kept per model (gossip's origins per route)
 
 
 
@@ -93,7 +94,7 @@ def measured_before(entry: StatEntry, changed_at: float) -> bool:
     return bool(entry.count) and entry.t < changed_at
 
 
-Cuts = tuple[float, ...]  # per entry, the change time it is judged against (`origin_cuts`)
+Cuts = tuple[float, ...]  # per entry, the change time it is judged against (`_cuts`)
 
 
 def stale_route(entries: Iterable[StatEntry], changed_at: float, cuts: Cuts | None = None,
@@ -311,11 +312,14 @@ class RouteStatsStore:
         the change look older than it; otherwise against ours. An older stamp than the one held
         is ignored (gossip may reorder: the greatest (stamp, ours) wins, whatever the order).
         Return whether anything changed."""
+        if origin == self.origin:
+            return False
         held = self._origin_changes.setdefault(model, {})
         old = held.get(origin)
+        if old is None and len(held) >= MAX_NOTED_ORIGINS:
+            return False  # bounded: that origin's entries are judged against our change time
         rank = (changed_at, -math.inf if ours is None else ours)
-        if origin == self.origin or (
-                old is not None and rank <= (old[0], -math.inf if old[1] is None else old[1])):
+        if old is not None and rank <= (old[0], -math.inf if old[1] is None else old[1]):
             return False
         held[origin] = (changed_at, ours)
         for key in [k for k in self._merged if k[0] == model]:

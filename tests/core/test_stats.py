@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry
 from meshroute_middleware.core.kinds import STALE
-from meshroute_middleware.core.stats import State, decay_factor, merge_view
+from meshroute_middleware.core.stats import MAX_NOTED_ORIGINS, State, decay_factor, merge_view
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -237,3 +237,11 @@ def test_origin_stamps_are_order_independent(notes: list[tuple[float, float | No
             store.note_origin_change("m", "peer", changed_at, ours)
         views.append(store.view(*KEY, T0 + 10, T0).status)
     assert views[0] == views[1] == views[2]
+
+
+def test_origin_stamps_are_bounded_per_model() -> None:
+    store = RouteStatsStore("me", H)
+    for i in range(MAX_NOTED_ORIGINS):
+        assert store.note_origin_change("m", f"o{i}", T0, ours=T0)
+    assert not store.note_origin_change("m", "one-more", T0, ours=T0)
+    assert store.note_origin_change("m", "o0", T0 + 1, ours=T0)  # a known one still updates
