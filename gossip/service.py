@@ -275,6 +275,7 @@ class GossipService:
             assert isinstance(reply.body, st.Delta)
             self._apply(reply.body, reply.sender)
             if reply.body.digest is not None:
+                self._note(reply.body.digest, reply.sender)
                 push = self._delta_for(reply.body.digest)
                 if push.entries or push.changes:
                     await self._request(peer, push, MessageType.ACK, reply_to=reply.nonce)
@@ -334,6 +335,11 @@ class GossipService:
                       message.refused, message.sender)
         return message
 
+    def _note(self, digest: st.Digest, sender: str) -> None:
+        """The sender's own topology change stamps (clock skew: gossip/state.py)."""
+        st.note_changes(self.router.stats, self.router.topology, digest.changes, digest.shapes,
+                        self.clock(), sender=sender)
+
     def _apply(self, delta: st.Delta, sender: str) -> st.ApplyResult:
         result = st.apply_delta(self.router.stats, self.router.topology, delta, self.clock(),
                                 sender=sender, relay=self.codec.authenticated)
@@ -372,6 +378,7 @@ class GossipService:
         to a pushed DELTA (an ACK, once its challenge is redeemed)."""
         body = message.body
         if isinstance(body, st.Digest):
+            self._note(body, message.sender)
             self.challenges.issue(nonce, message.sender, self.clock())
             return self._delta_for(body, include_digest=True)
         if isinstance(body, st.Delta) and body.digest is None:

@@ -14,6 +14,13 @@ per entry and counted by reason (`ApplyResult.refused`); the other entries of th
 apply. Timestamps past `now + MAX_SKEW_S` are refused, entries and topology change times alike;
 an accepted change time is clamped to `now`, so a peer whose clock runs ahead never marks our
 fresh samples stale. The store is bounded per origin and as a whole.
+
+Clock skew (docs/reliability.md): every tracker stamps a topology change on its own clock, and
+its samples too. A change time travels with a fingerprint of the topology it led to; a peer
+whose fingerprint equals ours saw the same change, so its (skewed) stamp is not adopted as a
+new change, and its own entries are judged against its own stamp, on the clock they were
+measured with (`RouteStatsStore.note_origin_change`). A peer with another topology saw a change
+we have not: its time is adopted (clamped) and its entries are judged against our change time.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class Digest:
 
     versions: dict[EntryKey, Version] = field(default_factory=dict)
     changes: dict[str, float] = field(default_factory=dict)
+    shapes: dict[str, int] = field(default_factory=dict)  # model -> `topology_shape`
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,7 @@ class Delta:
     entries: dict[EntryKey, StatEntry] = field(default_factory=dict)
     changes: dict[str, float] = field(default_factory=dict)
     digest: Digest | None = None
+    shapes: dict[str, int] = field(default_factory=dict)  # model -> `topology_shape`
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,20 @@ def topology_changes(topology: Topology) -> dict[str, float]:
     return out
 
 
+def topology_shape(topology: Topology, model: str) -> int | None:
+    """A 32-bit fingerprint of what a change of `model`'s topology changes (each node's id,
+    layers and URL; not its load), the same in every process; None for an unknown model."""
+    topo = topology.model(model)
+    if topo is None:
+        return None
+    nodes = sorted((n.node_id, n.start, n.end, n.layers, n.url) for n in topo.nodes.values())
+    return zlib.crc32(repr(nodes).encode())
+
+
+def _shapes(topology: Topology, models: Iterable[str]) -> dict[str, int]:
+    return {m: s for m in models if (s := topology_shape(topology, m)) is not None}
+
+
 def _newest_first(entries: Mapping[EntryKey, StatEntry]) -> list[EntryKey]:
     return sorted(entries, key=lambda k: (-entries[k].t, k))
 
@@ -117,7 +140,8 @@ def make_digest(store: RouteStatsStore, topology: Topology) -> Digest:
     """This tracker's digest: newest entries first up to MAX_DIGEST_ENTRIES."""
     entries = flat_entries(store)
     keys = _newest_first(entries)[:MAX_DIGEST_ENTRIES]
-    return Digest({k: version(entries[k]) for k in keys}, _capped(topology_changes(topology)))
+    changes = _capped(topology_changes(topology))
+    return Digest({k: version(entries[k]) for k in keys}, changes, _shapes(topology, changes))
 
 
 def _capped(changes: Mapping[str, float]) -> dict[str, float]:
@@ -160,7 +184,8 @@ def make_delta(store: RouteStatsStore, topology: Topology, peer: Digest, *,
     ours = topology_changes(topology)
     changes = {m: t for m, t in ours.items() if t > peer.changes.get(m, -math.inf)}
     digest = make_digest(store, topology) if include_digest else None
-    return Delta(chosen, _capped(changes), digest)
+    changes = _capped(changes)
+    return Delta(chosen, changes, digest, _shapes(topology, changes))
 
 
 def apply_delta(store: RouteStatsStore, topology: Topology, delta: Delta, now: float, *,
@@ -188,7 +213,8 @@ def apply_delta(store: RouteStatsStore, topology: Topology, delta: Delta, now: f
                 per_origin[origin] = per_origin.get(origin, 0) + 1
         else:
             ignored += 1
-    changes = _apply_changes(topology, delta.changes.items(), now, refused)
+    changes = _apply_changes(store, topology, delta.changes, delta.shapes, now, refused,
+                             sender=sender)
     return ApplyResult(applied, ignored, changes, refused)
 
 
@@ -210,17 +236,38 @@ def _refusal(origin: str, entry: StatEntry, known: Mapping[str, StatEntry], *, s
     return None
 
 
-def _apply_changes(topology: Topology, changes: Iterable[tuple[str, float]], now: float,
-                   refused: dict[str, int]) -> int:
-    """Adopt newer change times of known models; past the skew refused, else clamped to now."""
+def note_changes(store: RouteStatsStore, topology: Topology, changes: Mapping[str, float],
+                 shapes: Mapping[str, int], now: float, *, sender: str) -> list[str]:
+    """Record the sender's own stamps of its known models' last changes (from its digest or
+    delta); return the models whose topology differs from ours (or is not told), so a newer
+    change time of theirs is a change we have not seen. Stamps past the skew are skipped."""
+    differ = []
+    for model, changed_at in changes.items():
+        current = topology.model(model)  # unknown models are not noted: no unbounded growth
+        if current is None or changed_at > now + MAX_SKEW_S:
+            continue
+        same = shapes.get(model) == topology_shape(topology, model)
+        store.note_origin_change(model, sender, changed_at, current.changed_at if same else None)
+        if not same:
+            differ.append(model)
+    return differ
+
+
+def _apply_changes(store: RouteStatsStore, topology: Topology, changes: Mapping[str, float],
+                   shapes: Mapping[str, int], now: float, refused: dict[str, int], *,
+                   sender: str) -> int:
+    """Adopt newer change times of known models whose topology differs from ours (the same
+    topology stamped later is the same change on a skewed clock); past the skew refused, else
+    clamped to now."""
     adopted = 0
-    for model, changed_at in changes:
+    differ = note_changes(store, topology, changes, shapes, now, sender=sender)
+    for model, changed_at in changes.items():
         if changed_at > now + MAX_SKEW_S:
             refused[FUTURE_CHANGE] = refused.get(FUTURE_CHANGE, 0) + 1
             continue
         changed_at = min(changed_at, now)
-        current = topology.model(model)  # unknown models are not adopted: no unbounded growth
-        if current is not None and changed_at > current.changed_at:
+        current = topology.model(model)
+        if model in differ and current is not None and changed_at > current.changed_at:
             topology.note_change(model, changed_at)
             adopted += 1
     return adopted

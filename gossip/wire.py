@@ -110,7 +110,7 @@ def _nest(flat: Mapping[st.EntryKey, Any]) -> dict[str, dict[str, dict[str, Any]
 
 def _digest_obj(digest: st.Digest) -> dict[str, Any]:
     versions = {k: [float(t), fp] for k, (t, fp) in digest.versions.items()}
-    return {"v": _nest(versions), "c": dict(digest.changes)}
+    return {"v": _nest(versions), "c": dict(digest.changes), "f": dict(digest.shapes)}
 
 
 def _entry_obj(e: StatEntry) -> list[Any]:
@@ -123,7 +123,8 @@ def _body_obj(body: Body) -> dict[str, Any]:
     if isinstance(body, st.Delta):
         entries = {k: _entry_obj(e) for k, e in body.entries.items()}
         digest = None if body.digest is None else _digest_obj(body.digest)
-        return {"e": _nest(entries), "c": dict(body.changes), "d": digest}
+        return {"e": _nest(entries), "c": dict(body.changes), "d": digest,
+                "f": dict(body.shapes)}
     return {"n": body.applied}
 
 
@@ -206,6 +207,24 @@ def _changes(obj: Any, refused: _Refused) -> dict[str, float]:
     return out
 
 
+def _shapes(obj: Any, refused: _Refused) -> dict[str, int]:
+    """Topology fingerprints per model ("f", optional: a peer that sends none is treated as
+    having another topology, as before skew was handled)."""
+    if obj is None:
+        return {}
+    items = _map(obj, "shapes")
+    if len(items) > st.MAX_MODELS_PER_MESSAGE:
+        raise _fail("too many models")
+    out: dict[str, int] = {}
+    for model, shape in items.items():
+        _text(model, "model", MAX_ID_CHARS)
+        try:
+            out[model] = _int(shape, "shape", 2**32 - 1)
+        except err.MalformedMessage:
+            refused.n += 1
+    return out
+
+
 def _version(leaf: Any) -> st.Version:
     if not isinstance(leaf, list) or len(leaf) != 2:
         raise _fail("a version must be [t, fingerprint]")
@@ -247,14 +266,16 @@ def _digest(obj: Any, refused: _Refused) -> st.Digest:
     body = _map(obj, "digest")
     pairs = _walk(body.get("v"), "versions")
     _bounded(pairs, st.MAX_DIGEST_ENTRIES)
-    return st.Digest(_each(pairs, _version, refused), _changes(body.get("c"), refused))
+    return st.Digest(_each(pairs, _version, refused), _changes(body.get("c"), refused),
+                     _shapes(body.get("f"), refused))
 
 
 def _delta(obj: dict[Any, Any], refused: _Refused) -> st.Delta:
     pairs = _walk(obj.get("e"), "entries")
     _bounded(pairs, st.MAX_ENTRIES_PER_MESSAGE)
     digest = None if obj.get("d") is None else _digest(obj.get("d"), refused)
-    return st.Delta(_each(pairs, _entry, refused), _changes(obj.get("c"), refused), digest)
+    return st.Delta(_each(pairs, _entry, refused), _changes(obj.get("c"), refused), digest,
+                    _shapes(obj.get("f"), refused))
 
 
 def _body(kind: MessageType, obj: Any, refused: _Refused) -> Body:

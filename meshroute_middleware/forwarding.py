@@ -8,6 +8,13 @@ would let a node point the gateway at any URL it likes), asks for an identity en
 `content-encoding` if a head compresses anyway (the bytes are relayed as they came, so the
 header must stay with them), and gives up on a head that stays silent between two chunks for
 longer than `ForwardTimeouts.idle_s`.
+
+A pooled keep-alive connection the head closed while idle can be handed out just as the close
+is under way: the request then fails before a byte of answer (`ServerDisconnectedError`,
+"Can not write request body"). aiohttp retries that only for idempotent methods, never a POST;
+the forwarder retries it once on a fresh connection to the same head, and only when aiohttp
+reports the connection as reused (`on_connection_reuseconn`): a fresh connection that fails is
+the head failing, as is the retry failing.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Protocol
 
 import aiohttp
@@ -107,8 +115,28 @@ class _AiohttpResponse:
         self.raw.close()
 
 
+class _Reuse:
+    """Per request (aiohttp's `trace_request_ctx`): whether a pooled connection carried it."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+class _StaleConnection(Exception):
+    """A reused pooled connection failed before any answer: retry on a fresh one."""
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                    _params: aiohttp.TraceConnectionReuseconnParams) -> None:
+    if isinstance(ctx.trace_request_ctx, _Reuse):
+        ctx.trace_request_ctx.reused = True
+
+
 class AiohttpForwarder:
-    """The real forwarder: one pooled aiohttp session, created on first use in the loop."""
+    """The real forwarder: one pooled aiohttp session, created on first use in the loop, and
+    one that never pools, for the retry of a request a stale pooled connection lost."""
 
     def __init__(self, timeouts: ForwardTimeouts | None = None) -> None:
         timeouts = timeouts or ForwardTimeouts()
@@ -117,29 +145,41 @@ class AiohttpForwarder:
             total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s,
             sock_read=timeouts.first_byte_s)
         self._session: aiohttp.ClientSession | None = None
+        self._fresh_session: aiohttp.ClientSession | None = None
+        self.stale_retries = 0  # requests retried because a pooled connection was stale
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+            tracing = aiohttp.TraceConfig()
+            tracing.on_connection_reuseconn.append(_on_reuse)
+            self._session = self._new_session(
+                aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), [tracing])
         return self._session
+
+    def _fresh(self) -> aiohttp.ClientSession:
+        if self._fresh_session is None or self._fresh_session.closed:
+            self._fresh_session = self._new_session(
+                aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True), [])
+        return self._fresh_session
+
+    def _new_session(self, connector: aiohttp.TCPConnector,
+                     tracing: list[aiohttp.TraceConfig]) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+            trace_configs=tracing)
 
     async def open(self, url: str, body: bytes,
                    headers: Iterable[tuple[bytes, bytes]]) -> UpstreamResponse:
-        """POST and wait for headers; 5xx and 429 become ForwardError (read, then released)."""
+        """POST and wait for headers; 5xx and 429 become ForwardError (read, then released).
+        A request a stale pooled connection lost is sent once more on a fresh connection."""
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         hdrs.append(("accept-encoding", "identity"))
         try:
-            raw = await self._client().post(url, data=body, headers=hdrs,
-                                            allow_redirects=False)
-        except TimeoutError as exc:
-            raise ForwardError("timeout", f"no answer from {url} in time") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from exc
-        except aiohttp.ClientError as exc:
-            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+            raw = await self._post(self._client(), url, body, hdrs, _Reuse())
+        except _StaleConnection:
+            self.stale_retries += 1
+            raw = await self._post(self._fresh(), url, body, hdrs, None)
         if 300 <= raw.status < 400:  # never followed: the node may not choose our target
             raw.release()
             raise ForwardError("redirect", f"{url} answered {raw.status} (a redirect, not "
@@ -155,11 +195,30 @@ class AiohttpForwarder:
             out.append((b"content-length", cl.encode()))
         return _AiohttpResponse(raw.status, out, raw, self.idle_s)
 
+    async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes,
+                    hdrs: list[tuple[str, str]], reuse: _Reuse | None) -> aiohttp.ClientResponse:
+        """One POST up to the answer's headers; its failures as ForwardError, except a
+        reused connection lost before any answer (`_StaleConnection`)."""
+        try:
+            return await session.post(url, data=body, headers=hdrs, allow_redirects=False,
+                                      trace_request_ctx=reuse)
+        except TimeoutError as exc:
+            raise ForwardError("timeout", f"no answer from {url} in time") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if reuse is not None and reuse.reused:
+                raise _StaleConnection from exc
+            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+        except aiohttp.ClientError as exc:
+            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+
     async def aclose(self) -> None:
-        """Close the session."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the sessions."""
+        for session in (self._session, self._fresh_session):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh_session = None
 
 
 async def _read_bounded(raw: aiohttp.ClientResponse) -> bytes:

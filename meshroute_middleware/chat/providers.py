@@ -33,7 +33,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ..core import InvalidPinError, NoRouteError, Router, UnknownModelError
 from ..core.providers.chain import Candidate, InvalidModelError, Resolution
 from ..core.providers.exhaustion import PassedOver
-from ..core.providers.keys import Reservation, parse_retry_after
+from ..core.providers.keys import REVOKING_STATUSES, Reservation, parse_retry_after
 from ..core.providers.router import Attempt, ProviderRouter
 from ..core.providers.scoring import OutcomeKind
 from ..core.providers.tokens import estimate
@@ -59,6 +59,7 @@ _CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens", re.I)
 _PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id"})
+_NEXT_KEY = frozenset({"http_429", "http_401", "http_403"})  # the key failed: try the next key
 _REASONS = {"http_429": "http_429", "http_5xx": "http_5xx", "timeout": "timeout",
             "connect": "connect"}
 
@@ -261,7 +262,7 @@ class ProviderChat:
                 return True
             passed.append(over)
             log.info("providers: %s passed over (%s)", over.route, over.reason)
-            if over.reason != "http_429" or not c.is_provider:
+            if over.reason not in _NEXT_KEY or not c.is_provider:
                 return False
         return False
 
@@ -310,6 +311,8 @@ class ProviderChat:
                     retry_after_s=parse_retry_after(exc.retry_after, self.clock()))
             return self._failed(got, _REASONS.get(exc.kind, "http_5xx"), session)
         try:
+            if upstream.status in REVOKING_STATUSES:
+                return self._key_refused(got, upstream.status)
             if upstream.status >= 400:
                 return await self._client_error(ex, got, upstream, session, tally, budget)
             if is_sse(upstream.headers):
@@ -333,6 +336,14 @@ class ProviderChat:
                                   time.perf_counter() - live[2], kw.get("ttfb_ms"),
                                   sampled=kw.get("tokens_per_s") is not None))
         return over
+
+    def _key_refused(self, got: Attempt, status: int) -> PassedOver:
+        """The provider refused the key (401/403): out of rotation, the next key is tried."""
+        if got.reservation is not None:
+            self._settled.add(got.reservation)
+        log.warning("providers: %s answered %d: key %s taken out of rotation until cleared "
+                    "or restarted", got.route, status, got.key)
+        return self.providers.key_refused(got, status, self.clock())
 
     def _tps(self, tokens: int, seconds: float) -> float | None:
         """A tok/s sample, when the answer had enough tokens to be one (as on the mesh)."""

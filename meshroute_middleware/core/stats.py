@@ -19,6 +19,7 @@ LN2 = math.log(2.0)
 HALF_LIFE_S = 600.0  # ADR-0021 default
 DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
 PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
+MAX_NOTED_ORIGINS = 1024  # origins' change stamps kept per model (gossip's origins per route)
 
 
 
@@ -93,14 +94,19 @@ def measured_before(entry: StatEntry, changed_at: float) -> bool:
     return bool(entry.count) and entry.t < changed_at
 
 
-def stale_route(entries: Iterable[StatEntry], changed_at: float) -> bool:
+Cuts = tuple[float, ...]  # per entry, the change time it is judged against (`_cuts`)
+
+
+def stale_route(entries: Iterable[StatEntry], changed_at: float, cuts: Cuts | None = None,
+                ) -> bool:
     """The stale rule: no origin measured the route since the last topology change, and one
     measured it before (`measured_before`) with mass left. Its older speed is then a display
-    prior only. (One pass, no generators: it runs for every route written since a decision.)"""
+    prior only. `cuts`, when given, holds each entry's own change time (its origin's clock).
+    (One pass, no generators: it runs for every route written since a decision.)"""
     before = False
-    for e in entries:
+    for i, e in enumerate(entries):
         if e.count:
-            if e.t >= changed_at:
+            if e.t >= (changed_at if cuts is None else cuts[i]):
                 return False  # measured since the change
             before = before or e.mass > 0
     return before
@@ -132,16 +138,17 @@ UNSAMPLED_VIEW = RouteView(None, 0.0, None, 0.0, 0.0, 0, UNSAMPLED, 0)
 
 
 def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
-               half_life_s: float) -> RouteView:
+               half_life_s: float, cuts: Cuts | None = None) -> RouteView:
     """Merge origins at `now`: decay each mass, v = Σ m·v / Σ m over the origins measured
-    since the model's last topology change; `stale_route` says when only older ones exist."""
+    since the model's last topology change (each against its own cut when `cuts` is given);
+    `stale_route` says when only older ones exist."""
     entries = entries if isinstance(entries, tuple) else tuple(entries)
     if not entries:
         return UNSAMPLED_VIEW
     fm = fv = ft = sm = sv = ok = fail = 0.0
     count = 0
     last_error, last_t = "", float("-inf")
-    for e in entries:
+    for i, e in enumerate(entries):
         d = decay_factor(now - e.t, half_life_s)
         ok += e.ok * d
         fail += e.fail * d
@@ -150,7 +157,7 @@ def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
             last_error, last_t = e.last_error, e.t
         if e.count == 0:
             continue
-        if measured_before(e, changed_at):
+        if measured_before(e, changed_at if cuts is None else cuts[i]):
             sm += e.mass  # undecayed: a stale entry is only a display prior
             sv += e.mass * e.value
         else:
@@ -164,7 +171,7 @@ def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
         tps = fv / fm if fm > 0 else None
         ttfb = ft / fm if fm > 0 else None
         return RouteView(tps, fm, ttfb, ok, fail, count, status, origins, last_error)
-    if stale_route(entries, changed_at):
+    if stale_route(entries, changed_at, cuts):
         return RouteView(sv / sm, 0.0, None, ok, fail, 0, STALE, origins, last_error)
     return RouteView(None, 0.0, None, ok, fail, 0, UNSAMPLED, origins, last_error)
 
@@ -179,29 +186,32 @@ class MergedRoute:
     needs only `origins` and `stale`, which no merge is needed to tell.
     """
 
-    __slots__ = ("_ref", "changed_at", "entries", "half_life_s", "origins", "stale", "t_ref")
+    __slots__ = ("_ref", "changed_at", "cuts", "entries", "half_life_s", "origins", "stale",
+                 "t_ref")
 
     def __init__(self, entries: tuple[StatEntry, ...], changed_at: float,
-                 half_life_s: float) -> None:
+                 half_life_s: float, cuts: Cuts | None = None) -> None:
         self.entries = entries
         self.changed_at = changed_at
+        self.cuts = cuts
         self.half_life_s = half_life_s
         self.origins = len(entries)
         self._ref: RouteView | None = None
         self.t_ref = max(e.t for e in entries)
-        self.stale = stale_route(entries, changed_at)
+        self.stale = stale_route(entries, changed_at, cuts)
 
     @property
     def ref(self) -> RouteView:
         """The merged view at `t_ref` (merged on first use)."""
         if self._ref is None:
-            self._ref = merge_view(self.entries, self.t_ref, self.changed_at, self.half_life_s)
+            self._ref = merge_view(self.entries, self.t_ref, self.changed_at, self.half_life_s,
+                                   self.cuts)
         return self._ref
 
     def at(self, now: float) -> RouteView:
         """The merged view at `now`; equal to merge_view up to rounding."""
         if now < self.t_ref:
-            return merge_view(self.entries, now, self.changed_at, self.half_life_s)
+            return merge_view(self.entries, now, self.changed_at, self.half_life_s, self.cuts)
         ref = self.ref
         d = math.exp(-LN2 * (now - self.t_ref) / self.half_life_s)
         if ref.count:
@@ -226,6 +236,9 @@ class RouteStatsStore:
         self.prune_after_s = prune_after_s
         self._entries: State = {}
         self._merged: dict[tuple[str, str], MergedRoute] = {}  # cleared on every write
+        # model -> origin -> (its stamp of the model's last change on its own clock, our
+        # change time when its topology was found equal to ours, else None): `note_origin_change`
+        self._origin_changes: dict[str, dict[str, tuple[float, float | None]]] = {}
 
     def _own(self, model: str, signature: str, changed_at: float) -> StatEntry:
         origins = self._entries.get((model, signature))
@@ -283,11 +296,48 @@ class RouteStatsStore:
                 origins = entries.get(key)
                 if origins:
                     merged = cache[key] = MergedRoute(tuple(origins.values()), changed_at,
-                                                      half_life_s)
+                                                      half_life_s,
+                                                      self._cuts(model, origins, changed_at))
                 else:
                     merged = None
             out.append(merged)
         return out
+
+    def note_origin_change(self, model: str, origin: str, changed_at: float,
+                           ours: float | None) -> bool:
+        """Learn `origin`'s own stamp of `model`'s last topology change, on its own clock.
+        `ours`: our change time when its topology equals ours (the same change, stamped on a
+        skewed clock), else None. While our change time is still `ours`, that origin's entries
+        are judged against its stamp, not ours, so clock skew never makes a sample taken after
+        the change look older than it; otherwise against ours. An older stamp than the one held
+        is ignored (gossip may reorder: the greatest (stamp, ours) wins, whatever the order).
+        Return whether anything changed."""
+        if origin == self.origin:
+            return False
+        held = self._origin_changes.setdefault(model, {})
+        old = held.get(origin)
+        if old is None and len(held) >= MAX_NOTED_ORIGINS:
+            return False  # bounded: that origin's entries are judged against our change time
+        rank = (changed_at, -math.inf if ours is None else ours)
+        if old is not None and rank <= (old[0], -math.inf if old[1] is None else old[1]):
+            return False
+        held[origin] = (changed_at, ours)
+        for key in [k for k in self._merged if k[0] == model]:
+            del self._merged[key]
+        return True
+
+    def _cuts(self, model: str, origins: Mapping[str, StatEntry], changed_at: float,
+              ) -> Cuts | None:
+        """Per entry, the change time it is judged against: its origin's own stamp when that
+        origin stamped the topology we have now, else ours (None: ours for all)."""
+        held = self._origin_changes.get(model)
+        if not held:
+            return None
+        cuts = []
+        for origin in origins:
+            stamp = held.get(origin)
+            cuts.append(stamp[0] if stamp is not None and stamp[1] == changed_at else changed_at)
+        return tuple(cuts)
 
     def entries(self, model: str, signature: str) -> dict[str, StatEntry]:
         """The raw per-origin entries of one route (a copy)."""

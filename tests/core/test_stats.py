@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry
 from meshroute_middleware.core.kinds import STALE
-from meshroute_middleware.core.stats import State, decay_factor, merge_view
+from meshroute_middleware.core.stats import MAX_NOTED_ORIGINS, State, decay_factor, merge_view
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -192,3 +193,55 @@ def test_cached_view_equals_the_exact_merge(origins: dict[str, StatEntry], now: 
             assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
         else:
             assert got == want
+
+
+def test_an_origin_that_stamped_our_topology_is_judged_on_its_own_clock() -> None:
+    """Clock skew (issue 15): the peer's clock is 5 s behind ours; it stamped the same join at
+    T0 - 5 on its clock, we at T0 on ours. Its sample at T0 - 4 (its clock) came after the join,
+    its sample at T0 - 6 before it: only the first counts, whatever our clock says."""
+    store = RouteStatsStore("me", H)
+    store.merge({KEY: {"peer": StatEntry(30.0, 1.0, T0 - 4, count=1)}})
+    assert store.view(*KEY, T0 + 1, T0).status == STALE  # judged on our clock: wrongly stale
+    assert store.note_origin_change("m", "peer", T0 - 5, ours=T0)
+    view = store.view(*KEY, T0 + 1, T0)
+    assert (view.status, view.tps, view.count) == ("proven", 30.0, 1)
+    store.merge({KEY: {"late": StatEntry(20.0, 1.0, T0 - 6, count=1)}})
+    store.note_origin_change("m", "late", T0 - 5, ours=T0)  # measured before its own stamp
+    assert store.view(*KEY, T0 + 1, T0).count == 1  # stays stale: "late" is not counted
+
+
+def test_an_origin_stamp_holds_only_while_our_topology_is_the_one_it_stamped() -> None:
+    store = RouteStatsStore("me", H)
+    store.merge({KEY: {"peer": StatEntry(30.0, 1.0, T0 - 4, count=1)}})
+    store.note_origin_change("m", "peer", T0 - 5, ours=T0)
+    assert store.view(*KEY, T0 + 1, T0 + 2).status == STALE  # we saw another change since
+    assert not store.note_origin_change("m", "peer", T0 - 9, ours=T0)  # older: reordered
+    assert not store.note_origin_change("m", "peer", T0 - 5, ours=None)  # not newer either
+    assert store.note_origin_change("m", "peer", T0 - 3, ours=None)  # another topology
+    assert store.view(*KEY, T0 + 1, T0).status == STALE  # judged on our change time again
+    assert not store.note_origin_change("m", "me", T0 + 100, ours=T0)  # never our own origin
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([T0 - 5, T0, T0 + 3]),
+                          st.sampled_from([None, T0, T0 + 2])), min_size=1, max_size=6),
+       st.randoms(use_true_random=False))
+def test_origin_stamps_are_order_independent(notes: list[tuple[float, float | None]],
+                                             rng: random.Random) -> None:
+    """Gossip delivers a peer's stamps in any order, duplicated: the same cut results."""
+    views = []
+    for order in (notes, rng.sample(notes, len(notes)), notes + notes[::-1]):
+        store = RouteStatsStore("me", H)
+        store.merge({KEY: {"peer": StatEntry(30.0, 1.0, T0 - 1, count=1)}})
+        for changed_at, ours in order:
+            store.note_origin_change("m", "peer", changed_at, ours)
+        views.append(store.view(*KEY, T0 + 10, T0).status)
+    assert views[0] == views[1] == views[2]
+
+
+def test_origin_stamps_are_bounded_per_model() -> None:
+    store = RouteStatsStore("me", H)
+    for i in range(MAX_NOTED_ORIGINS):
+        assert store.note_origin_change("m", f"o{i}", T0, ours=T0)
+    assert not store.note_origin_change("m", "one-more", T0, ours=T0)
+    assert store.note_origin_change("m", "o0", T0 + 1, ours=T0)  # a known one still updates

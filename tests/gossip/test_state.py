@@ -210,3 +210,32 @@ def test_topology_change_times_travel_to_known_models_only() -> None:
     unknown = st.Delta(changes={"ghost": NOW})
     assert apply(RouteStatsStore("y"), mine, unknown, NOW).changes == 0
     assert mine.model("ghost") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.floats(-5.0, 5.0), hs.floats(-5.0, 5.0), hs.floats(-10.0, 10.0))
+def test_skewed_clocks_never_turn_a_sample_stale_or_fresh(skew_a: float, skew_b: float,
+                                                          sampled: float) -> None:
+    """Issue 15, clocks ±5 s apart: trackers a and b see the same join at real time NOW and
+    stamp it on their own clocks; a measures `sampled` s after it (real time). After a full
+    exchange both ways, the sample is fresh on both iff it was taken after the join, and no
+    one adopts the other's stamp of the same change as a change of its own."""
+    if abs(sampled) < 1e-6:
+        return  # at the very instant of the change: either answer is right
+    a_store, b_store = RouteStatsStore("a"), RouteStatsStore("b")
+    a_topo, b_topo = Topology(), Topology()
+    a_topo.upsert(node("n"), NOW + skew_a)
+    b_topo.upsert(node("n"), NOW + skew_b)
+    a_changed = a_topo.model("m").changed_at  # type: ignore[union-attr]
+    a_store.record_sample("m", "m|n", 40.0, 0.1, NOW + sampled + skew_a, a_changed)
+    a_now, b_now = NOW + 20 + skew_a, NOW + 20 + skew_b
+    for (src, s_topo, s_name), (dst, d_topo, d_now) in (
+            ((a_store, a_topo, "a"), (b_store, b_topo, b_now)),
+            ((b_store, b_topo, "b"), (a_store, a_topo, a_now))):
+        digest = st.make_digest(src, s_topo)
+        st.note_changes(dst, d_topo, digest.changes, digest.shapes, d_now, sender=s_name)
+        apply(dst, d_topo, make(src, s_topo, st.make_digest(dst, d_topo)), d_now, sender=s_name)
+    assert a_topo.model("m").changed_at == a_changed  # type: ignore[union-attr]
+    for store, topo, now in ((a_store, a_topo, a_now), (b_store, b_topo, b_now)):
+        view = store.view("m", "m|n", now, topo.model("m").changed_at)  # type: ignore[union-attr]
+        assert view.status == ("proven" if sampled > 0 else "stale"), (store.origin, view)

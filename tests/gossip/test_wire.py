@@ -17,8 +17,9 @@ from meshroute_middleware.core.stats import StatEntry
 NOW = 1_000_000.0
 SECRET = b"correct horse battery staple"
 ENTRY = StatEntry(42.5, 2.25, NOW - 3, 0.125, 3.0, 0.5, 7, "timeout")
-DIGEST = st.Digest({("m", "m|a[0-9]", "t1"): (NOW - 3, 123456)}, {"m": NOW - 100})
-DELTA = st.Delta({("m", "m|a[0-9]", "t1"): ENTRY}, {"m": NOW - 100}, DIGEST)
+DIGEST = st.Digest({("m", "m|a[0-9]", "t1"): (NOW - 3, 123456)}, {"m": NOW - 100},
+                   {"m": 2**32 - 1})
+DELTA = st.Delta({("m", "m|a[0-9]", "t1"): ENTRY}, {"m": NOW - 100}, DIGEST, {"m": 7})
 
 
 def codec(sender: str = "t1", secret: bytes | None = SECRET) -> WireCodec:
@@ -176,6 +177,16 @@ def test_bad_change_times_and_versions_are_dropped_one_by_one() -> None:
     assert isinstance(message.body, st.Delta) and message.refused == 3
     assert message.body.changes == {}
     assert message.body.digest == st.Digest({("m", "s", "p"): (NOW, 5)}, {"n": NOW})
+
+
+def test_topology_shapes_are_optional_and_bad_ones_dropped_one_by_one() -> None:
+    """A peer from before clock-skew handling sends no "f": it decodes as no shapes."""
+    body = {"e": {}, "c": {"m": NOW}, "d": None, "f": {"m": -1, "n": 2**32, "o": 9}}
+    message = codec("t2", None).decode(frame_of(GOOD_HEADER, body), NOW)
+    assert isinstance(message.body, st.Delta) and message.refused == 2
+    assert message.body.shapes == {"o": 9}
+    old = codec("t2", None).decode(frame_of(GOOD_HEADER, {"e": {}, "c": {}, "d": None}), NOW)
+    assert isinstance(old.body, st.Delta) and old.body.shapes == {}
 
 
 @pytest.mark.parametrize("body", [

@@ -16,7 +16,8 @@ from typing import Any
 from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 
-ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context")
+ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
+                   "http_403")
 REASONS = GATE_REASONS + ATTEMPT_REASONS
 ERROR_CODE = "routes_exhausted"
 
@@ -38,9 +39,10 @@ class PassedOver:
 
 
 def attempt_reason(status: int | None = None, error: str | None = None) -> str:
-    """The reason for a failed attempt: an upstream status, or `timeout` / `connect`."""
-    if status == 429:
-        return "http_429"
+    """The reason for a failed attempt: an upstream status (401 and 403 refuse the key),
+    or `timeout` / `connect`."""
+    if status in (401, 403, 429):
+        return f"http_{status}"
     if status is not None and status >= 500:
         return "http_5xx"
     if error in ("timeout", "connect", "context"):

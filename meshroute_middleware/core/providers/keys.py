@@ -12,6 +12,11 @@ Windows (documented contract):
 Rate windows belong to a provider key (`fastco#2`): `rpm = 60` is per key across the provider's
 models. Cooldowns, the 429 ladder and budgets belong to a route key (`fastco/big-model#2`).
 Keys are named by their 1-based position in the provider's `keys` list, never by their value.
+
+A key the provider refuses (401: the key itself is revoked or wrong, for every model; 403: it
+may not use that model) leaves rotation (`revoke`) until an operator clears it
+(`POST /v1/cooldowns/clear`) or the gateway restarts; it never comes back by itself and is not
+persisted (a restart is how a replaced key value arrives, at the same position).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 from .config import Provider, ProviderModel
 
 Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
-REASONS = ("cooldown", "rpm", "rpd", "tpm", "tpd", "budget")
+REASONS = ("cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "revoked")
+REVOKING_STATUSES = (401, 403)  # a provider refusing the key, not the request
 MINUTE_S = 60.0
 DAY_S = 86_400.0
 # Escalating cooldowns after repeated 429s that carry no Retry-After. The ceiling is 30 minutes:
@@ -134,12 +140,16 @@ class KeyGates:
         self._cursor: dict[str, int] = {}
         self._next_id = 0
         self._dirty: set[tuple[str, str, int]] = set()  # (section, name, key) changed rows
+        # (provider name for a 401, route name for a 403, key) -> the status that revoked it
+        self._revoked: dict[tuple[str, int], int] = {}
 
     # -- deciding -------------------------------------------------------------------------
 
     def check(self, provider: Provider, model: ProviderModel, key: int, tokens: int,
               now: float) -> Refusal | None:
         """Why `key` (1-based) cannot send `tokens` (estimate) to `model` now; None if it can."""
+        if self._revoked and self.revoked(provider.name, model.id, key) is not None:
+            return Refusal("revoked")
         route = self._route(provider.name, model.id, key, now)
         if route.cooldown_until > now:
             return Refusal("cooldown", route.cooldown_until)
@@ -224,6 +234,19 @@ class KeyGates:
         state.cooldown_until = max(state.cooldown_until, now + wait)
         return state.cooldown_until
 
+    def revoke(self, provider: str, model_id: str, key: int, status: int) -> None:
+        """The provider answered 401 (the key, every model) or 403 (the key on this model):
+        take it out of rotation until cleared."""
+        if status not in REVOKING_STATUSES:
+            raise ValueError(f"status {status} does not revoke a key")
+        name = provider if status == 401 else route_name(provider, model_id)
+        self._revoked[(name, key)] = status
+
+    def revoked(self, provider: str, model_id: str, key: int) -> int | None:
+        """The status that took `key` out of rotation for `model_id`, or None."""
+        return (self._revoked.get((provider, key))
+                or self._revoked.get((route_name(provider, model_id), key)))
+
     def succeeded(self, route: str, key: int) -> None:
         """A success ends the 429 ladder of that key on that route."""
         state = self._routes.get((route, key))
@@ -232,11 +255,19 @@ class KeyGates:
             self._dirty.add(("keys", route, key))
 
     def clear(self, route: str | None = None, key: int | None = None) -> int:
-        """Lift cooldowns (of one route, one route key, or all) and restart their ladders.
+        """Lift cooldowns and revocations (of one route, one route key, or all) and restart
+        the ladders. A route's revocations include its provider's (a 401 revokes the key of
+        every model).
 
-        Returns how many keys were cooling down (or had been: a lapsed cooldown counts too).
+        Returns how many keys were cooling down (or had been: a lapsed cooldown counts too)
+        or revoked.
         """
+        provider = None if route is None else route.partition("/")[0]
         cleared = 0
+        for name, pos in list(self._revoked):
+            if (route is None or name in (route, provider)) and (key is None or pos == key):
+                del self._revoked[(name, pos)]
+                cleared += 1
         for (name, pos), state in self._routes.items():
             if (route is None or name == route) and (key is None or pos == key):
                 cleared += state.cooldown_until > 0
@@ -256,15 +287,19 @@ class KeyGates:
 
     def key_states(self, provider: Provider, model: ProviderModel,
                    now: float) -> list[dict[str, Any]]:
-        """The chain endpoint's `keys` list: ready, cooldown or limited, with until and reason."""
+        """The chain endpoint's `keys` list: ready, cooldown, limited or revoked (reason: the
+        status that revoked it, `http_401` or `http_403`), with until and reason."""
         out: list[dict[str, Any]] = []
         for key in range(1, len(provider.keys) + 1):
             refusal = self.check(provider, model, key, 0, now)
+            reason = None if refusal is None else refusal.reason
             state = "ready" if refusal is None else (
-                "cooldown" if refusal.reason == "cooldown" else "limited")
+                refusal.reason if refusal.reason in ("cooldown", "revoked") else "limited")
+            if refusal is not None and refusal.reason == "revoked":
+                reason = f"http_{self.revoked(provider.name, model.id, key)}"
             out.append({"key": key, "state": state,
                         "until": None if refusal is None else refusal.until,
-                        "reason": None if refusal is None else refusal.reason})
+                        "reason": reason})
         return out
 
     # -- persistence ----------------------------------------------------------------------

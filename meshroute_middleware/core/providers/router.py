@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import InvalidPinError, MeshRouteError
 from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
 from .config import ProvidersConfig
-from .exhaustion import Exhaustion, PassedOver, exhaustion, soonest_reset
+from .exhaustion import Exhaustion, PassedOver, attempt_reason, exhaustion, soonest_reset
 from .keys import KeyGates, Reservation, Snapshot, key_route
 from .scoring import (
     STRATEGY_WEIGHTS,
@@ -187,6 +187,19 @@ class ProviderRouter:
             return None
         return PassedOver(route, reason or "http_5xx")
 
+    def key_refused(self, attempt: Attempt, status: int, now: float) -> PassedOver:
+        """A 401 or 403 for the attempt's key: the key leaves rotation (`KeyGates.revoke`),
+        nothing of the reservation counts as spent, and the route's statistics are untouched
+        (the key is at fault, not the route). The PassedOver to report; acquiring the same
+        candidate again gives its next key."""
+        c = attempt.candidate
+        if c.provider is None or c.model is None or attempt.key is None:
+            raise ValueError("only a provider key can be refused")
+        if attempt.reservation is not None:
+            self.gates.settle(attempt.reservation, 0, now)
+        self.gates.revoke(c.provider.name, c.model.id, attempt.key, status)
+        return PassedOver(attempt.route, attempt_reason(status))
+
     def exhausted(self, res: Resolution, passed: list[PassedOver], now: float) -> Exhaustion:
         return exhaustion(res, passed, now)
 
@@ -216,8 +229,9 @@ class ProviderRouter:
     # -- operators ------------------------------------------------------------------------
 
     def clear(self, route: str | None = None) -> int:
-        """Clear cooldowns and 429 penalties: all, one route (`fastco/big-model`) or one key
-        (`fastco/big-model#2`, its cooldown only). How many keys had a cooldown."""
+        """Clear cooldowns, revoked keys and 429 penalties: all, one route (`fastco/big-model`)
+        or one key (`fastco/big-model#2`, its cooldown and revocation only). How many keys had
+        a cooldown or were revoked."""
         base, key = _split_key(route)
         if key is None:
             for name, stats in self.stats.items():

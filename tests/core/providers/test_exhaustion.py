@@ -44,14 +44,16 @@ def run(router: ProviderRouter, model: str, tokens: int, now: float,
 
 
 def test_every_reason_is_known() -> None:
-    assert set(REASONS) == {"cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "http_429",
-                            "http_5xx", "timeout", "connect", "context"}
+    assert set(REASONS) == {"cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "revoked",
+                            "http_429", "http_5xx", "timeout", "connect", "context", "http_401",
+                            "http_403"}
     with pytest.raises(ValueError):
         PassedOver("x", "broken")
 
 
 @pytest.mark.parametrize(("status", "error", "reason"), [
     (429, None, "http_429"), (500, None, "http_5xx"), (503, None, "http_5xx"),
+    (401, None, "http_401"), (403, None, "http_403"),
     (None, "timeout", "timeout"), (None, "connect", "connect"), (None, "context", "context")])
 def test_attempt_reason(status: int | None, error: str | None, reason: str) -> None:
     assert attempt_reason(status, error) == reason

@@ -257,3 +257,35 @@ def test_a_reservation_never_settled_stops_counting_after_its_ttl() -> None:
     gates.reserve(p, MODEL, 1, 90, T0)  # its task was lost: never settled
     assert gates.check(p, MODEL, 1, 20, T0 + 100) == Refusal("tpm", None)
     assert gates.check(p, MODEL, 1, 20, T0 + INFLIGHT_TTL_S) is None
+
+
+def test_a_401_revokes_the_key_for_every_model_a_403_for_its_model_only() -> None:
+    other = ProviderModel("other-model", "small", context=8192)
+    gates, p = KeyGates(), provider(keys=2)
+    gates.revoke("fastco", "big-model", 1, 401)
+    gates.revoke("fastco", "big-model", 2, 403)
+    assert gates.check(p, MODEL, 1, 1, T0) == Refusal("revoked")
+    assert gates.check(p, other, 1, 1, T0) == Refusal("revoked")  # the key itself
+    assert gates.check(p, MODEL, 2, 1, T0) == Refusal("revoked")
+    assert gates.check(p, other, 2, 1, T0) is None  # only its access to big-model
+    assert gates.pick(p, other, 1, T0)[0] == 2
+    assert gates.check(p, MODEL, 2, 1, T0 + 365 * DAY_S) == Refusal("revoked")  # never lapses
+    with pytest.raises(ValueError):
+        gates.revoke("fastco", "big-model", 1, 500)
+
+
+def test_a_revoked_key_shows_as_such_and_comes_back_when_cleared() -> None:
+    gates, p = KeyGates(), provider(keys=3)
+    gates.revoke("fastco", "big-model", 1, 401)
+    gates.revoke("fastco", "big-model", 3, 403)
+    assert gates.key_states(p, MODEL, T0) == [
+        {"key": 1, "state": "revoked", "until": None, "reason": "http_401"},
+        {"key": 2, "state": "ready", "until": None, "reason": None},
+        {"key": 3, "state": "revoked", "until": None, "reason": "http_403"}]
+    restarted = KeyGates()
+    restarted.restore(gates.snapshot(T0))
+    assert restarted.check(p, MODEL, 1, 1, T0) is None  # not persisted: a restart lifts it
+    assert gates.clear(ROUTE, 1) == 1  # a route's key: its provider-wide revocation too
+    assert gates.check(p, MODEL, 1, 1, T0) is None
+    assert gates.clear("fastco/other", 3) == 0  # another route: the 403 stays
+    assert gates.clear() == 1 and gates.check(p, MODEL, 3, 1, T0) is None

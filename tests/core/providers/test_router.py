@@ -306,3 +306,25 @@ def test_malformed_state_is_a_clear_error(cfg: ProvidersConfig,
                                           rows: dict[str, list[dict[str, Any]]]) -> None:
     with pytest.raises(StateRestoreError, match="malformed provider state row"):
         ProviderRouter(cfg).restore(rows)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_leaves_rotation_and_blames_not_the_route(cfg: ProvidersConfig,
+                                                                 status: int) -> None:
+    router = ProviderRouter(cfg)
+    big = candidate(router, "fastco/big-model")
+    got = router.acquire(big, 100, T0)
+    assert isinstance(got, Attempt) and got.key == 1
+    assert router.key_refused(got, status, T0) == PassedOver("fastco/big-model#1",
+                                                             f"http_{status}")
+    assert "fastco/big-model" not in router.stats  # no failure of the route
+    for _ in range(3):  # the next requests take key 2 only
+        again = router.acquire(big, 100, T0 + 1)
+        assert isinstance(again, Attempt) and again.key == 2
+    keys = router.chain_view(router.resolve("fastco/big-model", MESH), T0)["chain"][0]["keys"]
+    assert keys[0] == {"key": 1, "state": "revoked", "until": None, "reason": f"http_{status}"}
+    huge = router.acquire(candidate(router, "fastco/huge-model"), 100, T0)
+    assert isinstance(huge, Attempt) and huge.key == (2 if status == 401 else 1)
+    assert router.clear("fastco/big-model#1") == 1
+    back = [router.acquire(big, 100, T0 + 2) for _ in range(2)]
+    assert {a.key for a in back if isinstance(a, Attempt)} == {1, 2}
