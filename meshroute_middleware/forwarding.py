@@ -13,6 +13,7 @@ longer than `ForwardTimeouts.idle_s`.
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -133,11 +134,12 @@ class AiohttpForwarder:
             raw = await self._client().post(url, data=body, headers=hdrs,
                                             allow_redirects=False)
         except TimeoutError as exc:
-            raise ForwardError("timeout", f"no answer from {url} in time") from exc
+            raise ForwardError("timeout", f"no answer from {url} in time") from _cut(exc)
         except aiohttp.ClientConnectorError as exc:
-            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from exc
+            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from _cut(
+                exc)
         except aiohttp.ClientError as exc:
-            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from _cut(exc)
         if 300 <= raw.status < 400:  # never followed: the node may not choose our target
             raw.release()
             raise ForwardError("redirect", f"{url} answered {raw.status} (a redirect, not "
@@ -158,6 +160,17 @@ class AiohttpForwarder:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _cut(exc: BaseException) -> BaseException:
+    """Drop the locals of the finished frames in `exc`'s tracebacks (and its causes'): a
+    failed connection's errors are held by those frames' locals (aiohttp, aiohappyeyeballs),
+    a reference cycle per failed attempt that only a full garbage collection frees."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        traceback.clear_frames(seen.__traceback__)
+        seen = seen.__cause__ or seen.__context__
+    return exc
 
 
 async def _read_bounded(raw: aiohttp.ClientResponse) -> bytes:
