@@ -151,7 +151,7 @@ def _error_text(body: bytes) -> str:
     try:
         error = json.loads(body)["error"]
         routes = error.get("routes") or {}
-        reasons = [str(r)[:90] for r in (routes.values() if isinstance(routes, dict) else routes)]
+        reasons = [str(r)[:200] for r in (routes.values() if isinstance(routes, dict) else routes)]
         return f"{str(error.get('message'))[:80]} {reasons}".strip()
     except (ValueError, KeyError, TypeError, AttributeError):
         return body[:120].decode(errors="replace")
