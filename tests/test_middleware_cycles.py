@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from .upstream import free_port
 
 pytestmark = pytest.mark.anyio
 REQUESTS = 20
+ROOT = Path(__file__).resolve().parent.parent  # the heads' process imports tests.upstream
 CLOCK = FakeClock()  # advanced a day before each fallback request: the failed heads' record
 #                      decays back to their priors, and they are tried first again
 
@@ -56,7 +58,7 @@ class Heads:
 @pytest.fixture(scope="module")
 def heads() -> Iterator[Heads]:
     proc = subprocess.Popen([sys.executable, "-c", _HEADS], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout is not None and proc.stdin is not None
     try:
         urls = json.loads(proc.stdout.readline())
