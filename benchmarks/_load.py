@@ -151,7 +151,7 @@ def _error_text(body: bytes) -> str:
     try:
         error = json.loads(body)["error"]
         routes = error.get("routes") or {}
-        reasons = [str(r)[:90] for r in (routes.values() if isinstance(routes, dict) else routes)]
+        reasons = [str(r)[:200] for r in (routes.values() if isinstance(routes, dict) else routes)]
         return f"{str(error.get('message'))[:80]} {reasons}".strip()
     except (ValueError, KeyError, TypeError, AttributeError):
         return body[:120].decode(errors="replace")
@@ -161,7 +161,8 @@ async def hold_streams(url: str, body: dict[str, Any], streams: int, seconds: fl
                        ramp_s: float, headers: dict[str, str] | None = None,
                        stream_timeout_s: float = 120.0) -> dict[str, Any]:
     """Keep `streams` SSE requests open for `seconds`: each of `streams` workers (started
-    over `ramp_s`) opens a stream, reads it to [DONE], and opens the next until time is up.
+    over `ramp_s`) opens a stream, reads it to [DONE], and opens the next until time is up
+    (each opens one at least).
     Returns the StreamStats summary (TTFT measured from sending to the first data chunk)."""
     stats = StreamStats()
     data = json.dumps(body).encode()
@@ -172,8 +173,10 @@ async def hold_streams(url: str, body: dict[str, Any], streams: int, seconds: fl
 
     async def worker(delay: float) -> None:
         await asyncio.sleep(delay)
-        while time.monotonic() < end:
+        while True:  # at least one stream per worker, even one a loaded machine starts late
             await _one_stream(session, url, data, hdrs, stats)
+            if time.monotonic() >= end:
+                return
 
     began = time.monotonic()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:

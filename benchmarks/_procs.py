@@ -205,12 +205,16 @@ def start_emulator(procs: Procs, node_id: str, model: str, tps: float, slots: in
 
 
 HOOKS = Path(__file__).with_name("_hooks")
+GATEWAY_MAX_CONNECTIONS = 2048
 
 
 def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | None = None,
                   hook_out: Path | None = None, gc_threshold: str | None = None,
-                  gc_freeze_after_s: float | None = None) -> tuple[str, int]:
+                  gc_freeze_after_s: float | None = None,
+                  max_connections: int = GATEWAY_MAX_CONNECTIONS) -> tuple[str, int]:
     """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid).
+    `--max-connections` is raised above the default (512, app/edge.py) so that 1,000 held
+    streams fit: the benchmarks measure the gateway's capacity, not that guard.
     With `hook_out`, the gateway runs with benchmarks/_hooks on its PYTHONPATH, which logs
     its event loop's lag and its GC pauses to that file (see _hooks/sitecustomize.py)."""
     port = free_port()
@@ -223,7 +227,8 @@ def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | N
         if gc_freeze_after_s is not None:
             env["MESHROUTE_BENCH_GC_FREEZE_AFTER_S"] = str(gc_freeze_after_s)
     proc = procs.start([*meshroute_cmd(), "serve", "--port", str(port), "--no-mdns",
-                        "--log-level", "warning"], env=env, log=log)
+                        "--log-level", "warning", "--max-connections", str(max_connections)],
+                       env=env, log=log)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", proc)
     for node_id, (model, node_url) in nodes.items():

@@ -67,7 +67,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gateway-gc-threshold", metavar="G0,G1,G2",
                    help="experiment: run the gateway with these gc thresholds (via the hook)")
     p.add_argument("--gateway-gc-freeze-after", type=float, metavar="S",
-                   help="experiment: gc.freeze() in the gateway S seconds after its start")
+                   help="experiment: gc.freeze() again in the gateway S seconds after its start "
+                        "(meshroute serve already freezes its start-up heap before serving)")
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -175,6 +176,8 @@ def main() -> int:
     procs = [serve(name, port) for name, port in ports.items()]
     gateways: dict[tuple[str, int], tuple[subprocess.Popen[bytes], str]] = {}
     results: dict[str, Any] = {"args": vars(args), "load": {}, "propagation": {}}
+    results["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                       "load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for name, backend in backends.items():
@@ -214,6 +217,7 @@ def main() -> int:
                 p.terminate()
             for proc in [*(g for g, _ in gateways.values()), *procs]:
                 proc.wait(20)
+    results["meta"]["load_average_after"] = os.getloadavg()
     Path(args.json).write_text(json.dumps(results, indent=2))
     print("| backend | workers | req/s | p50 ms | CPU µs/request (all workers) | non-2xx |")
     print("|---|---:|---:|---:|---:|---:|")

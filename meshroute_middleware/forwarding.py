@@ -20,6 +20,7 @@ the head failing, as is the retry failing.
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -203,15 +204,16 @@ class AiohttpForwarder:
             return await session.post(url, data=body, headers=hdrs, allow_redirects=False,
                                       trace_request_ctx=reuse)
         except TimeoutError as exc:
-            raise ForwardError("timeout", f"no answer from {url} in time") from exc
+            raise ForwardError("timeout", f"no answer from {url} in time") from _cut(exc)
         except aiohttp.ClientConnectorError as exc:
-            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from exc
+            raise ForwardError("connect", f"cannot connect to {url}: {exc.os_error}") from _cut(
+                exc)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if reuse is not None and reuse.reused:
-                raise _StaleConnection from exc
-            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+                raise _StaleConnection from _cut(exc)
+            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from _cut(exc)
         except aiohttp.ClientError as exc:
-            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from exc
+            raise ForwardError("connect", f"request to {url} failed: {exc!r}") from _cut(exc)
 
     async def aclose(self) -> None:
         """Close the sessions."""
@@ -219,6 +221,17 @@ class AiohttpForwarder:
             if session is not None:
                 await session.close()
         self._session = self._fresh_session = None
+
+
+def _cut(exc: BaseException) -> BaseException:
+    """Drop the locals of the finished frames in `exc`'s tracebacks (and its causes'): a
+    failed connection's errors are held by those frames' locals (aiohttp, aiohappyeyeballs),
+    a reference cycle per failed attempt that only a full garbage collection frees."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        traceback.clear_frames(seen.__traceback__)
+        seen = seen.__cause__ or seen.__context__
+    return exc
 
 
 async def _read_bounded(raw: aiohttp.ClientResponse) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -312,8 +313,19 @@ def run(args: argparse.Namespace) -> int:
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)
     fit_descriptor_limit(settings.max_connections)
-    uvicorn.Server(server_config(gateway)).run()
+    _serve(server_config(gateway))
     return 0
+
+
+def _serve(config: uvicorn.Config, sockets: list[socket.socket] | None = None) -> None:
+    """Run uvicorn with the start-up heap frozen: imports and the gateway as built (~50
+    thousand objects) leave every later garbage collection, whose full ones otherwise walk
+    them each time (docs/benchmarks.md, "Load and soak": full collections of 80-100 ms of CPU
+    under load become ~25 ms)."""
+    config.load()  # uvicorn's protocol and app wrappers are built now, so frozen too
+    gc.collect()
+    gc.freeze()
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 def server_config(gateway: Gateway, port: int | None = None) -> uvicorn.Config:
@@ -369,7 +381,7 @@ def _serve_worker(settings: ServeSettings) -> None:
     """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
     gateway = build_gateway(GatewayConfig.build(settings, os.environ))
     sock = _reuseport_socket(settings.host, settings.port, listen=True)
-    uvicorn.Server(server_config(gateway)).run(sockets=[sock])
+    _serve(server_config(gateway), sockets=[sock])
 
 
 def run_workers(settings: ServeSettings) -> int:

@@ -50,7 +50,11 @@ class Watchdog:
         """The request is over: stop watching it."""
         self._active.pop(ex, None)
         if ex.watcher is not None:
+            # Dropped, not just cancelled: the cancelled task keeps its CancelledError, whose
+            # traceback holds the watcher's frame and so `ex`; a reference back from `ex`
+            # would make a cycle per watched request, left to the (full) garbage collections.
             ex.watcher.cancel()
+            ex.watcher = None
         ex.task = None
 
     def _sweep(self) -> None:
