@@ -188,7 +188,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def run_case(case: Case, clients_list: list[int], seconds: float,
-                   policies: tuple[str, ...] = POLICIES, trace_dir: Path | None = None) -> dict[str, Any]:
+                   policies: tuple[str, ...] = POLICIES,
+                   trace_dir: Path | None = None) -> dict[str, Any]:
     """Every client count and policy on one mesh; fresh nodes and gateway per run."""
     out: dict[str, Any] = {}
     for clients in clients_list:
