@@ -50,8 +50,6 @@ DRIFT_VAR_PER_S = 1e-6
 # decision): what is re-learnt after a change is counted in requests, so a busy gateway
 # re-tries in fewer seconds (tuned on the tuning seeds: bench_learning.py).
 DRIFT_VAR_PER_DECISION = 2e-4
-JUMP_PER_DECISION = 0.0
-JUMP_SIGMA = PRIOR_SIGMA
 OBS_SIGMA = 0.3  # log-tps noise of a quiet LAN mesh, for a route known only through gossip
 # Beta prior on reliability: mean 0.95 with the weight of two requests (routes mostly work).
 PRIOR_OK, PRIOR_FAIL = 1.9, 0.1
@@ -198,7 +196,7 @@ class ThompsonPolicy:
                     untried, untried_prior = i, arm.prior_tps
                 continue
             known = True
-            score = self.score(arm, belief, now, rng, decisions, drift, max(len(arms) - 1, 1))
+            score = self.score(arm, belief, now, rng, decisions, drift)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
@@ -206,8 +204,7 @@ class ThompsonPolicy:
         return best, EXPLOIT
 
     def score(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
-              decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
-              jumps: float = 1.0) -> float:
+              decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION) -> float:
         """One posterior draw of a request's net goodput on this arm (`gain` × reliability)."""
         n = arm.in_flight
         curve = belief.curve if belief is not None else None
@@ -222,13 +219,10 @@ class ThompsonPolicy:
             _, mus, best = curve.fit()
             # With nothing in flight every curve says s1: no curve draw needed (the MAP's s1).
             j = curve.draw(rng) if n else best
-            k = max(decisions - belief.decision, 0)
-            drift = DRIFT_VAR_PER_S * dt + drift_per_decision * k
+            drift = DRIFT_VAR_PER_S * dt + drift_per_decision * max(
+                decisions - belief.decision, 0)
             unit = SD_SCALE * curve.spread()
             sd = math.sqrt(unit * unit / mass + drift)
-            if k and JUMP_PER_DECISION and rng.random() < -math.expm1(
-                    -JUMP_PER_DECISION * k / jumps):
-                sd = math.sqrt(sd * sd + JUMP_SIGMA * JUMP_SIGMA)
             log_s1 = mus[j] + (sd if sd < MAX_SIGMA else MAX_SIGMA) * rng.gauss(0.0, 1.0)
             r = d / (1.0 + RESULT_DRIFT_PER_DECISION * max(decisions - belief.result_decision,
                                                             0))
