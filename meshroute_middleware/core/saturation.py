@@ -10,10 +10,9 @@ throughput is `T(c) = c · s1 · g(c)`, concave in c.
 `CurveBelief` keeps the sufficient statistics of a route's samples (log tokens/s, binned by
 the concurrency the request ran at, decayed and capped) and a posterior over a grid of
 (knee, slowdown) pairs, `log s1` Gaussian given each pair. Thompson sampling draws one curve
-per decision. A CUSUM on the standardised residuals against each concurrency bin's mean
-detects a change (a slowdown or a recovery) and moves the whole curve by the detected shift
-with its mass cut to a prior's, so the route's level is re-learnt within a handful of samples
-and its shape is kept. Pure: `now` is passed in, randomness comes from the caller's rng.
+per decision. A CUSUM on the standardised residuals against the best-fitting curve detects a
+change (a slowdown or a recovery) and forgets the old samples, so the route is re-learnt
+within a handful of samples. Pure: `now` is passed in, randomness comes from the caller's rng.
 """
 
 from __future__ import annotations
@@ -35,17 +34,10 @@ BINS_PER_OCTAVE = 4  # concurrency bins: 1, 1.19, 1.41, 1.68, 2, ...
 # and a cut makes the next residuals noisier: at h = 6 a stationary route at sigma 0.3 raised
 # 9 alarms in 3,000 samples (tests/core/test_saturation.py), at h = 8 the average run length
 # is ~10^4, and a halving is still caught in ~5 samples at sigma 0.3, ~10 at sigma 0.5.
-# A change keeps the curve's shape and re-learns its level: every bin's mean moves by the
-# detected offset (the mean residual after the most likely change point of the tripped
-# side's run) and the masses shrink to SHIFT_MASS in all, so the next few samples set the
-# level and a bin whose shape really changed trips its own CUSUM later. The
-# old rule forgot every bin; a change that only scaled a route's speed (a busy host: the
-# real-time runs under load) then cost a re-learning of the knee. Shrinking, not keeping, the
-# mass still lets stale bins at a concurrency no longer tried fade (scenario 13: a recovered
-# server once believed to saturate at 2 for the rest of the run).
+# A change forgets every old sample, at every concurrency: a few stale samples at a
+# concurrency no longer tried would otherwise fix a wrong knee that nothing re-tests (seen
+# in scenario 13: a recovered server believed to saturate at 2 for the rest of the run).
 CUSUM_K, CUSUM_H = 0.5, 8.0
-SHIFT_MASS = 4.0  # the curve's mass after a change: its shape as a prior worth 4 samples
-RUN_KEPT = 32  # residuals kept per CUSUM side to place and size a change
 CUSUM_MIN_MASS = 4.0  # samples in a concurrency bin before its residuals are tested
 # The fit is redone once the samples since the last one exceed this share of the mass
 # (every sample while few are known, every tenth at the mass cap): old fits differ little.
@@ -102,30 +94,6 @@ def _log_gs(c: float) -> list[float]:
     return [log_g(c, knee, slowdown) for knee, slowdown in CURVES]
 
 
-def _side(stat: float, run: list[tuple[float, float]], z: float, r: float) -> float:
-    """One side of the CUSUM after a residual (z: toward this side): its new statistic; `run`
-    keeps the residuals since it last stood at zero."""
-    if stat <= 0.0:
-        run.clear()
-        return 0.0
-    run.append((z, r))
-    if len(run) > RUN_KEPT:
-        del run[0]
-    return stat
-
-
-def _offset(run: list[tuple[float, float]]) -> float:
-    """The size of a shift the CUSUM found in `run`: the mean raw residual after the most
-    likely change point (where the run's partial sum of z − k was lowest)."""
-    low, start, acc = 0.0, 0, 0.0
-    for i, (z, _) in enumerate(run):
-        acc += z - CUSUM_K
-        if acc < low:
-            low, start = acc, i + 1
-    tail = run[start:] or run[-1:]
-    return sum(r for _, r in tail) / len(tail)
-
-
 @dataclass(slots=True)
 class _Bin:
     mass: float = 0.0
@@ -144,10 +112,6 @@ class CurveBelief:
     t: float = 0.0
     cusum_up: float = 0.0
     cusum_down: float = 0.0
-    # (standardised, raw) residuals since each side of the CUSUM last stood at zero, the last
-    # RUN_KEPT of them: where the change began in that run, and how large it is, when it trips.
-    run_up: list[tuple[float, float]] = field(default_factory=list)
-    run_down: list[tuple[float, float]] = field(default_factory=list)
     changes: int = 0  # detected change points (for tests and display)
     samples: int = 0  # taken in all
     _fit: tuple[list[float], list[float], int] | None = None  # cumulative weights, mu, MAP
@@ -192,11 +156,13 @@ class CurveBelief:
             # The residual against the bin's own mean, not the fitted curve: a coarse grid's
             # misfit, or a curve guessed from few samples, must not read as a change. A bin
             # with fewer samples has little mass to forget anyway.
-            r = x - b.mean
-            offset = self._shifted(r / (self.sigma() * math.sqrt(1.0 + 1.0 / b.mass)), r)
-            if offset is not None:
-                self._shift(offset)
-                changed = True
+            z = (x - b.mean) / (self.sigma() * math.sqrt(1.0 + 1.0 / b.mass))
+            changed = self._shifted(z)
+            if changed:  # forget every bin: stale ones would bend the curve's shape
+                self.bins.clear()
+                self.mass = 0.0
+                self.changes += 1
+                self._fit = None
         if self.mass + 1.0 > MAX_MASS:
             self.decay((MAX_MASS - 1.0) / self.mass)
         self.samples += 1
@@ -214,36 +180,14 @@ class CurveBelief:
             self._fit = None
         return changed
 
-    def _shifted(self, z: float, r: float) -> float | None:
-        """Two-sided CUSUM on standardised residuals z (Page 1954): on a sustained shift, its
-        size in log tps; None while there is none."""
-        self.cusum_up = _side(self.cusum_up + z - CUSUM_K, self.run_up, z, r)
-        self.cusum_down = _side(self.cusum_down - z - CUSUM_K, self.run_down, -z, r)
-        if self.cusum_up > CUSUM_H:
-            offset = _offset(self.run_up)
-        elif self.cusum_down > CUSUM_H:
-            offset = _offset(self.run_down)
-        else:
-            return None
-        self.cusum_up = self.cusum_down = 0.0
-        self.run_up.clear()
-        self.run_down.clear()
-        return offset
-
-    def _shift(self, offset: float) -> None:
-        """A detected change of `offset` in log tps: move every bin's mean by it and scale the
-        masses (and spreads) down to SHIFT_MASS in all, so the curve's shape is kept as a
-        prior and its level is re-learnt from the next few samples."""
-        if self.mass > SHIFT_MASS:
-            scale = SHIFT_MASS / self.mass
-            for b in self.bins.values():
-                b.mass *= scale
-                b.m2 *= scale
-            self.mass = SHIFT_MASS
-        for b in self.bins.values():
-            b.mean += offset
-        self.changes += 1
-        self._fit = None
+    def _shifted(self, z: float) -> bool:
+        """Two-sided CUSUM on standardised residuals (Page 1954): a sustained shift."""
+        self.cusum_up = max(0.0, self.cusum_up + z - CUSUM_K)
+        self.cusum_down = max(0.0, self.cusum_down - z - CUSUM_K)
+        if self.cusum_up > CUSUM_H or self.cusum_down > CUSUM_H:
+            self.cusum_up = self.cusum_down = 0.0
+            return True
+        return False
 
     def fit(self) -> tuple[list[float], list[float], int]:
         """Posterior over CURVES: (cumulative weights, mean log s1 per curve, MAP index).
