@@ -1,6 +1,7 @@
 """Real-time learning check: a real `meshroute serve` over HTTP in front of emulated nodes.
 
-  python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--json PATH]
+  python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--case NAME]
+      [--policy NAME] [--trace DIR] [--json PATH]
 
 Per scenario, three single-node routes run as emulated nodes (each its own process on
 127.0.0.1) whose behaviour the gateway is not told: serial servers, batching servers with
