@@ -44,6 +44,7 @@ GOALS_US = {"choose_8": 20.0, "choose_1000": 50.0, "enumerate_1000_ms": 5.0}  # 
 LITELLM_PUBLISHED_MS = {100: 0.58, 1000: 51.0}
 KINDS = (0, 1, 0, 1, 2, 3)  # full node, partial head, full, partial head, middle, tail
 ROUNDS = 3
+IN_FLIGHT_ROW = "8x1_half_in_flight"
 RESULTS = Path(__file__).parent / "results" / "core.json"
 
 
@@ -179,9 +180,17 @@ def interleaved(setups: dict[str, tuple[Router, StepClock, list[str]]],
     } for key in setups}
 
 
-def decisions_only(count: int) -> dict[str, dict[str, Any]]:
-    """The decision part alone (also what --baseline runs against an older revision)."""
-    setups = {f"{n}x{m}": build(n, m, seed=n + m) for n, m in SCENARIOS}
+def decisions_only(count: int, policy: str = "adr0021") -> dict[str, dict[str, Any]]:
+    """The decision part alone (also what --baseline runs against an older revision); the
+    extra row IN_FLIGHT_ROW: the 8-node mesh with 4 of its 8 candidates running a request,
+    so that a policy reading the in-flight counts (thompson: a curve draw per such route)
+    pays for it."""
+    setups = {f"{n}x{m}": build(n, m, seed=n + m, policy=policy) for n, m in SCENARIOS}
+    loaded = build(8, 1, seed=9, policy=policy)
+    router, _, names = loaded
+    for route in router.candidates(names[0])[::2]:
+        router.choose(names[0], pin=list(route.node_ids))  # left running
+    setups[IN_FLIGHT_ROW] = loaded
     out = interleaved(setups, count)
     for key, (router, _, names) in setups.items():
         out[key]["candidates_per_model"] = len(router.candidates(names[0]))
@@ -197,11 +206,11 @@ def by_policy(count: int) -> dict[str, dict[str, float]]:
                         for name in sorted(POLICIES)}, count)
 
 
-def run(count: int, trials: int) -> dict[str, Any]:
+def run(count: int, trials: int, policy: str) -> dict[str, Any]:
     """Every scenario: decisions, then re-enumeration after changes."""
-    rows = decisions_only(count)
+    rows = decisions_only(count, policy)
     for nodes, models in SCENARIOS:
-        router, clock, names = build(nodes, models, seed=nodes + models)
+        router, clock, names = build(nodes, models, seed=nodes + models, policy=policy)
         enum_ns, first_ns = time_changes(router, clock, names, trials, seed=nodes)
         row = rows[f"{nodes}x{models}"]
         row.update({"nodes": nodes, "models": models, "nodes_per_model": nodes // models,
@@ -211,7 +220,7 @@ def run(count: int, trials: int) -> dict[str, Any]:
     return rows
 
 
-def baseline(rev: str, count: int) -> dict[str, Any]:
+def baseline(rev: str, count: int, policy: str) -> dict[str, Any]:
     """Run decisions_only against meshroute_middleware as of `rev`, in a subprocess."""
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,7 +229,7 @@ def baseline(rev: str, count: int) -> dict[str, Any]:
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
         env = {**os.environ, "PYTHONPATH": tmp}
         proc = subprocess.run([sys.executable, __file__, "--decisions-json", str(count),
-                               "--expect-path", tmp], env=env, check=True,
+                               "--expect-path", tmp, "--policy", policy], env=env, check=True,
                               capture_output=True, text=True)
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
@@ -232,6 +241,8 @@ def table(rows: dict[str, Any], base: dict[str, Any] | None) -> str:
             f"{'vs 8-node':>9} {'LiteLLM pub.':>12} {'before/after':>12}")
     lines, ref = [head, "-" * len(head)], rows["8x1"]["choose_median_us"]
     for key, r in rows.items():
+        if key == IN_FLIGHT_ROW:
+            continue
         lite = LITELLM_PUBLISHED_MS.get(r["nodes"])
         lite_txt = f"{lite * 1000 / r['choose_median_us']:>10.0f}x" if lite else f"{'':>11}"
         before = (f"{base[key]['choose_median_us'] / r['choose_median_us']:>11.2f}x"
@@ -248,7 +259,9 @@ def table(rows: dict[str, Any], base: dict[str, Any] | None) -> str:
 def verdict(rows: dict[str, Any]) -> dict[str, bool]:
     """The issue's goals, checked on this run."""
     return {
-        "choose_8_candidates_le_20us": rows["8x1"]["choose_median_us"] <= GOALS_US["choose_8"],
+        "choose_8_candidates_le_20us": max(rows["8x1"]["choose_median_us"],
+                                           rows[IN_FLIGHT_ROW]["choose_median_us"])
+        <= GOALS_US["choose_8"],
         "choose_1000_nodes_le_50us": max(rows["1000x10"]["choose_median_us"],
                                          rows["1000x1"]["choose_median_us"])
         <= GOALS_US["choose_1000"],
@@ -265,18 +278,25 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="REV", help="also time choose at git REV")
     parser.add_argument("--decisions-json", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--expect-path", help=argparse.SUPPRESS)
+    parser.add_argument("--policy", default=RouterConfig().policy,
+                        help="policy of the main rows (default: the default policy)")
     args = parser.parse_args()
     if args.decisions_json:
         import meshroute_middleware
         assert meshroute_middleware.__file__ is not None
         if args.expect_path and not meshroute_middleware.__file__.startswith(args.expect_path):
             raise SystemExit(f"baseline imported {meshroute_middleware.__file__}")
-        print(json.dumps(decisions_only(args.decisions_json)))
+        print(json.dumps(decisions_only(args.decisions_json, args.policy)))
         return 0
     count, trials = (2_000, 40) if args.quick else (20_000, 300)
-    rows = run(count, trials)
-    base = baseline(args.baseline, count) if args.baseline else None
+    rows = run(count, trials, args.policy)
+    base = baseline(args.baseline, count, args.policy) if args.baseline else None
+    print(f"policy {args.policy}")
     print(table(rows, base))
+    loaded = rows[IN_FLIGHT_ROW]
+    was = f" (before: {base[IN_FLIGHT_ROW]['choose_median_us']:.1f})" if base else ""
+    print(f"8 nodes, 4 of 8 candidates with a request in flight: choose median "
+          f"{loaded['choose_median_us']:.1f} µs{was}, p99 {loaded['choose_p99_us']:.1f}")
     policies = by_policy(count // 4)
     print("\nchoose by policy, 1,000 nodes / 10 models, 8 candidates (µs, median / p99 / "
           "after record):")
@@ -293,6 +313,7 @@ def main() -> int:
                                                                      time.gmtime()),
         "python": platform.python_version(), "machine": platform.machine(),
         "cpus": os.cpu_count(), "decisions_per_scenario": count, "change_trials": trials,
+        "policy": args.policy, "load_average": os.getloadavg(),
         "scenarios": rows, "baseline": {"rev": args.baseline, "scenarios": base},
         "by_policy_1000x10": policies,
         "goals": goals, "litellm_published_ms": LITELLM_PUBLISHED_MS,

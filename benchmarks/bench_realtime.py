@@ -1,6 +1,7 @@
 """Real-time learning check: a real `meshroute serve` over HTTP in front of emulated nodes.
 
-  python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--json PATH]
+  python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--case NAME]
+      [--policy NAME] [--trace DIR] [--json PATH]
 
 Per scenario, three single-node routes run as emulated nodes (each its own process on
 127.0.0.1) whose behaviour the gateway is not told: serial servers, batching servers with
@@ -90,10 +91,33 @@ def node_command(spec: NodeSpec, port: int) -> list[str]:
     return [PY, "-c", code, json.dumps(config), str(port)]
 
 
-def gateway_command(nodes_file: str, port: int, policy: str) -> list[str]:
-    return [PY, "-m", "meshroute_middleware.cli", "serve", "--no-mdns", "--host", "127.0.0.1",
-            "--port", str(port), "--nodes-file", nodes_file, "--policy", policy,
-            "--seed", "1", "--log-level", "warning"]
+# --trace: the gateway runs under a wrapper that logs every sample the thompson policy takes
+# (route, tokens/s, concurrency, the curve's change count after it) as JSON lines; the
+# policy's code is unchanged, only observed.
+TRACE_WRAPPER = (
+    "import json, sys, time\n"
+    "from meshroute_middleware.core.policies import thompson\n"
+    "out = open(sys.argv[1], 'a', buffering=1)\n"
+    "orig = thompson.ThompsonPolicy.observe\n"
+    "def observe(self, signature, outcome, now):\n"
+    "    orig(self, signature, outcome, now)\n"
+    "    b = self.belief(signature)\n"
+    "    out.write(json.dumps({'t': now, 'route': signature.split('|')[-1], 'ok': outcome.ok,\n"
+    "        'tps': outcome.tps, 'c': outcome.concurrency,\n"
+    "        'changes': b.curve.changes if b else 0}) + '\\n')\n"
+    "thompson.ThompsonPolicy.observe = observe\n"
+    "from meshroute_middleware.app.cli import main\n"
+    "sys.argv = ['meshroute'] + sys.argv[2:]\n"
+    "sys.exit(main())\n")
+
+
+def gateway_command(nodes_file: str, port: int, policy: str,
+                    trace: str | None = None) -> list[str]:
+    args = ["serve", "--no-mdns", "--host", "127.0.0.1", "--port", str(port), "--nodes-file",
+            nodes_file, "--policy", policy, "--seed", "1", "--log-level", "warning"]
+    if trace is not None:
+        return [PY, "-c", TRACE_WRAPPER, trace, *args]
+    return [PY, "-m", "meshroute_middleware.app.cli", *args]
 
 
 async def wait_up(url: str, deadline_s: float = 30.0) -> None:
@@ -164,12 +188,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def run_case(case: Case, clients_list: list[int], seconds: float) -> dict[str, Any]:
+async def run_case(case: Case, clients_list: list[int], seconds: float,
+                   policies: tuple[str, ...] = POLICIES,
+                   trace_dir: Path | None = None) -> dict[str, Any]:
     """Every client count and policy on one mesh; fresh nodes and gateway per run."""
     out: dict[str, Any] = {}
     for clients in clients_list:
         row: dict[str, Any] = {}
-        for variant in ("best", *POLICIES):
+        for variant in ("best", *policies):
             procs: list[subprocess.Popen[bytes]] = []
             try:
                 node_urls = {}
@@ -183,19 +209,21 @@ async def run_case(case: Case, clients_list: list[int], seconds: float) -> dict[
                     urls = direct_urls(case, node_urls, clients)
                     row[variant] = await load(urls, seconds)
                 else:
-                    url = await gateway(case, node_urls, variant, procs)
+                    trace = None if trace_dir is None else str(
+                        trace_dir / f"{case.name}-{clients}-{variant}.jsonl")
+                    url = await gateway(case, node_urls, variant, procs, trace)
                     row[variant] = await load([url] * clients, seconds)
                     row[variant]["requests_per_route"] = await requests_per_route(url)
             finally:
                 for proc in procs:
                     stop(proc)
         best = row["best"]["tokens_per_s"]
-        for variant in POLICIES:
+        for variant in policies:
             row[variant]["fraction_of_best"] = row[variant]["tokens_per_s"] / best
         out[str(clients)] = row
         print(f"{case.name:10s} clients {clients:2d}: best {best:7.1f} tok/s  " + "  ".join(
             f"{p} {row[p]['fraction_of_best']:.3f} {row[p]['requests_per_route']}"
-            for p in POLICIES), flush=True)
+            for p in policies), flush=True)
     return out
 
 
@@ -209,7 +237,7 @@ async def requests_per_route(url: str) -> dict[str, Any]:
 
 
 async def gateway(case: Case, node_urls: dict[str, str], policy: str,
-                  procs: list[subprocess.Popen[bytes]]) -> str:
+                  procs: list[subprocess.Popen[bytes]], trace: str | None = None) -> str:
     """Start `meshroute serve` over the nodes; return its URL."""
     nodes = [{"node_id": s.node_id, "model": MODEL, "start": 0, "end": s.layers - 1,
               "layers": s.layers, "url": node_urls[s.node_id], "tps": s.shard_tps}
@@ -217,7 +245,7 @@ async def gateway(case: Case, node_urls: dict[str, str], policy: str,
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"nodes": nodes}, f)
     port = free_port()
-    procs.append(start(gateway_command(f.name, port, policy)))
+    procs.append(start(gateway_command(f.name, port, policy, trace)))
     url = f"http://127.0.0.1:{port}"
     await wait_up(url + "/v1/routing")
     return url
@@ -229,14 +257,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4,16", help="client counts (default 1,4,16)")
     parser.add_argument("--case", action="append", help="only this case (repeatable)")
     parser.add_argument("--json", type=Path, default=RESULTS, help="write the report here")
+    parser.add_argument("--trace", type=Path, metavar="DIR",
+                        help="log every sample the gateway's policy takes (JSON lines per run)")
+    parser.add_argument("--policy", action="append", choices=("thompson", "epsilon-greedy"),
+                        help="only this policy (repeatable; default both)")
     args = parser.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     cases = [c for c in CASES if not args.case or c.name in args.case]
-    report = {"seconds": args.seconds, "tokens": TOKENS, "cases": {}}
+    if args.trace is not None:
+        args.trace.mkdir(parents=True, exist_ok=True)
+    policies = tuple(args.policy or POLICIES)
+    report = {"seconds": args.seconds, "tokens": TOKENS, "cases": {},
+              "load_average": os.getloadavg()}
     for case in cases:
         report["cases"][case.name] = {"title": case.title,
-                                      "runs": asyncio.run(run_case(case, clients,
-                                                                   args.seconds))}
+                                      "runs": asyncio.run(run_case(
+                                          case, clients, args.seconds, policies, args.trace))}
+    report["load_average_after"] = os.getloadavg()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

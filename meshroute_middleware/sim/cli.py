@@ -9,7 +9,18 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import FULL_SEEDS, QUICK_SEEDS, Cells, bar, execute, markdown, plan, report, summarize
+from .harness import (
+    FULL_SEEDS,
+    POLICIES,
+    QUICK_SEEDS,
+    Cells,
+    bar,
+    execute,
+    markdown,
+    plan,
+    report,
+    summarize,
+)
 from .scenarios import SCENARIOS, by_name
 
 BENCHMARKS = ("learning",)
@@ -33,15 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=None,
                         help=f"seeds per (scenario, policy) (default {FULL_SEEDS}; --quick: "
                              f"{QUICK_SEEDS})")
+    parser.add_argument("--policy", action="append", metavar="NAME", choices=POLICIES[1:],
+                        help="only this policy beside the oracle (repeatable; default: all)")
     parser.add_argument("--workers", type=int, default=0,
                         help="processes (default: 1 with --quick, else the CPU count)")
 
 
 def learning(quick: bool = False, seed: int = 1, scenarios: list[str] | None = None,
-             workers: int = 0, progress: bool = True, seeds: int | None = None) -> Cells:
+             workers: int = 0, progress: bool = True, seeds: int | None = None,
+             policies: list[str] | None = None) -> Cells:
     """Run the learning-quality benchmark: per scenario and policy, the averaged results."""
     chosen = [by_name(n) for n in scenarios] if scenarios else list(SCENARIOS)
-    jobs = plan(quick, seed, chosen, seeds=seeds)
+    names = ("oracle", *policies) if policies else POLICIES
+    jobs = plan(quick, seed, chosen, names, seeds=seeds)
     if workers <= 0:
         workers = 1 if quick else (os.cpu_count() or 1)
     results = execute(jobs, workers, bar() if progress else None)
@@ -54,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else (
         HELD_OUT_SEED if args.held_out else TUNING_SEED)
     try:
-        cells = learning(args.quick, seed, args.scenario, args.workers, seeds=args.seeds)
+        cells = learning(args.quick, seed, args.scenario, args.workers, seeds=args.seeds,
+                         policies=args.policy)
     except KeyError as exc:
         print(f"meshroute bench: {exc.args[0]}", file=sys.stderr)
         return 2

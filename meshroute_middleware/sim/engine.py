@@ -88,13 +88,15 @@ class Trace:
 class Simulator:
     """One scenario run with one policy and one seed."""
 
-    def __init__(self, scenario: Scenario, policy: str, seed: int) -> None:
+    def __init__(self, scenario: Scenario, policy: str, seed: int,
+                 config: RouterConfig | None = None) -> None:
         self.scenario = scenario
         self.seed = seed
         self.now = 0.0
         self.nodes: dict[str, NodeState] = {}
         oracle = OraclePolicy(self) if policy == "oracle" else None
-        self.router = Router(RouterConfig() if oracle else RouterConfig(policy=policy),
+        config = config or RouterConfig()
+        self.router = Router(config if oracle else replace(config, policy=policy),
                              clock=lambda: self.now, rng=random.Random(seed * 7919 + 17),
                              policy=oracle)
         self.requests = _draw_requests(scenario, random.Random(seed))

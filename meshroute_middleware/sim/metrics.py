@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine import Trace
+from .engine import Request, Trace
 
 WINDOW = 50  # decisions per re-convergence window
 CONVERGED_SHARE = 0.8  # share of good decisions in a window that counts as converged
@@ -65,3 +65,29 @@ def measure(trace: Trace, change_points: Sequence[int]) -> RunMetrics:
     failed = sum(trace.failed) / len(trace.failed)
     return RunMetrics(throughput(trace), p95(latencies), failed,
                       reconverge(trace.good, change_points))
+
+
+def route_share(requests: Sequence[Request], nodes: tuple[str, ...], start_s: float,
+                end_s: float) -> float | None:
+    """Share of the requests that arrived in [start_s, end_s) which took the route through
+    `nodes` (None when none arrived)."""
+    sent = [r.nodes == nodes for r in requests if start_s <= r.arrival_s < end_s]
+    return sum(sent) / len(sent) if sent else None
+
+
+def falls_below(requests: Sequence[Request], nodes: tuple[str, ...], after_s: float,
+                level: float, window_s: float = 2.0, min_requests: int = 5) -> float | None:
+    """Seconds after `after_s` until the route's share of the requests that arrived in the
+    trailing `window_s` (only those after `after_s`, at least `min_requests` of them) first
+    falls below `level`; None if it never does."""
+    times = sorted((r.arrival_s, r.nodes == nodes) for r in requests if r.arrival_s >= after_s)
+    lo, took = 0, 0
+    for hi, (t, on_route) in enumerate(times):
+        took += on_route
+        while times[lo][0] <= t - window_s:
+            took -= times[lo][1]
+            lo += 1
+        count = hi - lo + 1
+        if count >= min_requests and took / count < level:
+            return t - after_s
+    return None

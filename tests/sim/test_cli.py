@@ -57,3 +57,11 @@ def test_quick_run_writes_the_report(tmp_path: Path, capsys) -> None:  # type: i
 def test_unknown_scenario_is_an_error(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["bench", "learning", "--quick", "--scenario", "nope"]) == 2
     assert "unknown scenario" in capsys.readouterr().err
+
+
+def test_policy_flag_runs_only_those_beside_the_oracle(tmp_path: Path) -> None:
+    out = tmp_path / "some.json"
+    assert main(["bench", "learning", "--quick", "--scenario", "1", "--policy", "petals",
+                 "--policy", "thompson", "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["scenarios"]["1-two-routes"]
+    assert set(cells) == {"oracle", "petals", "thompson", "default"}
