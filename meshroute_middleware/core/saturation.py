@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # The (knee, slowdown) grid the posterior lives on. Knees: slot counts seen in practice
@@ -51,6 +52,9 @@ MAX_MASS = 200.0  # cap on the decayed sample mass: an EWMA with weight >= 1/201
 OBS_SIGMA = 0.3  # prior per-request noise of log tps, worth PRIOR_SIGMA_MASS samples
 PRIOR_SIGMA_MASS = 2.0
 MIN_SIGMA = 0.05
+# Bins a route's shared summary carries (gossip, issue 14): the heaviest ones. A knee at
+# 1-32 in flight sits within ~4 octaves of bins; 8 keep the shape around the visited ones.
+SUMMARY_BINS = 8
 
 
 def log_g(c: float, knee: float, slowdown: float) -> float:
@@ -235,3 +239,30 @@ class CurveBelief:
     def concurrencies(self) -> list[tuple[float, float, float]]:
         """(mean concurrency, tokens/s, mass) per bin, for display and tests."""
         return sorted((b.c, math.exp(b.mean), b.mass) for b in self.bins.values())
+
+    # -- sharing through gossip (issue 14): a summary of the bins, and a belief built from one --
+    def summary(self, max_bins: int = SUMMARY_BINS) -> tuple[tuple[int, float, float], ...]:
+        """The `max_bins` heaviest bins as (concurrency bin, mass, mean log tps), sorted by
+        bin: what a route's statistics entry carries to other trackers. The mass is the one
+        the fit weighs the bin by (its samples faded by BIN_HALF_LIFE_SAMPLES)."""
+        weighed = [(b.mass * 0.5 ** ((self.samples - b.last) / BIN_HALF_LIFE_SAMPLES), key,
+                    b.mean) for key, b in self.bins.items() if b.mass > 1e-9]
+        heaviest = sorted(weighed, key=lambda w: (-w[0], w[1]))[:max_bins]
+        return tuple(sorted((key, mass, mean) for mass, key, mean in heaviest))
+
+    @classmethod
+    def from_summary(cls, bins: Iterable[tuple[int, float, float]]) -> CurveBelief:
+        """A belief whose samples are a summary's bins (another tracker's, or several merged):
+        the prior of a route this tracker has measured less than its peers. Each bin's
+        spread is taken as OBS_SIGMA (a summary carries none); the mass is capped at
+        MAX_MASS."""
+        kept = [(key, mass, mean) for key, mass, mean in bins if mass > 1e-9]
+        total = sum(mass for _, mass, _ in kept)
+        scale = MAX_MASS / total if total > MAX_MASS else 1.0
+        belief = cls()
+        for key, mass, mean in kept:
+            m = mass * scale
+            belief.bins[key] = _Bin(m, mean, m * OBS_SIGMA * OBS_SIGMA,
+                                    2.0 ** (key / BINS_PER_OCTAVE))
+            belief.mass += m
+        return belief

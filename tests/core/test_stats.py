@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry
 from meshroute_middleware.core.kinds import STALE
-from meshroute_middleware.core.stats import State, decay_factor, merge_view
+from meshroute_middleware.core.stats import (
+    MAX_CURVE_BIN,
+    MAX_CURVE_BINS,
+    State,
+    decay_factor,
+    merge_curves,
+    merge_view,
+)
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -112,10 +119,14 @@ finite = st.floats(-1e6, 1e6, allow_nan=False)
 # Masses are 0 or ≥ 1e-100: 24 h of decay is 2^-144 ≈ 4e-44 and pruning comes then; subnormal
 # masses would only measure the exact merge's own rounding.
 masses = st.one_of(st.just(0.0), st.floats(1e-100, 100))
+# Curve summaries as the wire admits them (finite, bins ascending); mostly none.
+curves = st.one_of(st.none(), st.lists(
+    st.tuples(st.integers(0, MAX_CURVE_BIN), st.floats(0, 200), st.floats(-13, 13)),
+    min_size=1, max_size=MAX_CURVE_BINS, unique_by=lambda b: b[0]).map(lambda c: tuple(sorted(c))))
 entries = st.builds(StatEntry, value=st.floats(0, 1e4), mass=masses,
                     t=st.floats(T0 - 5000, T0 + 5000), ttfb_s=st.floats(0, 10),
                     ok=st.floats(0, 100), fail=st.floats(0, 100), count=st.integers(0, 50),
-                    last_error=st.sampled_from(["", "timeout", "connect"]))
+                    last_error=st.sampled_from(["", "timeout", "connect"]), curve=curves)
 states = st.dictionaries(st.tuples(st.sampled_from("mn"), st.sampled_from(["r1", "r2", "r3"])),
                          st.dictionaries(st.sampled_from(["x", "y", "z"]), entries, max_size=3),
                          max_size=4)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ..kinds import DECAYED, PROVEN, STALE
-from ..saturation import CURVES, CurveBelief, g_at
-from ..stats import HALF_LIFE_S, LN2, decay_factor
+from ..saturation import CURVES, REFIT_SHARE, CurveBelief, g_at
+from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
 from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
 
 if TYPE_CHECKING:
@@ -141,6 +141,14 @@ def _reliability(ok: float, fail: float, rng: random.Random) -> float:
     return p
 
 
+def _alike(a: Curve, b: Curve) -> bool:
+    """Same bins, total mass within REFIT_SHARE: a fitted prior need not be redone."""
+    if len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b, strict=True)):
+        return False
+    ma, mb = sum(x[1] for x in a), sum(x[1] for x in b)
+    return abs(ma - mb) <= REFIT_SHARE * max(ma, mb)
+
+
 def gain(s1: float, curve: int, in_flight: int) -> float:
     """A request's own tokens/s on a route running `in_flight` others (saturation curve
     `CURVES[curve]`), minus NEIGHBOUR_WEIGHT × the tokens/s those others lose."""
@@ -165,6 +173,8 @@ class ThompsonPolicy:
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
         self._outcomes: dict[str, int] = {}
+        # Per route, the peers' merged curve summaries (gossip) and the belief fitted to them.
+        self._priors: dict[str, tuple[Curve, CurveBelief]] = {}
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> ThompsonPolicy:
@@ -229,7 +239,13 @@ class ThompsonPolicy:
             ok, fail = belief.ok * r, belief.fail * r
         else:
             mu, sd = self._shared_prior(arm)
-            j = rng.randrange(len(CURVES)) if n else 0
+            prior = self._shared_curve(arm)
+            if prior is None:
+                j = rng.randrange(len(CURVES)) if n else 0
+            else:  # the peers' curve: their knee, and the speed at one request it implies
+                _, mus, best = prior.fit()
+                j = prior.draw(rng) if n else best
+                mu = mus[j]
             log_s1 = mu + sd * rng.gauss(0.0, 1.0)
             if belief is None:
                 ok, fail = arm.view.ok, arm.view.fail
@@ -250,6 +266,29 @@ class ThompsonPolicy:
             mass = min(max(view.mass, 1.0), 200.0) if fresh else 1.0
             return math.log(view.tps), OBS_SIGMA / math.sqrt(mass)
         return math.log(max(arm.prior_tps, 1e-6)), PRIOR_SIGMA
+
+    def _shared_curve(self, arm: Arm) -> CurveBelief | None:
+        """The belief fitted to the origins' merged curve summaries (None if none shares
+        one); refitted when the bins change or their mass by more than REFIT_SHARE."""
+        curve = arm.curve
+        if not curve:
+            return None
+        cached = self._priors.get(arm.route.signature)
+        if cached is not None and (cached[0] is curve or _alike(cached[0], curve)):
+            return cached[1]
+        if len(self._priors) >= MAX_TRACKED:
+            self._priors.clear()
+        prior = CurveBelief.from_summary(curve)
+        self._priors[arm.route.signature] = (curve, prior)
+        return prior
+
+    def curve_summary(self, signature: str) -> Curve | None:
+        """This tracker's curve of one route as its statistics entry shares it (gossip);
+        None before its first tps sample."""
+        belief = self._beliefs.get(signature)
+        if belief is None or belief.curve.mass <= 0.0:
+            return None
+        return belief.curve.summary()
 
     def observe(self, signature: str, outcome: Outcome, now: float) -> None:
         """Learn from a finished request: a tps sample at its concurrency, or a success or
