@@ -242,13 +242,20 @@ class CurveBelief:
 
     # -- sharing through gossip (issue 14): a summary of the bins, and a belief built from one --
     def summary(self, max_bins: int = SUMMARY_BINS) -> tuple[tuple[int, float, float], ...]:
-        """The `max_bins` heaviest bins as (concurrency bin, mass, mean log tps), sorted by
-        bin: what a route's statistics entry carries to other trackers. The mass is the one
-        the fit weighs the bin by (its samples faded by BIN_HALF_LIFE_SAMPLES)."""
-        weighed = [(b.mass * 0.5 ** ((self.samples - b.last) / BIN_HALF_LIFE_SAMPLES), key,
-                    b.mean) for key, b in self.bins.items() if b.mass > 1e-9]
-        heaviest = sorted(weighed, key=lambda w: (-w[0], w[1]))[:max_bins]
-        return tuple(sorted((key, mass, mean) for mass, key, mean in heaviest))
+        """The bins as at most `max_bins` (concurrency bin, mass, mean log tps), ascending:
+        what a route's statistics entry carries to other trackers. The mass is the one the
+        fit weighs the bin by (faded by BIN_HALF_LIFE_SAMPLES). Past `max_bins`, adjacent
+        bins are merged (mass-weighted), closest and lightest first (Ward's criterion,
+        m1·m2/(m1 + m2)·Δbin²): the sparse low concurrencies, where the speed alone and
+        the knee are read, survive longest."""
+        out = sorted((key, b.mass * 0.5 ** ((self.samples - b.last) / BIN_HALF_LIFE_SAMPLES),
+                      b.mean) for key, b in self.bins.items() if b.mass > 1e-9)
+        while len(out) > max_bins:
+            i = min(range(len(out) - 1), key=lambda k: _ward(out[k], out[k + 1]))
+            (k1, m1, x1), (k2, m2, x2) = out[i], out[i + 1]
+            m = m1 + m2
+            out[i:i + 2] = [(round((k1 * m1 + k2 * m2) / m), m, (x1 * m1 + x2 * m2) / m)]
+        return tuple(out)
 
     @classmethod
     def from_summary(cls, bins: Iterable[tuple[int, float, float]]) -> CurveBelief:
@@ -266,3 +273,8 @@ class CurveBelief:
                                     2.0 ** (key / BINS_PER_OCTAVE))
             belief.mass += m
         return belief
+
+
+def _ward(a: tuple[int, float, float], b: tuple[int, float, float]) -> float:
+    """What merging two bins costs: m1·m2 / (m1 + m2) · (bin distance)²."""
+    return a[1] * b[1] / (a[1] + b[1]) * (b[0] - a[0]) ** 2

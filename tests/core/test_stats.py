@@ -203,3 +203,68 @@ def test_cached_view_equals_the_exact_merge(origins: dict[str, StatEntry], now: 
             assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
         else:
             assert got == want
+
+
+# -- curve summaries (issue 14) ----------------------------------------------------------------
+
+CURVE_A = ((0, 4.0, math.log(100.0)), (4, 2.0, math.log(50.0)))
+CURVE_B = ((0, 2.0, math.log(80.0)), (8, 1.0, math.log(20.0)))
+
+
+def test_an_entry_keeps_its_curve_until_its_origin_writes_a_new_one() -> None:
+    store = RouteStatsStore("me", H)
+    entry = store.record_sample(*KEY, 10.0, 0.1, T0, curve=CURVE_A)
+    assert entry.curve == CURVE_A
+    assert store.record_sample(*KEY, 10.0, 0.1, T0 + 1).curve == CURVE_A  # none given: kept
+    assert store.record_success(*KEY, T0 + 2).curve == CURVE_A
+    assert store.record_failure(*KEY, "timeout", T0 + 3).curve == CURVE_A
+    assert store.record_sample(*KEY, 10.0, 0.1, T0 + 4, curve=CURVE_B).curve == CURVE_B
+    assert entry.decayed(T0 + H, H).curve == CURVE_A  # masses of the curve decay at merge
+    # measured under an older topology: the curve goes with the tps
+    assert store.record_success(*KEY, T0 + 5, changed_at=T0 + 5).curve is None
+
+
+def test_of_two_copies_of_one_write_the_one_with_its_curve_wins() -> None:
+    bare = StatEntry(10.0, 1.0, T0, count=1)
+    curved = bare._replace(curve=CURVE_A)
+    for first, second in ((bare, curved), (curved, bare)):
+        store = RouteStatsStore("me", H)
+        store.merge({KEY: {"peer": first}})
+        store.merge({KEY: {"peer": second}})
+        assert store.entries(*KEY)["peer"] == curved
+    store = RouteStatsStore("me", H)  # different curves of one write: a total order decides
+    store.merge({KEY: {"peer": bare._replace(curve=CURVE_B)}})
+    assert store.merge({KEY: {"peer": curved}}) == 1  # CURVE_A > CURVE_B
+    assert store.merge({KEY: {"peer": bare._replace(curve=CURVE_B)}}) == 0
+
+
+def test_curves_merge_over_fresh_origins_by_decayed_mass() -> None:
+    x = StatEntry(10.0, 1.0, T0, count=1, curve=CURVE_A)
+    y = StatEntry(10.0, 1.0, T0 - H, count=1, curve=CURVE_B)  # half its mass left at T0
+    old = StatEntry(10.0, 1.0, T0 - 10 * H, count=1, curve=((0, 9.0, 0.0),))
+    merged = merge_curves([x, y, old, StatEntry(10.0, 1.0, T0, count=1)], T0,
+                          changed_at=T0 - 5 * H, half_life_s=H)
+    m0 = 4.0 + 2.0 * 0.5
+    assert [b for b, _, _ in merged] == [0, 4, 8]
+    assert merged[0][1] == pytest.approx(m0)
+    assert merged[0][2] == pytest.approx((4.0 * math.log(100) + 1.0 * math.log(80)) / m0)
+    assert merged[1] == pytest.approx((4, 2.0, math.log(50.0)))
+    assert merged[2] == pytest.approx((8, 0.5, math.log(20.0)))
+    store = RouteStatsStore("me", H)
+    store.merge({KEY: {"x": x, "y": y, "old": old}})
+    route = store.merged(*KEY, changed_at=T0 - 5 * H)
+    assert route is not None
+    assert [list(b) for b in route.curve] == [pytest.approx(list(b)) for b in merged]
+    assert merge_curves([StatEntry(count=1)], T0, float("-inf"), H) == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(states, states)
+def test_the_merged_curve_does_not_depend_on_the_order_of_merges(a: State, b: State) -> None:
+    def curves(*parts: State) -> dict[tuple[str, str], object]:
+        store = RouteStatsStore("self", H)
+        for part in parts:
+            store.merge(part)
+        return {key: route.curve for key in store.state()
+                if (route := store.merged(*key)) is not None}
+    assert curves(a, b) == curves(b, a) == curves(a, b, a)
