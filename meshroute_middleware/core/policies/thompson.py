@@ -72,6 +72,9 @@ MAX_TRACKED = 4096  # arms kept before old ones are pruned
 # seeds 1-2): 1 gives up latency under open-loop load (scenario 5 p95 +40 %), 0 overloads a
 # saturating batch (scenario 10: 0.89 of the oracle against 0.99).
 NEIGHBOUR_WEIGHT = 0.5
+# A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
+# at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
+PRIOR_REFIT_LOG = 0.02
 
 
 @dataclass(slots=True)
@@ -143,9 +146,13 @@ def _reliability(ok: float, fail: float, rng: random.Random) -> float:
 
 
 def _alike(a: Curve, b: Curve) -> bool:
-    """Same bins, total mass within REFIT_SHARE: a fitted prior need not be redone."""
-    if len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b, strict=True)):
+    """Same bins, total mass within REFIT_SHARE, every bin's speed within PRIOR_REFIT_LOG:
+    a prior fitted to `a` need not be redone for `b`."""
+    if len(a) != len(b):
         return False
+    for x, y in zip(a, b, strict=True):
+        if x[0] != y[0] or abs(x[2] - y[2]) > PRIOR_REFIT_LOG:
+            return False
     ma, mb = sum(x[1] for x in a), sum(x[1] for x in b)
     return abs(ma - mb) <= REFIT_SHARE * max(ma, mb)
 

@@ -306,3 +306,13 @@ def test_a_peers_curve_leads_once_it_outweighs_our_own_samples() -> None:
     arms = [peer_arm("a", 81.0, 30.0, SERIAL, in_flight=1, own=own),
             peer_arm("b", 60.0, 20.0, ROOMY)]
     assert shares(policy, arms)[1] >= 0.99  # the peer's 30 samples lead: a is serial
+
+
+def test_a_peers_curve_is_refitted_when_its_speed_moves_at_the_mass_cap() -> None:
+    policy = ThompsonPolicy()
+    roomy = [peer_arm("a", 81.0, 30.0, SERIAL, in_flight=1), peer_arm("b", 60.0, 20.0, ROOMY)]
+    assert shares(policy, roomy)[1] >= 0.99
+    # the same bins and masses, b now 20 tok/s at every concurrency: a's second slot (~25,
+    # less half of what the first loses) is worth more than b
+    slow = tuple((k, m, math.log(20.0)) for k, m, _ in ROOMY)
+    assert shares(policy, [roomy[0], peer_arm("b", 20.0, 20.0, slow)])[0] >= 0.9
