@@ -52,8 +52,8 @@ MAX_MASS = 200.0  # cap on the decayed sample mass: an EWMA with weight >= 1/201
 OBS_SIGMA = 0.3  # prior per-request noise of log tps, worth PRIOR_SIGMA_MASS samples
 PRIOR_SIGMA_MASS = 2.0
 MIN_SIGMA = 0.05
-# Bins a route's shared summary carries (gossip, issue 14): the heaviest ones. A knee at
-# 1-32 in flight sits within ~4 octaves of bins; 8 keep the shape around the visited ones.
+# Bins a route's shared summary carries at most (gossip, issue 14; more are merged, see
+# `CurveBelief.summary`): 1-32 in flight span 20 bins, of which a route visits a few.
 SUMMARY_BINS = 8
 
 

@@ -277,7 +277,7 @@ class ThompsonPolicy:
 
     def _shared_curve(self, arm: Arm) -> CurveBelief | None:
         """The belief fitted to the origins' merged curve summaries (None if none shares
-        one); refitted when the bins change or their mass by more than REFIT_SHARE."""
+        one); refitted unless `_alike` the one it was fitted to."""
         curve = arm.curve
         if not curve:
             return None
