@@ -59,8 +59,8 @@ MAX_FRAME_BYTES = 1024 * 1024  # bounds memory per message; a full delta is ~160
 MAX_COUNT = 2**53  # counts stay exact as floats
 MAX_MASS = 1e9  # decayed weights: ~1.4 million samples/s sustained over a 600 s half-life
 MAX_TTFB_S = 3600.0  # no first byte is awaited for an hour
-# Mean log tokens/s of a curve bin: a sample's tps is capped at MAX_TPS; its floor allows a
-# request of a few tokens that took days.
+# Mean log tokens/s of a curve bin: a sample's tps is capped at MAX_TPS; the floor, 1e-6
+# tok/s, is 8 tokens over three months.
 MAX_LOG_TPS = math.log(MAX_TPS)
 MIN_LOG_TPS = -MAX_LOG_TPS
 REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused

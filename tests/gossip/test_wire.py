@@ -213,9 +213,12 @@ leaves = hs.recursive(scalars,
                       | hs.dictionaries(hs.text(max_size=4), inner, max_size=4), max_leaves=30)
 
 
-shaped = hs.fixed_dictionaries({"e": hs.dictionaries(hs.text(max_size=3), hs.dictionaries(
+nested = hs.dictionaries(hs.text(max_size=3), hs.dictionaries(
     hs.text(max_size=3), hs.dictionaries(hs.text(max_size=3), leaves, max_size=2), max_size=2),
-    max_size=2), "c": leaves, "d": leaves | hs.fixed_dictionaries({"v": leaves, "c": leaves})})
+    max_size=2)
+shaped = hs.fixed_dictionaries(
+    {"e": nested, "c": leaves, "d": leaves | hs.fixed_dictionaries({"v": leaves, "c": leaves})},
+    optional={"k": nested | leaves})  # curve summaries (issue 14)
 
 
 @settings(max_examples=300)
