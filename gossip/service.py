@@ -38,6 +38,7 @@ from . import state as st
 from .peers import Membership, parse_address
 from .transport import Address, TcpTransport, Transport
 from .wire import (
+    INVALID_CURVE,
     INVALID_ENTRY,
     Ack,
     Challenges,
@@ -333,6 +334,10 @@ class GossipService:
             self.counters.refuse_entries(INVALID_ENTRY, message.refused)
             self._log(logging.WARNING, INVALID_ENTRY, "refused %d out-of-range item(s) from %s",
                       message.refused, message.sender)
+        if message.refused_curves:
+            self.counters.refuse_entries(INVALID_CURVE, message.refused_curves)
+            self._log(logging.WARNING, INVALID_CURVE, "refused %d entr(y/ies) with a bad curve "
+                      "summary from %s", message.refused_curves, message.sender)
         return message
 
     def _note(self, digest: st.Digest, sender: str) -> None:

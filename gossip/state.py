@@ -91,9 +91,14 @@ class ApplyResult:
 
 
 def fingerprint(entry: StatEntry) -> int:
-    """A 32-bit fingerprint of an entry's contents, the same in every process."""
-    text = repr((entry.value, entry.mass, entry.t, entry.ttfb_s, entry.ok, entry.fail,
-                 entry.count, entry.last_error))
+    """A 32-bit fingerprint of an entry's contents, the same in every process; an entry's
+    curve summary counts when it has one (so two copies of one write that differ only in
+    their curve are exchanged and converge), and an entry without one fingerprints as
+    before curves existed. Cost: a tracker that predates curves holds its copy without the
+    curve, so it and a newer peer re-send that entry each round until it is upgraded."""
+    fields = (entry.value, entry.mass, entry.t, entry.ttfb_s, entry.ok, entry.fail,
+              entry.count, entry.last_error)
+    text = repr(fields if entry.curve is None else (*fields, entry.curve))
     return zlib.crc32(text.encode())
 
 

@@ -18,6 +18,15 @@ A fault in the frame's structure refuses the frame (a `GossipError` subclass); a
 entry, digest version or change time whose values are out of range refuses only that item,
 counted in `Message.refused` under `invalid_entry`. `sendable` applies the very same entry check
 before an entry is put on the wire, so a peer never refuses what we send.
+
+An entry's saturation-curve summary (issue 14) travels beside the entries, in the delta body's
+optional map `k` ({model: {signature: {origin: [[bin, mass, mean log tps], ...]}}}), so a
+version 2 decoder that predates it ignores it (a body's unknown keys are skipped) and still
+takes the entry, whose 8-field leaf is unchanged: no version bump. A curve is checked as
+strictly as an entry (at most `MAX_CURVE_BINS` bins, strictly ascending in
+0..`MAX_CURVE_BIN`, masses finite and >= 0, means finite and within the log of the tokens/s
+bounds); a bad one, or one naming no entry of the delta, refuses its entry too, counted in
+`Message.refused_curves` (`invalid_curve`). We only put on the wire curves that pass the check.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from meshroute_middleware.core.contracts.limits import (
     MAX_SIGNATURE_CHARS,
     MAX_TPS,
 )
-from meshroute_middleware.core.stats import StatEntry
+from meshroute_middleware.core.stats import MAX_CURVE_BIN, MAX_CURVE_BINS, Curve, StatEntry
 
 from . import errors as err
 from . import state as st
@@ -50,6 +59,10 @@ MAX_FRAME_BYTES = 1024 * 1024  # bounds memory per message; a full delta is ~160
 MAX_COUNT = 2**53  # counts stay exact as floats
 MAX_MASS = 1e9  # decayed weights: ~1.4 million samples/s sustained over a 600 s half-life
 MAX_TTFB_S = 3600.0  # no first byte is awaited for an hour
+# Mean log tokens/s of a curve bin: a sample's tps is capped at MAX_TPS; the floor, 1e-6
+# tok/s, is 8 tokens over three months.
+MAX_LOG_TPS = math.log(MAX_TPS)
+MIN_LOG_TPS = -MAX_LOG_TPS
 REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused
 MAX_REPLAY_TAGS = 65_536  # tags remembered for duplicate detection (oldest evicted first)
 TAG_BYTES = 32  # HMAC-SHA256
@@ -78,6 +91,7 @@ _BODY_TYPE: dict[MessageType, type] = {MessageType.DIGEST: st.Digest,
 
 
 INVALID_ENTRY = "invalid_entry"  # counter label of an item refused for its values
+INVALID_CURVE = "invalid_curve"  # an entry refused for its curve summary's values
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +106,7 @@ class Message:
     nonce: int = 0
     reply_to: int = 0
     refused: int = 0
+    refused_curves: int = 0  # entries dropped for a bad curve summary (or a curve alone)
 
 
 def new_nonce() -> int:
@@ -117,14 +132,23 @@ def _entry_obj(e: StatEntry) -> list[Any]:
     return [e.value, e.mass, e.t, e.ttfb_s, e.ok, e.fail, e.count, e.last_error]
 
 
+def _curve_obj(curve: Curve) -> list[list[Any]]:
+    return [[key, mass, mean] for key, mass, mean in curve]
+
+
 def _body_obj(body: Body) -> dict[str, Any]:
     if isinstance(body, st.Digest):
         return _digest_obj(body)
     if isinstance(body, st.Delta):
         entries = {k: _entry_obj(e) for k, e in body.entries.items()}
+        curves = {k: _curve_obj(e.curve) for k, e in body.entries.items()
+                  if e.curve and curve_sendable(e.curve)}
         digest = None if body.digest is None else _digest_obj(body.digest)
-        return {"e": _nest(entries), "c": dict(body.changes), "d": digest,
-                "f": dict(body.shapes)}
+        obj = {"e": _nest(entries), "c": dict(body.changes), "d": digest,
+               "f": dict(body.shapes)}
+        if curves:  # only then: a delta without curves is byte for byte what it was
+            obj["k"] = _nest(curves)
+        return obj
     return {"n": body.applied}
 
 
@@ -191,6 +215,7 @@ class _Refused:
 
     def __init__(self) -> None:
         self.n = 0
+        self.curves = 0
 
 
 def _changes(obj: Any, refused: _Refused) -> dict[str, float]:
@@ -243,6 +268,43 @@ def _entry(leaf: Any) -> StatEntry:
     return StatEntry(value, mass, t, ttfb, ok, fail, _int(leaf[6], "count", MAX_COUNT), error)
 
 
+def _curve(leaf: Any) -> Curve:
+    if not isinstance(leaf, list) or not 1 <= len(leaf) <= MAX_CURVE_BINS:
+        raise _fail(f"a curve must be a list of 1..{MAX_CURVE_BINS} bins")
+    out: list[tuple[int, float, float]] = []
+    for point in leaf:
+        if not isinstance(point, list) or len(point) != 3:
+            raise _fail("a curve bin must be [bin, mass, mean log tps]")
+        key = _int(point[0], "curve bin", MAX_CURVE_BIN)
+        if out and key <= out[-1][0]:
+            raise _fail("curve bins must be strictly ascending")
+        out.append((key, _number(point[1], "curve mass", 0.0, MAX_MASS),
+                    _number(point[2], "curve mean", MIN_LOG_TPS, MAX_LOG_TPS)))
+    return tuple(out)
+
+
+def _with_curves(entries: dict[st.EntryKey, StatEntry], obj: Any,
+                 refused: _Refused) -> dict[st.EntryKey, StatEntry]:
+    """Attach each curve to its entry; a bad curve drops its entry, a curve without an
+    entry is dropped, both counted in `refused.curves`."""
+    if obj is None:
+        return entries
+    pairs = _walk(obj, "curves")
+    _bounded(pairs, st.MAX_ENTRIES_PER_MESSAGE)
+    for key, leaf in pairs:
+        entry = entries.get(key)
+        try:
+            curve = _curve(leaf)
+        except err.MalformedMessage:
+            curve = None
+        if entry is None or curve is None:
+            refused.curves += 1
+            entries.pop(key, None)
+        else:
+            entries[key] = entry._replace(curve=curve)
+    return entries
+
+
 def _bounded(pairs: list[tuple[st.EntryKey, Any]], max_entries: int) -> None:
     if len(pairs) > max_entries:
         raise _fail(f"more than {max_entries} entries")
@@ -274,7 +336,8 @@ def _delta(obj: dict[Any, Any], refused: _Refused) -> st.Delta:
     pairs = _walk(obj.get("e"), "entries")
     _bounded(pairs, st.MAX_ENTRIES_PER_MESSAGE)
     digest = None if obj.get("d") is None else _digest(obj.get("d"), refused)
-    return st.Delta(_each(pairs, _entry, refused), _changes(obj.get("c"), refused), digest,
+    entries = _with_curves(_each(pairs, _entry, refused), obj.get("k"), refused)
+    return st.Delta(entries, _changes(obj.get("c"), refused), digest,
                     _shapes(obj.get("f"), refused))
 
 
@@ -290,6 +353,15 @@ def sendable(entry: StatEntry) -> bool:
     """Whether a peer's decoder would accept this entry (the same check, on our side)."""
     try:
         _entry(_entry_obj(entry))
+    except err.MalformedMessage:
+        return False
+    return True
+
+
+def curve_sendable(curve: Curve) -> bool:
+    """Whether a peer's decoder would accept this curve summary (the same check)."""
+    try:
+        _curve(_curve_obj(curve))
     except err.MalformedMessage:
         return False
     return True
@@ -407,7 +479,8 @@ class WireCodec:
                       max_map_len=st.MAX_DIGEST_ENTRIES)
         refused = _Refused()
         body = _body(kind, obj, refused)
-        return Message(kind, sender, sent_at, body, len(data), nonce, reply_to, refused.n)
+        return Message(kind, sender, sent_at, body, len(data), nonce, reply_to, refused.n,
+                       refused.curves)
 
     def _authenticate(self, header: list[Any], payload: bytes, tag: Any, now: float) -> None:
         if self.secret is None:

@@ -213,7 +213,9 @@ class Router:
             return SUCCESS
         seconds = outcome.seconds
         ttfb_s = outcome.ttfb_s if 0 <= outcome.ttfb_s <= seconds else seconds
-        self.stats.record_sample(model, sig, tps, ttfb_s, now, changed_at)
+        summary = getattr(self.policy, "curve_summary", None)  # shared through gossip
+        curve = summary(sig) if summary is not None else None
+        self.stats.record_sample(model, sig, tps, ttfb_s, now, changed_at, curve)
         return SAMPLE
 
     def gaps(self, model: str) -> dict[str, str]:

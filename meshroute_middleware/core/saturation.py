@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # The (knee, slowdown) grid the posterior lives on. Knees: slot counts seen in practice
@@ -51,6 +52,9 @@ MAX_MASS = 200.0  # cap on the decayed sample mass: an EWMA with weight >= 1/201
 OBS_SIGMA = 0.3  # prior per-request noise of log tps, worth PRIOR_SIGMA_MASS samples
 PRIOR_SIGMA_MASS = 2.0
 MIN_SIGMA = 0.05
+# Bins a route's shared summary carries at most (gossip, issue 14; more are merged, see
+# `CurveBelief.summary`): 1-32 in flight span 20 bins, of which a route visits a few.
+SUMMARY_BINS = 8
 
 
 def log_g(c: float, knee: float, slowdown: float) -> float:
@@ -235,3 +239,42 @@ class CurveBelief:
     def concurrencies(self) -> list[tuple[float, float, float]]:
         """(mean concurrency, tokens/s, mass) per bin, for display and tests."""
         return sorted((b.c, math.exp(b.mean), b.mass) for b in self.bins.values())
+
+    # -- sharing through gossip (issue 14): a summary of the bins, and a belief built from one --
+    def summary(self, max_bins: int = SUMMARY_BINS) -> tuple[tuple[int, float, float], ...]:
+        """The bins as at most `max_bins` (concurrency bin, mass, mean log tps), ascending:
+        what a route's statistics entry carries to other trackers. The mass is the one the
+        fit weighs the bin by (faded by BIN_HALF_LIFE_SAMPLES). Past `max_bins`, adjacent
+        bins are merged (mass-weighted), closest and lightest first (Ward's criterion,
+        m1·m2/(m1 + m2)·Δbin²): the sparse low concurrencies, where the speed alone and
+        the knee are read, survive longest."""
+        out = sorted((key, b.mass * 0.5 ** ((self.samples - b.last) / BIN_HALF_LIFE_SAMPLES),
+                      b.mean) for key, b in self.bins.items() if b.mass > 1e-9)
+        while len(out) > max_bins:
+            i = min(range(len(out) - 1), key=lambda k: _ward(out[k], out[k + 1]))
+            (k1, m1, x1), (k2, m2, x2) = out[i], out[i + 1]
+            m = m1 + m2
+            out[i:i + 2] = [(round((k1 * m1 + k2 * m2) / m), m, (x1 * m1 + x2 * m2) / m)]
+        return tuple(out)
+
+    @classmethod
+    def from_summary(cls, bins: Iterable[tuple[int, float, float]]) -> CurveBelief:
+        """A belief whose samples are a summary's bins (another tracker's, or several merged):
+        the prior of a route this tracker has measured less than its peers. Each bin's
+        spread is taken as OBS_SIGMA (a summary carries none); the mass is capped at
+        MAX_MASS."""
+        kept = [(key, mass, mean) for key, mass, mean in bins if mass > 1e-9]
+        total = sum(mass for _, mass, _ in kept)
+        scale = MAX_MASS / total if total > MAX_MASS else 1.0
+        belief = cls()
+        for key, mass, mean in kept:
+            m = mass * scale
+            belief.bins[key] = _Bin(m, mean, m * OBS_SIGMA * OBS_SIGMA,
+                                    2.0 ** (key / BINS_PER_OCTAVE))
+            belief.mass += m
+        return belief
+
+
+def _ward(a: tuple[int, float, float], b: tuple[int, float, float]) -> float:
+    """What merging two bins costs: m1·m2 / (m1 + m2) · (bin distance)²."""
+    return a[1] * b[1] / (a[1] + b[1]) * (b[0] - a[0]) ** 2

@@ -20,6 +20,13 @@ HALF_LIFE_S = 600.0  # ADR-0021 default
 DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
 PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
 MAX_NOTED_ORIGINS = 1024  # origins' change stamps kept per model (gossip's origins per route)
+# An origin's saturation-curve summary (issue 14): (concurrency bin, decayed mass, mean log
+# tokens/s) per bin, bins strictly ascending, at most MAX_CURVE_BINS of them (the policy's
+# `saturation.SUMMARY_BINS` heaviest). A bin is round(4 · log2(concurrency)).
+CurveBin = tuple[int, float, float]
+Curve = tuple[CurveBin, ...]
+MAX_CURVE_BINS = 8
+MAX_CURVE_BIN = 80  # 4 bins an octave: 2**20 requests in flight
 
 
 
@@ -45,43 +52,52 @@ class StatEntry(NamedTuple):
     fail: float = 0.0  # decayed failures
     count: int = 0  # type: ignore[assignment]  # tps samples ever taken into this entry
     last_error: str = ""
+    # The origin's saturation curve as of `t` (None: none shared). Written by the origin with
+    # the entry and replaced with it (last-writer-wins); masses decay like `mass`.
+    curve: Curve | None = None
 
     def decayed(self, now: float, half_life_s: float) -> StatEntry:
         """The entry as seen at `now`: masses and counts decayed, t unchanged."""
         d = decay_factor(now - self.t, half_life_s)
         return StatEntry(self.value, self.mass * d, self.t, self.ttfb_s, self.ok * d,
-                         self.fail * d, self.count, self.last_error)
+                         self.fail * d, self.count, self.last_error, self.curve)
 
-    def with_sample(self, tps: float, ttfb_s: float, now: float, half_life_s: float) -> StatEntry:
-        """Add one successful tps sample: m' = m·d + 1, v' = (v·m·d + x) / m'."""
+    def with_sample(self, tps: float, ttfb_s: float, now: float, half_life_s: float,
+                    curve: Curve | None = None) -> StatEntry:
+        """Add one successful tps sample: m' = m·d + 1, v' = (v·m·d + x) / m'; `curve`, when
+        given, replaces the entry's curve summary."""
         d = decay_factor(now - self.t, half_life_s)
         md = self.mass * d
         mass = md + 1.0
         return StatEntry((self.value * md + tps) / mass, mass, max(now, self.t),
                          (self.ttfb_s * md + ttfb_s) / mass, self.ok * d + 1.0, self.fail * d,
-                         self.count + 1, self.last_error)
+                         self.count + 1, self.last_error, self.curve if curve is None else curve)
 
     def with_success(self, now: float, half_life_s: float) -> StatEntry:
         """A success that carries no tps sample (too few tokens)."""
         d = decay_factor(now - self.t, half_life_s)
         return StatEntry(self.value, self.mass * d, max(now, self.t), self.ttfb_s,
-                         self.ok * d + 1.0, self.fail * d, self.count, self.last_error)
+                         self.ok * d + 1.0, self.fail * d, self.count, self.last_error,
+                         self.curve)
 
     def with_failure(self, error: str, now: float, half_life_s: float) -> StatEntry:
         """A failed request: a reliability sample, never a tps sample."""
         d = decay_factor(now - self.t, half_life_s)
         return StatEntry(self.value, self.mass * d, max(now, self.t), self.ttfb_s, self.ok * d,
-                         self.fail * d + 1.0, self.count, error[:MAX_ERROR_CHARS])
+                         self.fail * d + 1.0, self.count, error[:MAX_ERROR_CHARS], self.curve)
 
     def reset_tps(self) -> StatEntry:
-        """Forget the tps part (measured under an older topology); keep reliability."""
+        """Forget the tps part (measured under an older topology), its curve too; keep
+        reliability."""
         return StatEntry(0.0, 0.0, self.t, 0.0, self.ok, self.fail, 0, self.last_error)
 
 
 def newer(a: StatEntry, b: StatEntry) -> StatEntry:
-    """Last-writer-wins with a total order on ties, so merging is commutative."""
-    ka = (a.t, a.mass, a.value, a.count, a.ok, a.fail, a.ttfb_s, a.last_error)
-    kb = (b.t, b.mass, b.value, b.count, b.ok, b.fail, b.ttfb_s, b.last_error)
+    """Last-writer-wins with a total order on ties, so merging is commutative. The curve
+    comes last: of two copies of one write, the one that kept its curve (one relayed by a
+    tracker that does not know curves lost it) wins."""
+    ka = (a.t, a.mass, a.value, a.count, a.ok, a.fail, a.ttfb_s, a.last_error, a.curve or ())
+    kb = (b.t, b.mass, b.value, b.count, b.ok, b.fail, b.ttfb_s, b.last_error, b.curve or ())
     return a if ka >= kb else b
 
 
@@ -176,6 +192,26 @@ def merge_view(entries: Iterable[StatEntry], now: float, changed_at: float,
     return RouteView(None, 0.0, None, ok, fail, 0, UNSAMPLED, origins, last_error)
 
 
+def merge_curves(entries: Iterable[StatEntry], now: float, changed_at: float,
+                 half_life_s: float, cuts: Cuts | None = None) -> Curve:
+    """The origins' curve summaries merged at `now` as their means are: per bin, each mass
+    decayed to `now` (like the entry's), mean = Σ m·mean / Σ m, mass = Σ m. Only origins
+    measured since the model's last topology change count; bins ascending, possibly more
+    than MAX_CURVE_BINS (origins may have visited different concurrencies). `cuts`, when
+    given, holds each entry's own change time, as in `stale_route`."""
+    acc: dict[int, tuple[float, float]] = {}
+    for i, e in enumerate(entries):
+        if not e.curve or measured_before(e, changed_at if cuts is None else cuts[i]):
+            continue
+        d = decay_factor(now - e.t, half_life_s)
+        for key, mass, mean in e.curve:
+            m = mass * d
+            total, weighted = acc.get(key, (0.0, 0.0))
+            acc[key] = (total + m, weighted + m * mean)
+    return tuple((key, total, weighted / total)
+                 for key, (total, weighted) in sorted(acc.items()) if total > 0)
+
+
 class MergedRoute:
     """The origins of one route merged once at their newest time `t_ref`.
 
@@ -186,8 +222,8 @@ class MergedRoute:
     needs only `origins` and `stale`, which no merge is needed to tell.
     """
 
-    __slots__ = ("_ref", "changed_at", "cuts", "entries", "half_life_s", "origins", "stale",
-                 "t_ref")
+    __slots__ = ("_curve", "_ref", "changed_at", "cuts", "entries", "half_life_s", "origins",
+                 "stale", "t_ref")
 
     def __init__(self, entries: tuple[StatEntry, ...], changed_at: float,
                  half_life_s: float, cuts: Cuts | None = None) -> None:
@@ -197,6 +233,7 @@ class MergedRoute:
         self.half_life_s = half_life_s
         self.origins = len(entries)
         self._ref: RouteView | None = None
+        self._curve: Curve | None = None
         self.t_ref = max(e.t for e in entries)
         self.stale = stale_route(entries, changed_at, cuts)
 
@@ -207,6 +244,15 @@ class MergedRoute:
             self._ref = merge_view(self.entries, self.t_ref, self.changed_at, self.half_life_s,
                                    self.cuts)
         return self._ref
+
+    @property
+    def curve(self) -> Curve:
+        """The origins' curve summaries merged at `t_ref` (empty if none shares one; merged
+        on first use). Later masses all shrink by one factor: the shape holds."""
+        if self._curve is None:
+            self._curve = merge_curves(self.entries, self.t_ref, self.changed_at,
+                                       self.half_life_s, self.cuts)
+        return self._curve
 
     def at(self, now: float) -> RouteView:
         """The merged view at `now`; equal to merge_view up to rounding."""
@@ -256,10 +302,12 @@ class RouteStatsStore:
         return entry
 
     def record_sample(self, model: str, signature: str, tps: float, ttfb_s: float, now: float,
-                      changed_at: float = float("-inf")) -> StatEntry:
-        """Take one successful tps sample into this origin's entry."""
+                      changed_at: float = float("-inf"), curve: Curve | None = None) -> StatEntry:
+        """Take one successful tps sample into this origin's entry (and, when given, this
+        origin's new curve summary of the route)."""
         entry = self._own(model, signature, changed_at)
-        return self._put(model, signature, entry.with_sample(tps, ttfb_s, now, self.half_life_s))
+        return self._put(model, signature,
+                         entry.with_sample(tps, ttfb_s, now, self.half_life_s, curve))
 
     def record_success(self, model: str, signature: str, now: float,
                        changed_at: float = float("-inf")) -> StatEntry:

@@ -9,7 +9,10 @@ import random
 import pytest
 
 from meshroute_middleware.core.saturation import (
+    BIN_HALF_LIFE_SAMPLES,
     CURVES,
+    MAX_MASS,
+    SUMMARY_BINS,
     CurveBelief,
     bin_of,
     log_g,
@@ -92,3 +95,40 @@ def test_masses_are_capped_and_decay() -> None:
 
 def test_concurrency_bins_are_quarter_octaves() -> None:
     assert [bin_of(c) for c in (0.5, 1.0, 1.19, 2.0, 4.0)] == [0, 0, 1, 4, 8]
+
+
+WIDE = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # 10 bins visited: a summary must merge some
+
+
+@pytest.mark.parametrize("truth", [(50.0, 1.0, 0.0), (90.0, 16.0, 0.05), (90.0, 4.0, 0.25),
+                                   (60.0, 8.0, 0.0), (90.0, 2.0, 0.1)])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_summary_carries_the_curve_to_a_belief_built_from_it(
+        truth: tuple[float, float, float], seed: int) -> None:
+    """What gossip shares (issue 14): at most 8 bins, ascending, masses as the fit weighs
+    them; a belief fitted to them predicts the route's throughput nearly as well as one
+    fitted to every sample."""
+    belief = CurveBelief()
+    _feed(belief, truth, random.Random(seed), 120, cs=WIDE)
+    summary = belief.summary()
+    keys = [b for b, _, _ in summary]
+    assert len(belief.bins) > len(summary) == SUMMARY_BINS and keys == sorted(set(keys))
+    assert keys[0] == 0  # the speed alone (one request) survives the merging
+    faded = sum(b.mass * 0.5 ** ((belief.samples - b.last) / BIN_HALF_LIFE_SAMPLES)
+                for b in belief.bins.values())
+    assert sum(m for _, m, _ in summary) == pytest.approx(faded)  # merged, never dropped
+    copy = CurveBelief.from_summary(summary)
+    _, mus, best = copy.fit()
+    for n in range(1, 9):
+        want = throughput(n, *truth)
+        got = throughput(n, math.exp(mus[best]), *CURVES[best])
+        # every sample fitted: within 13 % on these seeds; the summary: within 15 %
+        assert got == pytest.approx(want, rel=0.15)
+    assert copy.spread() == pytest.approx(0.3, rel=0.2)  # a summary's spread: OBS_SIGMA
+
+
+def test_a_summary_s_mass_is_capped_and_empty_bins_dropped() -> None:
+    belief = CurveBelief.from_summary([(0, 300.0, 4.0), (4, 100.0, 3.5), (8, 0.0, 3.0)])
+    assert belief.mass == pytest.approx(MAX_MASS) and sorted(belief.bins) == [0, 4]
+    assert belief.bins[0].mass == pytest.approx(150.0)
+    assert CurveBelief().summary() == ()

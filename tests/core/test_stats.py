@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry
 from meshroute_middleware.core.kinds import STALE
-from meshroute_middleware.core.stats import MAX_NOTED_ORIGINS, State, decay_factor, merge_view
+from meshroute_middleware.core.stats import (
+    MAX_CURVE_BIN,
+    MAX_CURVE_BINS,
+    MAX_NOTED_ORIGINS,
+    State,
+    decay_factor,
+    merge_curves,
+    merge_view,
+)
 
 H = 600.0  # ADR-0021 default half-life, seconds
 T0 = 1_000_000.0
@@ -113,10 +121,14 @@ finite = st.floats(-1e6, 1e6, allow_nan=False)
 # Masses are 0 or ≥ 1e-100: 24 h of decay is 2^-144 ≈ 4e-44 and pruning comes then; subnormal
 # masses would only measure the exact merge's own rounding.
 masses = st.one_of(st.just(0.0), st.floats(1e-100, 100))
+# Curve summaries as the wire admits them (finite, bins ascending); mostly none.
+curves = st.one_of(st.none(), st.lists(
+    st.tuples(st.integers(0, MAX_CURVE_BIN), st.floats(0, 200), st.floats(-13, 13)),
+    min_size=1, max_size=MAX_CURVE_BINS, unique_by=lambda b: b[0]).map(lambda c: tuple(sorted(c))))
 entries = st.builds(StatEntry, value=st.floats(0, 1e4), mass=masses,
                     t=st.floats(T0 - 5000, T0 + 5000), ttfb_s=st.floats(0, 10),
                     ok=st.floats(0, 100), fail=st.floats(0, 100), count=st.integers(0, 50),
-                    last_error=st.sampled_from(["", "timeout", "connect"]))
+                    last_error=st.sampled_from(["", "timeout", "connect"]), curve=curves)
 states = st.dictionaries(st.tuples(st.sampled_from("mn"), st.sampled_from(["r1", "r2", "r3"])),
                          st.dictionaries(st.sampled_from(["x", "y", "z"]), entries, max_size=3),
                          max_size=4)
@@ -245,3 +257,68 @@ def test_origin_stamps_are_bounded_per_model() -> None:
         assert store.note_origin_change("m", f"o{i}", T0, ours=T0)
     assert not store.note_origin_change("m", "one-more", T0, ours=T0)
     assert store.note_origin_change("m", "o0", T0 + 1, ours=T0)  # a known one still updates
+
+
+# -- curve summaries (issue 14) ----------------------------------------------------------------
+
+CURVE_A = ((0, 4.0, math.log(100.0)), (4, 2.0, math.log(50.0)))
+CURVE_B = ((0, 2.0, math.log(80.0)), (8, 1.0, math.log(20.0)))
+
+
+def test_an_entry_keeps_its_curve_until_its_origin_writes_a_new_one() -> None:
+    store = RouteStatsStore("me", H)
+    entry = store.record_sample(*KEY, 10.0, 0.1, T0, curve=CURVE_A)
+    assert entry.curve == CURVE_A
+    assert store.record_sample(*KEY, 10.0, 0.1, T0 + 1).curve == CURVE_A  # none given: kept
+    assert store.record_success(*KEY, T0 + 2).curve == CURVE_A
+    assert store.record_failure(*KEY, "timeout", T0 + 3).curve == CURVE_A
+    assert store.record_sample(*KEY, 10.0, 0.1, T0 + 4, curve=CURVE_B).curve == CURVE_B
+    assert entry.decayed(T0 + H, H).curve == CURVE_A  # masses of the curve decay at merge
+    # measured under an older topology: the curve goes with the tps
+    assert store.record_success(*KEY, T0 + 5, changed_at=T0 + 5).curve is None
+
+
+def test_of_two_copies_of_one_write_the_one_with_its_curve_wins() -> None:
+    bare = StatEntry(10.0, 1.0, T0, count=1)
+    curved = bare._replace(curve=CURVE_A)
+    for first, second in ((bare, curved), (curved, bare)):
+        store = RouteStatsStore("me", H)
+        store.merge({KEY: {"peer": first}})
+        store.merge({KEY: {"peer": second}})
+        assert store.entries(*KEY)["peer"] == curved
+    store = RouteStatsStore("me", H)  # different curves of one write: a total order decides
+    store.merge({KEY: {"peer": bare._replace(curve=CURVE_B)}})
+    assert store.merge({KEY: {"peer": curved}}) == 1  # CURVE_A > CURVE_B
+    assert store.merge({KEY: {"peer": bare._replace(curve=CURVE_B)}}) == 0
+
+
+def test_curves_merge_over_fresh_origins_by_decayed_mass() -> None:
+    x = StatEntry(10.0, 1.0, T0, count=1, curve=CURVE_A)
+    y = StatEntry(10.0, 1.0, T0 - H, count=1, curve=CURVE_B)  # half its mass left at T0
+    old = StatEntry(10.0, 1.0, T0 - 10 * H, count=1, curve=((0, 9.0, 0.0),))
+    merged = merge_curves([x, y, old, StatEntry(10.0, 1.0, T0, count=1)], T0,
+                          changed_at=T0 - 5 * H, half_life_s=H)
+    m0 = 4.0 + 2.0 * 0.5
+    assert [b for b, _, _ in merged] == [0, 4, 8]
+    assert merged[0][1] == pytest.approx(m0)
+    assert merged[0][2] == pytest.approx((4.0 * math.log(100) + 1.0 * math.log(80)) / m0)
+    assert merged[1] == pytest.approx((4, 2.0, math.log(50.0)))
+    assert merged[2] == pytest.approx((8, 0.5, math.log(20.0)))
+    store = RouteStatsStore("me", H)
+    store.merge({KEY: {"x": x, "y": y, "old": old}})
+    route = store.merged(*KEY, changed_at=T0 - 5 * H)
+    assert route is not None
+    assert [list(b) for b in route.curve] == [pytest.approx(list(b)) for b in merged]
+    assert merge_curves([StatEntry(count=1)], T0, float("-inf"), H) == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(states, states)
+def test_the_merged_curve_does_not_depend_on_the_order_of_merges(a: State, b: State) -> None:
+    def curves(*parts: State) -> dict[tuple[str, str], object]:
+        store = RouteStatsStore("self", H)
+        for part in parts:
+            store.merge(part)
+        return {key: route.curve for key in store.state()
+                if (route := store.merged(*key)) is not None}
+    assert curves(a, b) == curves(b, a) == curves(a, b, a)

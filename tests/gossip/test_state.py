@@ -26,6 +26,8 @@ entries = hs.builds(
     ok=hs.sampled_from([0.0, 2.0]),
     fail=hs.sampled_from([0.0, 1.0]),
     last_error=hs.sampled_from(["", "timeout"]),
+    curve=hs.sampled_from([None, ((0, 1.0, 4.0),), ((0, 1.0, 4.1),),
+                           ((0, 1.0, 4.0), (4, 2.0, 3.5))]),  # few: ties with other curves
 )
 states = hs.dictionaries(hs.sampled_from(KEYS), entries, max_size=len(KEYS))
 

@@ -167,7 +167,7 @@ def test_a_bad_entry_is_dropped_and_counted_the_rest_kept(leaf: list[object]) ->
     assert isinstance(message.body, st.Delta) and message.refused == 1
     assert list(message.body.entries) == [("m", "s", "good")]
     if len(leaf) == 8:  # an entry holding these values is never sent either
-        assert not sendable(StatEntry._make(leaf))
+        assert not sendable(StatEntry(*leaf))
 
 
 def test_bad_change_times_and_versions_are_dropped_one_by_one() -> None:
@@ -224,9 +224,12 @@ leaves = hs.recursive(scalars,
                       | hs.dictionaries(hs.text(max_size=4), inner, max_size=4), max_leaves=30)
 
 
-shaped = hs.fixed_dictionaries({"e": hs.dictionaries(hs.text(max_size=3), hs.dictionaries(
+nested = hs.dictionaries(hs.text(max_size=3), hs.dictionaries(
     hs.text(max_size=3), hs.dictionaries(hs.text(max_size=3), leaves, max_size=2), max_size=2),
-    max_size=2), "c": leaves, "d": leaves | hs.fixed_dictionaries({"v": leaves, "c": leaves})})
+    max_size=2)
+shaped = hs.fixed_dictionaries(
+    {"e": nested, "c": leaves, "d": leaves | hs.fixed_dictionaries({"v": leaves, "c": leaves})},
+    optional={"k": nested | leaves})  # curve summaries (issue 14)
 
 
 @settings(max_examples=300)
@@ -248,3 +251,104 @@ def test_flipping_a_byte_of_a_signed_frame_never_passes_silently(pos: int, value
     frame[pos] = value
     with pytest.raises(err.GossipError):
         codec("t2").decode(bytes(frame), NOW)
+
+
+# -- curve summaries (issue 14) ----------------------------------------------------------------
+
+GOOD_CURVE = [[0, 5.0, 4.6], [4, 3.0, 4.2], [8, 1.5, 3.5]]
+CURVE = tuple(tuple(b) for b in GOOD_CURVE)
+
+
+def curve_body(curve: object, entries: dict[str, object] | None = None) -> dict[str, object]:
+    """A delta of entries o1 (with `curve`) and o2 (no curve)."""
+    leaves = entries if entries is not None else {"o1": GOOD_LEAF, "o2": GOOD_LEAF}
+    return {"e": {"m": {"s": leaves}}, "c": {}, "d": None, "k": {"m": {"s": {"o1": curve}}}}
+
+
+@pytest.mark.parametrize("secret", [None, SECRET])
+def test_a_curve_travels_with_its_entry(secret: bytes | None) -> None:
+    entry = ENTRY._replace(curve=CURVE)
+    delta = st.Delta({("m", "m|a[0-9]", "t1"): entry, ("m", "m|b[0-9]", "t1"): ENTRY})
+    message = codec("t2", secret).decode(codec("t1", secret).encode(delta, NOW), NOW)
+    assert isinstance(message.body, st.Delta) and message.body == delta
+    assert message.refused == message.refused_curves == 0
+
+
+def test_a_delta_with_curves_keeps_the_shape_older_decoders_take() -> None:
+    """Decoders that predate curves skip a body's unknown keys and require 8-field entry
+    leaves and arrays of at most 8 (checked by hand against the decoder of 476a46b)."""
+    entry = ENTRY._replace(curve=tuple((k, 1.0, 4.0) for k in range(8)))
+    frame = codec("t1", None).encode(st.Delta({("m", "s", "t1"): entry}), NOW)
+    body = msgpack.unpackb(msgpack.unpackb(frame)[6], max_array_len=8)
+    assert len(body["e"]["m"]["s"]["t1"]) == 8 and set(body) == {"e", "c", "d", "k"}
+    body["z"] = {"anything": [1, 2]}  # a later field: skipped the same way
+    message = codec("t2", None).decode(frame_of(GOOD_HEADER, body), NOW)
+    assert isinstance(message.body, st.Delta)
+    assert list(message.body.entries.values()) == [entry]
+    without = st.Delta({("m", "s", "t1"): ENTRY})  # no curve: byte for byte as before curves
+    assert "k" not in msgpack.unpackb(msgpack.unpackb(codec("t1", None).encode(without, NOW))[6])
+
+
+@pytest.mark.parametrize("curve", [
+    [],  # no bin
+    [[81, 1.0, 4.0]],  # bin beyond MAX_CURVE_BIN
+    [[-1, 1.0, 4.0]],  # negative bin
+    [[True, 1.0, 4.0]],  # a boolean bin
+    [[1.5, 1.0, 4.0]],  # a fractional bin
+    [[4, 1.0, 4.0], [0, 1.0, 4.0]],  # not ascending
+    [[4, 1.0, 4.0], [4, 2.0, 4.0]],  # a bin twice
+    [[0, -1.0, 4.0]],  # negative mass
+    [[0, float("inf"), 4.0]],  # infinite mass
+    [[0, 1e300, 4.0]],  # a mass that would swamp every other origin's
+    [[0, 1.0, float("nan")]],  # NaN mean
+    [[0, 1.0, float("-inf")]],  # infinite mean
+    [[0, 1.0, 50.0]],  # e^50 tokens/s
+    [[0, 1.0, "4.0"]],  # mean not a number
+    [[0, 1.0]],  # a pair, not a triple
+    [[0, 1.0, 4.0, 9]],  # four fields
+    "curve",  # not a list
+    [7],  # a bin that is not a list
+])
+def test_a_bad_curve_refuses_its_entry_counted_the_rest_kept(curve: object) -> None:
+    message = codec("t2", None).decode(frame_of(GOOD_HEADER, curve_body(curve)), NOW)
+    assert isinstance(message.body, st.Delta)
+    assert message.refused_curves == 1 and message.refused == 0
+    assert list(message.body.entries) == [("m", "s", "o2")]  # the other entry still applies
+    if isinstance(curve, list) and all(isinstance(b, list) and len(b) == 3 for b in curve):
+        bad = StatEntry(*GOOD_LEAF)._replace(curve=tuple(tuple(b) for b in curve))
+        sent = codec("t1", None).decode(codec("t3", None).encode(
+            st.Delta({("m", "s", "o1"): bad}), NOW), NOW)
+        assert isinstance(sent.body, st.Delta)  # never put on the wire: the entry goes bare
+        assert sent.refused_curves == 0 and sent.body.entries[("m", "s", "o1")].curve is None
+
+
+def test_a_curve_without_its_entry_is_refused_and_counted() -> None:
+    alone = curve_body(GOOD_CURVE, {"o2": GOOD_LEAF})
+    message = codec("t2", None).decode(frame_of(GOOD_HEADER, alone), NOW)
+    assert isinstance(message.body, st.Delta) and message.refused_curves == 1
+    assert list(message.body.entries) == [("m", "s", "o2")]
+    bad_entry = curve_body(GOOD_CURVE, {"o1": [-1.0, *GOOD_LEAF[1:]], "o2": GOOD_LEAF})
+    message = codec("t2", None).decode(frame_of(GOOD_HEADER, bad_entry), NOW)
+    assert isinstance(message.body, st.Delta)
+    assert (message.refused, message.refused_curves) == (1, 1)
+
+
+@pytest.mark.parametrize("curves", [
+    [1, 2], {"m": {"s": []}}, {"m": {"": {"o1": GOOD_CURVE}}},
+    # more than 8 bins: past the body's array limit (8), which bounds a frame's memory
+    {"m": {"s": {"o1": [[k, 1.0, 4.0] for k in range(9)]}}},
+])
+def test_a_bad_curve_map_structure_is_malformed(curves: object) -> None:
+    body = {**curve_body(GOOD_CURVE), "k": curves}
+    with pytest.raises(err.MalformedMessage):
+        codec("t2", None).decode(frame_of(GOOD_HEADER, body), NOW)
+
+
+def test_a_full_delta_with_curves_fits_a_frame() -> None:
+    """MAX_ENTRIES_PER_MESSAGE entries, each with 8 bins, ids of typical length."""
+    entry = ENTRY._replace(curve=tuple((k, 12.345678, 4.56789) for k in range(8)))
+    delta = st.Delta({("model-7b", f"model-7b|node-{i:04d}[0-39]", f"tracker-{i % 8}"): entry
+                      for i in range(st.MAX_ENTRIES_PER_MESSAGE)})
+    frame = codec().encode(delta, NOW)
+    assert len(frame) < WireCodec("t2").max_frame_bytes
+    assert codec("t2").decode(frame, NOW).body == delta

@@ -22,7 +22,7 @@ from ..kinds import (
     Mode,
 )
 from ..routes import Route
-from ..stats import UNSAMPLED_VIEW, MergedRoute, RouteView
+from ..stats import UNSAMPLED_VIEW, Curve, MergedRoute, RouteView
 
 __all__ = [
     "EXPLOIT", "FALLBACK", "GREEDY", "PINNED", "SCOUT", "Arm", "Mode", "Outcome", "Policy",
@@ -69,6 +69,12 @@ class Arm:
         if self._view is not None or self._merged is None:
             return self.view.status == STALE
         return self._merged.stale
+
+    @property
+    def curve(self) -> Curve:
+        """The origins' merged saturation-curve summaries (stats.MergedRoute.curve), as of
+        their newest update; empty when none shares one."""
+        return () if self._merged is None else self._merged.curve
 
     @property
     def signature(self) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ..kinds import DECAYED, PROVEN, STALE
-from ..saturation import CURVES, CurveBelief, g_at
-from ..stats import HALF_LIFE_S, LN2, decay_factor
+from ..saturation import CURVES, REFIT_SHARE, CurveBelief, g_at
+from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
 from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
 
 if TYPE_CHECKING:
@@ -72,6 +72,9 @@ MAX_TRACKED = 4096  # arms kept before old ones are pruned
 # seeds 1-2): 1 gives up latency under open-loop load (scenario 5 p95 +40 %), 0 overloads a
 # saturating batch (scenario 10: 0.89 of the oracle against 0.99).
 NEIGHBOUR_WEIGHT = 0.5
+# A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
+# at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
+PRIOR_REFIT_LOG = 0.02
 
 
 @dataclass(slots=True)
@@ -87,6 +90,7 @@ class ArmBelief:
     result_decision: int = 0  # the model's outcome count at the last result
     decision: int = 0  # the model's outcome count at the last tps sample
     model: str = ""
+    shared: tuple[int, int, Curve] | None = None  # (changes, samples, curve.summary()) then
 
     @property
     def mass(self) -> float:
@@ -141,6 +145,18 @@ def _reliability(ok: float, fail: float, rng: random.Random) -> float:
     return p
 
 
+def _alike(a: Curve, b: Curve) -> bool:
+    """Same bins, total mass within REFIT_SHARE, every bin's speed within PRIOR_REFIT_LOG:
+    a prior fitted to `a` need not be redone for `b`."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x[0] != y[0] or abs(x[2] - y[2]) > PRIOR_REFIT_LOG:
+            return False
+    ma, mb = sum(x[1] for x in a), sum(x[1] for x in b)
+    return abs(ma - mb) <= REFIT_SHARE * max(ma, mb)
+
+
 def gain(s1: float, curve: int, in_flight: int) -> float:
     """A request's own tokens/s on a route running `in_flight` others (saturation curve
     `CURVES[curve]`), minus NEIGHBOUR_WEIGHT × the tokens/s those others lose."""
@@ -165,6 +181,8 @@ class ThompsonPolicy:
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
         self._outcomes: dict[str, int] = {}
+        # Per route, the peers' merged curve summaries (gossip) and the belief fitted to them.
+        self._priors: dict[str, tuple[Curve, CurveBelief]] = {}
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> ThompsonPolicy:
@@ -229,7 +247,13 @@ class ThompsonPolicy:
             ok, fail = belief.ok * r, belief.fail * r
         else:
             mu, sd = self._shared_prior(arm)
-            j = rng.randrange(len(CURVES)) if n else 0
+            prior = self._shared_curve(arm)
+            if prior is None:
+                j = rng.randrange(len(CURVES)) if n else 0
+            else:  # the peers' curve: their knee, and the speed at one request it implies
+                _, mus, best = prior.fit()
+                j = prior.draw(rng) if n else best
+                mu = mus[j]
             log_s1 = mu + sd * rng.gauss(0.0, 1.0)
             if belief is None:
                 ok, fail = arm.view.ok, arm.view.fail
@@ -250,6 +274,35 @@ class ThompsonPolicy:
             mass = min(max(view.mass, 1.0), 200.0) if fresh else 1.0
             return math.log(view.tps), OBS_SIGMA / math.sqrt(mass)
         return math.log(max(arm.prior_tps, 1e-6)), PRIOR_SIGMA
+
+    def _shared_curve(self, arm: Arm) -> CurveBelief | None:
+        """The belief fitted to the origins' merged curve summaries (None if none shares
+        one); refitted unless `_alike` the one it was fitted to."""
+        curve = arm.curve
+        if not curve:
+            return None
+        cached = self._priors.get(arm.route.signature)
+        if cached is not None and (cached[0] is curve or _alike(cached[0], curve)):
+            return cached[1]
+        if len(self._priors) >= MAX_TRACKED:
+            self._priors.clear()
+        prior = CurveBelief.from_summary(curve)
+        self._priors[arm.route.signature] = (curve, prior)
+        return prior
+
+    def curve_summary(self, signature: str) -> Curve | None:
+        """This tracker's curve of one route as its statistics entry shares it (gossip);
+        None before its first tps sample. Redone after a change, else once the samples
+        since exceed REFIT_SHARE of the mass, as the fit is (a summary costs ~10-40 µs,
+        a record ~20 µs)."""
+        belief = self._beliefs.get(signature)
+        if belief is None or belief.curve.mass <= 0.0:
+            return None
+        curve, shared = belief.curve, belief.shared
+        if (shared is None or shared[0] != curve.changes
+                or curve.samples - shared[1] > REFIT_SHARE * curve.mass):
+            shared = belief.shared = (curve.changes, curve.samples, curve.summary())
+        return shared[2]
 
     def observe(self, signature: str, outcome: Outcome, now: float) -> None:
         """Learn from a finished request: a tps sample at its concurrency, or a success or

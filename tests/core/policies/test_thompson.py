@@ -10,6 +10,7 @@ import pytest
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
 from meshroute_middleware.core.policies.thompson import ThompsonPolicy
 from meshroute_middleware.core.routes import Hop, make_route
+from meshroute_middleware.core.stats import Curve, MergedRoute, StatEntry
 
 DRAWS = 2000
 UNSAMPLED = RouteView(None, 0.0, None, 0.0, 0.0, 0, "unsampled", 0)
@@ -263,3 +264,55 @@ def test_a_wall_clock_stepping_back_changes_nothing() -> None:
     teach(policy, failing, 40.0, 30, now=1_000.0, fail_every=3)
     assert shares(policy, [fast, slow, failing], now=400.0) == shares(
         policy, [fast, slow, failing], now=1_000.0)
+
+
+def peer_arm(name: str, tps: float, mass: float, curve: Curve | None,
+             in_flight: int = 0, own: StatEntry | None = None) -> Arm:
+    """An arm known through a peer's entry (gossip), with that peer's curve summary, and
+    `own` entry if we measured it too."""
+    node = NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", 10.0)
+    entry = StatEntry(tps, mass, 0.0, 0.1, mass, 0.0, int(mass), "", curve)
+    entries = (entry,) if own is None else (entry, own)
+    merged = MergedRoute(entries, float("-inf"), 600.0)
+    return Arm(make_route("m", [Hop(node, 0, 31)]), None, in_flight, merged, 0.0)
+
+
+# A peer's curves: a serial (100 tok/s alone, measured at 1-3 in flight, mean 81) and b
+# batching freely at 60.
+SERIAL = ((0, 20.0, math.log(100.0)), (4, 6.0, math.log(50.0)), (6, 4.0, math.log(100 / 3)))
+ROOMY = ((0, 10.0, math.log(60.0)), (4, 5.0, math.log(60.0)), (6, 5.0, math.log(60.0)))
+
+
+def test_a_peers_curve_is_the_prior_of_a_route_not_measured_here() -> None:
+    policy = ThompsonPolicy()
+    with_curves = [peer_arm("a", 81.0, 30.0, SERIAL, in_flight=1),
+                   peer_arm("b", 60.0, 20.0, ROOMY)]
+    # the peer's curve: a's speed alone is 100, and a second request there gets 50 and
+    # halves the first one's: b's 60 is the better place
+    assert shares(policy, with_curves)[1] >= 0.99
+    assert shares(policy, [peer_arm("a", 81.0, 30.0, SERIAL), with_curves[1]])[0] >= 0.99
+    # without curves the knee is a guess: a keeps a large share (the control; ~45 %)
+    without = [peer_arm("a", 81.0, 30.0, None, in_flight=1), peer_arm("b", 60.0, 20.0, None)]
+    assert shares(policy, without)[0] >= 0.3
+
+
+def test_a_peers_curve_leads_once_it_outweighs_our_own_samples() -> None:
+    policy = ThompsonPolicy()
+    a = arm("a")
+    teach(policy, a, 100.0, 2)  # two samples alone: nothing known of a's knee
+    assert policy.curve_summary(a.signature) == ((0, 2.0, pytest.approx(math.log(100.0))),)
+    assert policy.curve_summary("m|never") is None
+    own = StatEntry(100.0, 2.0, 0.0, 0.1, 2.0, 0.0, 2, "", policy.curve_summary(a.signature))
+    arms = [peer_arm("a", 81.0, 30.0, SERIAL, in_flight=1, own=own),
+            peer_arm("b", 60.0, 20.0, ROOMY)]
+    assert shares(policy, arms)[1] >= 0.99  # the peer's 30 samples lead: a is serial
+
+
+def test_a_peers_curve_is_refitted_when_its_speed_moves_at_the_mass_cap() -> None:
+    policy = ThompsonPolicy()
+    roomy = [peer_arm("a", 81.0, 30.0, SERIAL, in_flight=1), peer_arm("b", 60.0, 20.0, ROOMY)]
+    assert shares(policy, roomy)[1] >= 0.99
+    # the same bins and masses, b now 20 tok/s at every concurrency: a's second slot (~25,
+    # less half of what the first loses) is worth more than b
+    slow = tuple((k, m, math.log(20.0)) for k, m, _ in ROOMY)
+    assert shares(policy, [roomy[0], peer_arm("b", 20.0, 20.0, slow)])[0] >= 0.9
