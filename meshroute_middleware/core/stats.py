@@ -338,3 +338,19 @@ class RouteStatsStore:
 
     def __iter__(self) -> Iterator[tuple[tuple[str, str], dict[str, StatEntry]]]:
         return iter(self._entries.items())
+
+    def restore(self, saved: Mapping[tuple[str, str], Mapping[str, StatEntry]],
+                now: float) -> int:
+        """Take back a state this tracker saved itself (its state file): `merge`, except that
+        entries of our own origin are taken too (newer wins). Return how many changed."""
+        changed = self.merge(saved, now)
+        cutoff = now - self.prune_after_s
+        for (model, signature), origins in saved.items():
+            entry = origins.get(self.origin)
+            if entry is None or entry.t < cutoff:
+                continue
+            have = self._entries.get((model, signature), {}).get(self.origin)
+            if have is None or (have != entry and newer(have, entry) is entry):
+                self._put(model, signature, entry)
+                changed += 1
+        return changed
