@@ -59,11 +59,12 @@ class StateKeeper:
         self.store, self.router, self.providers = store, router, providers
         self.writes = 0  # transactions committed
         self.write_errors = 0  # transactions that failed (each retried at the next interval)
+        self.saved_at = -math.inf  # when the state last written was collected (routing clock)
         self._entries: dict[EntryKey, StatEntry] = {}  # as last written
         self._topology: dict[str, SavedTopology] = {}  # as last written
         self._unsettled: dict[str, SavedTopology] = {}  # saved change times not yet given back
         self._settle_until = -math.inf
-        self._providers_whole = False  # after a failed write the next snapshot is whole
+        self._failing = False  # the last write failed (the next provider snapshot is whole)
         self._pruned_at = -math.inf
         self._warned_at = -math.inf
         self._unreported = 0  # failures since the last warning
@@ -115,7 +116,7 @@ class StateKeeper:
                     and math.isfinite(model.changed_at)}
         moved = {m: t for m, t in topology.items() if self._topology.get(m) != t}
         providers = ({} if self.providers is None else
-                     self.providers.snapshot(now, changed_only=not self._providers_whole))
+                     self.providers.snapshot(now, changed_only=not self._failing))
         prune = (now - self.router.stats.prune_after_s
                  if now - self._pruned_at >= PRUNE_FILE_EVERY_S else -math.inf)
         if not (changed or moved or any(providers.values()) or math.isfinite(prune)):
@@ -136,8 +137,9 @@ class StateKeeper:
         logged (rate-limited) and left to the next interval."""
         if error is None:
             self.writes += 1
+            self.saved_at = pending.now
             self._entries, self._topology = pending.entries, pending.topology
-            self._providers_whole = False
+            self._failing = False
             if math.isfinite(pending.routes.prune_before):
                 self._pruned_at = pending.now
             if self._unreported or math.isfinite(self._warned_at):
@@ -146,7 +148,7 @@ class StateKeeper:
                 self._unreported, self._warned_at = 0, -math.inf
             return
         self.write_errors += 1
-        self._providers_whole = True
+        self._failing = True
         self._unreported += 1
         if now - self._warned_at >= WARN_EVERY_S:
             log.warning("%s; routing goes on, the write is retried every %g s (%d failed "
@@ -158,7 +160,9 @@ class StateKeeper:
         """Collect and write at once, on this thread (shutdown, tests); whether it was saved."""
         pending = self.collect(now)
         if pending is None:
-            return True
+            if not self._failing:
+                self.saved_at = now  # nothing to write: the file is current as of now
+            return not self._failing
         error = self.write(pending)
         self.done(pending, error, now)
         return error is None
@@ -168,10 +172,13 @@ class StateKeeper:
         try:
             while True:
                 await anyio.sleep(SAVE_EVERY_S)
-                pending = self.collect(clock())
+                now = clock()
+                pending = self.collect(now)
                 if pending is not None:
                     error = await anyio.to_thread.run_sync(self.write, pending)
                     self.done(pending, error, clock())
+                elif not self._failing:
+                    self.saved_at = now  # nothing changed: the file is current as of now
         finally:
             if not self.save_now(clock()):
                 log.error("state file %s: the last changes were not saved at shutdown",
@@ -189,5 +196,9 @@ class StateKeeper:
         errors.add_metric([], self.write_errors)
         failing = GaugeMetricFamily("meshroute_state_unsaved",
                                     "1 while the last state file write failed, else 0")
-        failing.add_metric([], 1 if self._providers_whole else 0)
-        yield from (writes, errors, failing)
+        failing.add_metric([], 1 if self._failing else 0)
+        current = GaugeMetricFamily("meshroute_state_current_timestamp_seconds",
+                                    "The state file holds everything learned up to this time")
+        if math.isfinite(self.saved_at):
+            current.add_metric([], self.saved_at)
+        yield from (writes, errors, failing, current)

@@ -101,7 +101,8 @@ class StateStore:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                  timeout=5.0)
         except sqlite3.Error as exc:
-            raise StateStoreError(f"cannot open state file {self.path}: {exc}") from exc
+            raise StateStoreError(f"cannot open state file {self.path}: "
+                                  f"{_reason(exc, self.path)}") from exc
         try:
             if self.path != MEMORY:
                 mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -115,8 +116,8 @@ class StateStore:
             db.close()
             if isinstance(exc, StateStoreError):
                 raise
-            raise StateStoreError(f"cannot open state file {self.path}: {_reason(exc)}"
-                                  ) from exc
+            raise StateStoreError(f"cannot open state file {self.path}: "
+                                  f"{_reason(exc, self.path)}") from exc
         self._db = db
         return self
 
@@ -204,8 +205,8 @@ class StateStore:
                 raise
             db.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise StateStoreError(f"cannot write state file {self.path}: {_reason(exc)}"
-                                  ) from exc
+            raise StateStoreError(f"cannot write state file {self.path}: "
+                                  f"{_reason(exc, self.path)}") from exc
         return written
 
     def _conn(self) -> sqlite3.Connection:
@@ -218,13 +219,8 @@ class StateStore:
         rather than a surprise at the first save."""
         if self.path == MEMORY:
             return
-        try:
-            free = os.statvfs(Path(self.path).resolve().parent)
-        except OSError:
-            pass
-        else:
-            if free.f_bavail == 0:
-                raise sqlite3.OperationalError("no space left on device (0 blocks free)")
+        if _diagnose(self.path) is not None:  # a write could still fit in pages SQLite holds
+            raise sqlite3.OperationalError("not writable")
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute("INSERT INTO meta (name, value) VALUES ('opened', '1') "
@@ -297,15 +293,33 @@ def node_set(nodes: Iterable[tuple[str, int, int, int, str]]) -> str:
     return json.dumps(sorted(list(n) for n in nodes), separators=(",", ":"))
 
 
-def _reason(exc: sqlite3.Error) -> str:
-    """SQLite's message, with the plain words an operator looks for."""
+def _reason(exc: sqlite3.Error, path: str) -> str:
+    """SQLite's message, and what the operating system says is wrong with the file."""
     text = str(exc)
     code = getattr(exc, "sqlite_errorcode", None)
-    primary = code & 0xFF if isinstance(code, int) else None  # extended codes keep it low
-    if primary == sqlite3.SQLITE_FULL or "disk is full" in text:
+    if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_FULL:  # extended codes: low byte
         return f"{text}: no space left on device"
-    if primary == sqlite3.SQLITE_READONLY or "readonly" in text:
-        return f"{text}: the file or its directory is read-only"
-    if primary == sqlite3.SQLITE_CANTOPEN:
-        return f"{text}: its directory is missing, not writable or read-only"
-    return text
+    why = _diagnose(path)
+    return f"{text}: {why}" if why else text
+
+
+def _diagnose(path: str) -> str | None:
+    """Why a file cannot be created or written, as far as the file system tells."""
+    if path == MEMORY:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        return "it is a directory"
+    if not file.parent.is_dir():
+        return f"directory {file.parent} does not exist"
+    try:
+        fs = os.statvfs(file.parent)
+    except OSError:
+        return None
+    if fs.f_flag & os.ST_RDONLY:
+        return "read-only file system"
+    if not os.access(file.parent, os.W_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        return "read-only file or directory (no write permission)"
+    if fs.f_bavail == 0:
+        return "no space left on device"
+    return None

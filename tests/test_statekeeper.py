@@ -133,7 +133,8 @@ def test_only_changed_rows_are_written_and_a_failed_write_is_retried(
         assert "written again" in caplog.records[-1].getMessage()
     metrics = {m.name: m.samples[0].value for m in keeper.metric_families()}
     assert metrics == {"meshroute_state_writes": 2, "meshroute_state_write_errors": 3,
-                       "meshroute_state_unsaved": 0}
+                       "meshroute_state_unsaved": 0,
+                       "meshroute_state_current_timestamp_seconds": clock()}
     store.close()
     with StateStore(path).open() as again:
         assert again.load_routes().entries[("m", SIG)]["trk"].count == 4
