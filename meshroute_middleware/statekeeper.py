@@ -23,9 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .core import Router
 from .core.providers.router import ProviderRouter
-from .core.stats import StatEntry
 from .core.topology import ModelTopology
-from .statestore import EntryKey, RouteRows, SavedTopology, StateStore, StateStoreError, node_set
+from .statestore import RouteRows, SavedTopology, StateStore, StateStoreError, node_set
 
 log = logging.getLogger("meshroute.state")
 SAVE_EVERY_S = 0.25  # changed rows written this often, off the request path
@@ -37,13 +36,13 @@ PRUNE_FILE_EVERY_S = 60.0  # rows older than the statistics' prune horizon delet
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """One write: what changed since the last good one, and the baseline it then becomes."""
+    """One write: the rows changed since the last good one."""
 
     now: float
     providers: dict[str, list[dict[str, Any]]]
     routes: RouteRows
-    entries: dict[EntryKey, StatEntry]  # every entry at collection time
-    topology: dict[str, SavedTopology]  # every model at collection time
+    keys: set[tuple[str, str]]  # the routes whose entries it writes (again, if it fails)
+    versions: dict[str, int]  # the topology version of each model it writes
 
 
 def topology_of(model: ModelTopology) -> str:
@@ -60,8 +59,9 @@ class StateKeeper:
         self.writes = 0  # transactions committed
         self.write_errors = 0  # transactions that failed (each retried at the next interval)
         self.saved_at = -math.inf  # when the state last written was collected (routing clock)
-        self._entries: dict[EntryKey, StatEntry] = {}  # as last written
-        self._topology: dict[str, SavedTopology] = {}  # as last written
+        router.stats.changed = {key for key, _ in router.stats}  # the rows to save next
+        self._retry: set[tuple[str, str]] = set()  # routes of failed writes
+        self._versions: dict[str, int] = {}  # topology version per model as last written
         self._unsettled: dict[str, SavedTopology] = {}  # saved change times not yet given back
         self._settle_until = -math.inf
         self._failing = False  # the last write failed (the next provider snapshot is whole)
@@ -73,10 +73,10 @@ class StateKeeper:
         """Take back what the file holds (call after static nodes are loaded); how many route
         statistics entries came back. StateStoreError names a file that cannot be used."""
         saved = self.store.load_routes()
-        restored = self.router.stats.restore(saved.entries, now)
-        self._entries = {(m, s, o): e for (m, s), origins in self.router.stats
-                         for o, e in origins.items()}
-        self._topology = dict(saved.topology)
+        stats = self.router.stats
+        unsaved, stats.changed = stats.changed, None  # what comes from the file stays there
+        restored = stats.restore(saved.entries, now)
+        stats.changed = unsaved
         self._unsettled = dict(saved.topology)
         self._settle_until = now + SETTLE_S
         self.settle(now)
@@ -100,29 +100,37 @@ class StateKeeper:
                 continue
             model.changed_at = min(model.changed_at, saved.changed_at)
             del self._unsettled[name]
+            self._versions.pop(name, None)  # written again with the change time given back
             settled += 1
         return settled
 
     def collect(self, now: float) -> Pending | None:
-        """What changed since the last good write (None: nothing); runs on the event loop."""
+        """What changed since the last good write (None: nothing); runs on the event loop and
+        costs in proportion to what changed, not to what the tracker holds."""
         self.settle(now)
-        entries = {(m, s, o): e for (m, s), origins in self.router.stats
-                   for o, e in origins.items()}
-        written = self._entries
-        changed = {k: e for k, e in entries.items() if written.get(k) is not e}
-        topology = {name: SavedTopology(model.changed_at, topology_of(model))
-                    for name in self.router.topology.models()
-                    if (model := self.router.topology.model(name)) is not None
-                    and math.isfinite(model.changed_at)}
-        moved = {m: t for m, t in topology.items() if self._topology.get(m) != t}
+        stats = self.router.stats
+        keys = self._retry
+        if stats.changed:
+            keys = keys | stats.changed
+            stats.changed = set()
+        self._retry = set()
+        entries = {(m, s, o): e for m, s in keys for o, e in stats.entries(m, s).items()}
+        topology, versions = {}, {}
+        for name in self.router.topology.models():
+            model = self.router.topology.model(name)
+            if (model is None or self._versions.get(name) == model.version
+                    or not math.isfinite(model.changed_at)):
+                continue
+            topology[name] = SavedTopology(model.changed_at, topology_of(model))
+            versions[name] = model.version
         providers = ({} if self.providers is None else
                      self.providers.snapshot(now, changed_only=not self._failing))
-        prune = (now - self.router.stats.prune_after_s
+        prune = (now - stats.prune_after_s
                  if now - self._pruned_at >= PRUNE_FILE_EVERY_S else -math.inf)
-        if not (changed or moved or any(providers.values()) or math.isfinite(prune)):
+        if not (entries or topology or any(providers.values()) or math.isfinite(prune)):
             return None
-        routes = RouteRows(changed, moved, self.router.stats.origin, prune)
-        return Pending(now, providers, routes, entries, topology)
+        return Pending(now, providers, RouteRows(entries, topology, stats.origin, prune), keys,
+                       versions)
 
     def write(self, pending: Pending) -> StateStoreError | None:
         """Write one collected change (in a worker thread); the error if it failed."""
@@ -138,7 +146,7 @@ class StateKeeper:
         if error is None:
             self.writes += 1
             self.saved_at = pending.now
-            self._entries, self._topology = pending.entries, pending.topology
+            self._versions.update(pending.versions)
             self._failing = False
             if math.isfinite(pending.routes.prune_before):
                 self._pruned_at = pending.now
@@ -149,6 +157,7 @@ class StateKeeper:
             return
         self.write_errors += 1
         self._failing = True
+        self._retry |= pending.keys
         self._unreported += 1
         if now - self._warned_at >= WARN_EVERY_S:
             log.warning("%s; routing goes on, the write is retried every %g s (%d failed "

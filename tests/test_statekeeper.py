@@ -223,3 +223,41 @@ def test_a_process_killed_mid_write_leaves_the_last_whole_save(tmp_path: Path) -
         gens = {e["trk"].count for e in entries.values()}
         assert len(entries) == 2000 and len(gens) == 1, gens  # one whole generation
         assert gens.pop() >= stop_after  # and no committed one lost
+
+
+def test_a_second_restart_keeps_the_first_change_time(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    path = tmp_path / "s.db"
+    learned(path, clock)
+    for _ in range(2):
+        clock.advance(H)
+        router = tracker(clock)
+        router.upsert_node(node())
+        with StateStore(path).open() as store:
+            keeper = StateKeeper(store, router)
+            keeper.restore(clock())
+            router.record(router.choose("m"), GOOD)
+            assert keeper.save_now(clock())
+        model = router.topology.model("m")
+        assert model is not None and model.changed_at == T0
+    assert router.stats.view("m", SIG, clock(), T0).count == 16  # 10 + 1 + 1 own, 4 peer's
+
+
+def test_a_write_holds_only_the_routes_that_changed(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    router = tracker(clock)
+    for i in range(5):
+        router.stats.record_sample("m", f"m|n{i}[0-9]", 10.0, 0.1, clock())
+    with StateStore(tmp_path / "s.db").open() as store:
+        keeper = StateKeeper(store, router)
+        first = keeper.collect(clock())
+        assert first is not None and len(first.routes.entries) == 5
+        keeper.done(first, keeper.write(first), clock())
+        assert keeper.collect(clock()) is None
+        router.stats.merge({("m", "m|n3[0-9]"): {"peer": PEER}}, clock())
+        router.stats.record_sample("m", "m|n1[0-9]", 10.0, 0.1, clock())
+        later = keeper.collect(clock())
+        assert later is not None
+        assert sorted(later.routes.entries) == [("m", "m|n1[0-9]", "trk"),
+                                                ("m", "m|n3[0-9]", "peer"),
+                                                ("m", "m|n3[0-9]", "trk")]

@@ -226,6 +226,8 @@ class RouteStatsStore:
         self.prune_after_s = prune_after_s
         self._entries: State = {}
         self._merged: dict[tuple[str, str], MergedRoute] = {}  # cleared on every write
+        # routes written since a reader (the state file) last took this set; None: untracked
+        self.changed: set[tuple[str, str]] | None = None
 
     def _own(self, model: str, signature: str, changed_at: float) -> StatEntry:
         origins = self._entries.get((model, signature))
@@ -240,6 +242,8 @@ class RouteStatsStore:
         key = (model, signature)
         self._entries.setdefault(key, {})[self.origin] = entry
         self._merged.pop(key, None)
+        if self.changed is not None:
+            self.changed.add(key)
         return entry
 
     def record_sample(self, model: str, signature: str, tps: float, ttfb_s: float, now: float,
@@ -318,6 +322,8 @@ class RouteStatsStore:
                     mine[origin] = best
                     self._merged.pop(key, None)
                     changed += 1
+                    if self.changed is not None:
+                        self.changed.add(key)
             if not mine:
                 del self._entries[key]
         return changed
