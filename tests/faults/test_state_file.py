@@ -156,6 +156,9 @@ def test_a_tracker_killed_under_load_comes_back_with_its_statistics_decayed(
             assert after["weight"] <= most * (1 + 1e-9)
             _load(port, 5)  # and it routes on, learning from where it was
             assert _row(port)["samples"] == after["samples"] + 5
+            print(f"\nkilled after {20 + load.ok} answers; back with {after['samples']} "
+                  f"samples, weight {before['weight']:.2f} -> {after['weight']:.2f} after "
+                  f"{read_at - killed_at:.1f} s down")
 
 
 def _mount_ns() -> list[str]:
@@ -238,6 +241,7 @@ def test_a_full_disk_at_run_time_is_a_counted_warning_and_routing_goes_on(
                    "counted write errors")
             _load(port, 10)
             assert _metric(port, "meshroute_state_unsaved") == 1
+            failed = _metric(port, "meshroute_state_write_errors_total")
             (inside / "filler").unlink()  # space again: the next write saves what waited
             _until(lambda: _metric(port, "meshroute_state_unsaved") == 0, "a write again")
             _saved_since_now(port)
@@ -259,3 +263,5 @@ def test_a_full_disk_at_run_time_is_a_counted_warning_and_routing_goes_on(
         assert len(warnings) == 1, err  # one warning, however many writes failed
         assert f"cannot write state file {state}" in warnings[0]
         assert "written again" in err and "Traceback" not in err, err
+        print(f"\n{failed:.0f} failed writes while full, {len(warnings)} warning; 50 samples "
+              "in the file after space came back")
