@@ -274,7 +274,8 @@ def _write_routes(db: sqlite3.Connection, routes: RouteRows) -> int:
     db.executemany(
         f"INSERT INTO route_stats (model, signature, origin, {_ENTRY_COLUMNS}) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (model, signature, origin) "
-        "DO UPDATE SET " + ", ".join(f"{f} = excluded.{f}" for f in _ENTRY_FIELDS),
+        "DO UPDATE SET " + ", ".join(f"{f} = excluded.{f}" for f in _ENTRY_FIELDS)
+        + " WHERE excluded.t >= route_stats.t",  # last writer wins per origin, as in gossip
         ((*key, *(getattr(e, f) for f in _ENTRY_FIELDS)) for key, e in routes.entries.items()))
     db.executemany(
         "INSERT INTO topology (model, changed_at, nodes) VALUES (?, ?, ?) ON CONFLICT (model) "

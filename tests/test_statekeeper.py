@@ -21,7 +21,7 @@ from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
 from meshroute_middleware.core.kinds import PROVEN, STALE
 from meshroute_middleware.core.stats import StatEntry
 from meshroute_middleware.statekeeper import SETTLE_S, WARN_EVERY_S, StateKeeper
-from meshroute_middleware.statestore import StateStore, StateStoreError
+from meshroute_middleware.statestore import RouteRows, StateStore, StateStoreError
 
 from .conftest import FakeClock
 
@@ -261,3 +261,12 @@ def test_a_write_holds_only_the_routes_that_changed(tmp_path: Path) -> None:
         assert sorted(later.routes.entries) == [("m", "m|n1[0-9]", "trk"),
                                                 ("m", "m|n3[0-9]", "peer"),
                                                 ("m", "m|n3[0-9]", "trk")]
+
+
+def test_an_older_copy_never_overwrites_a_newer_entry(tmp_path: Path) -> None:
+    """Workers share one file and each holds every origin: the newer entry stays."""
+    newer, older = PEER._replace(t=T0 + 9, count=9), PEER._replace(t=T0 + 1, count=1)
+    with StateStore(tmp_path / "s.db").open() as store:
+        for entry in (newer, older):
+            store.save({}, T0, RouteRows({("m", SIG, "peer"): entry}, {}, "trk"))
+        assert store.load_routes().entries[("m", SIG)]["peer"] == newer
