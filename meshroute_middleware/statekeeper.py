@@ -59,6 +59,7 @@ class StateKeeper:
         self.writes = 0  # transactions committed
         self.write_errors = 0  # transactions that failed (each retried at the next interval)
         self.saved_at = -math.inf  # when the state last written was collected (routing clock)
+        self.restored = 0  # route statistics entries the last restore brought back
         router.stats.changed = {key for key, _ in router.stats}  # the rows to save next
         self._retry: set[tuple[str, str]] = set()  # routes of failed writes
         self._versions: dict[str, int] = {}  # topology version per model as last written
@@ -75,7 +76,7 @@ class StateKeeper:
         saved = self.store.load_routes()
         stats = self.router.stats
         unsaved, stats.changed = stats.changed, None  # what comes from the file stays there
-        restored = stats.restore(saved.entries, now)
+        restored = self.restored = stats.restore(saved.entries, now)
         stats.changed = unsaved
         self._unsettled = dict(saved.topology)
         self._settle_until = now + SETTLE_S

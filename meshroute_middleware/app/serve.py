@@ -295,8 +295,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = gateway.providers.cfg
         print(f"meshroute serve: {len(cfg.providers)} provider(s), "
               f"{sum(len(p.keys) for p in cfg.providers)} key(s)", file=sys.stderr, flush=True)
-    if gateway.store is not None:
-        print(f"meshroute serve: state in {gateway.store.path}", file=sys.stderr, flush=True)
+    if gateway.keeper is not None:
+        print(f"meshroute serve: state in {gateway.keeper.store.path} "
+              f"({gateway.keeper.restored} route statistics restored)", file=sys.stderr,
+              flush=True)
     print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)

@@ -97,6 +97,12 @@ def _until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+def _samples_reach(port: int, n: int) -> None:
+    """Wait until /v1/routing (computed at most once a second) counts `n` samples."""
+    _until(lambda: _row(port)["samples"] >= n, f"{n} samples in /v1/routing")
+    assert _row(port)["samples"] == n
+
+
 def _saved_since_now(port: int) -> None:
     """Wait until the state file holds everything the tracker learned before this call."""
     now = time.time()
@@ -156,7 +162,7 @@ def test_a_tracker_killed_under_load_comes_back_with_its_statistics_decayed(
             most = (before["weight"] + load.ok) * 0.5 ** ((read_at - killed_at) / HALF_LIFE_S)
             assert after["weight"] <= most * (1 + 1e-9)
             _load(port, 5)  # and it routes on, learning from where it was
-            assert _row(port)["samples"] == after["samples"] + 5
+            _samples_reach(port, after["samples"] + 5)
             print(f"\nkilled after {20 + load.ok} answers; back with {after['samples']} "
                   f"samples, weight {before['weight']:.2f} -> {after['weight']:.2f} after "
                   f"{read_at - killed_at:.1f} s down")
@@ -213,10 +219,9 @@ def test_a_full_disk_at_start_is_a_clear_error(tmp_path: Path) -> None:
 
 def _fill(directory: Path) -> None:
     """Fill the file system of `directory` until the kernel answers ENOSPC."""
-    with open(directory / "filler", "wb") as filler, pytest.raises(OSError) as full:
-        while True:
-            filler.write(b"\0" * 65536)
-            filler.flush()
+    with open(directory / "filler", "wb", buffering=0) as filler, pytest.raises(OSError) as full:
+        while True:  # unbuffered: nothing left to flush (and fail) when the file closes
+            filler.write(b"\0" * 4096)
     assert full.value.errno == errno.ENOSPC
 
 
@@ -239,7 +244,7 @@ def test_a_full_disk_at_run_time_is_a_counted_warning_and_routing_goes_on(
             assert _metric(port, "meshroute_state_write_errors_total") == 0
             _fill(inside)  # the disk is full now (seen from the tracker's namespace)
             _load(port, 30)  # routing goes on
-            assert _row(port)["samples"] == 40
+            _samples_reach(port, 40)
             _until(lambda: _metric(port, "meshroute_state_write_errors_total") >= 3,
                    "counted write errors")
             _load(port, 10)
