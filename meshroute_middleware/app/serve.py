@@ -38,20 +38,19 @@ from node_agent.mdns import parse_interfaces
 from ..api import GatewayAPI, ProviderRoutingAPI, build_api_app
 from ..chat.providers import ProviderChat
 from ..core import InvalidNodeError, Router, parse_node
-from ..core.providers.config import ProvidersConfig
 from ..core.providers.router import ProviderRouter
 from ..forwarding import AiohttpForwarder, Forwarder
 from ..keyring import Secret, resolve_keys, scrub
 from ..mesh import Mesh, load_nodes_file
 from ..middleware import MeshRouteMiddleware, build_router
+from ..statekeeper import StateKeeper
 from ..statestore import StateStore, StateStoreError
 from ..telemetry import Telemetry
 from .edge import edge_protocol, fit_descriptor_limit
-from .settings import ServeSettings, SettingsError, add_arguments, load_settings
+from .settings import DEFAULT_STATE_FILE, ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
 PRUNE_EVERY_S = 60.0
-SAVE_EVERY_S = 0.25  # provider state: changed rows written this often, off the request path
 
 __all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
            "config_warnings", "exposure", "load_static_nodes", "run", "run_workers",
@@ -94,7 +93,8 @@ class Gateway:
     mesh: Mesh
     app: ASGIApp
     providers: ProviderRouter | None = None  # provider routes, when the config has them
-    store: StateStore | None = None  # their state file, open while the gateway lives
+    store: StateStore | None = None  # the state file, open while the gateway lives
+    keeper: StateKeeper | None = None  # what restores and saves it
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -103,7 +103,29 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     clock (tests pass a fake one)."""
     if isinstance(config, ServeSettings):
         config = GatewayConfig.build(config)
+    store = open_state_file(config.settings)
+    try:
+        return _build_gateway(config, store, forwarder, clock)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+
+
+def open_state_file(settings: ServeSettings) -> StateStore | None:
+    """The state file `--state-file` names (with provider tables, the default one), open and
+    checked writable; None when there is none. StateStoreError says why it cannot be used."""
+    path = settings.state_file
+    if path is None and settings.providers is not None:
+        path = DEFAULT_STATE_FILE
+    return None if path is None else StateStore(path).open()
+
+
+def _build_gateway(config: GatewayConfig, store: StateStore | None,
+                   forwarder: Forwarder | None, clock: Callable[[], float]) -> Gateway:
     settings = config.settings
+    if store is not None and settings.tracker_id is None:  # the same origin as before
+        config = replace(config, tracker_id=store.meta("tracker_id") or config.tracker_id)
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     telemetry = Telemetry(router)
@@ -111,10 +133,15 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
     forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
-    providers = store = chat = None
+    providers = chat = keeper = None
     extra = []
     if settings.providers is not None:
-        providers, store = open_provider_state(settings.providers, settings.state_file, clock)
+        providers = ProviderRouter(settings.providers)
+    if store is not None:
+        keeper = StateKeeper(store, router, providers)
+        keeper.restore(clock())
+        telemetry.add_collector(keeper.metric_families)
+    if providers is not None:
         chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
                             first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
                             rng=random.Random(settings.seed))
@@ -124,25 +151,10 @@ def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | 
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
-    saver = (providers, store) if providers is not None and store is not None else None
-    inner.router.lifespan_context = lambda app: background_services(config, mesh, saver, clock)
+    inner.router.lifespan_context = lambda app: background_services(config, mesh, keeper, clock)
     app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,
                               telemetry=telemetry, providers=chat)
-    return Gateway(config, router, telemetry, mesh, app, providers, store)
-
-
-def open_provider_state(cfg: ProvidersConfig, state_file: str,
-                        clock: Callable[[], float]) -> tuple[ProviderRouter, StateStore]:
-    """The provider router with the state a previous run saved (StateStoreError if the file
-    cannot be used)."""
-    providers = ProviderRouter(cfg)
-    store = StateStore(state_file).open()
-    try:
-        providers.restore(store.load())
-    except ValueError as exc:
-        store.close()
-        raise StateStoreError(f"state file {state_file}: {exc}") from exc
-    return providers, store
+    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper)
 
 
 def load_static_nodes(mesh: Mesh, path: str) -> None:
@@ -199,7 +211,7 @@ def exposure(config: GatewayConfig) -> str:
 
 @contextlib.asynccontextmanager
 async def background_services(config: GatewayConfig, mesh: Mesh,
-                              state: tuple[ProviderRouter, StateStore] | None = None,
+                              keeper: StateKeeper | None = None,
                               clock: Callable[[], float] = time.time) -> AsyncIterator[None]:
     """Background services of a running gateway; each enters the exit stack."""
     settings = config.settings
@@ -210,8 +222,8 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
     async with anyio.create_task_group() as tg:
         async with contextlib.AsyncExitStack() as stack:
             tg.start_soon(_prune_loop, mesh.router)
-            if state is not None:
-                tg.start_soon(_save_loop, *state, clock)
+            if keeper is not None:  # the state file: saved while serving, and at shutdown
+                tg.start_soon(keeper.run, clock)
             gossip = None
             if config.gossip is not None:  # statistics exchange with peer trackers
                 gossip = GossipService(mesh.router, config.gossip)
@@ -249,29 +261,6 @@ async def _prune_loop(router: Router) -> None:
             log.info("pruned %d route statistics unseen for 24 h", dropped)
 
 
-async def _save_loop(providers: ProviderRouter, store: StateStore,
-                     clock: Callable[[], float]) -> None:
-    """Write the provider state's changed rows every SAVE_EVERY_S, in a worker thread; a last
-    time (and close the file) when the gateway stops."""
-    try:
-        while True:
-            await anyio.sleep(SAVE_EVERY_S)
-            now = clock()
-            rows = providers.snapshot(now, changed_only=True)
-            if any(rows.values()):
-                try:
-                    await anyio.to_thread.run_sync(store.save, rows, now)
-                except StateStoreError as exc:
-                    log.error("provider state not saved: %s", exc)
-    finally:
-        try:
-            now = clock()
-            store.save(providers.snapshot(now, changed_only=True), now)
-        except StateStoreError as exc:
-            log.error("provider state not saved at shutdown: %s", exc)
-        store.close()
-
-
 class _ScrubKeys(logging.Filter):
     """A last line of defence: no provider key in a log line, whatever logged it."""
 
@@ -307,8 +296,11 @@ def run(args: argparse.Namespace) -> int:
     if gateway.providers is not None:
         cfg = gateway.providers.cfg
         print(f"meshroute serve: {len(cfg.providers)} provider(s), "
-              f"{sum(len(p.keys) for p in cfg.providers)} key(s), state in "
-              f"{settings.state_file}", file=sys.stderr, flush=True)
+              f"{sum(len(p.keys) for p in cfg.providers)} key(s)", file=sys.stderr, flush=True)
+    if gateway.keeper is not None:
+        print(f"meshroute serve: state in {gateway.keeper.store.path} "
+              f"({gateway.keeper.restored} route statistics restored)", file=sys.stderr,
+              flush=True)
     print(f"meshroute serve: tracker {gateway.config.tracker_id} on "
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)
@@ -411,7 +403,10 @@ def run_workers(settings: ServeSettings) -> int:
                    for i in range(n)]
         for cfg in configs:
             GatewayConfig.build(cfg, os.environ)  # refuse a bad one before any process starts
-    except (SettingsError, ValueError) as exc:
+        store = open_state_file(shared)  # and an unusable state file (the workers share it)
+        if store is not None:
+            store.close()
+    except (SettingsError, ValueError, StateStoreError) as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(),

@@ -115,7 +115,8 @@ OPTIONS: tuple[Option, ...] = (
            "allow a non-loopback --gossip-listen without a gossip secret"),
     Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level"),
     Option("state_file", str, ("--state-file",), ("MESHROUTE_STATE_FILE",),
-           "SQLite file of provider-route state (':memory:' for none)"),
+           "SQLite file of learned state, restored at start (default: none; "
+           f"{DEFAULT_STATE_FILE} with provider tables; ':memory:' keeps nothing)"),
     Option("admin_token", str, ("--admin-token",), ("MESHROUTE_ADMIN_TOKEN",),
            "bearer token required by POST /v1/cooldowns/clear (default: the node token)"),
     Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
@@ -158,7 +159,7 @@ class ServeSettings:
     gossip_secret: str | None = None
     insecure_gossip: bool = False
     log_level: str = "info"
-    state_file: str = DEFAULT_STATE_FILE
+    state_file: str | None = None  # provider tables without one: DEFAULT_STATE_FILE
     admin_token: str | None = None
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
     workers: int = 1

@@ -285,6 +285,8 @@ class RouteStatsStore:
         # model -> origin -> (its stamp of the model's last change on its own clock, our
         # change time when its topology was found equal to ours, else None): `note_origin_change`
         self._origin_changes: dict[str, dict[str, tuple[float, float | None]]] = {}
+        # routes written since a reader (the state file) last took this set; None: untracked
+        self.changed: set[tuple[str, str]] | None = None
 
     def _own(self, model: str, signature: str, changed_at: float) -> StatEntry:
         origins = self._entries.get((model, signature))
@@ -299,6 +301,8 @@ class RouteStatsStore:
         key = (model, signature)
         self._entries.setdefault(key, {})[self.origin] = entry
         self._merged.pop(key, None)
+        if self.changed is not None:
+            self.changed.add(key)
         return entry
 
     def record_sample(self, model: str, signature: str, tps: float, ttfb_s: float, now: float,
@@ -416,6 +420,8 @@ class RouteStatsStore:
                     mine[origin] = best
                     self._merged.pop(key, None)
                     changed += 1
+                    if self.changed is not None:
+                        self.changed.add(key)
             if not mine:
                 del self._entries[key]
         return changed
@@ -436,3 +442,19 @@ class RouteStatsStore:
 
     def __iter__(self) -> Iterator[tuple[tuple[str, str], dict[str, StatEntry]]]:
         return iter(self._entries.items())
+
+    def restore(self, saved: Mapping[tuple[str, str], Mapping[str, StatEntry]],
+                now: float) -> int:
+        """Take back a state this tracker saved itself (its state file): `merge`, except that
+        entries of our own origin are taken too (newer wins). Return how many changed."""
+        changed = self.merge(saved, now)
+        cutoff = now - self.prune_after_s
+        for (model, signature), origins in saved.items():
+            entry = origins.get(self.origin)
+            if entry is None or entry.t < cutoff:
+                continue
+            have = self._entries.get((model, signature), {}).get(self.origin)
+            if have is None or (have != entry and newer(have, entry) is entry):
+                self._put(model, signature, entry)
+                changed += 1
+        return changed

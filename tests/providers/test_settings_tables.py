@@ -18,7 +18,7 @@ def test_the_example_config_loads_with_its_provider_tables() -> None:
     assert [p.name for p in cfg.providers] == ["fastco", "slowco"]
     assert cfg.routing.chain == ("fastco/big-model", "slowco/small-model", "qwen")
     assert cfg.profile("coding") is not None and cfg.mesh_tier("qwen") == "medium"
-    assert settings.state_file == "meshroute-state.db" and settings.admin_token is None
+    assert settings.state_file is None and settings.admin_token is None
 
 
 def test_no_provider_tables_no_provider_config(tmp_path: Path) -> None:
