@@ -37,6 +37,9 @@ class Reply:
     token_delay_s: float = 0.0
     retry_after: str | None = None  # Retry-After header of an error answer
     break_after: int | None = None  # streaming: drop the connection after this many chunks
+    # streaming: wait for this event (set by the test once its client saw content) before
+    # dropping the connection, so the chunks sent are not lost with the reset
+    break_when: threading.Event | None = field(default=None, compare=False)
     usage: bool = True  # include `usage` (in the last stream chunk when streaming)
     message: str | None = None  # an error answer's message, when not the default one
     echo_key: bool = False  # an error answer quotes the key it got (some providers do)
@@ -165,6 +168,8 @@ class FakeProvider:
             yield _sse(self._chunk(body, {"role": "assistant", "content": ""}, None))
         for i in range(reply.tokens):
             if reply.break_after is not None and i == reply.break_after:
+                if reply.break_when is not None:
+                    await asyncio.to_thread(reply.break_when.wait, 60)
                 raise ConnectionResetError("scripted broken stream")
             await asyncio.sleep(reply.token_delay_s)
             yield _sse(self._chunk(body, {"content": f"t{i} "}, None))

@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gateway port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--seconds", "--duration", dest="seconds", type=float, default=0.0,
                         help="seconds of traffic before stopping (0: until Ctrl-C)")
+    parser.add_argument("--requests", type=int, default=0,
+                        help="stop once this many requests were answered (0: no bound; with "
+                        "--seconds, whichever comes first)")
     parser.add_argument("--clients", type=int, default=6, help="concurrent chat clients")
     parser.add_argument("--max-tokens", type=int, default=24, help="tokens per request")
     parser.add_argument("--leave-after", type=float, default=20.0,
@@ -245,6 +248,8 @@ class Demo:
                         self._event(line)
                 self.view.show(self.gateway, self.nodes, self.tally)
                 if self.args.seconds and self.tally.elapsed_s() >= self.args.seconds:
+                    break
+                if self.args.requests and self.tally.ok + self.tally.failed >= self.args.requests:
                     break
                 await self._sleep(TICK_S)
         finally:
