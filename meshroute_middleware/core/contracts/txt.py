@@ -123,7 +123,10 @@ def open_txt(props: TxtProperties, secret: str | None, what: str) -> dict[str, s
         got = text.get(SIG_KEY)
         if not got:
             raise TxtError(f"{what} is unsigned (no signature) but a mesh secret is set")
-        if not hmac.compare_digest(got, sign(text, secret)):
+        # bytes, not str: compare_digest refuses a str with non-ASCII characters (TypeError),
+        # and a hostile record may carry any text in its signature
+        if not hmac.compare_digest(got.encode("utf-8", "surrogatepass"),
+                                   sign(text, secret).encode()):
             raise TxtError(f"{what} signature does not match the mesh secret")
     return text
 

@@ -65,6 +65,8 @@ def _tracker(**changes: str) -> dict[str, str]:
     (_tracker(), "s", "signature"),
     ({**encode_tracker("t", 8080, 7000, "s"), "gp": "7001"}, "s", "signature"),
     ({**encode_tracker("t", 8080, 7000, "other")}, "s", "signature"),
+    # non-ASCII text where the signature goes (hypothesis found a TypeError here)
+    ({**encode_tracker("t", 8080, 7000, "s"), "sig": "é" * 64}, "s", "signature"),
 ])
 def test_hostile_tracker_records_are_refused(props: dict[str, str], secret: str | None,
                                              reason: str) -> None:
