@@ -16,6 +16,7 @@ past that drops the oldest waiting one. Only a connection that delivered a frame
 from __future__ import annotations
 
 import logging
+import socket
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -102,19 +103,42 @@ class TcpTransport:
     async def serve(self, handler: Handler, *,
                     task_status: anyio.abc.TaskStatus[Address] = anyio.TASK_STATUS_IGNORED,
                     ) -> None:
-        """Listen and answer until cancelled."""
-        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
-        async with listener:
-            bound = listener.extra(anyio.abc.SocketAttribute.local_address)
-            assert isinstance(bound, tuple)  # a TCP listener has an IP address
+        """Listen and answer until cancelled.
+
+        Accepts by waiting for the socket to be readable, then a non-blocking accept, rather
+        than with anyio's listener: that one awaits asyncio's `sock_accept`, which on the
+        Pythons we support raises InvalidStateError in the event loop (and drops the
+        connection) when it is cancelled while a peer's connection is pending (CPython
+        gh-153761), as every shutdown while peers gossip risks."""
+        family, *_, address = (await anyio.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))[0]
+        with socket.create_server(address[:2], family=family) as sock:
+            sock.setblocking(False)
+            bound = sock.getsockname()
             self.port = int(bound[1])
             task_status.started((str(bound[0]), self.port))
+            async with anyio.create_task_group() as tg:
+                while True:
+                    await anyio.wait_readable(sock)
+                    try:
+                        conn, _ = sock.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue  # another wake-up took it, or a signal
+                    except OSError as exc:  # out of file descriptors, say: wait, go on
+                        log.warning("gossip: cannot accept a connection: %s", exc)
+                        await anyio.sleep(0.1)
+                        continue
+                    tg.start_soon(self._connection, conn, handler)
 
-            async def on_connection(stream: anyio.abc.SocketStream) -> None:
-                async with stream:
-                    await self._answer(stream, handler)
-
-            await listener.serve(on_connection)
+    async def _connection(self, conn: socket.socket, handler: Handler) -> None:
+        try:
+            stream = await anyio.abc.SocketStream.from_socket(conn)
+        except OSError as exc:  # the peer left between accept and now
+            conn.close()
+            self._report(err.PeerUnreachable(f"{type(exc).__name__} {exc}"), ("?", 0))
+            return
+        async with stream:
+            await self._answer(stream, handler)
 
     async def _receive(self, stream: anyio.abc.SocketStream) -> bytes | None:
         """The request frame, read within the handshake timeout; None if this connection was
