@@ -7,7 +7,9 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -129,12 +131,17 @@ async def open_page(url: str, width: int = 1280, height: int = 800) -> AsyncIter
     binary = chromium_binary()
     if binary is None:
         raise DevToolsError("chromium is not installed (scripts/ensure-chromium installs it)")
-    with tempfile.TemporaryDirectory(prefix="meshroute-chromium-") as tmp:
+    # Chromium's helper processes may still write to the profile as it is removed (seen
+    # under stress-ng: "Directory not empty: 'Default'"): the whole process group is killed
+    # below, and what a straggler leaves behind does not fail the test.
+    with tempfile.TemporaryDirectory(prefix="meshroute-chromium-",
+                                     ignore_cleanup_errors=True) as tmp:
         profile = Path(tmp)
         command = [binary, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
                    "--remote-debugging-address=127.0.0.1", f"--window-size={width},{height}",
                    "about:blank"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
         try:
             port = await _devtools_port(profile, process)
             async with aiohttp.ClientSession() as session:
@@ -162,3 +169,5 @@ async def open_page(url: str, width: int = 1280, height: int = 800) -> AsyncIter
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its renderer and GPU helpers too
