@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Protocol
 
 import aiohttp
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from .core.kinds import ErrorKind
 
@@ -214,6 +215,15 @@ class AiohttpForwarder:
             raise ForwardError("connect", f"request to {url} failed: {exc!r}") from _cut(exc)
         except aiohttp.ClientError as exc:
             raise ForwardError("connect", f"request to {url} failed: {exc!r}") from _cut(exc)
+
+    def metric_families(self) -> Iterator[Metric]:
+        """The forwarder's own counter, for /metrics."""
+        retries = CounterMetricFamily(
+            "meshroute_forward_stale_retries",
+            "Requests sent again on a fresh connection after a pooled one the head had "
+            "closed lost them before any answer (not counted as route failures)")
+        retries.add_metric([], self.stale_retries)
+        yield retries
 
     async def aclose(self) -> None:
         """Close the sessions."""

@@ -168,6 +168,8 @@ async def test_the_gateway_records_no_failure_for_a_stale_pooled_connection() ->
                     resp = await client.post("/v1/chat/completions", content=BODY,
                                              headers={"content-type": "application/json"})
                     assert resp.status_code == 200, resp.text
+                metrics = (await client.get("/metrics")).text
+            assert "\nmeshroute_forward_stale_retries_total 1.0\n" in metrics
             (entry,) = [e for (_, _), origins in gateway.router.stats
                         for e in origins.values()]
             assert (entry.ok, entry.fail, entry.count) == (2.0, 0.0, 2)

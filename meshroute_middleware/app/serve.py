@@ -133,6 +133,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
     forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
+    if isinstance(forwarder, AiohttpForwarder):
+        telemetry.add_collector(forwarder.metric_families)
     providers = chat = keeper = None
     extra = []
     if settings.providers is not None:
