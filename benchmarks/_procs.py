@@ -6,20 +6,25 @@ Everything is driven through `meshroute`'s command line and HTTP (no package imp
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -256,3 +261,39 @@ def py_spy(pid: int | None, outdir: str | None, name: str, seconds: float) -> It
         yield
     finally:
         spy.wait(seconds + 30)
+
+
+def run_bench(script: str, args: argparse.Namespace,
+              run: Callable[[argparse.Namespace, Path], Coroutine[Any, Any, dict[str, Any]]],
+              report: Callable[[dict[str, Any]], None]) -> int:
+    """A wrk-driven benchmark's main: re-run itself inside `scripts/isolated` (unless
+    --no-isolate), run `run` in a scratch directory (its processes' logs are printed if it
+    fails), add the run's metadata (command, date, load average, fd limit) and write the JSON
+    to `args.json`, then `report` it."""
+    if os.environ.get("MESHROUTE_ISOLATED") != "1" and not args.no_isolate:
+        isolated = str(ROOT / "scripts/isolated")
+        os.execv(isolated, [isolated, PY, *sys.argv])
+    if not shutil.which("wrk"):
+        print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
+        return 2
+    fds = raise_fd_limit()
+    load_before = load_average()
+    began = time.time()
+    with tempfile.TemporaryDirectory(prefix=f"{Path(script).stem}-") as tmp:
+        try:
+            results = asyncio.run(run(args, Path(tmp)))
+        except Exception:
+            for log in sorted(Path(tmp).glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text()[-3000:]}", file=sys.stderr)
+            raise
+    results["meta"] = {
+        "command": f"scripts/isolated python benchmarks/{Path(script).name} "
+                   + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
+        "seconds": time.time() - began, "load_average_before": load_before,
+        "load_average_after": load_average(), "fd_limit": fds, "cpus": os.cpu_count(),
+        "args": vars(args)}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
+    report(results)
+    return 0

@@ -25,12 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -225,33 +221,7 @@ def rss_trend(series: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def main() -> int:
-    args = parse_args()
-    if os.environ.get("MESHROUTE_ISOLATED") != "1" and not args.no_isolate:
-        isolated = str(P.ROOT / "scripts/isolated")
-        os.execv(isolated, [isolated, P.PY, *sys.argv])
-    if not shutil.which("wrk"):
-        print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
-        return 2
-    fds = P.raise_fd_limit()
-    load_before = P.load_average()
-    began = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
-        try:
-            results = asyncio.run(run(args, Path(tmp)))
-        except Exception:
-            for log in sorted(Path(tmp).glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text()[-3000:]}", file=sys.stderr)
-            raise
-    results["meta"] = {
-        "command": "scripts/isolated python benchmarks/bench_load.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
-        "seconds": time.time() - began, "load_average_before": load_before,
-        "load_average_after": P.load_average(), "fd_limit": fds, "cpus": os.cpu_count(),
-        "args": vars(args)}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
-    report(results)
-    return 0
+    return P.run_bench(__file__, parse_args(), run, report)
 
 
 def report(res: dict[str, Any]) -> None:
