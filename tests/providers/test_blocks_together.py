@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from meshroute_middleware.core.providers.config import parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
@@ -95,13 +93,6 @@ class MiniGateway:
             used_tokens=usage.get("total_tokens"),
             retry_after_s=parse_retry_after(resp.headers.get("retry-after"), self.now))
         return over, resp.json()
-
-
-@pytest.fixture
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
-    with fast.serve(), slow.serve():
-        yield fast, slow
 
 
 def assert_no_key_in(*texts: str) -> None:

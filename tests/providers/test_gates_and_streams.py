@@ -6,7 +6,6 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,13 +16,6 @@ from .fake_provider import FakeProvider, Reply
 from .gateway import HI, assert_no_key_in, gateway, providers_doc
 
 T0 = 1_796_040_000.0  # 2026-11-30 06:40 UTC: a day and a month well under way
-
-
-@pytest.fixture
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
-    with fast.serve(), slow.serve():
-        yield fast, slow
 
 
 def reasons(answer: httpx.Response) -> dict[str, str]:

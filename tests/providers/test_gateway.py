@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from ..conftest import FakeClock
 from .fake_provider import FakeProvider, Reply
 from .gateway import ENV, assert_no_key_in, gateway, providers_doc
 
 T0 = 1_796_040_000.0
-
-
-@pytest.fixture
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
-    with fast.serve(), slow.serve():
-        yield fast, slow
 
 
 def test_keys_round_robin_the_upstream_gets_its_own_id_and_key_never_the_clients(

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 
 from ..upstream import FakeChat, ServerThread
 from .fake_provider import FakeProvider, Reply
 from .gateway import gateway, providers_doc
-
-
-@pytest.fixture
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
-    with fast.serve(), slow.serve():
-        yield fast, slow
 
 
 def test_a_mesh_chain_fails_over_to_a_provider_and_back(

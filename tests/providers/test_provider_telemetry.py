@@ -5,24 +5,15 @@ chains and provider models beside the mesh models."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from ..conftest import FakeClock
 from .fake_provider import FakeProvider, Reply
 from .gateway import ENV, Running, gateway, providers_doc
 
 T0 = 1_796_040_000.0
-
-
-@pytest.fixture
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
-    with fast.serve(), slow.serve():
-        yield fast, slow
 
 
 def _events_over_http(gw: Running, wanted: int) -> list[dict[str, Any]]:

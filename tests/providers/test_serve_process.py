@@ -65,13 +65,6 @@ def serve(config: Path, state: Path, log: Path, **env: str) -> Iterator[str]:
         proc.wait(10)
 
 
-@pytest.fixture
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
-    with fast.serve(), slow.serve():
-        yield fast, slow
-
-
 def saved_day_requests(state: Path, name: str, key: int) -> int:
     with sqlite3.connect(f"file:{state}?mode=ro", uri=True) as db:
         row = db.execute("SELECT data FROM route_state WHERE section = 'windows' AND "
