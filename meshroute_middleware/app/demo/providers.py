@@ -146,7 +146,9 @@ class ChainWatch:
     counts: ChainCounts = field(default_factory=ChainCounts)
     _event_id: int = 0
     _keys: dict[tuple[str, int], str] = field(default_factory=dict)
-    _fallback_told: bool = True
+    # whether this cooldown's first fallback was announced: the client's `-tried` header proves
+    # the fallback by itself, so the announcement never waits for the 429 event to be read
+    _fallback_told: bool = False
     served_by: dict[str, int] = field(default_factory=dict)
 
     def answered(self, route: str, tried: list[str]) -> str | None:
@@ -191,10 +193,11 @@ class ChainWatch:
                          f"{key_route.rpartition('#')[2]} cools down for {until - now:.0f} s")
         if limited:
             self.counts.rate_limited += len(limited)
-            self._fallback_told = False
         for route, key, state in self.key_states(now):
             before = self._keys.get((route, key))
             self._keys[(route, key)] = state
+            if before not in (None, "ready") and state == "ready":
+                self._fallback_told = False  # the next 429's fallback is news again
             if before == "cooldown" and state == "ready":
                 lines.append(f"{route}#{key} cooled down: '{CHAIN_MODEL}' may take it again")
         return lines
