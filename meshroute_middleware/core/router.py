@@ -262,10 +262,13 @@ class Router:
                          "candidates": self._table(arms, shares)}
         return {"config": self.config.to_dict(), "models": out}
 
-    @staticmethod
-    def _table(arms: Sequence[Arm], shares: Sequence[float]) -> list[dict[str, Any]]:
+    def _table(self, arms: Sequence[Arm], shares: Sequence[float]) -> list[dict[str, Any]]:
         best = max((a.view.tps or 0.0 for a in arms if a.proven), default=0.0)
-        return [_row(a, best, s) for a, s in zip(arms, shares, strict=True)]
+        # The policy's own current estimate (thompson: its curve's s1), where it keeps one.
+        estimate: Callable[[str], float | None] = getattr(
+            self.policy, "estimate", lambda _signature: None)
+        return [_row(a, best, s, estimate(a.signature))
+                for a, s in zip(arms, shares, strict=True)]
 
     def prune(self) -> int:
         """Drop statistics unseen for the prune horizon (24 h)."""
@@ -290,7 +293,7 @@ def estimate_shares(policy: Policy, arms: Sequence[Arm], now: float,
     return [c / draws for c in counts]
 
 
-def _row(arm: Arm, best_tps: float, share: float) -> dict[str, Any]:
+def _row(arm: Arm, best_tps: float, share: float, estimate: float | None) -> dict[str, Any]:
     v = arm.view
     return {
         "signature": arm.signature,
@@ -299,6 +302,7 @@ def _row(arm: Arm, best_tps: float, share: float) -> dict[str, Any]:
         "head": arm.route.head.node_id,
         "tps": v.tps,
         "prior_tps": arm.prior_tps,
+        "estimate_tps": estimate,
         "coefficient": (v.tps / best_tps) if (v.tps is not None and best_tps > 0) else None,
         "share": share,
         "samples": v.count,

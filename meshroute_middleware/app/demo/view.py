@@ -19,8 +19,8 @@ ROUTE_WIDTH = 36
 
 def table(gateway: Any, nodes: dict[str, LiveNode], colour: bool,
           chain: ChainWatch | None = None) -> list[str]:
-    """Every model's candidate routes: learned against true tok/s, share, samples, status;
-    then the provider chain, when it runs."""
+    """Every model's candidate routes: learned (the policy's estimate at one request) against
+    true tok/s, share, samples, status; then the provider chain, when it runs."""
     doc = gateway.router.routing_table()["models"]
     lines = [f"  {'route':<{ROUTE_WIDTH}} {'learned':>8} {'true':>7} {'share':>16} "
              f"{'samples':>7}  status"]
@@ -43,7 +43,13 @@ def table(gateway: Any, nodes: dict[str, LiveNode], colour: bool,
 def _row(row: dict[str, Any], nodes: dict[str, LiveNode], colour: bool) -> str:
     route = "→".join(f"{h['node_id']}[{h['start_layer']}-{h['end_layer']}]"
                      for h in row["hops"])
-    tps = "—" if row["tps"] is None else f"{row['tps']:.1f}"
+    # The policy's own estimate where it keeps one (thompson's curve: it moves as soon as a
+    # change is detected), else the shared decayed mean, which keeps a route's old speed
+    # while the policy sends it nothing.
+    learned = row.get("estimate_tps")
+    if learned is None:
+        learned = row["tps"]
+    tps = "—" if learned is None else f"{learned:.1f}"
     true = route_true_tps(row["hops"], nodes)
     bar = "█" * round(row["share"] * 10)
     status = row["status"]

@@ -304,6 +304,16 @@ class ThompsonPolicy:
             shared = belief.shared = (curve.changes, curve.samples, curve.summary())
         return shared[2]
 
+    def estimate(self, signature: str) -> float | None:
+        """This policy's own estimate of a route's tokens/s with one request in flight (its
+        curve's s1 at the best fit), for display; None before its first tps sample. Unlike
+        the shared decayed mean (ADR-0021), it moves as soon as a change is detected."""
+        belief = self._beliefs.get(signature)
+        if belief is None or belief.curve.mass <= 0.0:
+            return None
+        _, mus, best = belief.curve.fit()
+        return math.exp(mus[best])
+
     def observe(self, signature: str, outcome: Outcome, now: float) -> None:
         """Learn from a finished request: a tps sample at its concurrency, or a success or
         failure only."""

@@ -316,3 +316,34 @@ def test_a_peers_curve_is_refitted_when_its_speed_moves_at_the_mass_cap() -> Non
     # less half of what the first loses) is worth more than b
     slow = tuple((k, m, math.log(20.0)) for k, m, _ in ROOMY)
     assert shares(policy, [roomy[0], peer_arm("b", 20.0, 20.0, slow)])[0] >= 0.9
+
+
+def test_the_routing_table_shows_the_policys_estimate_which_follows_a_slowdown(clock) -> None:  # type: ignore[no-untyped-def]
+    """`estimate_tps` is thompson's own s1: after a 3x slowdown it reads the new speed within
+    ten samples, while the shared decayed mean (`tps`, ADR-0021) still reads far above it."""
+    router = Router(RouterConfig(policy="thompson"), clock=clock, rng=random.Random(5))
+    router.upsert_node(NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test", 60.0))
+
+    def run(tps: float, n: int) -> dict[str, float]:
+        for _ in range(n):
+            decision = router.choose("m")
+            clock.advance(1.0)
+            router.record(decision, Outcome(300, 300 / tps))
+        (row,) = router.routing_table("m")["models"]["m"]["candidates"]
+        return row  # type: ignore[no-any-return]
+
+    assert router.routing_table("m")["models"]["m"]["candidates"][0]["estimate_tps"] is None
+    before = run(60.0, 100)
+    assert before["estimate_tps"] == pytest.approx(60.0, rel=0.02)
+    after = run(20.0, 10)
+    assert after["estimate_tps"] == pytest.approx(20.0, rel=0.1)
+    assert after["tps"] > 30.0  # the shared mean lags: what the demo showed before
+
+
+def test_policies_without_an_estimate_show_none(clock) -> None:  # type: ignore[no-untyped-def]
+    router = Router(RouterConfig(policy="adr0021"), clock=clock, rng=random.Random(5))
+    router.upsert_node(NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test", 60.0))
+    decision = router.choose("m")
+    router.record(decision, Outcome(300, 5.0))
+    (row,) = router.routing_table("m")["models"]["m"]["candidates"]
+    assert row["estimate_tps"] is None and row["tps"] == pytest.approx(60.0)
