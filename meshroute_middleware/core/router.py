@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +20,10 @@ from .topology import ModelTopology, NodeRecord, Topology, parse_networks
 Clock = Callable[[], float]
 ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed
 RECENT_ATTEMPTS = 256  # attempts per model behind the 'recent' traffic shares
+# ... the newest weighted most: an attempt counts half after this many newer ones, so the
+# shown split follows a change within a few dozen attempts, not 256.
+RECENT_HALF_LIFE = 32
+_RECENT_WEIGHTS = [0.5 ** (age / RECENT_HALF_LIFE) for age in range(RECENT_ATTEMPTS)]
 MIN_RECENT_FOR_SHARES = 32
 SHARE_DRAWS = 400  # Monte-Carlo draws behind one model's 'sampled' shares
 TABLE_SHARE_DRAWS = 4000  # draws for a whole table, split over its models (issue 11)
@@ -240,8 +244,12 @@ class Router:
             return list(exact(arms)), "policy"
         recent = self._recent.get(arms[0].route.model) if arms else None
         if recent is not None and len(recent) >= MIN_RECENT_FOR_SHARES:
-            counts = Counter(recent)
-            return [counts.get(a.signature, 0) / len(recent) for a in arms], "recent"
+            weights: dict[str, float] = {}
+            # newest first; the deque holds at most RECENT_ATTEMPTS
+            for signature, w in zip(reversed(recent), _RECENT_WEIGHTS, strict=False):
+                weights[signature] = weights.get(signature, 0.0) + w
+            total = sum(weights.values())
+            return [weights.get(a.signature, 0.0) / total for a in arms], "recent"
         if len(arms) == 1:
             return [1.0], "sampled"
         return estimate_shares(self.policy, arms, self.clock(), draws), "sampled"

@@ -261,7 +261,24 @@ def test_load_aware_shares_are_the_recent_split_not_one_snapshot(clock: Any) -> 
     assert doc["share_basis"] == "recent"
     shares = {row["signature"]: row["share"] for row in doc["candidates"]}
     assert sum(shares.values()) == pytest.approx(1.0)
+    weights = [0.5 ** (age / 32) for age in range(40)]  # the newest attempt weighs 1
     for sig in shares:
-        expected = sum(d.signature == sig for d in open_decisions) / 40
+        expected = sum(w for d, w in zip(reversed(open_decisions), weights, strict=True)
+                       if d.signature == sig) / sum(weights)
         assert shares[sig] == pytest.approx(expected)
     assert len(picked) == 2  # in-flight load spread them over both routes
+
+
+def test_recent_shares_follow_a_change_within_a_few_dozen_attempts(clock: Any) -> None:
+    """After 200 attempts on one route and 48 on another, the shown split already gives the
+    new route most of the traffic (a plain count of the last 256 would say 19 %)."""
+    router = Router(RouterConfig(policy="thompson"), clock=clock, rng=random.Random(5))
+    router.upsert_node(node("a", 0, 39, tps=30.0))
+    router.upsert_node(node("b", 0, 39, tps=20.0))
+    for head, n in (("a", 200), ("b", 48)):
+        for _ in range(n):
+            router.cancel(router.choose("m", pin=[head]))
+    shares = {row["head"]: row["share"]
+              for row in router.routing_table("m")["models"]["m"]["candidates"]}
+    assert shares["b"] == pytest.approx(1 - 0.5 ** (48 / 32), rel=0.01)  # 0.65
+    assert shares["b"] > 0.6 > 48 / 248
