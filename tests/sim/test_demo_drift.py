@@ -26,7 +26,8 @@ def demo_scenario() -> Scenario:
     """The demo's qwen mesh (cpu-b's leave and gpu-c's join left out: gpu-a's route stays
     the best until it slows), the drifter slowing 3x."""
     specs = tuple(NodeSpec(n.node_id, n.start, n.end, n.layers,
-                           1.0 / (n.tps * (n.end - n.start + 1)), n.slots)
+                           1.0 / (n.tps * (n.end - n.start + 1)), n.slots,
+                           slot_slowdown=n.slot_slowdown)
                   for n in MESH if n.model == QWEN)
     return Scenario("demo-drift", "the demo's best route slows 3x", specs, 900,
                     clients=CLIENTS, tokens=(TOKENS, TOKENS), hop_token_s=0.0005,

@@ -36,7 +36,8 @@ class DemoNode:
     end: int
     layers: int
     tps: float
-    slots: int = 4
+    slots: int = 4  # requests in its batch at once; more wait in its queue
+    slot_slowdown: float = 0.0  # each request's slowdown per batch neighbour (0: free)
 
     def record(self, url: str) -> dict[str, Any]:
         """The node record it announces or registers."""
@@ -46,22 +47,26 @@ class DemoNode:
 
 # ADR-0020's mixed topology: GPU boxes with half the layers, CPU boxes with all of them.
 # cpu-b is a single-hop route, so its leaving takes no other route's hop with it.
+# Servers behave as real ones do (issue 14): the GPU boxes batch (vLLM-like: a few per cent
+# slower per neighbour), the CPU boxes run one request at a time (llama.cpp without
+# --parallel), the edge pair batches a little and the laptop is serial; the policy is told
+# none of it and learns each route's curve from what it measures.
 MESH = (
-    DemoNode("gpu-a", QWEN, 0, 21, 40, 150.0, slots=6),
-    DemoNode("gpu-b", QWEN, 0, 19, 40, 80.0),
-    DemoNode("cpu-a", QWEN, 0, 39, 40, 30.0),
-    DemoNode("cpu-b", QWEN, 0, 39, 40, 22.0),
-    DemoNode("cpu-c", QWEN, 20, 39, 40, 100.0, slots=6),
+    DemoNode("gpu-a", QWEN, 0, 21, 40, 150.0, slots=6, slot_slowdown=0.05),
+    DemoNode("gpu-b", QWEN, 0, 19, 40, 80.0, slots=4, slot_slowdown=0.05),
+    DemoNode("cpu-a", QWEN, 0, 39, 40, 30.0, slots=1),
+    DemoNode("cpu-b", QWEN, 0, 39, 40, 22.0, slots=1),
+    DemoNode("cpu-c", QWEN, 20, 39, 40, 100.0, slots=6, slot_slowdown=0.05),
     # A second model, 32 layers: an edge pair splitting it, a whole-model box, a laptop.
-    DemoNode("edge-1", LLAMA, 0, 15, 32, 90.0, slots=6),
-    DemoNode("edge-2", LLAMA, 16, 31, 32, 70.0, slots=6),
-    DemoNode("box", LLAMA, 0, 31, 32, 35.0),
-    DemoNode("laptop", LLAMA, 0, 31, 32, 18.0),
+    DemoNode("edge-1", LLAMA, 0, 15, 32, 90.0, slots=4, slot_slowdown=0.15),
+    DemoNode("edge-2", LLAMA, 16, 31, 32, 70.0, slots=4, slot_slowdown=0.15),
+    DemoNode("box", LLAMA, 0, 31, 32, 35.0, slots=2, slot_slowdown=0.1),
+    DemoNode("laptop", LLAMA, 0, 31, 32, 18.0, slots=1),
 )
 LEAVER = "cpu-b"
 DRIFTER = "gpu-a"
 # Joins later: a fast head for the first 24 layers, completed by cpu-c -> the new best route.
-JOINER = DemoNode("gpu-c", QWEN, 0, 23, 40, 200.0, slots=6)
+JOINER = DemoNode("gpu-c", QWEN, 0, 23, 40, 200.0, slots=6, slot_slowdown=0.05)
 MODELS = (QWEN, LLAMA)
 CLIENT_SHARE = {QWEN: 0.6, LLAMA: 0.4}  # share of the demo's requests per model
 
@@ -83,7 +88,8 @@ class LiveNode:
         """The emulator's configuration of this node."""
         s = self.spec
         return EmulatorConfig(node_id=s.node_id, model=s.model, start=s.start, end=s.end,
-                              layers=s.layers, tps=s.tps, slots=s.slots, noise_sigma=0.1,
+                              layers=s.layers, tps=s.tps, slots=s.slots,
+                              slot_slowdown=s.slot_slowdown, noise_sigma=0.1,
                               seed=self.seed, hop_latency_s=0.0005)
 
     def start(self, gateway: Any, http: tuple[aiohttp.ClientSession, str] | None) -> None:

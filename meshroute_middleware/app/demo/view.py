@@ -23,7 +23,7 @@ def table(gateway: Any, nodes: dict[str, LiveNode], colour: bool,
     true tok/s, share, samples, status; then the provider chain, when it runs."""
     doc = gateway.router.routing_table()["models"]
     lines = [f"  {'route':<{ROUTE_WIDTH}} {'learned':>8} {'true':>7} {'share':>16} "
-             f"{'samples':>7}  status"]
+             f"{'running':>7} {'samples':>7}  status"]
     for model in MODELS:
         lines.append(f"  {BOLD if colour else ''}{model}{RESET if colour else ''}")
         entry = doc.get(model)
@@ -56,7 +56,7 @@ def _row(row: dict[str, Any], nodes: dict[str, LiveNode], colour: bool) -> str:
     if colour:
         status = COLOURS.get(status, "") + status + RESET
     return (f"    {route:<{ROUTE_WIDTH - 2}} {tps:>8} {true:>7.1f} {bar:<10}"
-            f"{row['share']:>5.0%} {row['samples']:>7}  {status}")
+            f"{row['share']:>5.0%} {row['in_flight']:>7} {row['samples']:>7}  {status}")
 
 
 def best_true_tps(gateway: Any, nodes: dict[str, LiveNode]) -> dict[str, float]:
