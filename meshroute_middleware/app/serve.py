@@ -347,6 +347,17 @@ def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int]
                                                               len(gossip_ports) - 1))
 
 
+def workers_base_id(saved: str | None) -> str | None:
+    """The base tracker id of the workers that last wrote a state file (`<base>-w<i>`: each
+    worker writes its own id there), so a restart comes back under the same origins and
+    takes its own restored statistics as its own, not as a departed peer's. None when the
+    file was written by something else (a single tracker, or nothing yet)."""
+    if saved is None:
+        return None
+    base, sep, index = saved.rpartition("-w")
+    return base if sep and base and index.isdigit() else None
+
+
 def _reuseport_socket(host: str, port: int, listen: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -401,13 +412,15 @@ def run_workers(settings: ServeSettings) -> int:
     shared = replace(settings, port=port)
     children = []
     try:
+        store = open_state_file(shared)  # refuse an unusable state file (the workers share it)
+        if store is not None:
+            if settings.tracker_id is None:  # the same origins as the last run's workers
+                tracker_id = workers_base_id(store.meta("tracker_id")) or tracker_id
+            store.close()
         configs = [worker_settings(shared, i, gossip_ports, tracker_id, secret)
                    for i in range(n)]
         for cfg in configs:
-            GatewayConfig.build(cfg, os.environ)  # refuse a bad one before any process starts
-        store = open_state_file(shared)  # and an unusable state file (the workers share it)
-        if store is not None:
-            store.close()
+            GatewayConfig.build(cfg, os.environ)  # and a bad one before any process starts
     except (SettingsError, ValueError, StateStoreError) as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from meshroute_middleware.app.serve import worker_settings
+from meshroute_middleware.app.serve import worker_settings, workers_base_id
 from meshroute_middleware.app.settings import ServeSettings, SettingsError, load_settings
 
 from ..upstream import FakeChat, ServerThread, free_port
@@ -76,3 +76,41 @@ def test_a_sample_learned_in_one_worker_reaches_the_others(tmp_path: Path) -> No
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(20) == 0
+
+
+def test_workers_come_back_under_the_origins_their_state_file_names() -> None:
+    assert workers_base_id("tracker-abc123-w1") == "tracker-abc123"
+    assert workers_base_id("edge-w-w12") == "edge-w"
+    for other in (None, "tracker-abc123", "tracker-w", "-w0", "tracker-wx"):
+        assert workers_base_id(other) is None, other
+
+
+def _trackers(url: str, n: int, proc: subprocess.Popen[bytes]) -> set[str]:
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < n:  # every new connection lands on one of the workers
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        try:
+            seen.add(httpx.get(url + "/healthz", timeout=10).json()["tracker"])
+        except httpx.TransportError:
+            time.sleep(0.1)
+    return seen
+
+
+def test_restarted_workers_keep_their_origins_with_a_state_file(tmp_path: Path) -> None:
+    """Without --tracker-id, workers restarted on the same state file come back as the same
+    origins (before, each restart made new ones and the old ones' entries lingered)."""
+    runs = []
+    for _ in range(2):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "meshroute_middleware.app.cli", "serve",
+                                 "--workers", "2", "--port", str(port), "--no-mdns",
+                                 "--state-file", str(tmp_path / "state.db"),
+                                 "--log-level", "warning"], cwd=ROOT)
+        try:
+            runs.append(_trackers(f"http://127.0.0.1:{port}", 2, proc))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+    first, second = runs
+    assert len(first) == 2 and first == second, runs
