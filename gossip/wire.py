@@ -23,10 +23,11 @@ An entry's saturation-curve summary (issue 14) travels beside the entries, in th
 optional map `k` ({model: {signature: {origin: [[bin, mass, mean log tps], ...]}}}), so a
 version 2 decoder that predates it ignores it (a body's unknown keys are skipped) and still
 takes the entry, whose 8-field leaf is unchanged: no version bump. A curve is checked as
-strictly as an entry (at most `MAX_CURVE_BINS` bins, strictly ascending in
-0..`MAX_CURVE_BIN`, masses finite and >= 0, means finite and within the log of the tokens/s
-bounds); a bad one, or one naming no entry of the delta, refuses its entry too, counted in
-`Message.refused_curves` (`invalid_curve`). We only put on the wire curves that pass the check.
+strictly as an entry (`core.stats.parse_curve`, the state file's check too: at most
+`MAX_CURVE_BINS` bins, strictly ascending in 0..`MAX_CURVE_BIN`, masses finite and >= 0, means
+finite and within the log of the tokens/s bounds); a bad one, or one naming no entry of the
+delta, refuses its entry too, counted in `Message.refused_curves` (`invalid_curve`). We only
+put on the wire curves that pass the check.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from meshroute_middleware.core.contracts.limits import (
     MAX_SIGNATURE_CHARS,
     MAX_TPS,
 )
-from meshroute_middleware.core.stats import MAX_CURVE_BIN, MAX_CURVE_BINS, Curve, StatEntry
+from meshroute_middleware.core.stats import Curve, StatEntry, parse_curve
 
 from . import errors as err
 from . import state as st
@@ -59,10 +60,6 @@ MAX_FRAME_BYTES = 1024 * 1024  # bounds memory per message; a full delta is ~160
 MAX_COUNT = 2**53  # counts stay exact as floats
 MAX_MASS = 1e9  # decayed weights: ~1.4 million samples/s sustained over a 600 s half-life
 MAX_TTFB_S = 3600.0  # no first byte is awaited for an hour
-# Mean log tokens/s of a curve bin: a sample's tps is capped at MAX_TPS; the floor, 1e-6
-# tok/s, is 8 tokens over three months.
-MAX_LOG_TPS = math.log(MAX_TPS)
-MIN_LOG_TPS = -MAX_LOG_TPS
 REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused
 MAX_REPLAY_TAGS = 65_536  # tags remembered for duplicate detection (oldest evicted first)
 TAG_BYTES = 32  # HMAC-SHA256
@@ -269,18 +266,10 @@ def _entry(leaf: Any) -> StatEntry:
 
 
 def _curve(leaf: Any) -> Curve:
-    if not isinstance(leaf, list) or not 1 <= len(leaf) <= MAX_CURVE_BINS:
-        raise _fail(f"a curve must be a list of 1..{MAX_CURVE_BINS} bins")
-    out: list[tuple[int, float, float]] = []
-    for point in leaf:
-        if not isinstance(point, list) or len(point) != 3:
-            raise _fail("a curve bin must be [bin, mass, mean log tps]")
-        key = _int(point[0], "curve bin", MAX_CURVE_BIN)
-        if out and key <= out[-1][0]:
-            raise _fail("curve bins must be strictly ascending")
-        out.append((key, _number(point[1], "curve mass", 0.0, MAX_MASS),
-                    _number(point[2], "curve mean", MIN_LOG_TPS, MAX_LOG_TPS)))
-    return tuple(out)
+    try:
+        return parse_curve(leaf)  # the one check, shared with the state file
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def _with_curves(entries: dict[st.EntryKey, StatEntry], obj: Any,

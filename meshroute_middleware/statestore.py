@@ -7,7 +7,8 @@ and learned statistics with the rate-limit penalty per route (`stats`), keyed by
 (provider or route) and 1-based key position (0 for a route's statistics): a key's value is in
 no column. Mesh routes: one row per (model, signature, origin) statistics entry, the gossip
 state (`route_stats`, restored with its timestamps so it comes back decayed for the time the
-tracker was down), and per model the topology change time with the node set it belongs to
+tracker was down; with each origin's saturation-curve summary, so the `thompson` policy gets
+its curves back as priors), and per model the topology change time with the node set it belongs to
 (`topology`). stdlib sqlite3 in WAL mode, each save one transaction, so a process killed
 mid-write leaves the last committed save; `:memory:` keeps nothing. `StateKeeper`
 (statekeeper.py) decides what to save when.
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .core.errors import MeshRouteError
-from .core.stats import StatEntry
+from .core.stats import Curve, StatEntry, parse_curve
 
 SCHEMA_VERSION = 1
 SECTIONS = ("windows", "keys", "stats")
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS route_stats (   -- mesh routes: one origin's entry of
     origin TEXT NOT NULL,       -- the tracker that measured it (gossip's origin)
     value REAL NOT NULL, mass REAL NOT NULL, t REAL NOT NULL, ttfb_s REAL NOT NULL,
     ok REAL NOT NULL, fail REAL NOT NULL, count INTEGER NOT NULL, last_error TEXT NOT NULL,
+    curve TEXT,                 -- JSON [[bin, mass, mean log tps], ...] (issue 14), or NULL
     PRIMARY KEY (model, signature, origin)
 );
 CREATE TABLE IF NOT EXISTS topology (      -- mesh models: when their node set last changed
@@ -54,7 +56,10 @@ CREATE TABLE IF NOT EXISTS topology (      -- mesh models: when their node set l
     nodes TEXT NOT NULL         -- JSON [[node_id, start, end, layers, url], ...], sorted
 );
 """
-# Tables added after version 1 are created when missing (older files open unchanged).
+# Tables added after version 1 are created when missing, and columns added (nullable) to
+# files that predate them, so older files open; an older meshroute reads a newer file too (it
+# names the columns it reads).
+_ADDED_COLUMNS = (("route_stats", "curve", "TEXT"),)
 
 EntryKey = tuple[str, str, str]  # (model, signature, origin), as gossip names an entry
 
@@ -112,6 +117,7 @@ class StateStore:
                 # ones, and neither ever tears the file
                 db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
+            _add_columns(db)
             self._check_version(db)
             self._check_writable(db)
         except (sqlite3.Error, StateStoreError) as exc:
@@ -166,14 +172,14 @@ class StateStore:
         """The mesh route state a previous run saved; StateStoreError naming a bad row."""
         db = self._conn()
         try:
-            stats = db.execute(f"SELECT model, signature, origin, {_ENTRY_COLUMNS} "
+            stats = db.execute(f"SELECT model, signature, origin, {_ENTRY_COLUMNS}, curve "
                                "FROM route_stats").fetchall()
             topo = db.execute("SELECT model, changed_at, nodes FROM topology").fetchall()
         except sqlite3.Error as exc:
             raise StateStoreError(f"cannot read state file {self.path}: {exc}") from exc
         entries: dict[tuple[str, str], dict[str, StatEntry]] = {}
-        for model, signature, origin, *fields in stats:
-            entry = _entry(fields)
+        for model, signature, origin, *fields, curve in stats:
+            entry = _entry(fields, curve)
             if entry is None or not all(isinstance(x, str) for x in (model, signature, origin)):
                 raise StateStoreError(f"state file {self.path}: route_stats row {model}/"
                                       f"{signature}/{origin} is malformed")
@@ -259,8 +265,27 @@ _ENTRY_FIELDS = ("value", "mass", "t", "ttfb_s", "ok", "fail", "count", "last_er
 _ENTRY_COLUMNS = ", ".join(_ENTRY_FIELDS)
 
 
-def _entry(fields: Sequence[Any]) -> StatEntry | None:
+def _add_columns(db: sqlite3.Connection) -> None:
+    for table, column, kind in _ADDED_COLUMNS:
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
+def _curve_text(curve: Curve | None) -> str | None:
+    return None if not curve else json.dumps([list(b) for b in curve], allow_nan=False)
+
+
+def _entry(fields: Sequence[Any], curve_text: Any = None) -> StatEntry | None:
     """A StatEntry from a row's columns, or None when a column is out of its range."""
+    curve: Curve | None = None
+    if curve_text is not None:
+        if not isinstance(curve_text, str):
+            return None
+        try:
+            curve = parse_curve(json.loads(curve_text))
+        except ValueError:  # json's errors are ValueErrors too
+            return None
     *reals, count, last_error = fields
     if not all(isinstance(x, float | int) and math.isfinite(x) for x in reals):
         return None
@@ -269,16 +294,17 @@ def _entry(fields: Sequence[Any]) -> StatEntry | None:
         return None
     if not isinstance(last_error, str):
         return None
-    return StatEntry(value, mass, t, ttfb_s, ok, fail, count, last_error)
+    return StatEntry(value, mass, t, ttfb_s, ok, fail, count, last_error, curve)
 
 
 def _write_routes(db: sqlite3.Connection, routes: RouteRows) -> int:
     db.executemany(
-        f"INSERT INTO route_stats (model, signature, origin, {_ENTRY_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (model, signature, origin) "
-        "DO UPDATE SET " + ", ".join(f"{f} = excluded.{f}" for f in _ENTRY_FIELDS)
+        f"INSERT INTO route_stats (model, signature, origin, {_ENTRY_COLUMNS}, curve) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (model, signature, origin) "
+        "DO UPDATE SET " + ", ".join(f"{f} = excluded.{f}" for f in (*_ENTRY_FIELDS, "curve"))
         + " WHERE excluded.t >= route_stats.t",  # last writer wins per origin, as in gossip
-        ((*key, *(getattr(e, f) for f in _ENTRY_FIELDS)) for key, e in routes.entries.items()))
+        ((*key, *(getattr(e, f) for f in _ENTRY_FIELDS), _curve_text(e.curve))
+         for key, e in routes.entries.items()))
     db.executemany(
         "INSERT INTO topology (model, changed_at, nodes) VALUES (?, ?, ?) ON CONFLICT (model) "
         "DO UPDATE SET changed_at = excluded.changed_at, nodes = excluded.nodes",

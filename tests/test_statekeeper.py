@@ -270,3 +270,58 @@ def test_an_older_copy_never_overwrites_a_newer_entry(tmp_path: Path) -> None:
         for entry in (newer, older):
             store.save({}, T0, RouteRows({("m", SIG, "peer"): entry}, {}, "trk"))
         assert store.load_routes().entries[("m", SIG)]["peer"] == newer
+
+
+def test_thompson_gets_its_saturation_curves_back_as_priors(tmp_path: Path) -> None:
+    """Each own entry carries the policy's curve summary; after a restart the restored
+    entries' curves are the prior of the new policy (its knee and speed, not a uniform
+    draw over the grid)."""
+    clock = FakeClock(T0)
+    router = Router(RouterConfig(policy="thompson", half_life_s=H), clock=clock, origin="trk")
+    router.upsert_node(node())
+    for _ in range(40):  # two requests at once, one ends
+        clock.advance(1.0)
+        first, second = router.choose("m"), router.choose("m")
+        router.record(first, GOOD)
+        router.record(second, GOOD)
+    saved = router.stats.entries("m", SIG)["trk"].curve
+    assert saved  # the own entry carries a curve summary
+    with StateStore(tmp_path / "s.db").open() as store:
+        assert StateKeeper(store, router).save_now(clock())
+    clock.advance(H)
+    again = Router(RouterConfig(policy="thompson", half_life_s=H), clock=clock, origin="trk")
+    again.upsert_node(node())
+    with StateStore(tmp_path / "s.db").open() as store:
+        assert StateKeeper(store, again).restore(clock()) == 1
+    back = again.stats.entries("m", SIG)["trk"].curve
+    assert back == saved  # (bin, mass, mean) exactly as saved: JSON keeps every float
+    (arm,) = again.arms("m", clock())
+    assert arm.curve  # the merged view the policy fits as its prior
+
+
+def test_a_file_from_before_curves_opens_and_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # route_stats as the first state files made it
+        db.execute("CREATE TABLE route_stats (model TEXT NOT NULL, signature TEXT NOT NULL, "
+                   "origin TEXT NOT NULL, value REAL NOT NULL, mass REAL NOT NULL, "
+                   "t REAL NOT NULL, ttfb_s REAL NOT NULL, ok REAL NOT NULL, "
+                   "fail REAL NOT NULL, count INTEGER NOT NULL, last_error TEXT NOT NULL, "
+                   "PRIMARY KEY (model, signature, origin))")
+        db.execute("INSERT INTO route_stats VALUES ('m', ?, 'peer', 30, 4, ?, 0.4, 4, 0, 4, '')",
+                   (SIG, T0))
+    clock = FakeClock(T0)
+    router = tracker(clock)
+    router.upsert_node(node())
+    with StateStore(path).open() as store:
+        assert StateKeeper(store, router).restore(clock()) == 1
+    assert router.stats.entries("m", SIG)["peer"] == StatEntry(30.0, 4.0, T0, 0.4, 4.0, 0.0, 4)
+
+
+def test_a_malformed_curve_is_refused_naming_the_file(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    learned(tmp_path / "s.db", clock)
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("UPDATE route_stats SET curve = '[[3, 1.0, 1e9]]' WHERE origin = 'peer'")
+    with StateStore(tmp_path / "s.db").open() as store, pytest.raises(
+            StateStoreError, match="route_stats row m/"):
+        StateKeeper(store, tracker(clock)).restore(clock())

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
-from .contracts.limits import MAX_ERROR_CHARS
+from .contracts.limits import MAX_ERROR_CHARS, MAX_TPS
 from .kinds import DECAYED, PROVEN, STALE, UNSAMPLED, Status
 
 LN2 = math.log(2.0)
@@ -27,7 +27,41 @@ CurveBin = tuple[int, float, float]
 Curve = tuple[CurveBin, ...]
 MAX_CURVE_BINS = 8
 MAX_CURVE_BIN = 80  # 4 bins an octave: 2**20 requests in flight
+MAX_CURVE_MASS = 1e9  # decayed weights: ~1.4 million samples/s over a 600 s half-life
+# A bin's mean log tokens/s: a sample's tps is capped at MAX_TPS; the floor, 1e-6 tok/s, is
+# 8 tokens over three months.
+MAX_CURVE_LOG_TPS = math.log(MAX_TPS)
 
+
+
+def parse_curve(obj: object) -> Curve:
+    """A curve summary from its plain form `[[bin, mass, mean log tps], ...]` (gossip's wire,
+    the state file), checked: 1..MAX_CURVE_BINS bins, strictly ascending in 0..MAX_CURVE_BIN,
+    masses finite in [0, MAX_CURVE_MASS], means finite within ±MAX_CURVE_LOG_TPS. ValueError
+    saying what is wrong."""
+    if not isinstance(obj, list) or not 1 <= len(obj) <= MAX_CURVE_BINS:
+        raise ValueError(f"a curve must be a list of 1..{MAX_CURVE_BINS} bins")
+    out: list[CurveBin] = []
+    for point in obj:
+        if not isinstance(point, list) or len(point) != 3:
+            raise ValueError("a curve bin must be [bin, mass, mean log tps]")
+        key, mass, mean = point
+        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= MAX_CURVE_BIN:
+            raise ValueError(f"curve bin must be an integer in 0..{MAX_CURVE_BIN}")
+        if out and key <= out[-1][0]:
+            raise ValueError("curve bins must be strictly ascending")
+        out.append((key, _bounded(mass, "curve mass", 0.0, MAX_CURVE_MASS),
+                    _bounded(mean, "curve mean", -MAX_CURVE_LOG_TPS, MAX_CURVE_LOG_TPS)))
+    return tuple(out)
+
+
+def _bounded(obj: object, what: str, low: float, high: float) -> float:
+    if isinstance(obj, bool) or not isinstance(obj, int | float):
+        raise ValueError(f"{what} must be a number")
+    value = float(obj)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{what} must be finite and in [{low:g}, {high:g}]")
+    return value
 
 
 def decay_factor(dt_s: float, half_life_s: float) -> float:
