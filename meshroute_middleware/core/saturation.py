@@ -201,8 +201,9 @@ class CurveBelief:
     def posterior(self) -> tuple[list[float], list[float], int, float]:
         """`fit()` and the `spread()` it was made with, in one tuple: what a decision reads.
 
-        Cached until a sample or a change calls for a refit (`add`); decay alone does not
-        (all bins shrink alike). Each curve's log s1 is the mass-weighted mean of
+        Cached until a sample or a change calls for a refit (`add`: every sample while few
+        are known, past REFIT_SHARE of the mass later); decay alone keeps it (all bins
+        shrink alike: the same means and MAP). Each curve's log s1 is the mass-weighted mean of
         (bin mean − log g); its likelihood exp(−SSE / 2σ²) over the bin means; a flat prior
         over the grid.
         """

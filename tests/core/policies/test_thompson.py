@@ -8,8 +8,9 @@ import random
 import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
-from meshroute_middleware.core.policies.thompson import ThompsonPolicy
+from meshroute_middleware.core.policies.thompson import NEIGHBOUR_WEIGHT, ThompsonPolicy, gain
 from meshroute_middleware.core.routes import Hop, make_route
+from meshroute_middleware.core.saturation import CURVES, MAX_TABULATED, log_g
 from meshroute_middleware.core.stats import Curve, MergedRoute, StatEntry
 
 DRAWS = 2000
@@ -316,3 +317,15 @@ def test_a_peers_curve_is_refitted_when_its_speed_moves_at_the_mass_cap() -> Non
     # less half of what the first loses) is worth more than b
     slow = tuple((k, m, math.log(20.0)) for k, m, _ in ROOMY)
     assert shares(policy, [roomy[0], peer_arm("b", 20.0, 20.0, slow)])[0] >= 0.9
+
+
+def test_gain_reads_the_g_table_and_computes_past_it_alike() -> None:
+    """gain() reads both g values from one row of the table while n + 1 is tabulated and
+    computes them beyond: the same formula either way (own speed minus half the neighbours'
+    loss), checked against log_g at the table's edge."""
+    for j in (0, 13, 40, len(CURVES) - 1):
+        knee, slowdown = CURVES[j]
+        for n in (0, 1, 3, MAX_TABULATED - 1, MAX_TABULATED, MAX_TABULATED + 1):
+            own = 50.0 * math.exp(log_g(n + 1, knee, slowdown))
+            lost = n * (50.0 * math.exp(log_g(n, knee, slowdown)) - own) if n else 0.0
+            assert gain(50.0, j, n) == pytest.approx(own - NEIGHBOUR_WEIGHT * lost, rel=1e-12)
