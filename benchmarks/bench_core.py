@@ -12,10 +12,10 @@ other processes on this shared machine hits one round of every row rather than o
 row reports the median of its round medians (all round medians are in the JSON) and the p99
 of all its timings pooled.
 
-Run:  python benchmarks/bench_core.py [--quick] [--baseline REV]
+Run:  python benchmarks/bench_core.py [--quick] [--baseline REV] [--policy NAME] [--json PATH]
 `--baseline REV` runs the same decision loop against meshroute_middleware as of git revision
 REV (exported to a temporary directory) in a subprocess, so before/after is one run's ratio.
-Writes benchmarks/results/core.json.
+Writes benchmarks/results/core.json (or --json PATH).
 """
 
 from __future__ import annotations
@@ -280,6 +280,8 @@ def main() -> int:
     parser.add_argument("--expect-path", help=argparse.SUPPRESS)
     parser.add_argument("--policy", default=RouterConfig().policy,
                         help="policy of the main rows (default: the default policy)")
+    parser.add_argument("--json", type=Path, default=RESULTS, metavar="PATH",
+                        help=f"write the results here (default: {RESULTS.name})")
     args = parser.parse_args()
     if args.decisions_json:
         import meshroute_middleware
@@ -307,8 +309,8 @@ def main() -> int:
     print("goals (issue 2):", ", ".join(f"{k}={'met' if v else 'MISSED'}"
                                        for k, v in goals.items()))
     print("LiteLLM figures are published (BerriAI/litellm#21270), not measured here.")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                      time.gmtime()),
         "python": platform.python_version(), "machine": platform.machine(),
@@ -318,7 +320,7 @@ def main() -> int:
         "by_policy_1000x10": policies,
         "goals": goals, "litellm_published_ms": LITELLM_PUBLISHED_MS,
         "litellm_source": "https://github.com/BerriAI/litellm/issues/21270"}, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.json}")
     return 0
 
 
