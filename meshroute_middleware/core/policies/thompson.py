@@ -208,9 +208,8 @@ class ThompsonPolicy:
         # The drift is shared out over the other routes: the share of decisions spent
         # re-trying stays the same however many routes there are.
         drift = DRIFT_VAR_PER_DECISION / max(len(arms) - 1, 1)
-        beliefs, score_of = self._beliefs, self.score
         for i, arm in enumerate(arms):
-            belief = beliefs.get(arm.route.signature)
+            belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
                     and arm.view.mass > SHARED_DOMINATES * belief.mass + 1.0):
                 belief = None  # peers (gossip) measured this route far more than we did
@@ -220,7 +219,7 @@ class ThompsonPolicy:
                     untried, untried_prior = i, arm.prior_tps
                 continue
             known = True
-            score = score_of(arm, belief, now, rng, decisions, drift)
+            score = self.score(arm, belief, now, rng, decisions, drift)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
