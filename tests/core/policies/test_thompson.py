@@ -112,6 +112,18 @@ def test_a_batching_route_keeps_its_traffic_while_its_batch_has_room() -> None:
     assert shares(policy, [arm("a", in_flight=3), arm("b")])[0] >= 0.99
 
 
+def test_gain_reads_the_g_table_and_computes_past_it_alike() -> None:
+    """gain() reads both g values from one row of the table while n + 1 is tabulated and
+    computes them beyond: the same formula either way (own speed minus half the neighbours'
+    loss), checked against log_g at the table's edge."""
+    for j in (0, 13, 40, len(CURVES) - 1):
+        knee, slowdown = CURVES[j]
+        for n in (0, 1, 3, MAX_TABULATED - 1, MAX_TABULATED, MAX_TABULATED + 1):
+            own = 50.0 * math.exp(log_g(n + 1, knee, slowdown))
+            lost = n * (50.0 * math.exp(log_g(n, knee, slowdown)) - own) if n else 0.0
+            assert gain(50.0, j, n) == pytest.approx(own - NEIGHBOUR_WEIGHT * lost, rel=1e-12)
+
+
 def test_a_saturating_route_shares_its_load_past_the_knee() -> None:
     policy = ThompsonPolicy()
     a, b = arm("a"), arm("b")
@@ -317,15 +329,3 @@ def test_a_peers_curve_is_refitted_when_its_speed_moves_at_the_mass_cap() -> Non
     # less half of what the first loses) is worth more than b
     slow = tuple((k, m, math.log(20.0)) for k, m, _ in ROOMY)
     assert shares(policy, [roomy[0], peer_arm("b", 20.0, 20.0, slow)])[0] >= 0.9
-
-
-def test_gain_reads_the_g_table_and_computes_past_it_alike() -> None:
-    """gain() reads both g values from one row of the table while n + 1 is tabulated and
-    computes them beyond: the same formula either way (own speed minus half the neighbours'
-    loss), checked against log_g at the table's edge."""
-    for j in (0, 13, 40, len(CURVES) - 1):
-        knee, slowdown = CURVES[j]
-        for n in (0, 1, 3, MAX_TABULATED - 1, MAX_TABULATED, MAX_TABULATED + 1):
-            own = 50.0 * math.exp(log_g(n + 1, knee, slowdown))
-            lost = n * (50.0 * math.exp(log_g(n, knee, slowdown)) - own) if n else 0.0
-            assert gain(50.0, j, n) == pytest.approx(own - NEIGHBOUR_WEIGHT * lost, rel=1e-12)
