@@ -7,25 +7,34 @@ For 8, 100 and 1,000 nodes (spread over 1 or 10 models of 40 layers), every cand
 - `enumerate`: `Router.candidates` right after a node's load or shard changed (cache miss);
 - `first decision`: the first `choose` after such a change (enumeration and merge included).
 Each timing is one call measured with perf_counter_ns (~0.1 µs of timer overhead included).
-Decisions run in ROUNDS rounds interleaved over the scenarios, so that a burst of load from
-other processes on this shared machine hits one round of every row rather than one row; a
-row reports the median of its round medians (all round medians are in the JSON) and the p99
-of all its timings pooled.
+Decisions run in ROUNDS rounds (`--rounds N`) interleaved over the scenarios, every other
+round in reverse order, so that a burst of load from other processes on this shared machine
+hits one round of every row rather than one row; a row reports the median of its round
+medians (all round medians are in the JSON) and the p99 of all its timings pooled. The JSON
+and the last lines also give the median of the fastest third of the round medians
+(`choose_fast_rounds_median_us`): the figure to compare on a busy machine, where whole
+stretches of rounds run ~1.7x slower and two rows are not always in the same mode.
 
-Run:  python benchmarks/bench_core.py [--quick] [--baseline REV]
-`--baseline REV` runs the same decision loop against meshroute_middleware as of git revision
-REV (exported to a temporary directory) in a subprocess, so before/after is one run's ratio.
-Writes benchmarks/results/core.json.
+Run:  python benchmarks/bench_core.py [--quick] [--baseline REV] [--policy NAME]
+                                      [--rounds N] [--json PATH]
+`--baseline REV` times the same decision rows against meshroute_middleware.core as of git
+revision REV (exported to a temporary directory and imported beside the current one as
+`meshroute_baseline`), in the same rounds as the current rows, so before/after is one run's
+ratio. A revision whose core imports meshroute_middleware by its absolute name cannot be
+imported so: it runs in a subprocess after the current rows (the JSON says which:
+baseline.same_rounds). Writes benchmarks/results/core.json (or --json PATH).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
+import meshroute_middleware.core as current_core
+from meshroute_middleware.core import NodeRecord, Router, RouterConfig
 
 LAYERS = 40  # ADR-0020's Qwen3.6-35B-A3B
 SCENARIOS = ((8, 1), (100, 10), (1000, 10), (1000, 1))  # (nodes, models)
@@ -46,6 +56,10 @@ KINDS = (0, 1, 0, 1, 2, 3)  # full node, partial head, full, partial head, middl
 ROUNDS = 3
 IN_FLIGHT_ROW = "8x1_half_in_flight"
 RESULTS = Path(__file__).parent / "results" / "core.json"
+# `--baseline REV`: REV's meshroute_middleware is imported under this name beside the current
+# one, so that its decisions are timed in the same rounds as the current ones.
+BASELINE_PACKAGE = "meshroute_baseline"
+BASELINE_PREFIX = "baseline:"
 
 
 class StepClock:
@@ -58,7 +72,7 @@ class StepClock:
         return self.now
 
 
-def mesh(nodes: int, models: int, rng: random.Random) -> list[NodeRecord]:
+def mesh(nodes: int, models: int, rng: random.Random, core: Any = current_core) -> list[Any]:
     """Full nodes, partial heads, middles and tails; each model of ≥ 8 nodes has ≥ 8 heads, so
     ≥ 8 candidates (the 8-node mesh: 6 full nodes and 2 heads completed through them)."""
     out = []
@@ -74,18 +88,19 @@ def mesh(nodes: int, models: int, rng: random.Random) -> list[NodeRecord]:
             end = rng.randint(start, LAYERS - 1)
         else:
             start, end = rng.randint(5, LAYERS - 1), LAYERS - 1
-        out.append(NodeRecord(f"node-{i}", model, start, end, LAYERS,
+        out.append(core.NodeRecord(f"node-{i}", model, start, end, LAYERS,
                               f"http://127.0.0.1:{10000 + i}", rng.uniform(5.0, 100.0),
                               rng.randint(0, 3)))
     return out
 
 
-def build(nodes: int, models: int, seed: int,
-          policy: str = "adr0021") -> tuple[Router, StepClock, list[str]]:
-    """A router over the mesh with every candidate of every model proven."""
+def build(nodes: int, models: int, seed: int, policy: str = "adr0021",
+          core: Any = current_core) -> tuple[Router, StepClock, list[str]]:
+    """A router over the mesh with every candidate of every model proven (`core`: the
+    meshroute_middleware.core module to build it from; the baseline's for --baseline)."""
     rng, clock = random.Random(seed), StepClock()
-    router = Router(RouterConfig(policy), clock=clock, rng=random.Random(seed))
-    for record in mesh(nodes, models, rng):
+    router = core.Router(core.RouterConfig(policy), clock=clock, rng=random.Random(seed))
+    for record in mesh(nodes, models, rng, core):
         router.upsert_node(record)
     names = router.models()
     clock.now += 1.0
@@ -93,7 +108,7 @@ def build(nodes: int, models: int, seed: int,
         for route in router.candidates(model):
             for _ in range(3):
                 decision = router.choose(model, pin=list(route.node_ids))
-                router.record(decision, Outcome(200, 200 / rng.uniform(5, 60), 0.2))
+                router.record(decision, core.Outcome(200, 200 / rng.uniform(5, 60), 0.2))
     return router, clock, names
 
 
@@ -106,7 +121,9 @@ def pct(samples_ns: list[int], q: float) -> float:
 def time_decisions(router: Router, clock: StepClock, names: list[str], count: int,
                    record: bool) -> list[int]:
     """Time `count` decisions round-robin over the models; optionally record each outcome."""
-    out, done = [], Outcome(120, 2.0, 0.2)
+    # The Outcome of the router's own package (the baseline's is another class).
+    outcome = sys.modules[type(router).__module__.rsplit(".", 1)[0]].Outcome
+    out, done = [], outcome(120, 2.0, 0.2)
     for i in range(count):
         model = names[i % len(names)]
         clock.now += 0.01
@@ -160,41 +177,75 @@ def time_changes(router: Router, clock: StepClock, names: list[str], trials: int
 
 
 def interleaved(setups: dict[str, tuple[Router, StepClock, list[str]]],
-                count: int) -> dict[str, dict[str, Any]]:
-    """Time `count` cached and `count` after-record decisions per setup, in ROUNDS rounds."""
+                count: int, rounds: int = ROUNDS) -> dict[str, dict[str, Any]]:
+    """Time `count` cached and `count` after-record decisions per setup, in `rounds` rounds
+    (every other round in reverse order, so that no row always follows the same one)."""
     cached: dict[str, list[list[int]]] = {key: [] for key in setups}
     busy: dict[str, list[list[int]]] = {key: [] for key in setups}
     for router, clock, names in setups.values():
         time_decisions(router, clock, names, count // 10, record=False)  # warm-up
-    for _ in range(ROUNDS):
-        for key, (router, clock, names) in setups.items():
+    order = list(setups.items())
+    for k in range(rounds):
+        for key, (router, clock, names) in (order if k % 2 == 0 else order[::-1]):
             gc.collect()
-            cached[key].append(time_decisions(router, clock, names, count // ROUNDS, False))
-            busy[key].append(time_decisions(router, clock, names, count // ROUNDS, True))
+            cached[key].append(time_decisions(router, clock, names, count // rounds, False))
+            busy[key].append(time_decisions(router, clock, names, count // rounds, True))
     return {key: {
         "choose_median_us": statistics.median(pct(r, 0.5) for r in cached[key]),
         "choose_p99_us": pct([t for r in cached[key] for t in r], 0.99),
         "choose_after_record_median_us": statistics.median(pct(r, 0.5) for r in busy[key]),
         "choose_after_record_p99_us": pct([t for r in busy[key] for t in r], 0.99),
         "choose_round_medians_us": [pct(r, 0.5) for r in cached[key]],
+        "choose_fast_rounds_median_us": fast_rounds([pct(r, 0.5) for r in cached[key]]),
     } for key in setups}
 
 
-def decisions_only(count: int, policy: str = "adr0021") -> dict[str, dict[str, Any]]:
-    """The decision part alone (also what --baseline runs against an older revision); the
-    extra row IN_FLIGHT_ROW: the 8-node mesh with 4 of its 8 candidates running a request,
-    so that a policy reading the in-flight counts (thompson: a curve draw per such route)
-    pays for it."""
-    setups = {f"{n}x{m}": build(n, m, seed=n + m, policy=policy) for n, m in SCENARIOS}
-    loaded = build(8, 1, seed=9, policy=policy)
+def fast_rounds(medians: list[float]) -> float:
+    """The median of the fastest third of the round medians: on a machine shared with other
+    work a round runs either at full speed or much slower (whole stretches of rounds, as
+    the others' load comes and goes), and the rows compared are not always in the same mode;
+    their full-speed rounds are."""
+    ordered = sorted(medians)
+    return statistics.median(ordered[:max(1, len(ordered) // 3)])
+
+
+def decision_setups(policy: str, core: Any = current_core,
+                    ) -> dict[str, tuple[Router, StepClock, list[str]]]:
+    """The decision rows' routers: one per scenario, and IN_FLIGHT_ROW: the 8-node mesh with
+    4 of its 8 candidates running a request, so that a policy reading the in-flight counts
+    (thompson: a curve draw per such route) pays for it."""
+    setups = {f"{n}x{m}": build(n, m, seed=n + m, policy=policy, core=core)
+              for n, m in SCENARIOS}
+    loaded = build(8, 1, seed=9, policy=policy, core=core)
     router, _, names = loaded
     for route in router.candidates(names[0])[::2]:
         router.choose(names[0], pin=list(route.node_ids))  # left running
     setups[IN_FLIGHT_ROW] = loaded
+    return setups
+
+
+def decisions_only(count: int, policy: str = "adr0021") -> dict[str, dict[str, Any]]:
+    """The decision part alone (also what --baseline runs in a subprocess against a
+    revision that cannot be imported beside the current one)."""
+    setups = decision_setups(policy)
     out = interleaved(setups, count)
     for key, (router, _, names) in setups.items():
         out[key]["candidates_per_model"] = len(router.candidates(names[0]))
     return out
+
+
+def decisions_with_baseline(count: int, policy: str, core: Any, rounds: int = ROUNDS,
+                            ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The decision rows of the current core and of the baseline's (`core`), timed in the
+    same rounds (each round times every row of both), so that a burst of load from other
+    processes hits both alike: (current rows, baseline rows)."""
+    mine, theirs = decision_setups(policy), decision_setups(policy, core)
+    setups = {**mine, **{BASELINE_PREFIX + key: s for key, s in theirs.items()}}
+    out = interleaved(setups, count, rounds)
+    for key, (router, _, names) in setups.items():
+        out[key]["candidates_per_model"] = len(router.candidates(names[0]))
+    return ({key: out[key] for key in mine},
+            {key: out[BASELINE_PREFIX + key] for key in theirs})
 
 
 def by_policy(count: int) -> dict[str, dict[str, float]]:
@@ -206,9 +257,15 @@ def by_policy(count: int) -> dict[str, dict[str, float]]:
                         for name in sorted(POLICIES)}, count)
 
 
-def run(count: int, trials: int, policy: str) -> dict[str, Any]:
-    """Every scenario: decisions, then re-enumeration after changes."""
-    rows = decisions_only(count, policy)
+def run(count: int, trials: int, policy: str, base_core: Any = None,
+        rounds: int = ROUNDS) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Every scenario: decisions (with the baseline's in the same rounds if `base_core`),
+    then re-enumeration after changes: (rows, baseline rows)."""
+    base = None
+    if base_core is None:
+        rows = decisions_only(count, policy)
+    else:
+        rows, base = decisions_with_baseline(count, policy, base_core, rounds)
     for nodes, models in SCENARIOS:
         router, clock, names = build(nodes, models, seed=nodes + models, policy=policy)
         enum_ns, first_ns = time_changes(router, clock, names, trials, seed=nodes)
@@ -217,7 +274,31 @@ def run(count: int, trials: int, policy: str) -> dict[str, Any]:
                     "enumerate_median_ms": pct(enum_ns, 0.5) / 1000.0,
                     "enumerate_p99_ms": pct(enum_ns, 0.99) / 1000.0,
                     "first_decision_median_ms": pct(first_ns, 0.5) / 1000.0})
-    return rows
+    return rows, base
+
+
+def import_baseline(rev: str, tmp: str) -> Any | None:
+    """meshroute_middleware.core as of git revision `rev`, imported as BASELINE_PACKAGE from
+    an export into `tmp`; None if that core imports meshroute_middleware by its absolute
+    name (it would then load the current modules: such a revision runs in a subprocess)."""
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "meshroute_middleware"],
+                             check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+    package = Path(tmp) / BASELINE_PACKAGE
+    (Path(tmp) / "meshroute_middleware").rename(package)
+    absolute = re.compile(r"^\s*(from|import)\s+meshroute_middleware\b", re.M)
+    for path in [package / "__init__.py", *(package / "core").rglob("*.py")]:
+        if absolute.search(path.read_text(encoding="utf-8")):
+            return None
+    sys.path.insert(0, tmp)
+    try:
+        core = importlib.import_module(f"{BASELINE_PACKAGE}.core")
+    finally:
+        sys.path.remove(tmp)
+    if not str(core.__file__).startswith(tmp):
+        raise SystemExit(f"baseline imported {core.__file__}")
+    return core
 
 
 def baseline(rev: str, count: int, policy: str) -> dict[str, Any]:
@@ -280,6 +361,11 @@ def main() -> int:
     parser.add_argument("--expect-path", help=argparse.SUPPRESS)
     parser.add_argument("--policy", default=RouterConfig().policy,
                         help="policy of the main rows (default: the default policy)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"rounds the rows (and the baseline's) are interleaved in "
+                             f"(default {ROUNDS}; more on a busy machine)")
+    parser.add_argument("--json", type=Path, default=RESULTS, metavar="PATH",
+                        help=f"write the results here (default: {RESULTS.name})")
     args = parser.parse_args()
     if args.decisions_json:
         import meshroute_middleware
@@ -289,14 +375,26 @@ def main() -> int:
         print(json.dumps(decisions_only(args.decisions_json, args.policy)))
         return 0
     count, trials = (2_000, 40) if args.quick else (20_000, 300)
-    rows = run(count, trials, args.policy)
-    base = baseline(args.baseline, count, args.policy) if args.baseline else None
+    with tempfile.TemporaryDirectory() as tmp:
+        base_core = import_baseline(args.baseline, tmp) if args.baseline else None
+        rows, base = run(count, trials, args.policy, base_core, args.rounds)
+    same_rounds = base is not None
+    if args.baseline and base is None:
+        print("baseline: imports meshroute_middleware by name; timed in a subprocess after "
+              "the current rows (not in the same rounds)", file=sys.stderr)
+        base = baseline(args.baseline, count, args.policy)
     print(f"policy {args.policy}")
     print(table(rows, base))
     loaded = rows[IN_FLIGHT_ROW]
     was = f" (before: {base[IN_FLIGHT_ROW]['choose_median_us']:.1f})" if base else ""
     print(f"8 nodes, 4 of 8 candidates with a request in flight: choose median "
           f"{loaded['choose_median_us']:.1f} µs{was}, p99 {loaded['choose_p99_us']:.1f}")
+    for key in ("8x1", IN_FLIGHT_ROW):
+        fast = rows[key]["choose_fast_rounds_median_us"]
+        was = (f", before {base[key]['choose_fast_rounds_median_us']:.1f} µs "
+               f"({base[key]['choose_fast_rounds_median_us'] / fast:.2f}x)"
+               if base and "choose_fast_rounds_median_us" in base[key] else "")
+        print(f"  {key}: fastest third of the rounds {fast:.1f} µs{was}")
     policies = by_policy(count // 4)
     print("\nchoose by policy, 1,000 nodes / 10 models, 8 candidates (µs, median / p99 / "
           "after record):")
@@ -307,18 +405,20 @@ def main() -> int:
     print("goals (issue 2):", ", ".join(f"{k}={'met' if v else 'MISSED'}"
                                        for k, v in goals.items()))
     print("LiteLLM figures are published (BerriAI/litellm#21270), not measured here.")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                      time.gmtime()),
         "python": platform.python_version(), "machine": platform.machine(),
         "cpus": os.cpu_count(), "decisions_per_scenario": count, "change_trials": trials,
+        "rounds": args.rounds,
         "policy": args.policy, "load_average": os.getloadavg(),
-        "scenarios": rows, "baseline": {"rev": args.baseline, "scenarios": base},
+        "scenarios": rows, "baseline": {"rev": args.baseline, "scenarios": base,
+                                        "same_rounds": same_rounds},
         "by_policy_1000x10": policies,
         "goals": goals, "litellm_published_ms": LITELLM_PUBLISHED_MS,
         "litellm_source": "https://github.com/BerriAI/litellm/issues/21270"}, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.json}")
     return 0
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 KNEES = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 1e9)
 SLOWDOWNS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 CURVES = tuple((k, b) for k in KNEES for b in SLOWDOWNS)
+N_CURVES = len(CURVES)
 BINS_PER_OCTAVE = 4  # concurrency bins: 1, 1.19, 1.41, 1.68, 2, ...
 # Change detection (Page's CUSUM, 1954) on standardised log-tps residuals: reference
 # k = 0.5 sigma; threshold h = 8 rather than the textbook 4-5 because sigma is itself estimated
@@ -118,9 +119,10 @@ class CurveBelief:
     cusum_down: float = 0.0
     changes: int = 0  # detected change points (for tests and display)
     samples: int = 0  # taken in all
-    _fit: tuple[list[float], list[float], int] | None = None  # cumulative weights, mu, MAP
+    # The posterior as of the last fit: (cumulative weights, mean log s1 per curve, MAP
+    # index, sigma()); None once a sample or a change calls for a refit (see `add`).
+    _post: tuple[list[float], list[float], int, float] | None = None
     _since_fit: int = 0  # samples taken since the fit
-    _sigma: float = OBS_SIGMA  # as of the fit
 
     def decay(self, d: float) -> None:
         """Multiply every sample weight by d (time decay)."""
@@ -145,9 +147,7 @@ class CurveBelief:
 
     def spread(self) -> float:
         """sigma() as of the last fit (cheap: read on every decision)."""
-        if self._fit is None:
-            self.fit()
-        return self._sigma
+        return (self._post or self.posterior())[3]
 
     def add(self, tps: float, c: float) -> bool:
         """Take one sample (tokens/s at average concurrency c); return whether it completed
@@ -166,7 +166,7 @@ class CurveBelief:
                 self.bins.clear()
                 self.mass = 0.0
                 self.changes += 1
-                self._fit = None
+                self._post = None
         if self.mass + 1.0 > MAX_MASS:
             self.decay((MAX_MASS - 1.0) / self.mass)
         self.samples += 1
@@ -181,7 +181,7 @@ class CurveBelief:
         self.mass += 1.0
         self._since_fit += 1
         if self._since_fit > REFIT_SHARE * self.mass:
-            self._fit = None
+            self._post = None
         return changed
 
     def _shifted(self, z: float) -> bool:
@@ -194,24 +194,32 @@ class CurveBelief:
         return False
 
     def fit(self) -> tuple[list[float], list[float], int]:
-        """Posterior over CURVES: (cumulative weights, mean log s1 per curve, MAP index).
+        """Posterior over CURVES: (cumulative weights, mean log s1 per curve, MAP index)."""
+        cum, mus, best, _ = self._post or self.posterior()
+        return cum, mus, best
 
-        Each curve's log s1 is the mass-weighted mean of (bin mean − log g); its likelihood
-        exp(−SSE / 2σ²) over the bin means; a flat prior over the grid.
+    def posterior(self) -> tuple[list[float], list[float], int, float]:
+        """`fit()` and the `spread()` it was made with, in one tuple: what a decision reads.
+
+        Cached until a sample or a change calls for a refit (`add`: every sample while few
+        are known, past REFIT_SHARE of the mass later); decay alone keeps it (all bins
+        shrink alike: the same means and MAP). Each curve's log s1 is the mass-weighted mean of
+        (bin mean − log g); its likelihood exp(−SSE / 2σ²) over the bin means; a flat prior
+        over the grid.
         """
-        fit = self._fit
-        if fit is not None:
-            return fit
+        post = self._post
+        if post is not None:
+            return post
         self._since_fit = 0
-        self._sigma = self.sigma()
+        sigma = self.sigma()
         bins = [(b.mass * 0.5 ** ((self.samples - b.last) / BIN_HALF_LIFE_SAMPLES), b.mean,
                  _log_gs(b.c)) for b in self.bins.values() if b.mass > 1e-9]
         total = sum(m for m, _, _ in bins)
         if total <= 0:
-            fit = self._fit = ([float(j + 1) for j in range(len(CURVES))],
-                               [0.0] * len(CURVES), 0)
-            return fit
-        var2 = 2.0 * self._sigma ** 2
+            post = self._post = ([float(j + 1) for j in range(len(CURVES))],
+                                 [0.0] * len(CURVES), 0, sigma)
+            return post
+        var2 = 2.0 * sigma ** 2
         logs, mus = [], []
         for j in range(len(CURVES)):
             # Σ m (x − g − mu)² = Σ m (x − g)² − M mu², with mu = Σ m (x − g) / M
@@ -228,13 +236,14 @@ class CurveBelief:
         for lw in logs:
             acc += math.exp(lw - top)
             cum.append(acc)
-        fit = self._fit = (cum, mus, logs.index(top))
-        return fit
+        post = self._post = (cum, mus, logs.index(top), sigma)
+        return post
 
     def draw(self, rng: random.Random) -> int:
-        """One curve index drawn from the posterior."""
-        cum = (self._fit or self.fit())[0]
-        return min(bisect.bisect_right(cum, rng.random() * cum[-1]), len(cum) - 1)
+        """One curve index drawn from the posterior (one `rng.random()`)."""
+        cum = (self._post or self.posterior())[0]
+        j = bisect.bisect_right(cum, rng.random() * cum[-1])
+        return j if j < N_CURVES else N_CURVES - 1
 
     def concurrencies(self) -> list[tuple[float, float, float]]:
         """(mean concurrency, tokens/s, mass) per bin, for display and tests."""

@@ -12,6 +12,7 @@ from meshroute_middleware.core.saturation import (
     BIN_HALF_LIFE_SAMPLES,
     CURVES,
     MAX_MASS,
+    REFIT_SHARE,
     SUMMARY_BINS,
     CurveBelief,
     bin_of,
@@ -74,6 +75,44 @@ def test_a_change_is_detected_within_a_handful_of_samples() -> None:
     assert belief.changes == before + 1
     _feed(belief, (30.0, 8.0, 0.05), rng, 7)
     assert math.exp(belief.predict(1.0)) == pytest.approx(30.0, rel=0.1)
+
+
+def test_the_cached_posterior_is_redone_when_samples_call_for_it() -> None:
+    """A decision reads `posterior()` (the fit, its sigma and cumulative weights) from a cache.
+    It must be the fit of the samples as they are after every sample that calls for a refit
+    (each one while few are known, past REFIT_SHARE of the mass later) and after a change:
+    a belief fed the same samples and fitted only at the end (no cache) is the reference."""
+    rng = random.Random(11)
+    samples = [(60.0 * math.exp(log_g(c, 4.0, 0.1) + rng.gauss(0.0, 0.1)), c)
+               for c in (1.0, 2.0, 3.0, 4.0, 6.0) * 30]
+    belief = CurveBelief()
+    refits = kept = 0
+    for k, (tps, c) in enumerate(samples):
+        before = belief.posterior()
+        belief.add(tps, c)
+        fresh = CurveBelief()
+        for x, y in samples[:k + 1]:
+            fresh.add(x, y)
+        if belief.posterior() is before:  # kept: only while the samples since stay few
+            kept += 1
+            assert belief.mass >= 1.0 / REFIT_SHARE and kept <= REFIT_SHARE * belief.mass
+        else:
+            refits, kept = refits + 1, 0
+            assert belief.posterior() == fresh.posterior()
+            assert belief.fit() == fresh.posterior()[:3]
+            assert belief.spread() == fresh.posterior()[3]
+            draws = random.Random(k), random.Random(k)
+            assert ([belief.draw(draws[0]) for _ in range(20)]
+                    == [fresh.draw(draws[1]) for _ in range(20)])
+    assert refits > 30 and kept > 0  # both paths taken: every sample early, 1 in ~8 later
+    # A change forgets the old level: the very next posterior is the new one's.
+    for _ in range(20):
+        belief.add(15.0, 1.0)
+        if belief.changes:
+            break
+    assert belief.changes == 1
+    _, mus, best, _ = belief.posterior()
+    assert math.exp(mus[best]) == pytest.approx(15.0, rel=0.01)
 
 
 def test_no_false_alarm_on_a_stationary_noisy_route() -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ..kinds import DECAYED, PROVEN, STALE
-from ..saturation import CURVES, REFIT_SHARE, CurveBelief, g_at
+from ..saturation import CURVES, G_TABLE, MAX_TABULATED, REFIT_SHARE, CurveBelief, g_at
 from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
 from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
 
@@ -161,10 +161,15 @@ def gain(s1: float, curve: int, in_flight: int) -> float:
     """A request's own tokens/s on a route running `in_flight` others (saturation curve
     `CURVES[curve]`), minus NEIGHBOUR_WEIGHT × the tokens/s those others lose."""
     n = in_flight
-    own = s1 * g_at(curve, n + 1)
+    if n < MAX_TABULATED:  # both g values tabulated: one row lookup (this is per decision)
+        row = G_TABLE[curve]
+        g_n, g_next = row[n], row[n + 1]
+    else:
+        g_n, g_next = g_at(curve, n), g_at(curve, n + 1)
+    own = s1 * g_next
     if not n:
         return own
-    lost = n * (s1 * g_at(curve, n) - own)
+    lost = n * (s1 * g_n - own)
     return own - NEIGHBOUR_WEIGHT * lost
 
 
@@ -234,16 +239,16 @@ class ThompsonPolicy:
             mass = curve.mass * d
             if arm.stale:
                 mass = min(mass, STALE_MASS)  # measured under an older topology: a prior only
-            _, mus, best = curve.fit()
+            _, mus, best, sigma = curve.posterior()
             # With nothing in flight every curve says s1: no curve draw needed (the MAP's s1).
             j = curve.draw(rng) if n else best
-            drift = DRIFT_VAR_PER_S * dt + drift_per_decision * max(
-                decisions - belief.decision, 0)
-            unit = SD_SCALE * curve.spread()
+            since = decisions - belief.decision
+            drift = DRIFT_VAR_PER_S * dt + drift_per_decision * (since if since > 0 else 0)
+            unit = SD_SCALE * sigma
             sd = math.sqrt(unit * unit / mass + drift)
             log_s1 = mus[j] + (sd if sd < MAX_SIGMA else MAX_SIGMA) * rng.gauss(0.0, 1.0)
-            r = d / (1.0 + RESULT_DRIFT_PER_DECISION * max(decisions - belief.result_decision,
-                                                            0))
+            since = decisions - belief.result_decision
+            r = d / (1.0 + RESULT_DRIFT_PER_DECISION * (since if since > 0 else 0))
             ok, fail = belief.ok * r, belief.fail * r
         else:
             mu, sd = self._shared_prior(arm)
@@ -251,7 +256,7 @@ class ThompsonPolicy:
             if prior is None:
                 j = rng.randrange(len(CURVES)) if n else 0
             else:  # the peers' curve: their knee, and the speed at one request it implies
-                _, mus, best = prior.fit()
+                _, mus, best, _ = prior.posterior()
                 j = prior.draw(rng) if n else best
                 mu = mus[j]
             log_s1 = mu + sd * rng.gauss(0.0, 1.0)
@@ -260,7 +265,11 @@ class ThompsonPolicy:
             else:
                 d = decay_factor(max(now - belief.t, 0.0), self.half_life_s)
                 ok, fail = belief.ok * d, belief.fail * d
-        p = _reliability(ok, fail, rng)
+        if fail > NO_FAILURES:
+            p = _reliability(ok, fail, rng)
+        else:  # _reliability's mean, without the call (most routes never failed lately)
+            a = PRIOR_OK + ok
+            p = a / (a + (PRIOR_FAIL + fail))
         if not n:
             return p * math.exp(log_s1)
         return p * gain(math.exp(log_s1), j, n)

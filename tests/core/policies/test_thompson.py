@@ -8,8 +8,9 @@ import random
 import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
-from meshroute_middleware.core.policies.thompson import ThompsonPolicy
+from meshroute_middleware.core.policies.thompson import NEIGHBOUR_WEIGHT, ThompsonPolicy, gain
 from meshroute_middleware.core.routes import Hop, make_route
+from meshroute_middleware.core.saturation import CURVES, MAX_TABULATED, log_g
 from meshroute_middleware.core.stats import Curve, MergedRoute, StatEntry
 
 DRAWS = 2000
@@ -109,6 +110,18 @@ def test_a_batching_route_keeps_its_traffic_while_its_batch_has_room() -> None:
     # The serial rule of the old policy, (in_flight + 1) / tps, sent this request to b; the
     # learnt curve says a 4th request on a still runs ~57 tok/s and costs the others ~3.
     assert shares(policy, [arm("a", in_flight=3), arm("b")])[0] >= 0.99
+
+
+def test_gain_reads_the_g_table_and_computes_past_it_alike() -> None:
+    """gain() reads both g values from one row of the table while n + 1 is tabulated and
+    computes them beyond: the same formula either way (own speed minus half the neighbours'
+    loss), checked against log_g at the table's edge."""
+    for j in (0, 13, 40, len(CURVES) - 1):
+        knee, slowdown = CURVES[j]
+        for n in (0, 1, 3, MAX_TABULATED - 1, MAX_TABULATED, MAX_TABULATED + 1):
+            own = 50.0 * math.exp(log_g(n + 1, knee, slowdown))
+            lost = n * (50.0 * math.exp(log_g(n, knee, slowdown)) - own) if n else 0.0
+            assert gain(50.0, j, n) == pytest.approx(own - NEIGHBOUR_WEIGHT * lost, rel=1e-12)
 
 
 def test_a_saturating_route_shares_its_load_past_the_knee() -> None:
