@@ -236,7 +236,7 @@ def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | N
                   hook_out: Path | None = None, gc_threshold: str | None = None,
                   gc_freeze_after_s: float | None = None,
                   max_connections: int = GATEWAY_MAX_CONNECTIONS,
-                  cpus: set[int] | None = None,
+                  cpus: set[int] | None = None, gc_refreeze: bool = False,
                   extra_env: dict[str, str] | None = None) -> tuple[str, int]:
     """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid).
     `--max-connections` is raised above the default (512, app/edge.py) so that 1,000 held
@@ -251,6 +251,8 @@ def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | N
         env.update({"PYTHONPATH": path, "MESHROUTE_BENCH_HOOK_OUT": str(hook_out)})
         if gc_threshold:
             env["MESHROUTE_BENCH_GC_THRESHOLD"] = gc_threshold
+        if gc_refreeze:
+            env["MESHROUTE_BENCH_GC_REFREEZE"] = "1"
         if gc_freeze_after_s is not None:
             env["MESHROUTE_BENCH_GC_FREEZE_AFTER_S"] = str(gc_freeze_after_s)
     proc = procs.start([*meshroute_cmd(), "serve", "--port", str(port), "--no-mdns",

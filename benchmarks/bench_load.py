@@ -65,6 +65,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gateway-gc-freeze-after", type=float, metavar="S",
                    help="experiment: gc.freeze() again in the gateway S seconds after its start "
                         "(meshroute serve already freezes its start-up heap before serving)")
+    p.add_argument("--gateway-gc-refreeze", action="store_true",
+                   help="experiment: gc.freeze() in the gateway after every full collection "
+                        "(via the hook), so the next one walks only what was promoted since")
     p.add_argument("--pin", action="store_true",
                    help="the gateway (and the stall probe) on the last CPU alone, the load "
                         "generator, wrk and the emulated nodes on the others (taskset / "
@@ -96,7 +99,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         gw, gw_pid = P.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, logs / "gw.log", hook,
                                      args.gateway_gc_threshold, args.gateway_gc_freeze_after,
-                                     cpus=gw_cpus)
+                                     cpus=gw_cpus, gc_refreeze=args.gateway_gc_refreeze)
         args.hook = hook
         pids = {"gateway": gw_pid, "fast_node": fast_pid, "paced_node": paced_pid}
         with (L.Probe(gw, "/healthz", args.probe_interval, gw_cpus) as probe,

@@ -28,7 +28,9 @@ OUT + ".census-NAME.json". `python benchmarks/bench_stream_objects.py` drives it
 
 As experiments only: MESHROUTE_BENCH_GC_THRESHOLD="g0,g1,g2" sets the GC thresholds;
 MESHROUTE_BENCH_GC_FREEZE_AFTER_S=S calls gc.freeze() on the loop S seconds after it is made
-(the start-up heap then leaves the collections).
+(the start-up heap then leaves the collections); MESHROUTE_BENCH_GC_REFREEZE=1 calls
+gc.freeze() after every full collection, so that the next one walks only what was promoted
+since (what survives is never walked again: cyclic garbage among it would never be freed).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any
 OUT = os.environ.get("MESHROUTE_BENCH_HOOK_OUT")
 INTERVAL_S = float(os.environ.get("MESHROUTE_BENCH_HOOK_INTERVAL_S", "0.01"))
 GC_REPORT_MS = 5.0
+REFREEZE = os.environ.get("MESHROUTE_BENCH_GC_REFREEZE") == "1"
 
 
 class _Recorder:
@@ -85,6 +88,8 @@ class _Recorder:
         stats["uncollectable"][gen] += info["uncollectable"]
         if gen == 2:
             self.last_full = (wall_ms, cpu_ms)
+            if REFREEZE:  # an experiment, off by default: see the module's docstring
+                gc.freeze()
         if wall_ms >= GC_REPORT_MS or cpu_ms >= GC_REPORT_MS:
             tracked, count_ms = -1, 0.0
             if gen == 2:
@@ -214,7 +219,7 @@ def _own_source(obj: object) -> str | None:
     if isinstance(obj, asyncio.Task):  # the task of a coroutine: where the coroutine is
         return _own_source(obj.get_coro())
     module = type(obj).__module__
-    if module in _CONTAINERS:
+    if not isinstance(module, str) or module in _CONTAINERS:
         return None
     return _source_of(module)
 
@@ -229,7 +234,7 @@ def _type_name(obj: object) -> str:
     if code is not None:
         return f"{name} {code.co_qualname}"
     module = type(obj).__module__
-    return name if module == "builtins" else f"{module}.{name}"
+    return name if module == "builtins" or not isinstance(module, str) else f"{module}.{name}"
 
 
 def census() -> dict[str, Any]:
