@@ -13,11 +13,11 @@ Inert unless MESHROUTE_BENCH_HOOK_OUT names a file. Then:
 Once a second it appends one JSON line: wall time, heartbeats, their max and p99 lag (ms),
 how many were over 50 ms, per generation the number of collections and their longest wall
 and CPU ms (`gc`), and each collection of 5 ms or more (`gc_pauses`): [generation, wall ms,
-objects collected, CPU ms, objects tracked after a full collection (-1 for the younger
-generations), uncollectable, 1 if the loop's thread collected (else another thread: this
-hook's heartbeat, a `to_thread` worker; it holds the GIL all the same), ms spent counting
-the tracked objects (after the timing; it is a stall of its own, so only full collections
-are counted)].
+objects collected, CPU ms, objects tracked after a full collection (only with
+MESHROUTE_BENCH_GC_COUNT=1, else -1), uncollectable, 1 if the loop's thread collected (else
+another thread: this hook's heartbeat, a `to_thread` worker; it holds the GIL all the same),
+ms spent counting the tracked objects (after the timing, but a stall of its own: 15-70 ms
+with 1,000 streams open, hence off by default)].
 Nothing of the server is imported or changed; the cost is one wake-up of the loop per beat.
 
 A census on request (a development aid, never during a measured phase): write a name into
@@ -51,6 +51,10 @@ OUT = os.environ.get("MESHROUTE_BENCH_HOOK_OUT")
 INTERVAL_S = float(os.environ.get("MESHROUTE_BENCH_HOOK_INTERVAL_S", "0.01"))
 GC_REPORT_MS = 5.0
 REFREEZE = os.environ.get("MESHROUTE_BENCH_GC_REFREEZE") == "1"
+# Counting the tracked objects after a full collection (`len(gc.get_objects())`) took 15-70
+# ms with 1,000 streams open, in the loop's thread: a stall the hook itself added to every
+# full collection's. Off unless asked for; bench_stream_objects.py counts them instead.
+COUNT_TRACKED = os.environ.get("MESHROUTE_BENCH_GC_COUNT") == "1"
 
 
 class _Recorder:
@@ -92,7 +96,7 @@ class _Recorder:
                 gc.freeze()
         if wall_ms >= GC_REPORT_MS or cpu_ms >= GC_REPORT_MS:
             tracked, count_ms = -1, 0.0
-            if gen == 2:
+            if gen == 2 and COUNT_TRACKED:
                 began = time.perf_counter()
                 tracked = len(gc.get_objects())
                 count_ms = (time.perf_counter() - began) * 1e3
