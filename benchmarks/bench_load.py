@@ -2,7 +2,7 @@
 the nodes directly under the same load in the same run.
 
   scripts/isolated python benchmarks/bench_load.py [--seconds 5] [--rounds 3]
-      [--streams 100,1000] [--stream-seconds 30] [--soak-seconds 600] [--json PATH]
+      [--streams 100,1000] [--stream-seconds 30] [--soak-seconds 600] [--pin] [--json PATH]
 
 (re-runs itself under scripts/isolated when not already inside a namespace of its own.)
 Two `meshroute node --emulate` processes: `fast` answers 16 tokens at once (for wrk's
@@ -17,7 +17,9 @@ stays open --stream-tokens / --stream-tps seconds (what holding 1,000 streams ne
     first --soak-warmup share of the run?
 Throughout, a stall probe (a separate blocking process) GETs the gateway's /healthz every
 10 ms and logs each latency: the longest one bounds the longest event-loop stall from above.
-The gateway's CPU time (/proc/PID/stat) and RSS (statm, VmHWM) are read around each phase.
+The gateway's CPU time (/proc/PID/stat) and RSS (statm, VmHWM) are read around each phase,
+and (benchmarks/_hooks) its event loop's lag and every garbage collection, by wall clock and
+by CPU time. --pin: the gateway and the probe on one CPU, everything else on the others.
 """
 
 from __future__ import annotations
