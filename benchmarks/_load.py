@@ -284,6 +284,12 @@ def hook_window(path: Path | None, t0: float, t1: float) -> dict[str, Any]:
             "gc_pauses_over_5ms": len(pauses),
             "gc_pauses_over_50ms": sum(p[1] > 50 for p in pauses),
             "gc_by_generation": gens,
+            # collections of 20+ ms (wall or CPU) of any generation, and which thread ran
+            # them: one in another thread (the hook's heartbeat, a to_thread worker) holds
+            # the GIL as long, but the heartbeat cannot time it when it is that thread
+            "gc_long_pauses": [{"generation": p[0], "wall_ms": p[1], "cpu_ms": p[3],
+                                **({"loop_thread": bool(p[6])} if len(p) > 6 else {})}
+                               for p in pauses if max(p[1], p[3]) >= 20][:100],
             "gc_gen2_pauses": [{"wall_ms": p[1], "cpu_ms": p[3], "collected": p[2],
                                 "tracked_after": p[4],
                                 **({"uncollectable": p[5], "loop_thread": bool(p[6]),
