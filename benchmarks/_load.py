@@ -269,6 +269,10 @@ def hook_window(path: Path | None, t0: float, t1: float) -> dict[str, Any]:
             "loop_lags_over_50ms": sum(x["over_50ms"] for x in lines),
             "loop_cpu_lag_max_ms": max((x.get("cpu_lag_max_ms") or 0.0) for x in lines),
             "loop_cpu_lags_over_50ms": sum(x.get("cpu_over_50ms", 0) for x in lines),
+            # the heartbeat thread's own lateness: a stall holding the GIL (a collection)
+            # that the lag misses, or the machine's load
+            "heartbeat_late_max_ms": max((x.get("beat_late_max_ms") or 0.0) for x in lines),
+            "heartbeat_late_over_50ms": sum(x.get("beat_late_over_50ms", 0) for x in lines),
             # busy lags over 50 ms in a second (or the one before) with a GC pause of 40+ ms
             # of CPU: how many stalls garbage collection explains
             "loop_cpu_lags_over_50ms_beside_gc": sum(

@@ -265,9 +265,10 @@ def report(res: dict[str, Any]) -> None:
                                        for k, v in r.items()))
     print("\n| case | held (peak) | ok | failed | chunks/s | TTFT p50 | p95 | p99 | "
           "max chunk gap ms | gw RSS max MB | probe max ms | >50 ms | loop lag max ms | "
-          ">50 ms | busy lag max ms | >50 ms | GC pause max ms (CPU) | full GCs |")
+          ">50 ms | busy lag max ms | >50 ms | beat late max ms | GC pause max ms (CPU) | "
+          "full GCs |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          "---:|")
+          "---:|---:|")
     for key, r in res["sse"].items():
         if key.startswith("ratio"):
             continue
@@ -277,7 +278,8 @@ def report(res: dict[str, Any]) -> None:
               f"{r.get('gateway_rss_max_mb', float('nan')):.1f} | {r['probe_max_ms']:.1f} | "
               f"{r['probes_over_50ms']} | {r.get('loop_lag_max_ms', nan):.1f} | "
               f"{r.get('loop_lags_over_50ms', nan)} | {r.get('loop_cpu_lag_max_ms', nan):.1f} | "
-              f"{r.get('loop_cpu_lags_over_50ms', nan)} | {r.get('gc_pause_max_ms', nan):.1f} "
+              f"{r.get('loop_cpu_lags_over_50ms', nan)} | "
+              f"{r.get('heartbeat_late_max_ms', nan):.1f} | {r.get('gc_pause_max_ms', nan):.1f} "
               f"({r.get('gc_pause_cpu_max_ms', nan):.1f}) | "
               f"{(r.get('gc_by_generation') or {}).get('n', [0, 0, '—'])[2]} |")
         if r["errors"]:
@@ -293,7 +295,8 @@ def report(res: dict[str, Any]) -> None:
           f"{s['probe_max_ms']:.1f} ms, {s['probes_over_50ms']} over 50 ms; loop lag max "
           f"{s.get('loop_lag_max_ms', nan):.1f} ms, {s.get('loop_lags_over_50ms')} over 50 ms "
           f"(busy: {s.get('loop_cpu_lag_max_ms', nan):.1f} ms, "
-          f"{s.get('loop_cpu_lags_over_50ms')} over 50 ms); "
+          f"{s.get('loop_cpu_lags_over_50ms')} over 50 ms; heartbeat late max "
+          f"{s.get('heartbeat_late_max_ms', nan):.1f} ms); "
           f"GC pause max {s.get('gc_pause_max_ms', nan):.1f} ms (CPU "
           f"{s.get('gc_pause_cpu_max_ms', nan):.1f} ms), "
           f"{(s.get('gc_by_generation') or {}).get('n', [0, 0, '—'])[2]} full collections, "

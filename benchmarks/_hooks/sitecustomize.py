@@ -10,14 +10,17 @@ Inert unless MESHROUTE_BENCH_HOOK_OUT names a file. Then:
 - `gc.callbacks` times every garbage collection twice: wall clock (`perf_counter`) and the
   collecting thread's CPU time (`thread_time`: the callbacks run in the thread that collects,
   before and after it). Wall much above CPU: the process was waiting for a core mid-way.
+Its lag cannot see a stall that holds the GIL, such as a garbage collection: while one runs
+the heartbeat thread cannot post a beat either. So it also logs how late the heartbeat thread
+itself woke from each sleep (`beat_late_max_ms`): that is the GIL held elsewhere, or no core.
 Once a second it appends one JSON line: wall time, heartbeats, their max and p99 lag (ms),
-how many were over 50 ms, per generation the number of collections and their longest wall
-and CPU ms (`gc`), and each collection of 5 ms or more (`gc_pauses`): [generation, wall ms,
-objects collected, CPU ms, objects tracked after a full collection (only with
-MESHROUTE_BENCH_GC_COUNT=1, else -1), uncollectable, 1 if the loop's thread collected (else
-another thread: this hook's heartbeat, a `to_thread` worker; it holds the GIL all the same),
-ms spent counting the tracked objects (after the timing, but a stall of its own: 15-70 ms
-with 1,000 streams open, hence off by default)].
+how many were over 50 ms, the heartbeat's own lateness, per generation the number of
+collections and their longest wall and CPU ms (`gc`), and each collection of 5 ms or more
+(`gc_pauses`): [generation, wall ms, objects collected, CPU ms, objects tracked after a
+full collection (only with MESHROUTE_BENCH_GC_COUNT=1, else -1), uncollectable, 1 if the
+loop's thread collected (else another thread: this hook's heartbeat, a `to_thread` worker;
+it holds the GIL all the same), ms spent counting the tracked objects (after the timing, but
+a stall of its own: 15-70 ms with 1,000 streams open, hence off by default)].
 Nothing of the server is imported or changed; the cost is one wake-up of the loop per beat.
 
 A census on request (a development aid, never during a measured phase): write a name into
@@ -62,6 +65,10 @@ class _Recorder:
         self.path = path
         self.lags_ms: list[float] = []
         self.cpu_lags_ms: list[float] = []  # CPU time the loop's thread used during each lag
+        # How late the heartbeat thread itself woke from each sleep: waiting for the GIL (a
+        # collection in any thread holds it, and then no beat can even be posted, so the lag
+        # above misses it) or for a core.
+        self.beat_late_ms: list[float] = []
         self.gcs: list[list[float]] = []
         self.gc_total_ms = 0.0
         self.gc_total_cpu_ms = 0.0
@@ -118,7 +125,11 @@ class _Recorder:
                 loop.call_soon_threadsafe(self._landed, posted, posted_cpu)
             except RuntimeError:  # the loop closed meanwhile
                 return
+            slept = time.perf_counter()
             time.sleep(INTERVAL_S)
+            late_ms = (time.perf_counter() - slept - INTERVAL_S) * 1e3
+            with self._lock:
+                self.beat_late_ms.append(late_ms)
             if time.monotonic() - flushed >= 1.0:
                 flushed = time.monotonic()
                 self.flush()
@@ -134,6 +145,7 @@ class _Recorder:
         with self._lock:
             lags, self.lags_ms = self.lags_ms, []
             cpu_lags, self.cpu_lags_ms = self.cpu_lags_ms, []
+            late, self.beat_late_ms = self.beat_late_ms, []
         gcs, self.gcs = self.gcs, []
         stats, self._gen_stats = self._gen_stats, self._no_stats()
         lags.sort()
@@ -143,6 +155,8 @@ class _Recorder:
                 "over_50ms": sum(x > 50 for x in lags),
                 "cpu_lag_max_ms": round(max(cpu_lags), 2) if cpu_lags else None,
                 "cpu_over_50ms": sum(x > 50 for x in cpu_lags),
+                "beat_late_max_ms": round(max(late), 2) if late else None,
+                "beat_late_over_50ms": sum(x > 50 for x in late),
                 "gc_total_ms": round(self.gc_total_ms, 1),
                 "gc_total_cpu_ms": round(self.gc_total_cpu_ms, 1),
                 "gc": stats, "gc_pauses": gcs}

@@ -192,3 +192,28 @@ def test_loop_hook_times_collections_by_wall_and_cpu_and_takes_a_census(
     kinds = census["by_source_type"]
     assert kinds["other | __main__.Blob"] == 500
     assert kinds["other | list"] >= 500  # each Blob's list, attributed to its owner
+
+
+GIL_HOLDER = """
+import asyncio, time
+def hold():  # one C call that never lets go of the GIL (as a garbage collection does)
+    began = time.perf_counter()
+    sum(range(10**8))
+    print(round((time.perf_counter() - began) * 1e3))
+async def main():
+    await asyncio.sleep(0.3)
+    asyncio.get_running_loop().call_soon(hold)
+    await asyncio.sleep(0.3)
+asyncio.run(main())
+"""
+
+
+def test_heartbeat_lateness_sees_a_stall_that_holds_the_gil(tmp_path: Path) -> None:
+    out = tmp_path / "hook.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(P.HOOKS), "MESHROUTE_BENCH_HOOK_OUT": str(out)}
+    held_ms = int(subprocess.run([sys.executable, "-c", GIL_HOLDER], env=env, check=True,
+                                 capture_output=True, text=True, timeout=120).stdout)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    # the heartbeat thread slept through it, waiting for the GIL: late by most of it
+    assert max(x["beat_late_max_ms"] or 0 for x in lines) >= 0.5 * held_ms
+    assert L.hook_window(out, 0, 2e9)["heartbeat_late_max_ms"] >= 0.5 * held_ms
