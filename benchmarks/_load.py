@@ -192,7 +192,9 @@ class Probe:
     on the longest stall (it also holds queueing behind the loop's ordinary work and the
     probe's own scheduling delay, logged separately as `late`)."""
 
-    def __init__(self, url: str, path: str, interval_s: float = 0.01) -> None:
+    def __init__(self, url: str, path: str, interval_s: float = 0.01,
+                 cpus: set[int] | None = None) -> None:
+        self.cpus = cpus  # run on these CPUs only (--pin: the gateway's)
         host_port = url.removeprefix("http://")
         self.host, self.port = host_port.split(":")[0], int(host_port.split(":")[1])
         self.path, self.interval_s = path, interval_s
@@ -201,7 +203,8 @@ class Probe:
 
     def __enter__(self) -> Probe:
         script = str(Path(__file__).with_name("_probe.py"))
-        self.proc = subprocess.Popen([PY, script, self.host, str(self.port), self.path,
+        pin = ["taskset", "-c", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
+        self.proc = subprocess.Popen([*pin, PY, script, self.host, str(self.port), self.path,
                                       str(self.interval_s), str(self.file)])
         return self
 
@@ -254,21 +257,47 @@ def hook_window(path: Path | None, t0: float, t1: float) -> dict[str, Any]:
     if not lines:
         return {}
     pauses = [p for x in lines for p in x["gc_pauses"]]
+    gens: dict[str, list[float]] = {"n": [0, 0, 0], "wall_ms_max": [0.0, 0.0, 0.0],
+                                    "cpu_ms_max": [0.0, 0.0, 0.0], "uncollectable": [0, 0, 0]}
+    for x in lines:
+        for key, values in (x.get("gc") or {}).items():
+            for g, v in enumerate(values):
+                gens[key][g] = (gens[key][g] + v if key in ("n", "uncollectable")
+                                else max(gens[key][g], v))
     return {"loop_lag_max_ms": max((x["lag_max_ms"] or 0.0) for x in lines),
             "loop_beats": sum(x["beats"] for x in lines),
             "loop_lags_over_50ms": sum(x["over_50ms"] for x in lines),
             "loop_cpu_lag_max_ms": max((x.get("cpu_lag_max_ms") or 0.0) for x in lines),
             "loop_cpu_lags_over_50ms": sum(x.get("cpu_over_50ms", 0) for x in lines),
+            # the heartbeat thread's own lateness: a stall holding the GIL (a collection)
+            # that the lag misses, or the machine's load
+            "heartbeat_late_max_ms": max((x.get("beat_late_max_ms") or 0.0) for x in lines),
+            "heartbeat_late_over_50ms": sum(x.get("beat_late_over_50ms", 0) for x in lines),
             # busy lags over 50 ms in a second (or the one before) with a GC pause of 40+ ms
             # of CPU: how many stalls garbage collection explains
             "loop_cpu_lags_over_50ms_beside_gc": sum(
                 x.get("cpu_over_50ms", 0) for i, x in enumerate(lines)
                 if any(p[3] >= 40 for y in lines[max(0, i - 1):i + 1] for p in y["gc_pauses"])),
             "gc_ms": lines[-1]["gc_total_ms"] - lines[0]["gc_total_ms"],
+            "gc_cpu_ms": (lines[-1].get("gc_total_cpu_ms", 0.0)
+                          - lines[0].get("gc_total_cpu_ms", 0.0)),
+            # wall clock (the stall as the loop lives it) and the collecting thread's CPU
+            # time (the collector's own work; the gap is time spent waiting for a core)
             "gc_pause_max_ms": max((p[1] for p in pauses), default=0.0),
+            "gc_pause_cpu_max_ms": max((p[3] for p in pauses), default=0.0),
             "gc_pauses_over_5ms": len(pauses),
+            "gc_pauses_over_50ms": sum(p[1] > 50 for p in pauses),
+            "gc_by_generation": gens,
+            # collections of 20+ ms (wall or CPU) of any generation, and which thread ran
+            # them: one in another thread (the hook's heartbeat, a to_thread worker) holds
+            # the GIL as long, but the heartbeat cannot time it when it is that thread
+            "gc_long_pauses": [{"generation": p[0], "wall_ms": p[1], "cpu_ms": p[3],
+                                **({"loop_thread": bool(p[6])} if len(p) > 6 else {})}
+                               for p in pauses if max(p[1], p[3]) >= 20][:100],
             "gc_gen2_pauses": [{"wall_ms": p[1], "cpu_ms": p[3], "collected": p[2],
-                                "tracked_after": p[4]}
+                                "tracked_after": p[4],
+                                **({"uncollectable": p[5], "loop_thread": bool(p[6]),
+                                    "count_ms": p[7]} if len(p) > 7 else {})}
                                for p in pauses if p[0] == 2][:50]}
 
 

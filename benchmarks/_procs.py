@@ -53,6 +53,22 @@ def raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def pin_split() -> tuple[set[int], set[int]]:
+    """For `--pin`: (the gateway's CPUs, everyone else's): the last CPU this process may use
+    for the gateway alone, the others for the load generator, the nodes and the tools. Then a
+    stall the gateway's loop shows is its own work (or another program's on the machine), not
+    time it waited while the load generator held its core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError(f"--pin needs two CPUs, this process may use {cpus}")
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def pin_self(cpus: set[int]) -> None:
+    """Keep this process (the load generator) and what it starts from now on `cpus`."""
+    os.sched_setaffinity(0, cpus)
+
+
 def load_average() -> tuple[float, float, float]:
     """The machine's 1, 5 and 15 minute load averages."""
     return os.getloadavg()
@@ -149,8 +165,11 @@ class Procs:
     running: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self, cmd: list[str], env: dict[str, str] | None = None,
-              log: Path | None = None) -> subprocess.Popen[bytes]:
+              log: Path | None = None, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+        """Start `cmd`; with `cpus`, on those CPUs only (its threads and children too)."""
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - lives with proc
+        if cpus:
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *cmd]
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT)
         self.running.append(proc)
@@ -216,24 +235,29 @@ GATEWAY_MAX_CONNECTIONS = 2048
 def start_gateway(procs: Procs, nodes: dict[str, tuple[str, str]], log: Path | None = None,
                   hook_out: Path | None = None, gc_threshold: str | None = None,
                   gc_freeze_after_s: float | None = None,
-                  max_connections: int = GATEWAY_MAX_CONNECTIONS) -> tuple[str, int]:
+                  max_connections: int = GATEWAY_MAX_CONNECTIONS,
+                  cpus: set[int] | None = None, gc_refreeze: bool = False,
+                  extra_env: dict[str, str] | None = None) -> tuple[str, int]:
     """`meshroute serve` with each node {node_id: (model, url)} registered; (url, pid).
     `--max-connections` is raised above the default (512, app/edge.py) so that 1,000 held
     streams fit: the benchmarks measure the gateway's capacity, not that guard.
     With `hook_out`, the gateway runs with benchmarks/_hooks on its PYTHONPATH, which logs
-    its event loop's lag and its GC pauses to that file (see _hooks/sitecustomize.py)."""
+    its event loop's lag and its GC pauses to that file (see _hooks/sitecustomize.py).
+    With `cpus`, it runs on those CPUs only (`--pin`)."""
     port = free_port()
-    env = None
+    env = dict(extra_env or {})
     if hook_out is not None:
         path = os.pathsep.join(x for x in (str(HOOKS), os.environ.get("PYTHONPATH")) if x)
-        env = {"PYTHONPATH": path, "MESHROUTE_BENCH_HOOK_OUT": str(hook_out)}
+        env.update({"PYTHONPATH": path, "MESHROUTE_BENCH_HOOK_OUT": str(hook_out)})
         if gc_threshold:
             env["MESHROUTE_BENCH_GC_THRESHOLD"] = gc_threshold
+        if gc_refreeze:
+            env["MESHROUTE_BENCH_GC_REFREEZE"] = "1"
         if gc_freeze_after_s is not None:
             env["MESHROUTE_BENCH_GC_FREEZE_AFTER_S"] = str(gc_freeze_after_s)
     proc = procs.start([*meshroute_cmd(), "serve", "--port", str(port), "--no-mdns",
                         "--log-level", "warning", "--max-connections", str(max_connections)],
-                       env=env, log=log)
+                       env=env, log=log, cpus=cpus)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", proc)
     for node_id, (model, node_url) in nodes.items():

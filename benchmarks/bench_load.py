@@ -2,7 +2,7 @@
 the nodes directly under the same load in the same run.
 
   scripts/isolated python benchmarks/bench_load.py [--seconds 5] [--rounds 3]
-      [--streams 100,1000] [--stream-seconds 30] [--soak-seconds 600] [--json PATH]
+      [--streams 100,1000] [--stream-seconds 30] [--soak-seconds 600] [--pin] [--json PATH]
 
 (re-runs itself under scripts/isolated when not already inside a namespace of its own.)
 Two `meshroute node --emulate` processes: `fast` answers 16 tokens at once (for wrk's
@@ -17,7 +17,9 @@ stays open --stream-tokens / --stream-tps seconds (what holding 1,000 streams ne
     first --soak-warmup share of the run?
 Throughout, a stall probe (a separate blocking process) GETs the gateway's /healthz every
 10 ms and logs each latency: the longest one bounds the longest event-loop stall from above.
-The gateway's CPU time (/proc/PID/stat) and RSS (statm, VmHWM) are read around each phase.
+The gateway's CPU time (/proc/PID/stat) and RSS (statm, VmHWM) are read around each phase,
+and (benchmarks/_hooks) its event loop's lag and every garbage collection, by wall clock and
+by CPU time. --pin: the gateway and the probe on one CPU, everything else on the others.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gateway-gc-freeze-after", type=float, metavar="S",
                    help="experiment: gc.freeze() again in the gateway S seconds after its start "
                         "(meshroute serve already freezes its start-up heap before serving)")
+    p.add_argument("--gateway-gc-refreeze", action="store_true",
+                   help="experiment: gc.freeze() in the gateway after every full collection "
+                        "(via the hook), so the next one walks only what was promoted since")
+    p.add_argument("--pin", action="store_true",
+                   help="the gateway (and the stall probe) on the last CPU alone, the load "
+                        "generator, wrk and the emulated nodes on the others (taskset / "
+                        "sched_setaffinity): a stall is then the gateway's own, not time it "
+                        "waited while the load generator held its core")
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
 
@@ -77,6 +87,11 @@ def stream_body(args: argparse.Namespace) -> dict[str, Any]:
 async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     streams = [int(x) for x in args.streams.split(",") if x]
     slots = max([*streams, args.soak_streams]) + 64
+    gw_cpus: set[int] | None = None
+    if args.pin:  # before anything starts: the nodes, wrk and py-spy inherit the load's CPUs
+        gw_cpus, load_cpus = P.pin_split()
+        P.pin_self(load_cpus)
+        args.cpus = {"gateway_and_probe": sorted(gw_cpus), "load_and_nodes": sorted(load_cpus)}
     with P.processes() as procs:
         fast, fast_pid = P.start_emulator(procs, "fast-0", "fast", 1e6, 64, 4096,
                                           logs / "fast.log")
@@ -85,10 +100,12 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         hook = None if args.no_loop_hook else logs / "loop-hook.jsonl"
         gw, gw_pid = P.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, logs / "gw.log", hook,
-                                     args.gateway_gc_threshold, args.gateway_gc_freeze_after)
+                                     args.gateway_gc_threshold, args.gateway_gc_freeze_after,
+                                     cpus=gw_cpus, gc_refreeze=args.gateway_gc_refreeze)
         args.hook = hook
         pids = {"gateway": gw_pid, "fast_node": fast_pid, "paced_node": paced_pid}
-        with L.Probe(gw, "/healthz", args.probe_interval) as probe, P.RssSampler(pids, 1.0) as rss:
+        with (L.Probe(gw, "/healthz", args.probe_interval, gw_cpus) as probe,
+              P.RssSampler(pids, 1.0) as rss):
             out: dict[str, Any] = {"rss_idle_mb": P.rss_mb(gw_pid)}
             for target in (fast, gw):  # warm-up: pools, caches, first enumeration
                 await L.wrk(target + "/v1/chat/completions", json.dumps(CHAT), 8, 1)
@@ -227,10 +244,10 @@ def main() -> int:
 def report(res: dict[str, Any]) -> None:
     meta = res["meta"]
     print(f"\nload average before/after: {meta['load_average_before']} / "
-          f"{meta['load_average_after']}")
+          f"{meta['load_average_after']}; pinned: {meta['args'].get('cpus') or 'no'}")
     nan = float("nan")
     print("\n| case | req/s | p50 ms | p95 ms | p99 ms | errors | gw CPU µs/req (net of probe) "
-          "| probe max ms | loop lag max ms | busy lag max ms | GC pause max ms |")
+          "| probe max ms | loop lag max ms | busy lag max ms | GC pause max ms (CPU) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key, r in res["nonstream"].items():
         if not key.startswith(("direct", "gateway c")):
@@ -240,15 +257,18 @@ def report(res: dict[str, Any]) -> None:
               f"{r.get('gateway_cpu_us_per_request', float('nan')):.0f} "
               f"({r.get('gateway_cpu_us_per_request_net_of_probe', float('nan')):.0f}) | "
               f"{r['probe_max_ms']:.1f} | {r.get('loop_lag_max_ms', nan):.1f} | "
-              f"{r.get('loop_cpu_lag_max_ms', nan):.1f} | {r.get('gc_pause_max_ms', nan):.1f} |")
+              f"{r.get('loop_cpu_lag_max_ms', nan):.1f} | {r.get('gc_pause_max_ms', nan):.1f} "
+              f"({r.get('gc_pause_cpu_max_ms', nan):.1f}) |")
     for key, r in res["nonstream"].items():
         if key.startswith("ratio"):
             print(f"{key}: " + ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a"
                                        for k, v in r.items()))
     print("\n| case | held (peak) | ok | failed | chunks/s | TTFT p50 | p95 | p99 | "
           "max chunk gap ms | gw RSS max MB | probe max ms | >50 ms | loop lag max ms | "
-          ">50 ms | busy lag max ms | >50 ms | GC pause max ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          ">50 ms | busy lag max ms | >50 ms | beat late max ms | GC pause max ms (CPU) | "
+          "full GCs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          "---:|---:|")
     for key, r in res["sse"].items():
         if key.startswith("ratio"):
             continue
@@ -258,7 +278,10 @@ def report(res: dict[str, Any]) -> None:
               f"{r.get('gateway_rss_max_mb', float('nan')):.1f} | {r['probe_max_ms']:.1f} | "
               f"{r['probes_over_50ms']} | {r.get('loop_lag_max_ms', nan):.1f} | "
               f"{r.get('loop_lags_over_50ms', nan)} | {r.get('loop_cpu_lag_max_ms', nan):.1f} | "
-              f"{r.get('loop_cpu_lags_over_50ms', nan)} | {r.get('gc_pause_max_ms', nan):.1f} |")
+              f"{r.get('loop_cpu_lags_over_50ms', nan)} | "
+              f"{r.get('heartbeat_late_max_ms', nan):.1f} | {r.get('gc_pause_max_ms', nan):.1f} "
+              f"({r.get('gc_pause_cpu_max_ms', nan):.1f}) | "
+              f"{(r.get('gc_by_generation') or {}).get('n', [0, 0, '—'])[2]} |")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
     for key, r in res["sse"].items():
@@ -272,8 +295,12 @@ def report(res: dict[str, Any]) -> None:
           f"{s['probe_max_ms']:.1f} ms, {s['probes_over_50ms']} over 50 ms; loop lag max "
           f"{s.get('loop_lag_max_ms', nan):.1f} ms, {s.get('loop_lags_over_50ms')} over 50 ms "
           f"(busy: {s.get('loop_cpu_lag_max_ms', nan):.1f} ms, "
-          f"{s.get('loop_cpu_lags_over_50ms')} over 50 ms); "
-          f"GC pause max {s.get('gc_pause_max_ms', nan):.1f} ms")
+          f"{s.get('loop_cpu_lags_over_50ms')} over 50 ms; heartbeat late max "
+          f"{s.get('heartbeat_late_max_ms', nan):.1f} ms); "
+          f"GC pause max {s.get('gc_pause_max_ms', nan):.1f} ms (CPU "
+          f"{s.get('gc_pause_cpu_max_ms', nan):.1f} ms), "
+          f"{(s.get('gc_by_generation') or {}).get('n', [0, 0, '—'])[2]} full collections, "
+          f"uncollectable {sum((s.get('gc_by_generation') or {}).get('uncollectable', [0]))}")
     if "rss_slope_mb_per_min" in s:
         print(f"soak RSS after warm-up: {s['rss_after_warmup_first_mb']:.1f} -> "
               f"{s['rss_after_warmup_last_mb']:.1f} MB (growth "

@@ -19,7 +19,6 @@ the head failing, as is the retry failing.
 
 from __future__ import annotations
 
-import asyncio
 import traceback
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -97,18 +96,19 @@ class _AiohttpResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     raw: aiohttp.ClientResponse
-    idle_s: float
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        # The silence between two chunks is bounded by aiohttp's own read timer, set to
+        # idle_s when the headers arrived (`_idle_timer`): no second timer per chunk, whose
+        # objects (a Timeout, its timer handle and context) each open stream kept alive.
         content = self.raw.content
         try:
             while True:
-                async with asyncio.timeout(self.idle_s):
-                    chunk = await content.readany()
+                chunk = await content.readany()
                 if not chunk:
                     return
                 yield chunk
-        except TimeoutError as exc:
+        except TimeoutError as exc:  # aiohttp's SocketTimeoutError is one
             raise ForwardError("stream", "the head stalled mid-response") from exc
         except aiohttp.ClientError as exc:
             raise ForwardError("stream", f"the head failed mid-response: {exc!r}") from exc
@@ -195,7 +195,8 @@ class AiohttpForwarder:
         out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]
         if (cl := raw.headers.get("content-length")) is not None:
             out.append((b"content-length", cl.encode()))
-        return _AiohttpResponse(raw.status, out, raw, self.idle_s)
+        _idle_timer(raw, self.idle_s)
+        return _AiohttpResponse(raw.status, out, raw)
 
     async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes,
                     hdrs: list[tuple[str, str]], reuse: _Reuse | None) -> aiohttp.ClientResponse:
@@ -231,6 +232,18 @@ class AiohttpForwarder:
             if session is not None:
                 await session.close()
         self._session = self._fresh_session = None
+
+
+def _idle_timer(raw: aiohttp.ClientResponse, idle_s: float) -> None:
+    """From the headers on, aiohttp's read timer (`ClientTimeout.sock_read`, restarted by
+    every byte that arrives and stopped while reading is paused) bounds the head's silence
+    by `idle_s` instead of the first-byte timeout; it restarts now. aiohttp does the same
+    for a websocket's receive timeout. A body already complete has no timer to restart."""
+    conn = raw.connection
+    if conn is None or conn.protocol is None or raw.content.is_eof():
+        return
+    conn.protocol.read_timeout = idle_s
+    conn.protocol.start_timeout()
 
 
 def _cut(exc: BaseException) -> BaseException:

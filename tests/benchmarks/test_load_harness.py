@@ -146,3 +146,74 @@ async def test_measure_adds_window_and_cpu() -> None:
     t0, t1 = out["window"]
     assert t1 >= t0
     assert out["server_cpu_s"] >= 0
+
+
+COLLECTOR = """
+import asyncio, gc, os, pathlib
+class Blob:  # each holds a list: the list has no source of its own, it takes its owner's
+    def __init__(self):
+        self.items = [object()]
+async def main():
+    loop = asyncio.get_running_loop()
+    heap = [[{}] for _ in range(200_000)]  # a full collection of this takes milliseconds
+    gc.collect()  # in the loop's thread
+    blobs = [Blob() for _ in range(500)]
+    pathlib.Path(os.environ["MESHROUTE_BENCH_HOOK_OUT"] + ".census").write_text("probe")
+    out = pathlib.Path(os.environ["MESHROUTE_BENCH_HOOK_OUT"] + ".census-probe.json")
+    for _ in range(300):  # the heartbeat thread looks for a request once a second
+        if out.exists():
+            break
+        await asyncio.sleep(0.05)
+    return heap, blobs
+asyncio.run(main())
+"""
+
+
+def test_loop_hook_times_collections_by_wall_and_cpu_and_takes_a_census(
+        tmp_path: Path) -> None:
+    out = tmp_path / "hook.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(P.HOOKS), "MESHROUTE_BENCH_HOOK_OUT": str(out),
+           "MESHROUTE_BENCH_GC_COUNT": "1"}
+    subprocess.run([sys.executable, "-c", COLLECTOR], env=env, check=True, timeout=120)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    full = [p for x in lines for p in x["gc_pauses"] if p[0] == 2]
+    assert full, lines
+    _gen, wall_ms, _collected, cpu_ms, tracked, uncollectable, in_loop, count_ms = max(
+        full, key=lambda p: p[4])
+    assert wall_ms > 0 and 0 < cpu_ms <= wall_ms + 1.0  # one thread: CPU never exceeds wall
+    assert tracked >= 200_000 and uncollectable == 0 and in_loop == 1 and count_ms >= 0
+    assert sum(x["gc"]["n"][2] for x in lines) >= 1
+    assert max(x["gc"]["cpu_ms_max"][2] for x in lines) >= cpu_ms
+    window = L.hook_window(out, 0, 2e9)
+    assert window["gc_pause_cpu_max_ms"] >= cpu_ms and window["gc_pause_max_ms"] >= wall_ms
+    assert window["gc_by_generation"]["n"][2] >= 1
+    census = json.loads((tmp_path / "hook.jsonl.census-probe.json").read_text())
+    assert census["full_collection_cpu_ms"] > 0 and census["tracked"] >= 200_000
+    kinds = census["by_source_type"]
+    assert kinds["other | __main__.Blob"] == 500
+    assert kinds["other | list"] >= 500  # each Blob's list, attributed to its owner
+
+
+GIL_HOLDER = """
+import asyncio, time
+def hold():  # one C call that never lets go of the GIL (as a garbage collection does)
+    began = time.perf_counter()
+    sum(range(10**8))
+    print(round((time.perf_counter() - began) * 1e3))
+async def main():
+    await asyncio.sleep(0.3)
+    asyncio.get_running_loop().call_soon(hold)
+    await asyncio.sleep(0.3)
+asyncio.run(main())
+"""
+
+
+def test_heartbeat_lateness_sees_a_stall_that_holds_the_gil(tmp_path: Path) -> None:
+    out = tmp_path / "hook.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(P.HOOKS), "MESHROUTE_BENCH_HOOK_OUT": str(out)}
+    held_ms = int(subprocess.run([sys.executable, "-c", GIL_HOLDER], env=env, check=True,
+                                 capture_output=True, text=True, timeout=120).stdout)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    # the heartbeat thread slept through it, waiting for the GIL: late by most of it
+    assert max(x["beat_late_max_ms"] or 0 for x in lines) >= 0.5 * held_ms
+    assert L.hook_window(out, 0, 2e9)["heartbeat_late_max_ms"] >= 0.5 * held_ms

@@ -1,0 +1,137 @@
+"""What an open stream keeps alive in the gateway (issue 15's stall goal).
+
+Every tracked object is walked by each full garbage collection, whose pause grows with them
+(docs/benchmarks.md, "Load and soak": ~0.9 µs of CPU per object, ~116 objects per open stream
+through uvicorn, so ~100 ms with 1,000 streams open). Here, in-process (the chat path,
+aiohttp's client and asyncio; no uvicorn), the objects that N more open streams keep alive,
+per stream, must stay under a generous bound: a per-chunk list that grows, a closure or a
+task per chunk, a second timer per stream would cross it. The counts are taken when every
+stream has had a chunk and waits for the next, with no await between the collection and the
+count, so nothing here depends on timing."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.chat import watchdog
+from meshroute_middleware.core import RouterConfig
+from meshroute_middleware.forwarding import AiohttpForwarder
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+N = 40
+# Measured 2026-11-30 (aiohttp 3.14, uvloop 0.23): 93.0 per stream, the same in every run;
+# 99.1 with the second timer per chunk that forwarding.py had before (the head's idle
+# timeout, now aiohttp's read timer). With uvicorn in front, the benchmark counts ~116
+# (benchmarks/bench_stream_objects.py).
+MAX_OBJECTS_PER_STREAM = 96
+
+# A head streaming one token every 0.2 s for far longer than the test: every stream stays open.
+_HEAD = """
+import json, sys
+from tests.upstream import FakeChat, ServerThread
+server = ServerThread(FakeChat("slow", tokens=10_000, token_delay_s=0.2).app()).__enter__()
+print(json.dumps(server.url), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """On uvloop, as `meshroute serve` runs: asyncio's own loop keeps cancelled timer handles
+    in its heap until they are due (aiohttp restarts its read timer at every chunk), which
+    made the count vary from run to run."""
+    return ("asyncio", {"use_uvloop": True})
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HEAD], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        yield str(json.loads(proc.stdout.readline()))
+    finally:
+        proc.stdin.close()
+        proc.wait(15)
+
+
+@pytest.fixture
+async def gateway(head: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
+    monkeypatch.setattr(watchdog, "WATCH_AFTER_S", 0.0)  # every stream gets its watcher
+    forwarder = AiohttpForwarder()
+    gw = build_gateway(ServeSettings(mdns=False, seed=7,
+                                     router=RouterConfig(explore_share=0.0)),
+                       forwarder=forwarder)
+    gw.mesh.upsert_raw({"node_id": "slow", "model": "m", "start": 0, "end": 9, "layers": 10,
+                        "url": head, "tps": 5.0}, "test")
+    yield gw
+    await forwarder.aclose()
+
+
+class Stream:
+    """One chat stream straight into the ASGI app; counts chunks, keeps none."""
+
+    def __init__(self, app: Any) -> None:
+        self.chunks = 0
+        self.first = asyncio.Event()
+        self.task = asyncio.ensure_future(app(self.scope(), self.receive, self.send))
+        self._delivered = False
+
+    @staticmethod
+    def scope() -> dict[str, Any]:
+        return {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                "headers": [(b"content-type", b"application/json")], "query_string": b"",
+                "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "scheme": "http",
+                "http_version": "1.1", "root_path": "", "state": {}}
+
+    async def receive(self) -> dict[str, Any]:
+        if not self._delivered:
+            self._delivered = True
+            body = {"model": "m", "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            return {"type": "http.request", "body": json.dumps(body).encode(),
+                    "more_body": False}
+        await asyncio.Event().wait()  # never disconnects
+        raise AssertionError("unreachable")
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            self.chunks += 1
+            self.first.set()
+
+
+def _tracked() -> int:
+    gc.collect()
+    return len(gc.get_objects())
+
+
+async def test_an_open_stream_keeps_few_objects_alive(gateway: Gateway) -> None:
+    warm = [Stream(gateway.app) for _ in range(4)]  # pools, caches, the watchdog's timer
+    await asyncio.gather(*(s.first.wait() for s in warm))
+    streams: list[Stream] = []
+    try:
+        counts = []
+        for _ in range(2):
+            batch = [Stream(gateway.app) for _ in range(N)]
+            streams += batch
+            await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in batch)), 60)
+            counts.append(_tracked())
+        per_stream = (counts[1] - counts[0]) / N
+        assert all(not s.task.done() for s in streams)  # all still open
+        assert 0 < per_stream <= MAX_OBJECTS_PER_STREAM, per_stream
+    finally:
+        for s in warm + streams:
+            s.task.cancel()
+        await asyncio.gather(*(s.task for s in warm + streams), return_exceptions=True)
