@@ -10,7 +10,9 @@ on the fast route while its batch has room"; on a serial one, or a saturated bat
 close to shortest expected delay. Exploration comes from the
 posterior; a CUSUM on the speed residuals and one on the failures cut the old mass when a
 route changes, and a route's spread widens with the time since its last sample, so a route
-left alone is re-tried. Results and tuning: docs/benchmarks.md, "Learning quality".
+left alone is re-tried, mostly on requests whose max_tokens says the answer is short
+(`lengths.AnswerLengths`: a re-try costs in proportion to the answer). Results and tuning:
+docs/benchmarks.md, "Learning quality".
 """
 
 from __future__ import annotations
