@@ -112,7 +112,8 @@ class MeshRouteMiddleware:
             req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes,
                                              self.config.body_timeout_s))
             chain = self.providers is not None and self.providers.claims(req.model)
-            decision = None if chain else self.router.choose(req.model, req.pin)
+            decision = None if chain else self.router.choose(req.model, req.pin,
+                                                             req.max_tokens)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413) or exc.code == "invalid_json":

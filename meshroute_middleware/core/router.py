@@ -42,6 +42,7 @@ class Decision:
     _unranked: Sequence[Arm] = field(default=(), repr=False)  # arms still to rank into it
     _open: bool = field(default=False, repr=False)  # counted in flight, not yet ended
     _load0: tuple[float, float] = field(default=(0.0, 0.0), repr=False)  # (area, t) at start
+    max_tokens: int | None = None  # the request's bound on its answer, if it set one
 
     @property
     def signature(self) -> str:
@@ -124,16 +125,19 @@ class Router:
             return []
         return self._arms(model, topo, self.clock() if now is None else now)
 
-    def _arms(self, model: str, topo: ModelTopology, now: float) -> list[Arm]:
+    def _arms(self, model: str, topo: ModelTopology, now: float,
+              max_tokens: int | None = None) -> list[Arm]:
         routes = self._candidates(model, topo)
         merged = self.stats.merged_many(model, [r.signature for r in routes], topo.changed_at)
         flying = self._in_flight
-        return [Arm(r, None, flying.get(r.signature, 0), m, now)
+        return [Arm(r, None, flying.get(r.signature, 0), m, now, max_tokens)
                 for r, m in zip(routes, merged, strict=True)]
 
-    def choose(self, model: str, pin: Sequence[str] | None = None) -> Decision:
-        """Pick the route for one request; raise UnknownModelError / InvalidPinError /
-        NoRouteError. The decision counts as in flight until `record`."""
+    def choose(self, model: str, pin: Sequence[str] | None = None,
+               max_tokens: int | None = None) -> Decision:
+        """Pick the route for one request (`max_tokens`: the request's bound on its answer,
+        if it sets one); raise UnknownModelError / InvalidPinError / NoRouteError. The
+        decision counts as in flight until `record`."""
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
             raise UnknownModelError(f"no node serves model {model!r}")
@@ -141,13 +145,13 @@ class Router:
             route = pinned_route(model, pin, topo.nodes)
             return self._begin(Decision(model, route, PINNED))
         now = self.clock()
-        arms = self._arms(model, topo, now)
+        arms = self._arms(model, topo, now, max_tokens)
         if not arms:
             raise NoRouteError(f"no route covers every layer of {model!r}",
                                self.gaps(model))
         i, mode = self.policy.choose(arms, now, self.rng)
         route = arms.pop(i).route
-        return self._begin(Decision(model, route, mode, 0, (), arms))
+        return self._begin(Decision(model, route, mode, 0, (), arms, max_tokens=max_tokens))
 
     def fallback(self, decision: Decision) -> Decision | None:
         """The next ranked route after a failed attempt, or None when all are spent."""
@@ -155,7 +159,7 @@ class Router:
             return None
         route, rest = decision.ranked[0], decision.ranked[1:]
         return self._begin(Decision(decision.model, route, FALLBACK,
-                                    decision.attempt + 1, rest))
+                                    decision.attempt + 1, rest, max_tokens=decision.max_tokens))
 
     def _begin(self, decision: Decision) -> Decision:
         sig = decision.signature
@@ -204,7 +208,8 @@ class Router:
         sample) or 'failure'."""
         sig, model, now = decision.signature, decision.model, self.clock()
         if decision._open:
-            outcome = outcome._replace(concurrency=self.concurrency(decision, now))
+            outcome = outcome._replace(concurrency=self.concurrency(decision, now),
+                                       max_tokens=decision.max_tokens)
         self.cancel(decision)
         changed_at = self._changed_at(model)
         self.policy.observe(sig, outcome, now)

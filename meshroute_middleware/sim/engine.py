@@ -55,6 +55,7 @@ class Request:
     fail_u: float
     cut_u: float
     gap_s: float  # to the next arrival (open loop)
+    max_tokens: int | None = None  # the client's bound on the answer, as its body states it
     arrival_s: float = 0.0
     decision: Decision | None = None
     nodes: tuple[str, ...] = ()
@@ -196,7 +197,7 @@ class Simulator:
             self._apply(self._events.pop(0))
         self.current = req
         try:
-            decision = self.router.choose(MODEL)
+            decision = self.router.choose(MODEL, max_tokens=req.max_tokens)
         except MeshRouteError:
             self._end(req, ok=False)
             return
@@ -371,7 +372,30 @@ def _draw_requests(scenario: Scenario, rng: random.Random) -> list[Request]:
         if burst > 1:
             gap_s = gap_s * burst if i % burst == burst - 1 else 0.0
         out.append(Request(i, rng.randint(lo, hi), noise, rng.random(), rng.random(), gap_s))
+    # The body's max_tokens, drawn apart (the draws above stay what they were): see
+    # `client_max_tokens`. A gateway sees only this bound, never the answer's true length.
+    bounds = random.Random(rng.random())
+    for req in out:
+        req.max_tokens = client_max_tokens(req.tokens, bounds)
     return out
+
+
+# How clients bound their answers (the body's `max_tokens`), a third each: none at all
+# (LangChain's and most chat UIs' default), a generous fixed cap (many apps send 1024-4096
+# whatever they ask; here above every answer, so it says nothing), or a cap that fits the
+# task, the answer's length rounded up to a power of two (an app asking for a short label or
+# a summary sets a short cap; the answer never exceeds it, as a server stops there).
+FIXED_CAP = 1024
+
+
+def client_max_tokens(tokens: int, rng: random.Random) -> int | None:
+    """The max_tokens a client sends with a request whose answer will be `tokens` long."""
+    u = rng.random()
+    if u < 1 / 3:
+        return None
+    if u < 2 / 3:
+        return FIXED_CAP
+    return 1 << max(tokens - 1, 1).bit_length()
 
 
 def run(scenario: Scenario, policy: str, seed: int) -> Trace:

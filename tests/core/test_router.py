@@ -282,3 +282,29 @@ def test_recent_shares_follow_a_change_within_a_few_dozen_attempts(clock: Any) -
               for row in router.routing_table("m")["models"]["m"]["candidates"]}
     assert shares["b"] == pytest.approx(1 - 0.5 ** (48 / 32), rel=0.01)  # 0.65
     assert shares["b"] > 0.6 > 48 / 248
+
+
+def test_the_requests_max_tokens_reaches_the_policy_and_its_outcome(clock: Any) -> None:
+    seen: list[tuple[str, int | None]] = []
+
+    class Spy:
+        name = "spy"
+
+        def choose(self, arms: Any, now: float, rng: random.Random) -> tuple[int, str]:
+            seen.append(("choose", arms[0].max_tokens))
+            return 0, "exploit"
+
+        def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+            seen.append(("observe", outcome.max_tokens))
+
+    router = Router(RouterConfig(policy=ADR), clock=clock, rng=random.Random(1),
+                    policy=Spy())  # type: ignore[arg-type]
+    router.upsert_node(node("gpu", 0, 21, tps=50.0))
+    router.upsert_node(node("cpu", 0, 39, tps=12.0))
+    decision = router.choose("m", max_tokens=128)
+    assert decision.max_tokens == 128
+    fallback = router.fallback(decision)
+    assert fallback is not None and fallback.max_tokens == 128
+    router.record(decision, GOOD)
+    router.record(router.choose("m"), GOOD)
+    assert seen == [("choose", 128), ("observe", 128), ("choose", None), ("observe", None)]

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from meshroute_middleware.sim.engine import Simulator, _draw_requests
+from meshroute_middleware.sim.engine import FIXED_CAP, Simulator, _draw_requests
 from meshroute_middleware.sim.metrics import throughput
 from meshroute_middleware.sim.model import MODEL, Event, NodeSpec, Scenario, batching, serial, whole
 from meshroute_middleware.sim.oracle import best_split
@@ -196,3 +196,21 @@ def test_a_slow_event_slows_the_requests_already_running() -> None:
     for i in still:
         solo = sim.requests[i].tokens / 60.0
         assert trace.finish_s[i] == pytest.approx(slowed_at + 2 * (solo - slowed_at))
+
+
+def test_clients_bound_their_answers_and_the_router_sees_only_the_bound() -> None:
+    scenario = Scenario("b", "b", (whole("a", 60.0),), 3000)
+    requests = _draw_requests(scenario, random.Random(3))
+    bounds = [r.max_tokens for r in requests]
+    # a third none, a third the fixed cap, a third a fitting power of two; never below the
+    # answer (a server stops at max_tokens)
+    assert 0.3 < bounds.count(None) / len(bounds) < 0.37
+    assert 0.3 < bounds.count(FIXED_CAP) / len(bounds) < 0.37
+    fitted = [(r.tokens, r.max_tokens) for r in requests
+              if r.max_tokens not in (None, FIXED_CAP)]
+    assert all(b is not None and b >= t > b // 2 and b & (b - 1) == 0 for t, b in fitted)
+    sim = Simulator(quiet("s", (whole("a", 60.0),), requests=20), "thompson", 3)
+    sim.run()
+    bounded = [r for r in sim.requests if r.decision is not None]
+    assert bounded and all(r.decision is not None and r.decision.max_tokens == r.max_tokens
+                           for r in bounded)

@@ -37,15 +37,20 @@ class Arm:
     the merged view is computed from `merged` on first access, not up front.
     """
 
-    __slots__ = ("_merged", "_now", "_view", "in_flight", "route")
+    __slots__ = ("_merged", "_now", "_view", "in_flight", "max_tokens", "route")
 
     def __init__(self, route: Route, view: RouteView | None = None, in_flight: int = 0,
-                 merged: MergedRoute | None = None, now: float = 0.0) -> None:
+                 merged: MergedRoute | None = None, now: float = 0.0,
+                 max_tokens: int | None = None) -> None:
         self.route = route
         self.in_flight = in_flight
         self._view = view
         self._merged = merged
         self._now = now
+        # The request's own bound on its answer (the body's max_tokens), None when it sets
+        # none: the same for every arm of one decision. A policy may weigh what trying a
+        # route costs by it (a short answer on a slower route costs little).
+        self.max_tokens = max_tokens
 
     @property
     def view(self) -> RouteView:
@@ -106,6 +111,7 @@ class Outcome(NamedTuple):
     ttfb_s: float = 0.0
     error: ErrorKind | Literal[""] = ""  # "" on success
     concurrency: float = 0.0  # the route's mean in-flight count while it ran (Router.record)
+    max_tokens: int | None = None  # the request's bound on its answer (Router.record)
 
     @property
     def ok(self) -> bool:

@@ -10,7 +10,9 @@ on the fast route while its batch has room"; on a serial one, or a saturated bat
 close to shortest expected delay. Exploration comes from the
 posterior; a CUSUM on the speed residuals and one on the failures cut the old mass when a
 route changes, and a route's spread widens with the time since its last sample, so a route
-left alone is re-tried. Results and tuning: docs/benchmarks.md, "Learning quality".
+left alone is re-tried, mostly on requests whose max_tokens says the answer is short
+(`lengths.AnswerLengths`: a re-try costs in proportion to the answer). Results and tuning:
+docs/benchmarks.md, "Learning quality".
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..kinds import DECAYED, PROVEN, STALE
 from ..saturation import CURVES, G_TABLE, MAX_TABULATED, REFIT_SHARE, CurveBelief, g_at
 from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
 from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
+from .lengths import AnswerLengths
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -186,6 +189,9 @@ class ThompsonPolicy:
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
         self._outcomes: dict[str, int] = {}
+        # Per model, what its answers' lengths are given their max_tokens: what a re-try
+        # costs on this request (the drift's variance goes where answers are short).
+        self._lengths: dict[str, AnswerLengths] = {}
         # Per route, the peers' merged curve summaries (gossip) and the belief fitted to them.
         self._priors: dict[str, tuple[Curve, CurveBelief]] = {}
 
@@ -208,6 +214,8 @@ class ThompsonPolicy:
         # The drift is shared out over the other routes: the share of decisions spent
         # re-trying stays the same however many routes there are.
         drift = DRIFT_VAR_PER_DECISION / max(len(arms) - 1, 1)
+        lengths = self._lengths.get(arms[0].route.model) if arms else None
+        cost = lengths.weight(arms[0].max_tokens) if lengths is not None else 1.0
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -219,7 +227,7 @@ class ThompsonPolicy:
                     untried, untried_prior = i, arm.prior_tps
                 continue
             known = True
-            score = self.score(arm, belief, now, rng, decisions, drift)
+            score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
@@ -227,7 +235,8 @@ class ThompsonPolicy:
         return best, EXPLOIT
 
     def score(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
-              decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION) -> float:
+              decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
+              cost_weight: float = 1.0) -> float:
         """One posterior draw of a request's net goodput on this arm (`gain` × reliability)."""
         n = arm.in_flight
         curve = belief.curve if belief is not None else None
@@ -243,7 +252,8 @@ class ThompsonPolicy:
             # With nothing in flight every curve says s1: no curve draw needed (the MAP's s1).
             j = curve.draw(rng) if n else best
             since = decisions - belief.decision
-            drift = DRIFT_VAR_PER_S * dt + drift_per_decision * (since if since > 0 else 0)
+            drift = cost_weight * (DRIFT_VAR_PER_S * dt
+                                   + drift_per_decision * (since if since > 0 else 0))
             unit = SD_SCALE * sigma
             sd = math.sqrt(unit * unit / mass + drift)
             log_s1 = mus[j] + (sd if sd < MAX_SIGMA else MAX_SIGMA) * rng.gauss(0.0, 1.0)
@@ -337,6 +347,10 @@ class ThompsonPolicy:
         belief.add_result(outcome.ok)
         belief.result_decision = count
         tps = outcome.tps  # the one tokens/s rule: capped at MAX_TPS, None if unmeasurable
+        lengths = self._lengths.get(belief.model)
+        if lengths is None:
+            lengths = self._lengths[belief.model] = AnswerLengths()
+        lengths.add(outcome.max_tokens, outcome.completion_tokens if outcome.ok else 0)
         if outcome.ok and outcome.completion_tokens >= self.min_sample_tokens and tps is not None:
             concurrency = outcome.concurrency if outcome.concurrency >= 1.0 else 1.0
             belief.curve.add(tps, concurrency)

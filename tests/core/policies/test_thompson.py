@@ -360,3 +360,49 @@ def test_policies_without_an_estimate_show_none(clock) -> None:  # type: ignore[
     router.record(decision, Outcome(300, 5.0))
     (row,) = router.routing_table("m")["models"]["m"]["candidates"]
     assert row["estimate_tps"] is None and row["tps"] == pytest.approx(60.0)
+
+
+def test_retries_go_to_requests_whose_max_tokens_says_the_answer_is_short() -> None:
+    # A re-try of the slower route is worth the same on any request and costs in proportion
+    # to the answer: with a quarter of the requests bounded at 128 tokens (answers of 100)
+    # and the rest unbounded (answers of 300), the re-tries land on the short ones.
+    policy = ThompsonPolicy()
+    fast, slow = arm("fast"), arm("slow")
+    routes = {True: [Arm(a.route, a.view, 0, None, 0.0, 128) for a in (fast, slow)],
+              False: [fast, slow]}
+    for i, a in enumerate((fast, slow)):
+        for _ in range(200):
+            policy.observe(a.signature, Outcome(300, 300 / (60.0, 50.0)[i]), 0.0)
+    rng, retries, short_requests = random.Random(4), {True: 0, False: 0}, 0
+    for k in range(4000):
+        short = k % 4 == 0
+        short_requests += short
+        i = policy.choose(routes[short], 0.0, rng)[0]
+        retries[short] += i
+        tokens = 100 if short else 300
+        policy.observe(routes[short][i].signature,
+                       Outcome(tokens, tokens / (60.0, 50.0)[i],
+                               max_tokens=128 if short else None), 0.0)
+    assert retries[True] + retries[False] >= 10  # the drift still re-opens the slow route
+    # per request, a short one re-tries several times as often as a long one
+    assert retries[True] / short_requests > 4 * retries[False] / (4000 - short_requests)
+
+
+def test_without_max_tokens_the_retries_are_what_they_were() -> None:
+    # The weights are all one when no request sets max_tokens: the very same draws.
+    picks = []
+    for bounded in (False, True):
+        policy = ThompsonPolicy()
+        fast, slow = arm("fast"), arm("slow")
+        teach(policy, fast, 60.0, 200)
+        teach(policy, slow, 50.0, 200)
+        rng, seq = random.Random(8), []
+        for _ in range(1500):
+            i = policy.choose([fast, slow], 0.0, rng)[0]
+            seq.append(i)
+            bound = 4096 if bounded else None  # one bound for all: says nothing either
+            policy.observe([fast, slow][i].signature,
+                           Outcome(300, 300 / (60.0, 50.0)[i], max_tokens=bound), 0.0)
+        picks.append(seq)
+    assert picks[0] == picks[1]
+    assert 3 <= picks[0].count(1) <= 150
