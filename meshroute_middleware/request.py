@@ -128,10 +128,15 @@ def parse_chat(body: bytes) -> ChatRequest:
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
         body = _without_route(body, payload)
+    return ChatRequest(body, model, pin, answer_bound(payload))
+
+
+def answer_bound(payload: dict[str, Any]) -> int | None:
+    """The client's bound on the answer: `max_completion_tokens`, else `max_tokens`, when a
+    positive integer; else None."""
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
-    max_tokens = (limit if isinstance(limit, int) and not isinstance(limit, bool)
-                  and limit > 0 else None)
-    return ChatRequest(body, model, pin, max_tokens)
+    return (limit if isinstance(limit, int) and not isinstance(limit, bool)
+            and limit > 0 else None)
 
 
 def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:

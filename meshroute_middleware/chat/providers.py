@@ -41,7 +41,7 @@ from ..forwarding import Forwarder, ForwardError, UpstreamResponse
 from ..httperrors import send_error
 from ..keyring import Secret, scrub
 from ..measure import TokenMeter, sse_error_event
-from ..request import ChatRequest
+from ..request import ChatRequest, answer_bound
 from ..telemetry import Telemetry, provider_key_families, provider_outcome
 from .attempts import Attempts, Exchange
 from .forward import ForwardMode
@@ -481,15 +481,16 @@ class ProviderChat:
                     opened: list[Attempts]) -> PassedOver | None:
         """The mesh Router's own attempts over the model's shard routes, reported here."""
         model = got.candidate.route
+        bound = answer_bound(payload)
         try:
-            decision = self.router.choose(model, None)
+            decision = self.router.choose(model, None, bound)
         except (UnknownModelError, NoRouteError):
             return self._failed(got, "connect", session)
         attempts = Attempts(self.router, self.telemetry, model)
         opened.append(attempts)
         ex.attempts = attempts
         ex.req = ChatRequest(json.dumps({**{k: v for k, v in payload.items() if k != "route"},
-                                         "model": model}).encode(), model, None)
+                                         "model": model}).encode(), model, None, bound)
         send = ex.send
         assert isinstance(send, _MeshSend)
         sent = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from ..upstream import FakeChat, ServerThread
@@ -113,3 +115,32 @@ def test_clearing_needs_the_admin_token_when_one_is_set(
                           headers={"Authorization": "Bearer node-secret"}).status_code == 200
     with gateway(providers_doc(fast, slow)) as gw:  # nothing configured: open
         assert httpx.post(f"{gw.url}/v1/cooldowns/clear").status_code == 200
+
+
+def test_a_chains_mesh_attempt_hands_the_clients_bound_to_the_mesh_policy(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    """The mesh policy weighs re-tries by the request's max_tokens (thompson's re-tries on
+    short answers): a chain's mesh attempt passes it on, as a direct mesh request does."""
+    fast, slow = providers
+    node = FakeChat("n1", tokens=4)
+    doc = providers_doc(fast, slow, chain=("qwen", "slowco/small-model"),
+                        mesh={"qwen": {"tier": "large"}})
+    with ServerThread(node.app()) as head, gateway(doc) as gw:
+        httpx.post(f"{gw.url}/v1/nodes", json={
+            "node_id": "n1", "model": "qwen", "start": 0, "end": 39, "layers": 40,
+            "url": head.url, "tps": 10})
+        router = gw.gateway.router
+        seen: list[int | None] = []
+        choose = router.choose
+
+        def spy(model: str, pin: Any = None, max_tokens: int | None = None) -> Any:
+            seen.append(max_tokens)
+            return choose(model, pin, max_tokens)
+
+        router.choose = spy  # type: ignore[method-assign]
+        chained = gw.chat("auto", route=["qwen"], max_completion_tokens=24)
+        direct = gw.chat("qwen", max_tokens=16)
+        unbounded = gw.chat("auto", route=["qwen"])
+    assert (chained.status_code, direct.status_code, unbounded.status_code) == (200, 200, 200)
+    assert chained.headers["x-meshroute-route"] == "qwen|n1[0-39]"
+    assert seen == [24, 16, None]

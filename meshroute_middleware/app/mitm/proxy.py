@@ -174,7 +174,7 @@ class MeshRouteAddon:
                 raise RequestError(413, "request body exceeds the limit of "
                                    f"{self.settings.max_body_bytes} bytes", "request_too_large")
             req = parse_chat(body)
-            decision = self._decide(req.model, req.pin)
+            decision = self._decide(req.model, req.pin, req.max_tokens)
         except RequestError as exc:
             answer_error(flow, exc.status, str(exc), exc.code)
             return
@@ -185,10 +185,10 @@ class MeshRouteAddon:
             return
         await self._open(flow, req.body, req.model, decision)
 
-    def _decide(self, model: str, pin: list[str] | None) -> Decision:
+    def _decide(self, model: str, pin: list[str] | None, max_tokens: int | None) -> Decision:
         assert self.router is not None
         try:
-            return self.router.choose(model, pin)
+            return self.router.choose(model, pin, max_tokens)
         except UnknownModelError as exc:
             if pin is None:
                 raise _PassThrough from exc  # not the mesh's model: the named upstream's
