@@ -239,6 +239,17 @@ class CurveBelief:
         post = self._post = (cum, mus, logs.index(top), sigma)
         return post
 
+    def peek(self) -> tuple[list[float], list[float], int, float]:
+        """`posterior()` for display: a fit made now is not kept, so reading it never moves
+        when the next decision's refit happens (the decisions stay what they would be)."""
+        post = self._post
+        if post is not None:
+            return post
+        since = self._since_fit
+        post = self.posterior()
+        self._post, self._since_fit = None, since
+        return post
+
     def draw(self, rng: random.Random) -> int:
         """One curve index drawn from the posterior (one `rng.random()`)."""
         cum = (self._post or self.posterior())[0]

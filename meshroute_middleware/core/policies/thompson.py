@@ -330,7 +330,7 @@ class ThompsonPolicy:
         belief = self._beliefs.get(signature)
         if belief is None or belief.curve.mass <= 0.0:
             return None
-        _, mus, best = belief.curve.fit()
+        _, mus, best, _ = belief.curve.peek()  # a display: no refit is kept
         return math.exp(mus[best])
 
     def observe(self, signature: str, outcome: Outcome, now: float) -> None:

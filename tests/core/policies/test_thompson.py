@@ -405,4 +405,27 @@ def test_without_max_tokens_the_retries_are_what_they_were() -> None:
                            Outcome(300, 300 / (60.0, 50.0)[i], max_tokens=bound), 0.0)
         picks.append(seq)
     assert picks[0] == picks[1]
+    assert 20 < picks[0].count(1) < 580  # both routes in play: reads could have moved picks
     assert 3 <= picks[0].count(1) <= 150
+
+
+def test_reading_the_estimate_changes_no_decision() -> None:
+    """`estimate` is for display: a refit it makes is not kept, so the decisions of a policy
+    whose estimate is read after every sample are the very same as one never read."""
+    picks = []
+    for read in (False, True):
+        policy = ThompsonPolicy()
+        fast, slow = arm("fast"), arm("slow")
+        rng, seq = random.Random(11), []
+        for k in range(300):  # two requests at a time: a read between their two ends
+            pair = [policy.choose([fast, slow], float(k), rng)[0] for _ in range(2)]
+            seq += pair
+            for j, i in enumerate(pair):
+                tps = (60.0, 58.0)[i] * (1.0 + 0.3 * math.sin(2 * k + j))
+                policy.observe([fast, slow][i].signature, Outcome(300, 300 / tps), float(k))
+                if read and j == 0:
+                    policy.estimate(fast.signature)
+                    policy.estimate(slow.signature)
+        picks.append(seq)
+    assert picks[0] == picks[1]
+    assert 20 < picks[0].count(1) < 580  # both routes in play: reads could have moved picks
