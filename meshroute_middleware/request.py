@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope
 
+from .core.contracts.limits import MAX_ANSWER_TOKENS
+
 MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
 # library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
@@ -133,10 +135,11 @@ def parse_chat(body: bytes) -> ChatRequest:
 
 def answer_bound(payload: dict[str, Any]) -> int | None:
     """The client's bound on the answer: `max_completion_tokens`, else `max_tokens`, when a
-    positive integer; else None."""
+    positive integer, at most MAX_ANSWER_TOKENS (the body goes on as sent); else None."""
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
-    return (limit if isinstance(limit, int) and not isinstance(limit, bool)
-            and limit > 0 else None)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    return min(limit, MAX_ANSWER_TOKENS)
 
 
 def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:

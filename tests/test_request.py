@@ -34,3 +34,15 @@ def test_a_pin_is_stripped_and_the_rest_reencoded_faithfully() -> None:
     assert req.pin == ["a", "b"]
     assert json.loads(req.body) == {"model": "m", "stream": True, "seed": 2**70,
                                     "messages": [{"role": "user", "content": "ü"}]}
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_huge_bound_is_read_as_the_largest_one_and_forwarded_as_sent(field: str) -> None:
+    """Python's json reads a 4,000-digit integer; meshroute reads it as 2**20 (a float of it
+    would overflow in the policy) and forwards the body unchanged."""
+    huge = int("9" * 4000)
+    body = b'{"model": "m", "messages": [], "%s": %s}' % (field.encode(), str(huge).encode())
+    req = parse_chat(body)
+    assert req.max_tokens == 1 << 20 and req.body == body
+    assert parse_chat(b'{"model": "m", "max_tokens": 0}').max_tokens is None
+    assert parse_chat(b'{"model": "m", "max_tokens": true}').max_tokens is None

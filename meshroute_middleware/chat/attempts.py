@@ -22,7 +22,7 @@ from typing import Any, Literal
 from starlette.types import Message, Receive, Scope, Send
 
 from ..core import Decision, Outcome, Router
-from ..core.contracts.limits import MAX_TPS
+from ..core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
 from ..core.kinds import ErrorKind
 from ..httperrors import send_error
 from ..measure import TokenMeter
@@ -50,9 +50,10 @@ class Exchange:
         self.deadline = float("inf")  # the loop time the request must be done by
 
 
-# Completion tokens a request without `max_tokens` may be credited with (2**20): a node's
-# claim beyond it is clipped, so no lie about usage reaches the statistics.
-DEFAULT_TOKEN_CEILING = 1 << 20
+# Completion tokens a request without `max_tokens` may be credited with (2**20, the most any
+# request's bound is read as): a node's claim beyond it is clipped, so no lie about usage
+# reaches the statistics.
+DEFAULT_TOKEN_CEILING = MAX_ANSWER_TOKENS
 
 
 class Measurement:

@@ -13,3 +13,7 @@ MAX_SIGNATURE_CHARS: Final = 4096
 MAX_ERROR_CHARS: Final = 200  # a route's last error as statistics keep and gossip carries it
 # Tokens/s, advertised or measured: anything above is a typo, a lie or a clock artefact.
 MAX_TPS: Final = 1_000_000.0
+# A request's `max_tokens` as meshroute reads it (measurement ceiling, the policy's answer
+# classes): larger bounds say no more than this one (2**20), and a huge integer in a body
+# could not even be made a float.
+MAX_ANSWER_TOKENS: Final = 1 << 20

@@ -17,6 +17,8 @@ Pure: no clock, no randomness.
 
 from __future__ import annotations
 
+from ..contracts.limits import MAX_ANSWER_TOKENS
+
 # How sharply the drift is moved toward short answers: w ∝ (expected length)^-POWER. 1 is
 # the cost ratio itself; the draws' tails are steep (Gaussian), so more contrast is needed
 # for the re-tries to actually land on the short answers (tuning seeds: docs/benchmarks.md).
@@ -32,8 +34,11 @@ OVERALL = -1  # the class key of all answers
 
 
 def bound_class(max_tokens: int | None) -> int:
-    """The class of a request's bound: 0 for none, else its power of two."""
-    return 0 if max_tokens is None or max_tokens <= 0 else max_tokens.bit_length()
+    """The class of a request's bound: 0 for none, else its power of two (bounds above
+    MAX_ANSWER_TOKENS are its class)."""
+    if max_tokens is None or max_tokens <= 0:
+        return 0
+    return min(max_tokens, MAX_ANSWER_TOKENS).bit_length()
 
 
 class AnswerLengths:
@@ -77,7 +82,7 @@ class AnswerLengths:
         if entry is not None and entry[1] >= MIN_LENGTHS:
             return max(entry[0], 1.0)
         if max_tokens is not None and max_tokens > 0:
-            return max(min(float(max_tokens), overall), 1.0)
+            return max(min(float(min(max_tokens, MAX_ANSWER_TOKENS)), overall), 1.0)
         return max(overall, 1.0)
 
     def _renorm(self) -> None:

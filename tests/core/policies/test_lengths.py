@@ -70,3 +70,18 @@ def test_failures_count_toward_how_often_a_class_comes_not_its_length() -> None:
     known = AnswerLengths()
     fill(known, [(128, 100), (128, 0), (None, 300)], 600)
     assert known.expected(128) == pytest.approx(100.0)
+
+
+def test_a_huge_bound_from_a_library_caller_is_its_largest_class() -> None:
+    """Router.choose is a library API too: a bound past any float is read as 2**20."""
+    known = AnswerLengths()
+    for _ in range(40):
+        known.add(None, 300)
+        known.add(64, 50)
+    huge = int("9" * 4000)
+    assert bound_class(huge) == bound_class(1 << 20) == 21
+    assert 0.0 < known.weight(huge) <= lengths.W_MAX  # no OverflowError
+    known.add(huge, 300)
+    for _ in range(40):
+        known.add(huge, 300)
+    assert known.weight(huge) == known.weight(1 << 20)
