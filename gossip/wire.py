@@ -37,10 +37,10 @@ import hmac
 import math
 import secrets
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -50,7 +50,13 @@ from meshroute_middleware.core.contracts.limits import (
     MAX_SIGNATURE_CHARS,
     MAX_TPS,
 )
-from meshroute_middleware.core.stats import Curve, StatEntry, parse_curve
+from meshroute_middleware.core.stats import (
+    Curve,
+    StatEntry,
+    checked_int,
+    checked_number,
+    parse_curve,
+)
 
 from . import errors as err
 from . import state as st
@@ -177,12 +183,10 @@ def _text(obj: Any, what: str, max_chars: int) -> str:
 
 
 def _number(obj: Any, what: str, low: float = 0.0, high: float = math.inf) -> float:
-    if isinstance(obj, bool) or not isinstance(obj, int | float):
-        raise _fail(f"{what} must be a number")
-    value = float(obj)
-    if not math.isfinite(value) or not low <= value <= high:
-        raise _fail(f"{what} must be finite and in [{low:g}, {high:g}]")
-    return value
+    try:
+        return checked_number(obj, what, low, high)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _is_int(obj: Any) -> bool:
@@ -190,9 +194,10 @@ def _is_int(obj: Any) -> bool:
 
 
 def _int(obj: Any, what: str, high: int) -> int:
-    if isinstance(obj, bool) or not isinstance(obj, int) or not 0 <= obj <= high:
-        raise _fail(f"{what} must be an integer in 0..{high}")
-    return obj
+    try:
+        return checked_int(obj, what, high)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _walk(obj: Any, what: str) -> list[tuple[st.EntryKey, Any]]:
@@ -215,18 +220,13 @@ class _Refused:
         self.curves = 0
 
 
+T = TypeVar("T")
+
+
 def _changes(obj: Any, refused: _Refused) -> dict[str, float]:
-    items = _map(obj, "changes")
-    if len(items) > st.MAX_MODELS_PER_MESSAGE:
-        raise _fail("too many models")
-    out: dict[str, float] = {}
-    for model, t in items.items():
-        _text(model, "model", MAX_ID_CHARS)
-        try:
-            out[model] = _number(t, "changed_at", -math.inf)
-        except err.MalformedMessage:
-            refused.n += 1
-    return out
+    """Topology change times per model ("c")."""
+    return _per_model(_map(obj, "changes"), lambda t: _number(t, "changed_at", -math.inf),
+                      refused)
 
 
 def _shapes(obj: Any, refused: _Refused) -> dict[str, int]:
@@ -234,14 +234,19 @@ def _shapes(obj: Any, refused: _Refused) -> dict[str, int]:
     having another topology, as before skew was handled)."""
     if obj is None:
         return {}
-    items = _map(obj, "shapes")
+    return _per_model(_map(obj, "shapes"), lambda f: _int(f, "shape", 2**32 - 1), refused)
+
+
+def _per_model(items: dict[Any, Any], leaf: Callable[[Any], T],
+               refused: _Refused) -> dict[str, T]:
+    """{model: value} with every model id checked; a bad value is refused alone (counted)."""
     if len(items) > st.MAX_MODELS_PER_MESSAGE:
         raise _fail("too many models")
-    out: dict[str, int] = {}
-    for model, shape in items.items():
+    out: dict[str, T] = {}
+    for model, value in items.items():
         _text(model, "model", MAX_ID_CHARS)
         try:
-            out[model] = _int(shape, "shape", 2**32 - 1)
+            out[model] = leaf(value)
         except err.MalformedMessage:
             refused.n += 1
     return out

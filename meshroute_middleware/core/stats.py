@@ -45,23 +45,31 @@ def parse_curve(obj: object) -> Curve:
     for point in obj:
         if not isinstance(point, list) or len(point) != 3:
             raise ValueError("a curve bin must be [bin, mass, mean log tps]")
-        key, mass, mean = point
-        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= MAX_CURVE_BIN:
-            raise ValueError(f"curve bin must be an integer in 0..{MAX_CURVE_BIN}")
+        key = checked_int(point[0], "curve bin", MAX_CURVE_BIN)
         if out and key <= out[-1][0]:
             raise ValueError("curve bins must be strictly ascending")
-        out.append((key, _bounded(mass, "curve mass", 0.0, MAX_CURVE_MASS),
-                    _bounded(mean, "curve mean", -MAX_CURVE_LOG_TPS, MAX_CURVE_LOG_TPS)))
+        out.append((key, checked_number(point[1], "curve mass", 0.0, MAX_CURVE_MASS),
+                    checked_number(point[2], "curve mean", -MAX_CURVE_LOG_TPS,
+                                   MAX_CURVE_LOG_TPS)))
     return tuple(out)
 
 
-def _bounded(obj: object, what: str, low: float, high: float) -> float:
+def checked_number(obj: object, what: str, low: float = 0.0, high: float = math.inf) -> float:
+    """`obj` as a float when it is a finite number (not a bool) in [low, high]; ValueError
+    saying what is wrong. Gossip's decoder and the state file check with it."""
     if isinstance(obj, bool) or not isinstance(obj, int | float):
         raise ValueError(f"{what} must be a number")
     value = float(obj)
     if not math.isfinite(value) or not low <= value <= high:
         raise ValueError(f"{what} must be finite and in [{low:g}, {high:g}]")
     return value
+
+
+def checked_int(obj: object, what: str, high: int) -> int:
+    """`obj` when it is an integer (not a bool) in 0..high; ValueError saying what is not."""
+    if isinstance(obj, bool) or not isinstance(obj, int) or not 0 <= obj <= high:
+        raise ValueError(f"{what} must be an integer in 0..{high}")
+    return obj
 
 
 def decay_factor(dt_s: float, half_life_s: float) -> float:
