@@ -153,11 +153,16 @@ def test_entries_past_the_prune_horizon_are_dropped_from_the_file(tmp_path: Path
         assert store.load_routes().entries == {}
 
 
-def test_a_malformed_row_is_refused_naming_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("corruption", [
+    "mass = -1",
+    "curve = '[[3, 1.0, 1e9]]'",  # a curve bin's mean log tps past log(MAX_TPS)
+    "curve = 'not json'",
+])
+def test_a_malformed_row_is_refused_naming_the_file(tmp_path: Path, corruption: str) -> None:
     clock = FakeClock(T0)
     learned(tmp_path / "s.db", clock)
     with sqlite3.connect(tmp_path / "s.db") as db:
-        db.execute("UPDATE route_stats SET mass = -1 WHERE origin = 'peer'")
+        db.execute(f"UPDATE route_stats SET {corruption} WHERE origin = 'peer'")
     with StateStore(tmp_path / "s.db").open() as store, pytest.raises(
             StateStoreError, match=f"state file {tmp_path / 's.db'}: route_stats row m/"):
         StateKeeper(store, tracker(clock)).restore(clock())
@@ -315,13 +320,3 @@ def test_a_file_from_before_curves_opens_and_gains_the_column(tmp_path: Path) ->
     with StateStore(path).open() as store:
         assert StateKeeper(store, router).restore(clock()) == 1
     assert router.stats.entries("m", SIG)["peer"] == StatEntry(30.0, 4.0, T0, 0.4, 4.0, 0.0, 4)
-
-
-def test_a_malformed_curve_is_refused_naming_the_file(tmp_path: Path) -> None:
-    clock = FakeClock(T0)
-    learned(tmp_path / "s.db", clock)
-    with sqlite3.connect(tmp_path / "s.db") as db:
-        db.execute("UPDATE route_stats SET curve = '[[3, 1.0, 1e9]]' WHERE origin = 'peer'")
-    with StateStore(tmp_path / "s.db").open() as store, pytest.raises(
-            StateStoreError, match="route_stats row m/"):
-        StateKeeper(store, tracker(clock)).restore(clock())
