@@ -14,11 +14,8 @@ import asyncio
 import collections
 import gc
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +27,10 @@ from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.forwarding import AiohttpForwarder, ForwardTimeouts
 
 from .conftest import FakeClock
-from .upstream import free_port
+from .upstream import free_port, heads_elsewhere
 
 pytestmark = pytest.mark.anyio
 REQUESTS = 20
-ROOT = Path(__file__).resolve().parent.parent  # the heads' process imports tests.upstream
 CLOCK = FakeClock()  # advanced a day before each fallback request: the failed heads' record
 #                      decays back to their priors, and they are tried first again
 
@@ -57,16 +53,9 @@ class Heads:
 
 @pytest.fixture(scope="module")
 def heads() -> Iterator[Heads]:
-    proc = subprocess.Popen([sys.executable, "-c", _HEADS], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert proc.stdout is not None and proc.stdin is not None
-    try:
-        urls = json.loads(proc.stdout.readline())
+    with heads_elsewhere(_HEADS) as urls:
         urls["dead"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there
         yield Heads(urls)
-    finally:
-        proc.stdin.close()
-        proc.wait(15)
 
 
 def _node(node_id: str, model: str, url: str, tps: float) -> dict[str, Any]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -127,3 +131,19 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+@contextmanager
+def heads_elsewhere(code: str) -> Iterator[Any]:
+    """Run `code` (heads on real uvicorn, e.g. FakeChat apps in ServerThreads) in a process of
+    its own, so a test's gc counts see only the gateway's objects; yield the JSON it prints
+    first (its URLs); closing its stdin is its cue to exit."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        yield json.loads(proc.stdout.readline())
+    finally:
+        proc.stdin.close()
+        proc.wait(15)

@@ -14,10 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,8 +25,9 @@ from meshroute_middleware.chat import watchdog
 from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.forwarding import AiohttpForwarder
 
+from ..upstream import heads_elsewhere
+
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
 N = 40
 # Measured 2026-11-30 (aiohttp 3.14, uvloop 0.23): 93.0 per stream, the same in every run;
 # 99.1 with the second timer per chunk that forwarding.py had before (the head's idle
@@ -57,14 +55,8 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def head() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HEAD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert proc.stdout is not None and proc.stdin is not None
-    try:
-        yield str(json.loads(proc.stdout.readline()))
-    finally:
-        proc.stdin.close()
-        proc.wait(15)
+    with heads_elsewhere(_HEAD) as url:
+        yield str(url)
 
 
 @pytest.fixture
