@@ -10,6 +10,7 @@ secret and probe interval.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import logging
@@ -47,6 +48,7 @@ from ..statekeeper import StateKeeper
 from ..statestore import StateStore, StateStoreError
 from ..telemetry import Telemetry
 from .edge import edge_protocol, fit_descriptor_limit
+from .gcpace import GcPacer
 from .settings import DEFAULT_STATE_FILE, ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
@@ -307,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
           f"http://{settings.host}:{settings.port} (policy {settings.router.policy})",
           file=sys.stderr, flush=True)
     fit_descriptor_limit(settings.max_connections)
-    _serve(server_config(gateway))
+    _serve(gateway, server_config(gateway))
     return 0
 
 
@@ -317,7 +319,7 @@ GC_FULL_AFTER = 100
 
 
 def settle_heap() -> None:
-    """The garbage collector's set-up for serving (docs/benchmarks.md, "Load and soak").
+    """The garbage collector's set-up for `--gc python` (docs/benchmarks.md, "Load and soak").
 
     - The start-up heap is frozen: imports and the gateway as built (~55 thousand objects)
       leave every later collection, whose full ones otherwise walk them each time.
@@ -326,6 +328,7 @@ def settle_heap() -> None:
       open, a stall of the event loop that no setting shortens. Under load they found
       nothing to free (the chat path makes no reference cycles, tests/test_middleware_cycles.py),
       and the young collections, which free short-lived cycles, are left as they are.
+    The default, `--gc paced`, goes further: app/gcpace.py.
     """
     gc.collect()
     gc.freeze()
@@ -333,11 +336,39 @@ def settle_heap() -> None:
     gc.set_threshold(young, middle, GC_FULL_AFTER)
 
 
-def _serve(config: uvicorn.Config, sockets: list[socket.socket] | None = None) -> None:
-    """Run uvicorn on a settled heap (`settle_heap`)."""
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvicorn's own choice (loop "auto"): uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _serve(gateway: Gateway, config: uvicorn.Config,
+           sockets: list[socket.socket] | None = None) -> None:
+    """Run uvicorn with the garbage collector paced on its loop (app/gcpace.py), or with
+    CPython's own on a settled heap (`--gc python`)."""
     config.load()  # uvicorn's protocol and app wrappers are built now, so frozen too
-    settle_heap()
-    uvicorn.Server(config).run(sockets=sockets)
+    server = uvicorn.Server(config)
+    if gateway.config.settings.gc == "python":
+        settle_heap()
+        server.run(sockets=sockets)
+        return
+    pacer = GcPacer()
+    gateway.telemetry.add_collector(pacer.metric_families)
+    pacer.settle()
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pacer.run)
+            try:
+                await server.serve(sockets=sockets)
+            finally:
+                tg.cancel_scope.cancel()
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve())
 
 
 def server_config(gateway: Gateway, port: int | None = None) -> uvicorn.Config:
@@ -404,7 +435,7 @@ def _serve_worker(settings: ServeSettings) -> None:
     """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
     gateway = build_gateway(GatewayConfig.build(settings, os.environ))
     sock = _reuseport_socket(settings.host, settings.port, listen=True)
-    _serve(server_config(gateway), sockets=[sock])
+    _serve(gateway, server_config(gateway), sockets=[sock])
 
 
 def run_workers(settings: ServeSettings) -> int:

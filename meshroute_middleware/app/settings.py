@@ -26,6 +26,7 @@ from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 from ..request import DEFAULT_BODY_TIMEOUT_S
 from .edge import EdgeLimits
 
+GC_MODES = ("paced", "python")
 DEFAULT_STATE_FILE = "meshroute-state.db"  # in the working directory (issue 12)
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
 _EDGE = EdgeLimits()  # the HTTP edge's defaults live with its protocol
@@ -121,6 +122,9 @@ OPTIONS: tuple[Option, ...] = (
            "bearer token required by POST /v1/cooldowns/clear (default: the node token)"),
     Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
            "processes serving the one port, sharing learned statistics over loopback gossip"),
+    Option("gc", str, ("--gc",), ("MESHROUTE_GC",),
+           "garbage collector: 'paced' (short pauses, full collections when cheap) or "
+           "'python' (CPython's own, on a frozen start-up heap)"),
 )
 
 
@@ -163,6 +167,7 @@ class ServeSettings:
     admin_token: str | None = None
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
     workers: int = 1
+    gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -179,6 +184,8 @@ class ServeSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"workers must be in 1..64, got {self.workers}")
+        if self.gc not in GC_MODES:
+            raise ValueError(f"gc must be one of {', '.join(GC_MODES)}, got {self.gc!r}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
 
