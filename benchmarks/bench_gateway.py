@@ -102,7 +102,7 @@ def main() -> int:
         print("wrk is needed: apt-get install -y wrk", file=sys.stderr)
         return 2
     names = ("backend", "bare", "wrapped", "bare_cpu", "wrapped_cpu", "passthrough",
-             "measuring", "slow", "passthrough_slow", "gw", "gw_slow")
+             "measuring", "slow", "passthrough_slow", "gw", "gw_slow", "gw_gc_python")
     ports = {name: free_port() for name in names}
     url = {name: f"http://127.0.0.1:{p}" for name, p in ports.items()}
     procs = [serve("chat", ports["backend"]), serve("chat", ports["bare"]),
@@ -114,16 +114,19 @@ def main() -> int:
              serve("chat_slow", ports["slow"]),
              serve("passthrough", ports["passthrough_slow"], {"BACKEND_URL": url["slow"]}),
              *(subprocess.Popen([PY, "-m", "meshroute_middleware.app.cli", "serve", "--port",
-                                 str(ports[gw]), "--no-mdns", "--log-level", "warning"],
-                                cwd=ROOT) for gw in ("gw", "gw_slow"))]
+                                 str(ports[gw]), "--no-mdns", "--log-level", "warning", *flags],
+                                cwd=ROOT)
+               for gw, flags in (("gw", ()), ("gw_slow", ()),
+                                 ("gw_gc_python", ("--gc", "python"))))]
     try:
         time.sleep(1.0)
-        for name in names[:-2]:
+        for name in names[:-3]:
             wait_up(url[name])
         _register(url["gw"], url["backend"])
         _register(url["gw_slow"], url["slow"])
-        wait_up(url["gw"])
-        wait_up(url["gw_slow"])
+        _register(url["gw_gc_python"], url["backend"])
+        for name in names[-3:]:
+            wait_up(url[name])
         pids = dict(zip(names, (p.pid for p in procs), strict=True))  # started in this order
         results = _measure(url, pids, args.seconds, args.rounds)
     finally:
@@ -163,6 +166,9 @@ CASES = [  # (name, server, body, connections)
     ("20 ms head gateway, c=32", "gw_slow", CHAT, 32),
     ("SSE direct, c=8", "backend", STREAM, 8), ("SSE pass-through, c=8", "passthrough", STREAM, 8),
     ("SSE gateway, c=8", "gw", STREAM, 8),
+    # the gateway's garbage collector: paced (the default, app/gcpace.py) against CPython's own
+    ("gateway --gc python, c=32", "gw_gc_python", CHAT, 32),
+    ("SSE gateway --gc python, c=8", "gw_gc_python", STREAM, 8),
 ]
 
 
@@ -210,6 +216,10 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         "SSE chunks/s gateway / direct (c=8)": ratio("SSE gateway, c=8", "SSE direct, c=8"),
         "SSE chunks/s gateway / pass-through (c=8)": ratio("SSE gateway, c=8",
                                                             "SSE pass-through, c=8"),
+        "gateway, gc paced / --gc python (c=32)": ratio("gateway, c=32",
+                                                        "gateway --gc python, c=32"),
+        "SSE chunks/s gateway, gc paced / --gc python (c=8)": ratio(
+            "SSE gateway, c=8", "SSE gateway --gc python, c=8"),
     }
     cpu_ratios = {
         "middleware / bare app, instant app (c=32)": cpu_ratio("middleware, c=32",
@@ -221,6 +231,8 @@ def _report(res: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
             "measuring pass-through, c=32", "pass-through, c=32"),
         "gateway / measuring pass-through (c=32)": cpu_ratio("gateway, c=32",
                                                              "measuring pass-through, c=32"),
+        "gateway, gc paced / --gc python (c=32)": cpu_ratio("gateway, c=32",
+                                                            "gateway --gc python, c=32"),
     }
     added = res["gateway, c=1"]["p50_ms"] - res["direct backend, c=1"]["p50_ms"]
     per_request_us = (1 / res["middleware, c=32"]["rps"] - 1 / res["bare app, c=32"]["rps"]) * 1e6
