@@ -261,6 +261,9 @@ def _candidate(node: str, tps: float, estimate: float | None) -> dict[str, Any]:
 def _routing(policy: str, candidates: list[dict[str, Any]]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(FIXTURE.read_text())["routing"]
     doc["config"]["policy"] = policy
+    best = max(row["tps"] for row in candidates)
+    for row in candidates:  # ADR-0021's coefficient: the mean relative to the best mean
+        row["coefficient"] = row["tps"] / best
     doc["models"]["m"]["candidates"] = candidates
     return doc
 
@@ -284,6 +287,7 @@ SPEEDS = r"""JSON.stringify(Object.fromEntries(
     const text = td => td ? td.textContent.trim() : null,
           charted = td => td ? td.classList.contains('learned') : null;
     return [sig, {estimate: text(est), mean: text(mean), charted: [charted(est), charted(mean)],
+                  best: tr.classList.contains('best'),
                   legend: legend ? legend.querySelector('b').textContent : null, line}];
   })))"""
 
@@ -318,6 +322,9 @@ async def test_chart_and_table_show_the_policys_estimate_where_it_has_one(policy
         estimate_text = "—" if estimate is None else f"{estimate:.1f}"
         assert (row["estimate"] or "").split()[:1] == [estimate_text], row
         assert row["charted"] == [estimate is not None, estimate is None], row
+    # the route marked best is the one the policy believes fastest, not the best mean
+    assert [sig for sig, row in shown.items() if row["best"]] == [
+        SPED_UP if policy == "thompson" else SLOWED]
     assert "estimate" in note and "mean" in note
     assert "estimate" in head and "mean" in head
     if policy == "thompson":  # the slowed route's estimate is flagged below its mean
