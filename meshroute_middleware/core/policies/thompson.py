@@ -325,13 +325,20 @@ class ThompsonPolicy:
 
     def estimate(self, signature: str) -> float | None:
         """This policy's own estimate of a route's tokens/s with one request in flight (its
-        curve's s1 at the best fit), for display; None before its first tps sample. Unlike
-        the shared decayed mean (ADR-0021), it moves as soon as a change is detected."""
+        curves' s1, geometric mean over their posterior), for display; None before its first
+        tps sample. Unlike the shared decayed mean (ADR-0021), it moves as soon as a change is
+        detected. The posterior mean, not the best fit: while the samples cannot tell the
+        curves apart (one concurrency seen, say) the best fit is an arbitrary one of them, and
+        a display of it jumped (230 tok/s for a route answering at 60 at four in flight)."""
         belief = self._beliefs.get(signature)
         if belief is None or belief.curve.mass <= 0.0:
             return None
-        _, mus, best, _ = belief.curve.peek()  # a display: no refit is kept
-        return math.exp(mus[best])
+        cum, mus, _, _ = belief.curve.peek()  # a display: no refit is kept
+        below = weighted = 0.0
+        for upto, mu in zip(cum, mus, strict=True):
+            weighted += (upto - below) * mu
+            below = upto
+        return math.exp(weighted / cum[-1])
 
     def observe(self, signature: str, outcome: Outcome, now: float) -> None:
         """Learn from a finished request: a tps sample at its concurrency, or a success or

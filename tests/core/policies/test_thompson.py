@@ -353,6 +353,23 @@ def test_the_routing_table_shows_the_policys_estimate_which_follows_a_slowdown(c
     assert after["tps"] > 30.0  # the shared mean lags: what the demo showed before
 
 
+def test_the_estimate_is_the_posterior_mean_while_the_curves_cannot_be_told_apart(clock) -> None:  # type: ignore[no-untyped-def]
+    """Four always in flight at 60 tok/s each: s1 could be anything from 60 (no slowdown)
+    to 240 (one shared pipe). The display reads the posterior's geometric mean, strictly
+    inside, not the best fit, which with every curve fitting alike is the grid's first one
+    (knee 1: 240 tok/s; what the dashboard showed as a spike)."""
+    router = Router(RouterConfig(policy="thompson"), clock=clock, rng=random.Random(5))
+    router.upsert_node(NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test", 60.0))
+    flying = [router.choose("m") for _ in range(4)]
+    for _ in range(40):
+        clock.advance(1.0)
+        router.record(flying.pop(0), Outcome(300, 300 / 60.0))
+        flying.append(router.choose("m"))
+    (row,) = router.routing_table("m")["models"]["m"]["candidates"]
+    assert 80.0 < row["estimate_tps"] < 180.0
+    assert row["tps"] == pytest.approx(60.0)
+
+
 def test_policies_without_an_estimate_show_none(clock) -> None:  # type: ignore[no-untyped-def]
     router = Router(RouterConfig(policy="adr0021"), clock=clock, rng=random.Random(5))
     router.upsert_node(NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test", 60.0))
