@@ -44,7 +44,10 @@ log = logging.getLogger("meshroute.gc")
 
 YOUNG, MIDDLE, FULL = 0, 1, 2
 _NEVER = 1 << 30  # a threshold CPython's own trigger never reaches
-_CPYTHON_THRESHOLDS = (700, 10, 100)  # what the pacer falls back to (serve.settle_heap's)
+# `--gc python` (serve.settle_heap) considers a full collection after this many middle ones
+# (CPython's default: 10); a failed pacer falls back to the same thresholds.
+GC_FULL_AFTER = 100
+_CPYTHON_THRESHOLDS = (700, 10, GC_FULL_AFTER)
 _MIN_SAMPLE_HEAP = 10_000  # blocks: a full collection on a smaller heap teaches no rate
 
 
@@ -59,9 +62,9 @@ class GcPacing:
     force_after_s: float = 1800.0
     force_growth: float = 1.25
     backstop: int = 10_000
-    # The least a full collection is assumed to cost per allocated block. The gateway's is
-    # 0.36 us with 300 streams open (0.38 with 1,000) but 0.13 us on an idle heap, where
-    # untracked blocks (strings, bytes) weigh more: what small heaps teach would be too low.
+    # The least a full collection is assumed to cost per allocated block. The gateway's was
+    # 0.35 us with 300 streams open but 0.13 us on an idle heap, where untracked blocks
+    # (strings, bytes) weigh more: what small heaps teach would be too low.
     min_s_per_block: float = 0.5e-6
 
     def __post_init__(self) -> None:

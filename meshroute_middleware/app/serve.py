@@ -48,7 +48,7 @@ from ..statekeeper import StateKeeper
 from ..statestore import StateStore, StateStoreError
 from ..telemetry import Telemetry
 from .edge import edge_protocol, fit_descriptor_limit
-from .gcpace import GcPacer
+from .gcpace import GC_FULL_AFTER, GcPacer
 from .settings import DEFAULT_STATE_FILE, ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
@@ -311,11 +311,6 @@ def run(args: argparse.Namespace) -> int:
     fit_descriptor_limit(settings.max_connections)
     _serve(gateway, server_config(gateway))
     return 0
-
-
-# A full collection is considered after this many collections of the middle generation
-# (CPython's default: 10). See `settle_heap`.
-GC_FULL_AFTER = 100
 
 
 def settle_heap() -> None:
