@@ -158,6 +158,9 @@ CASES = [  # (name, server, body, connections)
     ("direct backend, c=32", "backend", CHAT, 32),
     ("pass-through, c=32", "passthrough", CHAT, 32),
     ("measuring pass-through, c=32", "measuring", CHAT, 32), ("gateway, c=32", "gw", CHAT, 32),
+    # the gateway's garbage collector: paced (the default, app/gcpace.py) against CPython's
+    # own, each right after its paced twin so that both see the same moment of the machine
+    ("gateway --gc python, c=32", "gw_gc_python", CHAT, 32),
     ("direct backend, c=1", "backend", CHAT, 1),
     ("pass-through, c=1", "passthrough", CHAT, 1),
     ("measuring pass-through, c=1", "measuring", CHAT, 1), ("gateway, c=1", "gw", CHAT, 1),
@@ -166,8 +169,6 @@ CASES = [  # (name, server, body, connections)
     ("20 ms head gateway, c=32", "gw_slow", CHAT, 32),
     ("SSE direct, c=8", "backend", STREAM, 8), ("SSE pass-through, c=8", "passthrough", STREAM, 8),
     ("SSE gateway, c=8", "gw", STREAM, 8),
-    # the gateway's garbage collector: paced (the default, app/gcpace.py) against CPython's own
-    ("gateway --gc python, c=32", "gw_gc_python", CHAT, 32),
     ("SSE gateway --gc python, c=8", "gw_gc_python", STREAM, 8),
 ]
 
