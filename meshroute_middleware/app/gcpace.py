@@ -19,8 +19,8 @@ two callbacks:
   (`sys.getallocatedblocks`, ~0.2 ms), at a rate learned from the full collections already
   run (the highest of the last four, and never under `min_s_per_block`: a cautious
   estimate). Under steady heavy load it waits; it runs when the load falls.
-- A safety net: a full collection deferred for `force_after_s` runs anyway if the heap grew
-  by `force_growth` since the last one (cyclic garbage that reached the old generation is
+- A safety net: `force_after_s` after the last full collection, the next runs anyway if the
+  heap grew by `force_growth` since that one (cyclic garbage that reached the old generation is
   freed by full collections only). Its pause is logged as a warning and counted. Under a
   steady load the heap does not grow, and none is forced.
 CPython's own trigger stays as a backstop for the young generation alone (`backstop`
@@ -136,10 +136,10 @@ class GcPacer:
                 self._heap_after_full = max(self._heap_blocks() - self._base, 0)
                 if forced:
                     self.forced += 1
-                    log.warning("gc: a full collection deferred %.0f s ran over its budget "
-                                "(heap %d -> %d blocks): paused %.1f ms, predicted %.1f ms",
-                                waited, heap,
-                                self._heap_after_full, pause * 1e3, predicted * 1e3)
+                    log.warning("gc: a full collection %.0f s after the last one ran over its "
+                                "budget (heap %d -> %d blocks): paused %.1f ms, predicted "
+                                "%.1f ms", waited, heap, self._heap_after_full, pause * 1e3,
+                                predicted * 1e3)
                 return FULL
             self.deferred += 1
         self._run(MIDDLE)
