@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -147,3 +149,37 @@ def heads_elsewhere(code: str) -> Iterator[Any]:
     finally:
         proc.stdin.close()
         proc.wait(15)
+
+
+SERVE_PATIENCE_S = 30.0  # for `meshroute serve` to start, on a loaded 2-core machine
+
+
+@contextmanager
+def serve_process(flags: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
+                  ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`meshroute serve --port P --no-mdns FLAGS` as a process of its own, its output in `log`
+    (and `env` over this one's); yields its URL and the process once /healthz answers 200, and
+    kills it when the block ends (SIGKILL: only what it saved survives)."""
+    port = free_port()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--port", str(port),
+             "--no-mdns", *flags], stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVE_PATIENCE_S
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "meshroute serve did not start"
+            time.sleep(0.05)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)

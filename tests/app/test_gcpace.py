@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -24,7 +22,7 @@ import pytest
 from meshroute_middleware.app.gcpace import FULL, MIDDLE, YOUNG, GcPacer, GcPacing
 from meshroute_middleware.app.settings import SettingsError, load_settings
 
-from ..upstream import free_port
+from ..upstream import serve_process
 
 BASE = 100_000  # blocks of the (fake) frozen start-up heap
 
@@ -207,32 +205,6 @@ def test_settle_freezes_the_start_up_heap_and_leaves_cpython_only_a_young_backst
     assert got["frozen"] > 10_000 and got["left"] < 100
 
 
-@contextmanager
-def serve(tmp_path: Path, *flags: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port, log = free_port(), tmp_path / "serve.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--port",
-             str(port), "--no-mdns", *flags], stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "meshroute serve did not start"
-            time.sleep(0.05)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-
-
 def young_collections(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=5).text
     found = re.search(r'^meshroute_gc_collections_total\{generation="young"\} (\S+)$', text,
@@ -242,7 +214,7 @@ def young_collections(url: str) -> float:
 
 
 def test_serve_paces_its_collector_on_its_loop_and_stops_cleanly(tmp_path: Path) -> None:
-    with serve(tmp_path) as (url, proc):
+    with serve_process([], tmp_path / "serve.log") as (url, proc):
         first = young_collections(url)
         deadline = time.monotonic() + 30.0
         while young_collections(url) <= first:  # the ticks go on while it serves
@@ -254,5 +226,5 @@ def test_serve_paces_its_collector_on_its_loop_and_stops_cleanly(tmp_path: Path)
 
 
 def test_serve_gc_python_leaves_cpython_its_own_collector(tmp_path: Path) -> None:
-    with serve(tmp_path, "--gc", "python") as (url, _):
+    with serve_process(["--gc", "python"], tmp_path / "serve.log") as (url, _):
         assert "meshroute_gc_collections" not in httpx.get(f"{url}/metrics", timeout=5).text

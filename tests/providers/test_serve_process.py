@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from ..upstream import free_port
+from ..upstream import serve_process
 from .fake_provider import FakeProvider
 from .gateway import ENV, HI, assert_no_key_in
 
@@ -39,30 +38,9 @@ def config_text(fast: FakeProvider, slow: FakeProvider, rpd: int = 1000) -> str:
 
 @contextmanager
 def serve(config: Path, state: Path, log: Path, **env: str) -> Iterator[str]:
-    port = free_port()
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--config",
-             str(config), "--port", str(port), "--no-mdns", "--state-file", str(state),
-             "--log-level", "debug"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **env})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + PATIENCE_S
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "meshroute serve did not start"
-            time.sleep(0.05)
+    flags = ["--config", str(config), "--state-file", str(state), "--log-level", "debug"]
+    with serve_process(flags, log, {**ENV, **env}) as (url, _):
         yield url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)  # killed: only what was saved survives
-        proc.wait(10)
 
 
 def saved_day_requests(state: Path, name: str, key: int) -> int:
