@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
-from meshroute_middleware.measure import TokenMeter
-from meshroute_middleware.request import parse_chat
+from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.http.request import parse_chat
 
 BACKEND_URL = os.environ.get("BACKEND_URL", "http://127.0.0.1:1")
 TOKENS = 16

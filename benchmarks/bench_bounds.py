@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from meshroute_middleware.core import NodeRecord, Router, RouterConfig
-from meshroute_middleware.events import EventBus
-from meshroute_middleware.telemetry import Telemetry
+from meshroute_middleware.telemetry.events import EventBus
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 RESULTS = Path(__file__).parent / "results" / "bounds.json"
 SUBSCRIBERS = (0, 64, 5000)

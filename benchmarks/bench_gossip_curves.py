@@ -1,6 +1,6 @@
 """What gossiped saturation curves are worth (issue 14): a tracker that starts from a peer's.
 
-Simulated, on the real Router and policy (`meshroute_middleware.sim`): tracker A serves a whole
+Simulated, on the real Router and policy (`meshroute_middleware.core.sim`): tracker A serves a whole
 scenario with thompson; then a fresh tracker B serves the first N requests of the same mesh
 (another workload seed), starting either cold, with A's statistics as gossip delivers them
 without curves (the per-route means only, as before issue 14), or with them and A's curve
@@ -23,10 +23,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from meshroute_middleware.core.sim.engine import Simulator
+from meshroute_middleware.core.sim.metrics import throughput
+from meshroute_middleware.core.sim.scenarios import SCENARIOS
 from meshroute_middleware.core.stats import State
-from meshroute_middleware.sim.engine import Simulator
-from meshroute_middleware.sim.metrics import throughput
-from meshroute_middleware.sim.scenarios import SCENARIOS
 
 NAMES = ("9-batch-roomy", "10-batch-saturates", "11-serial", "12-bursty")
 VARIANTS = ("cold", "means", "curves")

@@ -4,7 +4,7 @@
 
 - middleware: the instant chat app alone vs behind MeshRouteMiddleware (annotate mode);
 - gateway: a bare pass-through vs the `meshroute serve` app, both forwarding to the same
-  in-process chat app through the same in-memory forwarder (meshroute_middleware.memory).
+  in-process chat app through the same in-memory forwarder (meshroute_middleware.forwarding.memory).
 The difference is what routing, measuring, recording, events and metrics cost per request.
 Rounds interleave the variants; medians are reported.
 """
@@ -28,8 +28,8 @@ from benchmarks._apps import chat, wrapped  # noqa: E402
 from meshroute_middleware.app.serve import build_gateway  # noqa: E402
 from meshroute_middleware.app.settings import ServeSettings  # noqa: E402
 from meshroute_middleware.core import parse_node  # noqa: E402
-from meshroute_middleware.memory import ASGIForwarder  # noqa: E402
-from meshroute_middleware.request import replay  # noqa: E402
+from meshroute_middleware.forwarding.memory import ASGIForwarder  # noqa: E402
+from meshroute_middleware.http.request import replay  # noqa: E402
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 HEAD = "http://127.0.0.1:1"

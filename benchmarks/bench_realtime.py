@@ -35,8 +35,8 @@ from typing import Any
 
 import aiohttp
 
-from meshroute_middleware.sim.model import NodeSpec, batching, serial
-from meshroute_middleware.sim.oracle import best_split
+from meshroute_middleware.core.sim.model import NodeSpec, batching, serial
+from meshroute_middleware.core.sim.oracle import best_split
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

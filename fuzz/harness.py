@@ -27,7 +27,7 @@ with atheris.instrument_imports():
         ProviderConfigError,
         parse_providers_config,
     )
-    from meshroute_middleware.request import RequestError, parse_chat
+    from meshroute_middleware.http.request import RequestError, parse_chat
 
 NOW = 1_000_000.0
 

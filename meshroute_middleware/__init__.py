@@ -11,7 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .core import Decision, NodeRecord, Outcome, Router, RouterConfig, parse_node
+    from meshroute_middleware.core import (
+        Decision,
+        NodeRecord,
+        Outcome,
+        Router,
+        RouterConfig,
+        parse_node,
+    )
 
 __all__ = ["Decision", "NodeRecord", "Outcome", "Router", "RouterConfig", "parse_node"]
 __version__ = "0.1.0"

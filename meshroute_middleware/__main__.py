@@ -28,10 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Import the CLI under a quiet Ctrl-C handler, then run it (it handles Ctrl-C itself)."""
     previous = signal.getsignal(signal.SIGINT)
     if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, `&`): keep it so
-        from .app import cli
+        from meshroute_middleware.app import cli
     else:
         signal.signal(signal.SIGINT, _interrupted)
-        from .app import cli
+        from meshroute_middleware.app import cli
         signal.signal(signal.SIGINT, previous)
     try:
         return cli.main(argv)

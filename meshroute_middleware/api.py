@@ -17,15 +17,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .core import InvalidNodeError, Router, UnknownModelError
-from .core.providers.chain import InvalidModelError
-from .core.providers.config import ProvidersConfig
-from .core.providers.router import ProviderRouter
-from .events import sse
-from .httperrors import error_body
-from .mesh import Mesh, MeshFullError
-from .openapi import openapi_document
-from .telemetry import CONTENT_TYPE
+from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
+from meshroute_middleware.core.providers.chain import InvalidModelError
+from meshroute_middleware.core.providers.config import ProvidersConfig
+from meshroute_middleware.core.providers.router import ProviderRouter
+from meshroute_middleware.http.errors import error_body
+from meshroute_middleware.http.openapi import openapi_document
+from meshroute_middleware.mesh import Mesh, MeshFullError
+from meshroute_middleware.telemetry.events import sse
+from meshroute_middleware.telemetry.metrics import CONTENT_TYPE
 
 log = logging.getLogger("meshroute.api")
 MAX_NODE_BODY = 64 * 1024

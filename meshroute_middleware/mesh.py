@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .core import InvalidNodeError, NodeRecord, Router, parse_node
-from .telemetry import Telemetry
+from meshroute_middleware.core import InvalidNodeError, NodeRecord, Router, parse_node
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 DEFAULT_MAX_NODES = 1024  # nodes per tracker (every model); docs/benchmarks.md "Bounds"
 REFUSED = "refused"  # what `upsert` returns for a write this source may not make

@@ -21,18 +21,30 @@ from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .chat.annotate import AnnotateMode
-from .chat.attempts import Attempts, Exchange
-from .chat.forward import CHAT_PATH, DEFAULT_REQUEST_TIMEOUT_S, ForwardMode
-from .chat.headers import allow_list
-from .core import InvalidPinError, NoRouteError, Router, RouterConfig, UnknownModelError
-from .forwarding import AiohttpForwarder, Forwarder
-from .httperrors import send_error
-from .request import DEFAULT_BODY_TIMEOUT_S, RequestError, parse_chat, read_body, replay
-from .telemetry import Telemetry
+from meshroute_middleware.chat.annotate import AnnotateMode
+from meshroute_middleware.chat.attempts import Attempts, Exchange
+from meshroute_middleware.chat.forward import CHAT_PATH, DEFAULT_REQUEST_TIMEOUT_S, ForwardMode
+from meshroute_middleware.chat.headers import allow_list
+from meshroute_middleware.core import (
+    InvalidPinError,
+    NoRouteError,
+    Router,
+    RouterConfig,
+    UnknownModelError,
+)
+from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
+from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.request import (
+    DEFAULT_BODY_TIMEOUT_S,
+    RequestError,
+    parse_chat,
+    read_body,
+    replay,
+)
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 if TYPE_CHECKING:
-    from .chat.providers import ProviderChat
+    from meshroute_middleware.chat.providers import ProviderChat
 
 log = logging.getLogger("meshroute.middleware")
 MIB = 1024 * 1024

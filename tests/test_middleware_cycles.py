@@ -24,7 +24,7 @@ from meshroute_middleware.app.serve import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat import watchdog
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.forwarding import AiohttpForwarder, ForwardTimeouts
+from meshroute_middleware.forwarding.client import AiohttpForwarder, ForwardTimeouts
 
 from .conftest import FakeClock
 from .upstream import free_port, heads_elsewhere

@@ -22,7 +22,7 @@ from meshroute_middleware.api import GatewayAPI
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.mesh import Mesh
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig, build_router
-from meshroute_middleware.telemetry import Telemetry
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 NODES = [
     {"node_id": "gpu-a", "model": "tiny", "start": 0, "end": 11, "layers": 24,

@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import node_agent.cli
-
-from ..sim import cli as bench
-from . import demo, serve
-from .mitm import cli as mitm
+from meshroute_middleware.app import demo, serve
+from meshroute_middleware.app.bench import cli as bench
+from meshroute_middleware.app.mitm import cli as mitm
 
 # subcommand -> module with `add_arguments(parser)` and `run(args) -> int`
 SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {

@@ -35,7 +35,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ..httperrors import error_body
+from meshroute_middleware.http.errors import error_body
 
 log = logging.getLogger("meshroute.edge")
 

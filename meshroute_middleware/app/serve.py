@@ -33,23 +33,28 @@ from starlette.types import ASGIApp
 
 from gossip.metrics import metric_families
 from gossip.service import GossipConfig, GossipService
+from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
+from meshroute_middleware.app.edge import edge_protocol, fit_descriptor_limit
+from meshroute_middleware.app.gcpace import GC_FULL_AFTER, GcPacer
+from meshroute_middleware.app.settings import (
+    DEFAULT_STATE_FILE,
+    ServeSettings,
+    SettingsError,
+    add_arguments,
+    load_settings,
+)
+from meshroute_middleware.chat.keyring import Secret, resolve_keys, scrub
+from meshroute_middleware.chat.providers import ProviderChat
+from meshroute_middleware.core import InvalidNodeError, Router, parse_node
+from meshroute_middleware.core.providers.router import ProviderRouter
+from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
+from meshroute_middleware.mesh import Mesh, load_nodes_file
+from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
+from meshroute_middleware.state.keeper import StateKeeper
+from meshroute_middleware.state.store import StateStore, StateStoreError
+from meshroute_middleware.telemetry.metrics import Telemetry
 from node_agent.discovery import health_checks, tracker_discovery
 from node_agent.mdns import parse_interfaces
-
-from ..api import GatewayAPI, ProviderRoutingAPI, build_api_app
-from ..chat.providers import ProviderChat
-from ..core import InvalidNodeError, Router, parse_node
-from ..core.providers.router import ProviderRouter
-from ..forwarding import AiohttpForwarder, Forwarder
-from ..keyring import Secret, resolve_keys, scrub
-from ..mesh import Mesh, load_nodes_file
-from ..middleware import MeshRouteMiddleware, build_router
-from ..statekeeper import StateKeeper
-from ..statestore import StateStore, StateStoreError
-from ..telemetry import Telemetry
-from .edge import edge_protocol, fit_descriptor_limit
-from .gcpace import GC_FULL_AFTER, GcPacer
-from .settings import DEFAULT_STATE_FILE, ServeSettings, SettingsError, add_arguments, load_settings
 
 log = logging.getLogger("meshroute.serve")
 PRUNE_EVERY_S = 60.0

@@ -14,17 +14,20 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from meshroute_middleware.app.edge import EdgeLimits
+from meshroute_middleware.chat.forward import DEFAULT_REQUEST_TIMEOUT_S
+from meshroute_middleware.core.config import RouterConfig
+from meshroute_middleware.core.providers.config import TABLES as PROVIDER_TABLES
+from meshroute_middleware.core.providers.config import (
+    ProviderConfigError,
+    ProvidersConfig,
+    parse_providers_config,
+)
+from meshroute_middleware.forwarding.client import ForwardTimeouts
+from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S
+from meshroute_middleware.mesh import DEFAULT_MAX_NODES
+from meshroute_middleware.middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 from node_agent.discovery import HEALTH_INTERVAL_S
-
-from ..chat.forward import DEFAULT_REQUEST_TIMEOUT_S
-from ..core.config import RouterConfig
-from ..core.providers.config import TABLES as PROVIDER_TABLES
-from ..core.providers.config import ProviderConfigError, ProvidersConfig, parse_providers_config
-from ..forwarding import ForwardTimeouts
-from ..mesh import DEFAULT_MAX_NODES
-from ..middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
-from ..request import DEFAULT_BODY_TIMEOUT_S
-from .edge import EdgeLimits
 
 GC_MODES = ("paced", "python")
 DEFAULT_STATE_FILE = "meshroute-state.db"  # in the working directory (issue 12)

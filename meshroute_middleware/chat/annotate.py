@@ -8,10 +8,10 @@ import time
 
 from starlette.types import ASGIApp, Message, Scope
 
-from ..core import Decision
-from ..request import replay
-from .attempts import Exchange, Failed, Measurement
-from .headers import annotated, with_ours
+from meshroute_middleware.chat.attempts import Exchange, Failed, Measurement
+from meshroute_middleware.chat.headers import annotated, with_ours
+from meshroute_middleware.core import Decision
+from meshroute_middleware.http.request import replay
 
 
 class AnnotateMode:

@@ -21,14 +21,14 @@ from typing import Any, Literal
 
 from starlette.types import Message, Receive, Scope, Send
 
-from ..core import Decision, Outcome, Router
-from ..core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
-from ..core.kinds import ErrorKind
-from ..httperrors import send_error
-from ..measure import TokenMeter
-from ..request import ChatRequest
-from ..telemetry import Telemetry
-from .headers import is_sse, response_headers
+from meshroute_middleware.chat.headers import is_sse, response_headers
+from meshroute_middleware.core import Decision, Outcome, Router
+from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
+from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.request import ChatRequest
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 
 class Exchange:

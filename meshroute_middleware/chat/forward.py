@@ -14,14 +14,14 @@ import logging
 import time
 from typing import Literal
 
-from ..core import Decision
-from ..core.kinds import ErrorKind
-from ..forwarding import Forwarder, ForwardError, UpstreamResponse
-from ..httperrors import send_error
-from ..measure import sse_error_event
-from .attempts import Attempts, Exchange, Failed, Measurement
-from .headers import forwardable, from_node, plan_headers, response_headers
-from .watchdog import Watchdog
+from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement
+from meshroute_middleware.chat.headers import forwardable, from_node, plan_headers, response_headers
+from meshroute_middleware.chat.watchdog import Watchdog
+from meshroute_middleware.core import Decision
+from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
+from meshroute_middleware.forwarding.measure import sse_error_event
+from meshroute_middleware.http.errors import send_error
 
 CHAT_PATH = "/v1/chat/completions"
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from starlette.types import Scope
 
-from ..core import Decision, Route
+from meshroute_middleware.core import Decision, Route
 
 Headers = list[tuple[bytes, bytes]]
 H_ROUTE, H_PLAN, H_MODE = b"x-meshroute-route", b"x-meshroute-plan", b"x-meshroute-mode"

@@ -30,23 +30,31 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from ..core import InvalidPinError, NoRouteError, Router, UnknownModelError
-from ..core.providers.chain import Candidate, InvalidModelError, Resolution
-from ..core.providers.exhaustion import PassedOver
-from ..core.providers.keys import REVOKING_STATUSES, Reservation, parse_retry_after
-from ..core.providers.router import Attempt, ProviderRouter
-from ..core.providers.scoring import OutcomeKind
-from ..core.providers.tokens import estimate
-from ..forwarding import Forwarder, ForwardError, UpstreamResponse
-from ..httperrors import send_error
-from ..keyring import Secret, scrub
-from ..measure import TokenMeter, sse_error_event
-from ..request import ChatRequest, answer_bound
-from ..telemetry import Telemetry, provider_key_families, provider_outcome
-from .attempts import Attempts, Exchange
-from .forward import ForwardMode
-from .headers import H_ROUTE, OURS, is_sse
-from .watchdog import Watchdog
+from meshroute_middleware.chat.attempts import Attempts, Exchange
+from meshroute_middleware.chat.forward import ForwardMode
+from meshroute_middleware.chat.headers import H_ROUTE, OURS, is_sse
+from meshroute_middleware.chat.keyring import Secret, scrub
+from meshroute_middleware.chat.watchdog import Watchdog
+from meshroute_middleware.core import InvalidPinError, NoRouteError, Router, UnknownModelError
+from meshroute_middleware.core.providers.chain import Candidate, InvalidModelError, Resolution
+from meshroute_middleware.core.providers.exhaustion import PassedOver
+from meshroute_middleware.core.providers.keys import (
+    REVOKING_STATUSES,
+    Reservation,
+    parse_retry_after,
+)
+from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.scoring import OutcomeKind
+from meshroute_middleware.core.providers.tokens import estimate
+from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
+from meshroute_middleware.forwarding.measure import TokenMeter, sse_error_event
+from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.request import ChatRequest, answer_bound
+from meshroute_middleware.telemetry.metrics import (
+    Telemetry,
+    provider_key_families,
+    provider_outcome,
+)
 
 log = logging.getLogger("meshroute.providers")
 WAIT_MARGIN_S = 0.05  # slept past the soonest key reset before trying again

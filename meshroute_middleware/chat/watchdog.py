@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.types import Receive
 
-from .attempts import Exchange
+from meshroute_middleware.chat.attempts import Exchange
 
 WATCH_AFTER_S = 0.02  # start watching for a client that leaves once a request lasts this long
 

@@ -13,8 +13,8 @@ import pytest
 from meshroute_middleware.app.serve import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.forwarding import ForwardTimeouts
-from meshroute_middleware.memory import ASGIForwarder
+from meshroute_middleware.forwarding.client import ForwardTimeouts
+from meshroute_middleware.forwarding.memory import ASGIForwarder
 
 from ..conftest import FakeClock
 from ..upstream import FakeChat

@@ -23,7 +23,7 @@ from meshroute_middleware.app.serve import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat import watchdog
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.forwarding import AiohttpForwarder
+from meshroute_middleware.forwarding.client import AiohttpForwarder
 
 from ..upstream import heads_elsewhere
 

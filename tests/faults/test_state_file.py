@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from meshroute_middleware.statestore import StateStore
+from meshroute_middleware.state.store import StateStore
 
 from ..upstream import FakeChat, ServerThread, free_port
 

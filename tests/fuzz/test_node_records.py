@@ -20,7 +20,7 @@ from meshroute_middleware.app.serve import load_static_nodes
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, Router, RouterConfig, parse_node
 from meshroute_middleware.core.contracts import txt
 from meshroute_middleware.mesh import Mesh
-from meshroute_middleware.telemetry import Telemetry
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 from .strategies import FUZZ, JSON, NODE_DICTS, VALID_NODE
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as hs
 
-from meshroute_middleware.request import ChatRequest, RequestError, parse_chat, read_body
+from meshroute_middleware.http.request import ChatRequest, RequestError, parse_chat, read_body
 
 from .strategies import FUZZ, JSON
 

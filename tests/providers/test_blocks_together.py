@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 
+from meshroute_middleware.chat.keyring import Secret, resolve_keys
 from meshroute_middleware.core.providers.config import parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
 from meshroute_middleware.core.providers.keys import parse_retry_after
 from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind, classify_status
-from meshroute_middleware.keyring import Secret, resolve_keys
-from meshroute_middleware.statestore import StateStore
+from meshroute_middleware.state.store import StateStore
 
 from .fake_provider import FakeProvider, Reply
 

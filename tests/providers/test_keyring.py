@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshroute_middleware.core.providers.config import parse_providers_config
-from meshroute_middleware.keyring import (
+from meshroute_middleware.chat.keyring import (
     KeyRefError,
     Secret,
     resolve_key,
@@ -17,6 +16,7 @@ from meshroute_middleware.keyring import (
     scrub,
     scrub_json,
 )
+from meshroute_middleware.core.providers.config import parse_providers_config
 
 KEY = "sk-test-0123456789abcdef"
 

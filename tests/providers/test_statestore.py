@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from meshroute_middleware.chat.keyring import resolve_keys
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.keys import Refusal
 from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
-from meshroute_middleware.keyring import resolve_keys
-from meshroute_middleware.statestore import MEMORY, StateStore, StateStoreError
+from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 
 T0 = 1_796_040_000.0  # 2026-11-30 12:00 UTC
 MIDNIGHT = T0 + 12 * 3600
@@ -126,7 +126,7 @@ def test_state_survives_kill_9(tmp_path: Path) -> None:
         import sys, time
         from meshroute_middleware.core.providers.config import parse_providers_config
         from meshroute_middleware.core.providers.router import ProviderRouter
-        from meshroute_middleware.statestore import StateStore
+        from meshroute_middleware.state.store import StateStore
         router = ProviderRouter(parse_providers_config({DOC!r}))
         store = StateStore({str(path)!r}).open()
         c = router.resolve("fastco/big-model", ()).candidates[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshroute_middleware.request import RequestError, parse_chat
+from meshroute_middleware.http.request import RequestError, parse_chat
 
 from ..chat.test_forward import Mesh, assert_openai_error, node
 from ..upstream import FakeChat

@@ -13,7 +13,7 @@ import pytest
 
 from meshroute_middleware.chat.attempts import Measurement
 from meshroute_middleware.core.contracts.limits import MAX_TPS
-from meshroute_middleware.measure import TokenMeter
+from meshroute_middleware.forwarding.measure import TokenMeter
 
 from ..chat.test_forward import chat
 from .edge_util import EdgeGateway, RawNode, completion

@@ -14,7 +14,7 @@ from meshroute_middleware.api import GatewayAPI
 from meshroute_middleware.app.serve import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings, load_settings
 from meshroute_middleware.core import NodeRecord, RouterConfig
-from meshroute_middleware.events import EventBus
+from meshroute_middleware.telemetry.events import EventBus
 from node_agent.discovery import Discovery
 from node_agent.mdns import NODE_SERVICE, encode_record
 

@@ -20,8 +20,8 @@ import pytest
 from meshroute_middleware.app.serve import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import NodeRecord, RouterConfig
-from meshroute_middleware.forwarding import ForwardTimeouts
-from meshroute_middleware.memory import ASGIForwarder
+from meshroute_middleware.forwarding.client import ForwardTimeouts
+from meshroute_middleware.forwarding.memory import ASGIForwarder
 from node_agent.announcer import _Registered
 from node_agent.discovery import MISSES_TO_REMOVE, Discovery, tracker_discovery
 from node_agent.mdns import NODE_SERVICE, encode_record, service_info

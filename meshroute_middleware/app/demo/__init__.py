@@ -9,6 +9,6 @@ node leaves, another joins, the best node slows down; each is announced as it ha
 
 from __future__ import annotations
 
-from .driver import add_arguments, run
+from meshroute_middleware.app.demo.driver import add_arguments, run
 
 __all__ = ["add_arguments", "run"]

@@ -18,12 +18,7 @@ from pathlib import Path
 
 import aiohttp
 
-from node_agent.serving import serve_app
-
-from ...core import NodeRecord, RouterConfig
-from ..serve import Gateway, GatewayConfig, build_gateway
-from ..settings import ServeSettings, load_settings
-from .mesh import (
+from meshroute_middleware.app.demo.mesh import (
     CLIENT_SHARE,
     DRIFTER,
     JOINER,
@@ -38,7 +33,7 @@ from .mesh import (
     register,
     route_true_tps,
 )
-from .providers import (
+from meshroute_middleware.app.demo.providers import (
     CHAIN_MODEL,
     CHAIN_SHARE,
     LIMIT,
@@ -47,8 +42,12 @@ from .providers import (
     ChainWatch,
     provider_routes,
 )
-from .tally import Tally
-from .view import Live, Plain, best_true_tps
+from meshroute_middleware.app.demo.tally import Tally
+from meshroute_middleware.app.demo.view import Live, Plain, best_true_tps
+from meshroute_middleware.app.serve import Gateway, GatewayConfig, build_gateway
+from meshroute_middleware.app.settings import ServeSettings, load_settings
+from meshroute_middleware.core import NodeRecord, RouterConfig
+from node_agent.serving import serve_app
 
 HALF_LIFE_S = 30.0  # short, so that the demo re-learns within a minute of a change
 DISCOVERY_WAIT_S = 10.0

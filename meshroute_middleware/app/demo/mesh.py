@@ -14,10 +14,9 @@ from typing import Any
 
 import aiohttp
 
+from meshroute_middleware.core import NodeRecord, parse_node
 from node_agent.announcer import NodeAnnouncer
 from node_agent.emulator import EmulatedNode, EmulatorConfig, serve_node
-
-from ...core import NodeRecord, parse_node
 
 QWEN = "qwen-demo"
 LLAMA = "llama-demo"

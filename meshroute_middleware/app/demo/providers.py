@@ -20,10 +20,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from meshroute_middleware.app.demo.mesh import LOOPBACK, QWEN
 from node_agent.emulator import EmulatedNode, EmulatorConfig
 from node_agent.serving import serve_app
-
-from .mesh import LOOPBACK, QWEN
 
 PROVIDER = "fastco"
 PROVIDER_MODEL = "big-model"

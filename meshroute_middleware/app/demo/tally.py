@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .providers import ChainCounts
+from meshroute_middleware.app.demo.providers import ChainCounts
 
 
 @dataclass

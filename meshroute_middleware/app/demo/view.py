@@ -6,9 +6,9 @@ import sys
 import time
 from typing import Any
 
-from .mesh import MODELS, LiveNode, route_true_tps
-from .providers import CHAIN_MODEL, ChainWatch
-from .tally import Tally
+from meshroute_middleware.app.demo.mesh import MODELS, LiveNode, route_true_tps
+from meshroute_middleware.app.demo.providers import CHAIN_MODEL, ChainWatch
+from meshroute_middleware.app.demo.tally import Tally
 
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 COLOURS = {"proven": "\x1b[32m", "unsampled": "\x1b[90m", "stale": "\x1b[35m",

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .proxy import MeshRouteAddon
+    from meshroute_middleware.app.mitm.proxy import MeshRouteAddon
 
 __all__ = ["MeshRouteAddon"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "MeshRouteAddon":
-        from .proxy import MeshRouteAddon
+        from meshroute_middleware.app.mitm.proxy import MeshRouteAddon
 
         return MeshRouteAddon
     raise AttributeError(name)

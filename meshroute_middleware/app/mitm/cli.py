@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..settings import add_arguments as add_settings
-from . import options
+from meshroute_middleware.app.mitm import options
+from meshroute_middleware.app.settings import add_arguments as add_settings
 
 ADDON_SCRIPT = Path(__file__).with_name("addon.py")
 

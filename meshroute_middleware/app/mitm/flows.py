@@ -13,11 +13,11 @@ from typing import Any, Literal, TypeVar
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
-from ...core import Decision, Outcome
-from ...core.kinds import ErrorKind
-from ...httperrors import error_body
-from ...measure import TokenMeter
-from .relay import Parked
+from meshroute_middleware.app.mitm.relay import Parked
+from meshroute_middleware.core import Decision, Outcome
+from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.http.errors import error_body
 
 T = TypeVar("T")
 CLIENT_WATCH_S = 0.05  # how often a client is checked while the addon waits for a head

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Optional
 
-from ...core.config import RouterConfig
-from ..settings import OPTIONS, Option, ServeSettings, load_settings
+from meshroute_middleware.app.settings import OPTIONS, Option, ServeSettings, load_settings
+from meshroute_middleware.core.config import RouterConfig
 
 PREFIX = "meshroute_"
 SIDE_PORT = "meshroute_side_port"

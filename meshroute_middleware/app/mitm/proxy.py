@@ -38,17 +38,8 @@ from typing import Any
 
 from mitmproxy import exceptions, http
 
-from ...core import Decision, InvalidPinError, NoRouteError, Outcome, Router, UnknownModelError
-from ...core.kinds import ErrorKind
-from ...forwarding import AiohttpForwarder, Forwarder, ForwardError, UpstreamResponse
-from ...measure import TokenMeter
-from ...mesh import Mesh
-from ...request import RequestError, parse_chat
-from ...telemetry import Telemetry
-from ..serve import load_static_nodes
-from ..settings import ServeSettings, SettingsError
-from . import options
-from .flows import (
+from meshroute_middleware.app.mitm import options
+from meshroute_middleware.app.mitm.flows import (
     CHAT_PATH,
     CREDENTIALS,
     H_MODE,
@@ -62,8 +53,29 @@ from .flows import (
     plan_headers,
     unless_client_leaves,
 )
-from .relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
-from .side import SideServer, build_side_app
+from meshroute_middleware.app.mitm.relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
+from meshroute_middleware.app.mitm.side import SideServer, build_side_app
+from meshroute_middleware.app.serve import load_static_nodes
+from meshroute_middleware.app.settings import ServeSettings, SettingsError
+from meshroute_middleware.core import (
+    Decision,
+    InvalidPinError,
+    NoRouteError,
+    Outcome,
+    Router,
+    UnknownModelError,
+)
+from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.forwarding.client import (
+    AiohttpForwarder,
+    Forwarder,
+    ForwardError,
+    UpstreamResponse,
+)
+from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.http.request import RequestError, parse_chat
+from meshroute_middleware.mesh import Mesh
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 log = logging.getLogger("meshroute.mitm")
 _OPTIONS_ERROR: Any = exceptions.OptionsError  # untyped in mitmproxy 11; how mitmdump refuses

@@ -18,10 +18,10 @@ from typing import Literal
 
 from starlette.types import Receive, Scope, Send
 
-from ...core.kinds import ErrorKind
-from ...forwarding import ForwardError, UpstreamResponse
-from ...httperrors import send_error
-from ...measure import sse_error_event
+from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.forwarding.client import ForwardError, UpstreamResponse
+from meshroute_middleware.forwarding.measure import sse_error_event
+from meshroute_middleware.http.errors import send_error
 
 log = logging.getLogger("meshroute.mitm")
 RELAY_PATH = "/meshroute/relay"

@@ -18,11 +18,11 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from ...api import GatewayAPI, build_api_app
-from ...mesh import Mesh
-from ..serve import GatewayConfig, background_services, config_warnings
-from ..settings import ServeSettings
-from .relay import RELAY_PATH, Relay
+from meshroute_middleware.api import GatewayAPI, build_api_app
+from meshroute_middleware.app.mitm.relay import RELAY_PATH, Relay
+from meshroute_middleware.app.serve import GatewayConfig, background_services, config_warnings
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.mesh import Mesh
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 10.0

@@ -7,8 +7,8 @@
   `freellmapi`.
 """
 
-from .adr0021 import Adr0021Policy
-from .base import (
+from meshroute_middleware.core.policies.adr0021 import Adr0021Policy
+from meshroute_middleware.core.policies.base import (
     EXPLOIT,
     FALLBACK,
     GREEDY,
@@ -23,12 +23,17 @@ from .base import (
     measured_tps,
     weighted_index,
 )
-from .epsilon_greedy import EpsilonGreedyPolicy
-from .freellmapi import ScorePolicy
-from .litellm import LowestLatencyPolicy
-from .petals import PetalsPolicy
-from .registry import POLICIES, PolicyFactory, make_policy, register_policy
-from .thompson import ThompsonPolicy
+from meshroute_middleware.core.policies.epsilon_greedy import EpsilonGreedyPolicy
+from meshroute_middleware.core.policies.freellmapi import ScorePolicy
+from meshroute_middleware.core.policies.litellm import LowestLatencyPolicy
+from meshroute_middleware.core.policies.petals import PetalsPolicy
+from meshroute_middleware.core.policies.registry import (
+    POLICIES,
+    PolicyFactory,
+    make_policy,
+    register_policy,
+)
+from meshroute_middleware.core.policies.thompson import ThompsonPolicy
 
 __all__ = [
     "EXPLOIT",

@@ -6,8 +6,14 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, Mode
-from .base import Arm, Outcome, best_prior, least_measured, weighted_index
+from meshroute_middleware.core.kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, Mode
+from meshroute_middleware.core.policies.base import (
+    Arm,
+    Outcome,
+    best_prior,
+    least_measured,
+    weighted_index,
+)
 
 
 class Adr0021Policy:

@@ -1,7 +1,13 @@
 """Provider routes (issue 12): config, scoring, key gates, chains, exhaustion. Pure, no I/O."""
 
-from .chain import Candidate, InvalidModelError, Resolution, Sessions, resolve
-from .config import (
+from meshroute_middleware.core.providers.chain import (
+    Candidate,
+    InvalidModelError,
+    Resolution,
+    Sessions,
+    resolve,
+)
+from meshroute_middleware.core.providers.config import (
     Limits,
     Profile,
     Provider,
@@ -11,11 +17,31 @@ from .config import (
     Routing,
     parse_providers_config,
 )
-from .exhaustion import Exhaustion, PassedOver, attempt_reason, soonest_reset
-from .keys import KeyGates, Refusal, Reservation, parse_retry_after
-from .router import Attempt, ProviderRouter, Scored, StateRestoreError
-from .scoring import OutcomeKind, RouteStats, Weights, classify_status
-from .tokens import TokenEstimate, estimate
+from meshroute_middleware.core.providers.exhaustion import (
+    Exhaustion,
+    PassedOver,
+    attempt_reason,
+    soonest_reset,
+)
+from meshroute_middleware.core.providers.keys import (
+    KeyGates,
+    Refusal,
+    Reservation,
+    parse_retry_after,
+)
+from meshroute_middleware.core.providers.router import (
+    Attempt,
+    ProviderRouter,
+    Scored,
+    StateRestoreError,
+)
+from meshroute_middleware.core.providers.scoring import (
+    OutcomeKind,
+    RouteStats,
+    Weights,
+    classify_status,
+)
+from meshroute_middleware.core.providers.tokens import TokenEstimate, estimate
 
 __all__ = [
     "Attempt",

@@ -1,0 +1,403 @@
+"""A discrete-event mesh simulator that drives the real Router on a simulated clock.
+
+Every request is decided by `Router.choose`, occupies one slot on every node of its route from
+its start to its end (waiting in FIFO order while any of them is full), and is reported back
+with `Router.record`; joins and leaves go through `upsert_node` / `remove_node`. A node runs
+up to `slots` requests at once and each runs slower the fuller the batch is
+(`NodeSpec.slowdown`): serial servers, continuous batching and saturation are all this one
+model. Speeds change whenever a batch does, so a running request's finish time is recomputed
+on every start and end on its nodes. All workload randomness (token counts, noise, failures,
+arrival gaps) is drawn up front from the seed, so every policy faces the very same requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+from meshroute_middleware.core.config import RouterConfig
+from meshroute_middleware.core.errors import MeshRouteError
+from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.core.policies import Outcome
+from meshroute_middleware.core.router import Decision, Router
+from meshroute_middleware.core.routes import Route
+from meshroute_middleware.core.sim.model import MODEL, Event, NodeSpec, Scenario
+from meshroute_middleware.core.sim.oracle import GOOD_WITHIN, OraclePolicy, gain_score
+
+ARRIVE, FINISH, ANNOUNCE, TOKENS = 0, 1, 2, 3
+
+
+@dataclass(slots=True)
+class NodeState:
+    """A node's live state: its spec (speed may drift), the requests in its batch, its queue."""
+
+    spec: NodeSpec
+    present: bool = True
+    running: set[Request] = field(default_factory=set)  # holding a slot
+    queued: int = 0  # waiting requests that need this node
+    load_s: float = 0.0  # expected solo service seconds of its running and queued requests
+
+    @property
+    def busy(self) -> int:
+        """Slots in use."""
+        return len(self.running)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One simulated request; the random draws are fixed before any policy sees it."""
+
+    index: int
+    tokens: int
+    noise: float  # multiplicative service-time noise
+    fail_u: float
+    cut_u: float
+    gap_s: float  # to the next arrival (open loop)
+    max_tokens: int | None = None  # the client's bound on the answer, as its body states it
+    arrival_s: float = 0.0
+    decision: Decision | None = None
+    nodes: tuple[str, ...] = ()
+    compute_s: tuple[float, ...] = ()  # solo compute seconds per token on each node
+    hop_s: float = 0.0  # per-token link latency of the route
+    latency_s: float = 0.0  # fixed latency, paid once before the first token
+    service_s: float = 0.0  # expected solo service seconds, at dispatch
+    fail_p: float = 0.0
+    good: bool = False  # within GOOD_WITHIN of the oracle's choice when decided
+    tokens_left: float = 0.0  # of the token phase (a failing request stops early)
+    rate: float = 0.0  # tokens/s now; 0 before the token phase
+    updated_s: float = 0.0
+    version: int = 0  # bumps on every re-rate; stale FINISH events are skipped
+    ttfb_s: float = 0.0
+
+    def __hash__(self) -> int:
+        return self.index
+
+
+@dataclass(slots=True)
+class Trace:
+    """What one run produced, per request in arrival order."""
+
+    arrival_s: list[float] = field(default_factory=list)
+    finish_s: list[float] = field(default_factory=list)
+    tokens_ok: list[int] = field(default_factory=list)
+    failed: list[bool] = field(default_factory=list)
+    good: list[bool] = field(default_factory=list)
+
+
+class Simulator:
+    """One scenario run with one policy and one seed."""
+
+    def __init__(self, scenario: Scenario, policy: str, seed: int,
+                 config: RouterConfig | None = None) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.now = 0.0
+        self.nodes: dict[str, NodeState] = {}
+        oracle = OraclePolicy(self) if policy == "oracle" else None
+        config = config or RouterConfig()
+        self.router = Router(config if oracle else replace(config, policy=policy),
+                             clock=lambda: self.now, rng=random.Random(seed * 7919 + 17),
+                             policy=oracle)
+        self.requests = _draw_requests(scenario, random.Random(seed))
+        self._events = sorted(scenario.events, key=lambda e: e.at_request)
+        self._heap: list[tuple[float, int, int, Request | None, int]] = []
+        self._seq = 0
+        self._waiting: list[Request] = []
+        self._next = 0
+        self.current: Request | None = None  # the request being decided
+        self.done: dict[int, tuple[float, int, bool]] = {}
+        for spec in scenario.nodes:
+            self._join(spec)
+
+    # -- ground truth ---------------------------------------------------------------
+    def route_truth(self, route: Route) -> tuple[tuple[float, ...], float, float, float]:
+        """(solo compute seconds per token per hop, link seconds per token, latency seconds,
+        failure probability) of a route right now."""
+        compute, latency, ok_p = [], 0.0, 1.0
+        for hop in route.hops:
+            spec = self.nodes[hop.node.node_id].spec
+            compute.append((hop.end_layer - hop.start_layer + 1) * spec.s_per_layer)
+            latency += spec.latency_s
+            ok_p *= 1.0 - spec.fail_rate
+        hop_s = (len(route.hops) - 1) * self.scenario.hop_token_s
+        return tuple(compute), hop_s, latency, 1.0 - ok_p
+
+    def per_token_s(self, nodes: tuple[str, ...], compute: tuple[float, ...], hop_s: float,
+                    extra: frozenset[str] = frozenset()) -> float:
+        """Seconds per token of a request on these nodes at their current batch sizes (one
+        more request on the nodes in `extra`), noise aside."""
+        total = hop_s
+        for node_id, c in zip(nodes, compute, strict=True):
+            n = self.nodes[node_id]
+            total += c * n.spec.slowdown(n.busy + (node_id in extra))
+        return total
+
+    def expected_wait_s(self, node_id: str) -> float:
+        """The oracle's estimate of how long a new request waits for a slot on a node."""
+        n = self.nodes[node_id]
+        ahead = n.busy + n.queued
+        if ahead < n.spec.slots:
+            return 0.0
+        return (ahead + 1 - n.spec.slots) / n.spec.slots * (n.load_s / ahead)
+
+    def can_start(self, node_ids: tuple[str, ...]) -> bool:
+        """Whether a request on these nodes would start at once (a free slot, no queue)."""
+        return all(self.nodes[n].busy < self.nodes[n].spec.slots and not self.nodes[n].queued
+                   for n in node_ids)
+
+    def gain(self, route: Route, tokens: int) -> float:
+        """The oracle's score of a route for a request: see `oracle.gain_score`."""
+        return gain_score(self, route, tokens)
+
+    # -- the run ----------------------------------------------------------------------
+    def run(self) -> Trace:
+        """Simulate every request to completion and return the trace."""
+        if self.scenario.poisson_rate > 0:
+            t = 0.0
+            for r in self.requests:
+                r.arrival_s = t
+                self._push(t, ARRIVE, r)
+                t += r.gap_s
+        else:
+            for _ in range(min(self.scenario.clients, len(self.requests))):
+                self._push(0.0, ARRIVE, None)
+        if self.scenario.announce_s > 0:
+            self._push(self.scenario.announce_s, ANNOUNCE, None)
+        while self._heap:
+            t, _, kind, req, version = heapq.heappop(self._heap)
+            if req is not None and kind == FINISH and version != req.version:
+                continue  # re-rated since
+            self.now = t
+            if kind == ARRIVE:
+                self._arrive(req)
+            elif kind == FINISH:
+                assert req is not None
+                self._finish(req)
+            elif kind == TOKENS:
+                assert req is not None
+                self._begin_tokens(req)
+            else:
+                self._announce()
+        return self._trace()
+
+    def _push(self, t: float, kind: int, req: Request | None, version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, req, version))
+
+    def _arrive(self, req: Request | None) -> None:
+        if req is None:  # closed loop: the next request of the sequence
+            if self._next >= len(self.requests):
+                return
+            req = self.requests[self._next]
+            req.arrival_s = self.now
+        self._next = max(self._next, req.index + 1)
+        while self._events and self._events[0].at_request <= req.index:
+            self._apply(self._events.pop(0))
+        self.current = req
+        try:
+            decision = self.router.choose(MODEL, max_tokens=req.max_tokens)
+        except MeshRouteError:
+            self._end(req, ok=False)
+            return
+        self._dispatch(req, decision)
+
+    def _dispatch(self, req: Request, decision: Decision) -> None:
+        route = decision.route
+        scores = [self.gain(r, req.tokens) for r in self.router.candidates(MODEL)]
+        req.good = self.gain(route, req.tokens) >= max(scores) * (1.0 - GOOD_WITHIN)
+        req.compute_s, req.hop_s, req.latency_s, req.fail_p = self.route_truth(route)
+        req.decision, req.nodes = decision, route.node_ids
+        req.service_s = req.tokens * (sum(req.compute_s) + req.hop_s) + req.latency_s
+        cut = req.cut_u if req.fail_u < req.fail_p else 1.0
+        req.tokens_left = req.tokens * cut
+        for node_id in req.nodes:
+            node = self.nodes[node_id]
+            node.queued += 1
+            node.load_s += req.service_s
+        self._waiting.append(req)
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start waiting requests in FIFO order per node (a blocked node blocks later ones)."""
+        blocked: set[str] = set()
+        still: list[Request] = []
+        started: list[Request] = []
+        for req in self._waiting:
+            nodes = [self.nodes[n] for n in req.nodes]
+            if blocked.isdisjoint(req.nodes) and all(n.busy < n.spec.slots for n in nodes):
+                for node in nodes:
+                    node.queued -= 1
+                    node.running.add(req)
+                started.append(req)
+            else:
+                blocked.update(req.nodes)
+                still.append(req)
+        self._waiting = still
+        for req in started:
+            req.ttfb_s = self.now - req.arrival_s + req.latency_s
+            if req.latency_s > 0:
+                self._push(self.now + req.latency_s, TOKENS, req)
+            else:
+                self._begin_tokens(req)
+        if started:
+            self._rerate({n for r in started for n in r.nodes})
+
+    def _begin_tokens(self, req: Request) -> None:
+        req.updated_s = self.now
+        req.rate = 1.0  # marks the token phase; _rerate sets the true rate
+        per_token = self.per_token_s(req.nodes, req.compute_s, req.hop_s) * req.noise
+        req.ttfb_s += per_token
+        self._rerate(set(req.nodes))
+
+    def _rerate(self, node_ids: set[str]) -> None:
+        """Batch sizes changed on these nodes: advance and re-time their running requests."""
+        touched = {r for n in node_ids if n in self.nodes for r in self.nodes[n].running}
+        for req in sorted(touched, key=lambda r: r.index):
+            if req.rate <= 0:
+                continue  # still paying its fixed latency
+            req.tokens_left = max(req.tokens_left - req.rate * (self.now - req.updated_s), 0.0)
+            req.updated_s = self.now
+            req.rate = 1.0 / (self.per_token_s(req.nodes, req.compute_s, req.hop_s)
+                              * req.noise)
+            req.version += 1
+            self._push(self.now + req.tokens_left / req.rate, FINISH, req, req.version)
+
+    def _finish(self, req: Request) -> None:
+        for node_id in req.nodes:
+            node = self.nodes[node_id]
+            node.running.discard(req)
+            node.load_s -= req.service_s
+        req.rate = 0.0
+        self._rerate(set(req.nodes))
+        ok = req.fail_u >= req.fail_p
+        self._end(req, ok=ok)
+        self._start_waiting()
+
+    def _end(self, req: Request, *, ok: bool, error: ErrorKind = "stream") -> None:
+        """Report the outcome to the router and log it; a closed-loop client sends again."""
+        seconds = self.now - req.arrival_s
+        if req.decision is not None:
+            outcome = (Outcome(req.tokens, seconds, min(seconds, req.ttfb_s)) if ok
+                       else Outcome(0, seconds, 0.0, error))
+            self.router.record(req.decision, outcome)
+        self.done[req.index] = (self.now, req.tokens if ok else 0, not ok)
+        if self.scenario.poisson_rate <= 0:
+            self._push(self.now, ARRIVE, None)
+
+    # -- topology -----------------------------------------------------------------------
+    def _announce(self) -> None:
+        """Every node re-announces its record with its current queue depth (a refresh)."""
+        if len(self.done) == len(self.requests):
+            return  # the run is over
+        for state in self.nodes.values():
+            if state.present:
+                record = state.spec.record(self._advertised(state.spec))
+                self.router.upsert_node(replace(record, queue=state.queued))
+        self._push(self.now + self.scenario.announce_s, ANNOUNCE, None)
+
+    def _join(self, spec: NodeSpec) -> None:
+        state = self.nodes.get(spec.node_id)
+        if state is None:
+            self.nodes[spec.node_id] = NodeState(spec)
+        else:
+            state.spec, state.present = spec, True
+        self.router.upsert_node(spec.record(self._advertised(spec)))
+
+    def _advertised(self, spec: NodeSpec) -> float:
+        """What a node announces: its stated figure, else one noisy benchmark of its shard
+        (a single draw of the scenario's noise, fixed per seed and node)."""
+        if spec.advertised_tps is not None:
+            return spec.advertised_tps
+        sigma = self.scenario.noise_sigma
+        z = random.Random(f"{self.seed}:{spec.node_id}").gauss(0.0, 1.0)
+        return spec.shard_tps * math.exp(sigma * z - sigma * sigma / 2)
+
+    def _apply(self, event: Event) -> None:
+        if event.kind == "join" and event.node is not None:
+            self._join(event.node)
+        elif event.kind == "leave":
+            self._leave(event.node_id)
+        elif event.kind in ("slow", "fail"):
+            state = self.nodes[event.node_id]
+            if event.kind == "slow":
+                spec = replace(state.spec, s_per_layer=state.spec.s_per_layer * event.factor)
+            else:
+                spec = replace(state.spec, fail_rate=event.factor)
+            state.spec = spec
+            if event.kind == "slow":  # the new speed applies to the batch now running
+                for req in state.running:
+                    at = req.nodes.index(event.node_id)
+                    compute = list(req.compute_s)
+                    compute[at] *= event.factor
+                    req.compute_s = tuple(compute)
+                self._rerate({event.node_id})
+
+    def _leave(self, node_id: str) -> None:
+        """A node leaves: running requests drain, waiting ones fail to connect."""
+        self.nodes[node_id].present = False
+        self.router.remove_node(node_id)
+        stranded = [r for r in self._waiting if node_id in r.nodes]
+        self._waiting = [r for r in self._waiting if node_id not in r.nodes]
+        for req in stranded:
+            for n in req.nodes:
+                self.nodes[n].queued -= 1
+                self.nodes[n].load_s -= req.service_s
+            self._end(req, ok=False, error="connect")
+        self._start_waiting()
+
+    def _trace(self) -> Trace:
+        trace = Trace()
+        for req in self.requests:
+            finish, tokens, failed = self.done[req.index]
+            trace.arrival_s.append(req.arrival_s)
+            trace.finish_s.append(finish)
+            trace.tokens_ok.append(tokens)
+            trace.failed.append(failed)
+            trace.good.append(req.good)
+        return trace
+
+
+def _draw_requests(scenario: Scenario, rng: random.Random) -> list[Request]:
+    """The workload: token counts, mean-one log-normal noise, failure draws, arrival gaps
+    (bursts of `burst` requests at once, the mean rate unchanged)."""
+    sigma = scenario.noise_sigma
+    lo, hi = scenario.tokens
+    rate, burst = scenario.poisson_rate, max(scenario.burst, 1)
+    out = []
+    for i in range(scenario.requests):
+        noise = math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2)
+        gap_s = rng.expovariate(rate) if rate > 0 else 0.0
+        if burst > 1:
+            gap_s = gap_s * burst if i % burst == burst - 1 else 0.0
+        out.append(Request(i, rng.randint(lo, hi), noise, rng.random(), rng.random(), gap_s))
+    # The body's max_tokens, drawn apart (the draws above stay what they were): see
+    # `client_max_tokens`. A gateway sees only this bound, never the answer's true length.
+    bounds = random.Random(rng.random())
+    for req in out:
+        req.max_tokens = client_max_tokens(req.tokens, bounds)
+    return out
+
+
+# How clients bound their answers (the body's `max_tokens`), a third each: none at all
+# (LangChain's and most chat UIs' default), a generous fixed cap (many apps send 1024-4096
+# whatever they ask; here above every answer, so it says nothing), or a cap that fits the
+# task, the answer's length rounded up to a power of two (an app asking for a short label or
+# a summary sets a short cap; the answer never exceeds it, as a server stops there).
+FIXED_CAP = 1024
+
+
+def client_max_tokens(tokens: int, rng: random.Random) -> int | None:
+    """The max_tokens a client sends with a request whose answer will be `tokens` long."""
+    u = rng.random()
+    if u < 1 / 3:
+        return None
+    if u < 2 / 3:
+        return FIXED_CAP
+    return 1 << max(tokens - 1, 1).bit_length()
+
+
+def run(scenario: Scenario, policy: str, seed: int) -> Trace:
+    """Run one scenario with one policy (a registered name, or "oracle") and seed."""
+    return Simulator(scenario, policy, seed).run()

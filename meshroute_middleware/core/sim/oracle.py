@@ -1,0 +1,90 @@
+"""The oracle: a policy handed the simulator's ground truth, and the best split it should find.
+
+It scores a route by what sending the request there adds to the mesh's delivered tokens/s
+right now, with the true speeds, batch sizes, slowdowns and failure rates: the new request's
+own rate minus what its batch neighbours lose (zero when it would have to queue), plus a small
+tie-break on the request's own expected speed, queueing included (which decides among routes
+that are all saturated: shortest expected delay). For concave saturation curves this greedy
+marginal rule keeps a closed loop at the best split, which `best_split` computes exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from meshroute_middleware.core.policies import EXPLOIT, Arm, Mode, Outcome
+from meshroute_middleware.core.routes import Route
+from meshroute_middleware.core.sim.model import NodeSpec
+
+if TYPE_CHECKING:
+    from meshroute_middleware.core.sim.engine import Simulator
+
+# A decision is "good" when its route's score is within 5 % of the oracle's best
+# (docs/benchmarks.md, "Learning quality": the re-convergence metric).
+GOOD_WITHIN = 0.05
+# Weight of the request's own expected speed beside the tokens/s it adds: a tie-break that
+# only decides among routes that are all saturated (where it is shortest expected delay).
+TIE_WEIGHT = 0.05
+
+
+class OraclePolicy:
+    """Picks the route that adds the most delivered tokens/s, knowing the ground truth."""
+
+    name: ClassVar[str] = "oracle"
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+        """The arm whose route scores best for the current request."""
+        req = self.sim.current
+        tokens = req.tokens if req is not None else 1
+        return best_route([a.route for a in arms], self.sim, tokens), EXPLOIT
+
+    def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+        """The oracle needs no learning."""
+
+
+def best_route(routes: Sequence[Route], sim: Simulator, tokens: int) -> int:
+    """Index of the route with the best score (the first on a tie)."""
+    scores = [sim.gain(r, tokens) for r in routes]
+    return scores.index(max(scores))
+
+
+def gain_score(sim: Simulator, route: Route, tokens: int) -> float:
+    """Expected delivered tokens/s the mesh gains now by sending the request on `route`,
+    plus TIE_WEIGHT × the request's own expected delivered speed."""
+    compute, hop_s, latency_s, fail_p = sim.route_truth(route)
+    nodes = route.node_ids
+    ok_p = 1.0 - fail_p
+    if not sim.can_start(nodes):
+        wait = max(sim.expected_wait_s(n) for n in nodes)
+        per_token = sum(c * sim.nodes[n].spec.slowdown(sim.nodes[n].spec.slots)
+                        for n, c in zip(nodes, compute, strict=True)) + hop_s
+        return TIE_WEIGHT * ok_p * tokens / (wait + latency_s + tokens * per_token)
+    extra = frozenset(nodes)
+    per_token = sim.per_token_s(nodes, compute, hop_s, extra)
+    gain = ok_p / per_token
+    for req in {r for n in nodes for r in sim.nodes[n].running}:
+        if req.rate <= 0:
+            continue
+        before = sim.per_token_s(req.nodes, req.compute_s, req.hop_s)
+        after = sim.per_token_s(req.nodes, req.compute_s, req.hop_s, extra)
+        gain -= (1.0 - req.fail_p) * (1.0 / before - 1.0 / after)
+    own = tokens / (latency_s + tokens * per_token)
+    return gain + TIE_WEIGHT * ok_p * own
+
+
+def best_split(nodes: Sequence[NodeSpec], clients: int) -> tuple[list[int], float]:
+    """The best way to spread `clients` closed-loop requests over single-node routes: how
+    many on each and the total tokens/s, maximising Σ throughput(n) exactly (greedy on the
+    marginal gains, optimal because every node's throughput curve is concave)."""
+    split = [0] * len(nodes)
+    for _ in range(clients):
+        gains = [n.throughput(k + 1) * (1 - n.fail_rate) - n.throughput(k) * (1 - n.fail_rate)
+                 for n, k in zip(nodes, split, strict=True)]
+        split[gains.index(max(gains))] += 1
+    total = sum(n.throughput(k) * (1 - n.fail_rate) for n, k in zip(nodes, split, strict=True))
+    return split, total

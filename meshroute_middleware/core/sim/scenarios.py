@@ -1,0 +1,107 @@
+"""The benchmark scenarios: issue 6's seven, a recovery, and issue 14's batching servers
+(names are the JSON keys)."""
+
+from __future__ import annotations
+
+from meshroute_middleware.core.sim.model import Event, NodeSpec, Scenario, batching, serial, whole
+
+# ADR-0020's mesh: a 40-layer model (Qwen3.6-35B-A3B), a fast GPU node on layers 0-21 and slow
+# CPU nodes on 0-39. Speeds are illustrative; the per-token hop latency is what makes the
+# hybrid route slower than the bottleneck prior (and Petals-style advertised costs) suggest.
+GPU = NodeSpec("gpu", 0, 21, 40, 1.0 / (100.0 * 22))  # 100 tok/s over its 22 layers
+CPU_A = whole("cpu-a", 10.0, layers=40)
+CPU_B = whole("cpu-b", 8.0, layers=40)
+MIXED_HOP_TOKEN_S = 0.06  # LAN round trip per generated token between pipeline stages
+
+# Churn: two half-model nodes form a 50 tok/s pipeline beside whole-model heads.
+HALF_HEAD = NodeSpec("h2", 0, 15, 32, 1.0 / (100.0 * 16))
+HALF_TAIL = NodeSpec("t1", 16, 31, 32, 1.0 / (100.0 * 16))
+H1, H5 = whole("h1", 55.0), whole("h5", 65.0)
+CHURN_EVERY = 250  # requests between topology changes
+
+LOAD_NODES = (whole("a", 60.0, slots=2), whole("b", 45.0, slots=2),
+              whole("c", 30.0, slots=2), whole("d", 20.0, slots=2))
+TOKENS = (64, 512)
+MEAN_TOKENS = (TOKENS[0] + TOKENS[1]) / 2
+ANNOUNCE_S = 2.0  # node agents refresh their queue depth about this often
+LOAD_FACTOR = 0.8  # issue 6: Poisson arrivals at 80 % of the mesh's total capacity
+
+
+def load_rate(nodes: tuple[NodeSpec, ...], factor: float) -> float:
+    """Requests/s that load every slot of every node to `factor` of its capacity."""
+    return factor * sum(n.throughput(n.slots) for n in nodes) / MEAN_TOKENS
+
+
+# Issue 14: servers that batch. Per-request speeds alone 90 / 60 / 30 tok/s, the ratios of the
+# independent check (900 / 600 / 300); vLLM-like decode slows a few percent per neighbour.
+ROOMY = (batching("fast", 90.0, 16, 0.05), batching("mid", 60.0, 16, 0.05),
+         batching("slow", 30.0, 16, 0.05))
+# The fast server's batch saturates: 4 slots and a steep slowdown (a small GPU, long prompts).
+TIGHT = (batching("fast", 90.0, 4, 0.25), batching("mid", 60.0, 8, 0.1),
+         batching("slow", 30.0, 8, 0.05))
+SERIAL = (serial("fast", 90.0), serial("mid", 60.0), serial("slow", 30.0))
+BURST = 8
+
+
+def _churn_events() -> tuple[Event, ...]:
+    plan: list[NodeSpec | str] = [H5, "h1", "h5", H1, "t1", H5, HALF_TAIL, "h5", "h3"]
+    out = []
+    for k, what in enumerate(plan, start=1):
+        at = k * CHURN_EVERY
+        if isinstance(what, NodeSpec):
+            out.append(Event(at, "join", what.node_id, node=what))
+        else:
+            out.append(Event(at, "leave", what))
+    return tuple(out)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("1-two-routes", "two routes at 60 and 40 tok/s",
+             (whole("fast", 60.0), whole("slow", 40.0)), 2000),
+    Scenario("2-mixed-adr0020", "GPU 0-21 + CPU hop vs CPU 0-39 (ADR-0020)",
+             (GPU, CPU_A, CPU_B), 1500, hop_token_s=MIXED_HOP_TOKEN_S),
+    Scenario("3-drift", "best route halves its speed mid-run",
+             (whole("a", 60.0), whole("b", 50.0), whole("c", 40.0)), 2000,
+             events=(Event(1000, "slow", "a", factor=2.0),)),
+    Scenario("4-churn", "nodes join and leave every 250 requests",
+             (H1, HALF_HEAD, HALF_TAIL, whole("h3", 45.0), whole("h4", 35.0)), 2500,
+             events=_churn_events(), hop_token_s=0.002),
+    Scenario("5-load", "Poisson arrivals at 80 % of total capacity",
+             LOAD_NODES, 3000, poisson_rate=load_rate(LOAD_NODES, LOAD_FACTOR),
+             noise_sigma=0.2, announce_s=ANNOUNCE_S),
+    Scenario("6-noisy-8", "eight heads, log-normal noise sigma 0.5",
+             tuple(whole(f"n{i}", tps) for i, tps in
+                   enumerate((60.0, 52.0, 45.0, 40.0, 34.0, 28.0, 22.0, 16.0))),
+             3000, noise_sigma=0.5),
+    Scenario("7-flaky", "fastest route fails 20 % of requests",
+             (whole("flaky", 60.0, fail_rate=0.2), whole("steady", 56.0),
+              whole("slow", 40.0)), 2000),
+    # Beyond issue 6's list: the opposite drift, which only exploration can notice.
+    Scenario("8-recovery", "the slowest route becomes 1.5x the fastest mid-run",
+             (whole("a", 60.0), whole("b", 50.0), whole("c", 30.0)), 3000,
+             events=(Event(1000, "slow", "c", factor=1 / 3),)),
+    Scenario("9-batch-roomy", "batching servers 90/60/30, 4 clients: the fast one has room",
+             ROOMY, 3000, clients=4),
+    Scenario("10-batch-saturates", "16 clients, the fast server saturates: the best is a split",
+             TIGHT, 4000, clients=16),
+    Scenario("11-serial", "serial servers 90/60/30 with 4 clients: spreading is right",
+             SERIAL, 3000, clients=4),
+    Scenario("12-bursty", "bursts of 8 requests at 60 % of capacity, batching servers",
+             TIGHT, 3000, poisson_rate=load_rate(TIGHT, 0.6), burst=BURST, held_out=True),
+    Scenario("13-batch-slowdown", "4 clients; the fast server slows 3x, then recovers",
+             ROOMY, 3000, clients=4,
+             events=(Event(1000, "slow", "fast", factor=3.0),
+                     Event(2000, "slow", "fast", factor=1 / 3))),
+    Scenario("14-batch-outage", "4 clients; the fast server fails every request, then recovers",
+             ROOMY, 3000, clients=4, held_out=True,
+             events=(Event(1000, "fail", "fast", factor=1.0),
+                     Event(2000, "fail", "fast", factor=0.0))),
+)
+
+
+def by_name(name: str) -> Scenario:
+    """The scenario called `name` (or whose name starts with `name`, e.g. "3")."""
+    for s in SCENARIOS:
+        if s.name == name or s.name.split("-")[0] == name:
+            return s
+    raise KeyError(f"unknown scenario {name!r}; known: {', '.join(s.name for s in SCENARIOS)}")

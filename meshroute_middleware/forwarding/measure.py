@@ -1,0 +1,76 @@
+"""Counting completion tokens in a response as it passes, without holding a byte back.
+
+A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
+otherwise every `data:` event whose delta carries non-empty content counts as one token
+(OpenAI-compatible servers send one chunk per token).
+"""
+
+from __future__ import annotations
+
+import re
+
+from meshroute_middleware.core.contracts.error_body import sse_error_event
+
+__all__ = ["TokenMeter", "sse_error_event"]
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
+_MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
+_MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
+_MAX_DIGITS = 18  # a longer count is a lie: read as 10**18 (clamped later), never int()-ed
+
+
+def _count(digits: bytes) -> int:
+    """A count as sent, without int()'s ValueError past 4,300 digits (or its cost)."""
+    return int(digits) if len(digits) <= _MAX_DIGITS else 10 ** _MAX_DIGITS
+
+
+class TokenMeter:
+    """Feed it response chunks; it tells how many completion tokens went by."""
+
+    def __init__(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self.chunks_counted = 0
+        self.usage_tokens: int | None = None
+        self._line = b""
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        """Account for one body chunk."""
+        if not self.streaming:
+            self._tail = (self._tail + chunk)[-_MAX_JSON_TAIL:]
+            return
+        data = self._line + chunk
+        lines = data.split(b"\n")
+        self._line = lines.pop()
+        if len(self._line) > _MAX_LINE:
+            self._line = b""
+        for line in lines:
+            self._line_done(line)
+
+    def _line_done(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        if b'"usage"' in line:
+            match = _COMPLETION_TOKENS.search(line)
+            if match:
+                self.usage_tokens = _count(match.group(1))
+        if _NONEMPTY_CONTENT.search(line):
+            self.chunks_counted += 1
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens from `usage` when the upstream sent it, else the counted chunks."""
+        if self.streaming:
+            if self._line:
+                self._line_done(self._line)
+                self._line = b""
+            return self.usage_tokens if self.usage_tokens is not None else self.chunks_counted
+        tail = self._tail
+        at = tail.rfind(b'"completion_tokens"')  # the last one: usage closes the body
+        while at >= 0:
+            match = _COMPLETION_TOKENS.match(tail, at)
+            if match:
+                return _count(match.group(1))
+            at = tail.rfind(b'"completion_tokens"', 0, at)
+        return 0

@@ -1,0 +1,152 @@
+"""The gateway's OpenAPI 3.0 document (`GET /openapi.json`), written by hand: every endpoint
+of `api.GatewayAPI` and the routed chat path, error bodies included. `tests/http/test_openapi.py`
+checks that it lists every route, and runs schemathesis against a live gateway with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS
+
+__all__ = ["openapi_document"]
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_NODE_REF = {"$ref": "#/components/schemas/Node"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {400: "invalid request", 401: "missing or wrong bearer token",
+            404: "not found", 413: "body too large", 429: "every route rate limited",
+            500: "internal error (a bug; logged by the server)",
+            502: "the upstream answered an error", 503: "no route available",
+            504: "the upstream timed out"}
+    return {str(s): _json(_ERROR, text[s]) for s in statuses}
+
+
+_NODE: dict[str, Any] = {
+    "type": "object",
+    "required": ["node_id", "model", "start", "end", "layers", "url"],
+    "properties": {
+        "node_id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS,
+                    "pattern": "^[A-Za-z0-9._:@/+-]+$"},
+        "model": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS},
+        "start": {"type": "integer", "minimum": 0},
+        "end": {"type": "integer", "minimum": 0},
+        "layers": {"type": "integer", "minimum": 1},
+        "url": {"type": "string", "pattern": "^https?://[^/?#]+",
+                "description": "http(s) base URL of the node's server"},
+        "tps": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+        "queue": {"type": "integer", "minimum": 0},
+        "rep": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+}
+
+_OBJECT = {"type": "object"}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document as a JSON-ready dict (a new dict on every call)."""
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "meshroute gateway", "version": "1",
+                 "description": "A learned router for LLM chat traffic. Every error is an "
+                                "OpenAI-style JSON body."},
+        "paths": {
+            "/v1/chat/completions": {"post": {
+                "summary": "Route a chat completion (OpenAI-compatible)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ChatRequest"}}}},
+                "responses": {
+                    "200": {"description": "the head's answer, relayed (JSON, or SSE when "
+                                           "stream is true; a stream that breaks ends with "
+                                           "an SSE error event)",
+                            "content": {"application/json": {"schema": _OBJECT},
+                                        "text/event-stream": {"schema": {"type": "string"}}}},
+                    **_errors(400, 404, 413, 429, 500, 502, 503, 504)}}},
+            "/v1/models": {"get": {
+                "summary": "Models the router can route",
+                "responses": {"200": _json({"type": "object", "required": ["object", "data"],
+                                            "properties": {"object": {"type": "string"},
+                                                           "data": {"type": "array"}}},
+                                           "OpenAI model list")}}},
+            "/v1/nodes": {
+                "get": {"summary": "The topology's node records",
+                        "responses": {"200": _json({"type": "object", "required": ["nodes"],
+                                                    "properties": {"nodes": {
+                                                        "type": "array", "items": _NODE_REF}}},
+                                                   "node records")}},
+                "post": {"summary": "Register or refresh a node record",
+                         "security": [{"bearer": []}, {}],
+                         "requestBody": {"required": True, "content": {"application/json": {
+                             "schema": _NODE_REF}}},
+                         "responses": {
+                             "200": _json(_OBJECT, "refreshed"),
+                             "201": _json(_OBJECT, "joined"),
+                             **_errors(400, 401, 413)}}},
+            "/v1/nodes/{node_id}": {"delete": {
+                "summary": "Remove a node",
+                "security": [{"bearer": []}, {}],
+                "parameters": [{"name": "node_id", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": _json(_OBJECT, "removed"), **_errors(401, 404)}}},
+            "/v1/routing": {"get": {
+                "summary": "The learned routing table",
+                "parameters": [{"name": "model", "in": "query", "required": False,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": _json({"type": "object", "required": ["models"]},
+                                           "routing table"), **_errors(404)}}},
+            "/v1/routing/events": {"get": {
+                "summary": "Routing events as Server-Sent Events (history, then live)",
+                "parameters": [{"name": "since", "in": "query", "required": False,
+                                "schema": {"type": "integer"}},
+                               {"name": "Last-Event-ID", "in": "header", "required": False,
+                                "schema": {"type": "integer"}}],
+                "responses": {"200": {"description": "an endless event stream",
+                                      "content": {"text/event-stream": {
+                                          "schema": {"type": "string"}}}},
+                              **_errors(400)}}},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "text exposition", "content": {
+                    "text/plain": {"schema": {"type": "string"}}}}}}},
+            "/healthz": {"get": {
+                "summary": "Liveness",
+                "responses": {"200": _json({"type": "object",
+                                            "required": ["ok", "models", "tracker"],
+                                            "properties": {"ok": {"type": "boolean"},
+                                                           "models": {"type": "array"},
+                                                           "tracker": {"type": "string"}}},
+                                           "alive")}}},
+            "/dashboard": {"get": {
+                "summary": "The live routing dashboard",
+                "responses": {"200": {"description": "HTML page", "content": {
+                    "text/html": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {"get": {
+                "summary": "This document",
+                "responses": {"200": _json(_OBJECT, "OpenAPI 3.0 document")}}},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "--node-token, when set"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                    "type": "object", "required": ["message", "type", "code"],
+                    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                                   "code": {"type": "string"}}}}},
+                "Node": _NODE,
+                "ChatRequest": {
+                    "type": "object", "required": ["model"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "messages": {"type": "array", "items": _OBJECT},
+                        "stream": {"type": "boolean"},
+                        "route": {"type": "array", "minItems": 1,
+                                  "items": {"type": "string", "minLength": 1},
+                                  "description": "pin a route: node ids, head first"}}},
+            },
+        },
+    }

@@ -1,0 +1,278 @@
+"""What the gateway tells the world: events on the bus and Prometheus metrics.
+
+Every chat request passes through `decided` and `finished` (a mesh attempt) or
+`provider_decided` and `provider_finished` (a provider key's attempt), so they only bump plain
+counters and queue lazy events; the Prometheus families are built from those counters at
+scrape time.
+
+A provider attempt publishes the same `route-selected` and `outcome` events as a mesh attempt,
+with `mode` "provider", `model` the provider route (`fastco/big-model`), `signature` the key
+route taken (`fastco/big-model#1`: the key's position, never the key), `head` the provider's
+name, and two fields of its own: `chain` (the model the client asked for: `auto`, ...) and,
+after a 429, `cooldown_until` (when the key may be used again, on the gateway's clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from meshroute_middleware.core import Decision, Outcome, Router
+from meshroute_middleware.core.kinds import (
+    CLIENT_ERROR,
+    CONNECT,
+    CONTEXT,
+    HTTP_5XX,
+    HTTP_429,
+    TIMEOUT,
+    ErrorKind,
+)
+from meshroute_middleware.core.providers.exhaustion import PassedOver
+from meshroute_middleware.core.providers.router import ProviderRouter
+from meshroute_middleware.core.providers.scoring import OutcomeKind
+from meshroute_middleware.telemetry.events import EventBus, Payload
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _RouterCollector(Collector):
+    """Learned statistics read from the router at scrape time (nothing kept twice). It reads
+    the merged views only: no traffic shares, so no Monte-Carlo draws on a scrape."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[Metric]:
+        tps = GaugeMetricFamily("meshroute_route_tps", "Learned tokens/s of a route",
+                                labels=["model", "signature", "status"])
+        weight = GaugeMetricFamily("meshroute_route_weight", "Decayed sample mass of a route",
+                                   labels=["model", "signature"])
+        nodes = GaugeMetricFamily("meshroute_nodes", "Nodes in the topology", labels=["model"])
+        epoch = GaugeMetricFamily("meshroute_topology_epoch", "Topology epoch",
+                                  labels=["model"])
+        now = self.router.clock()
+        for model in self.router.models():
+            topo = self.router.topology.model(model)
+            nodes.add_metric([model], len(topo.nodes) if topo else 0)
+            epoch.add_metric([model], topo.epoch if topo else 0)
+            for arm in self.router.arms(model, now):
+                view = arm.view
+                if view.tps is not None:
+                    tps.add_metric([model, arm.signature, view.status], view.tps)
+                weight.add_metric([model, arm.signature], view.mass)
+        yield from (tps, weight, nodes, epoch)
+
+
+KEY_STATES = ("ready", "cooldown", "limited")
+# A provider attempt's failure reason (core.providers.exhaustion.ATTEMPT_REASONS) as an ErrorKind.
+_PROVIDER_ERRORS: dict[str, ErrorKind] = {"http_429": HTTP_429, "http_5xx": HTTP_5XX,
+                                          "timeout": TIMEOUT, "connect": CONNECT,
+                                          "context": CONTEXT}
+
+
+def provider_outcome(kind: OutcomeKind, over: PassedOver | None, completion_tokens: int,
+                     seconds: float, ttfb_ms: float | None, *,
+                     sampled: bool) -> tuple[Outcome, str, float | None]:
+    """A provider attempt as a mesh attempt is told: (its Outcome, the result, the key's
+    cooldown end after a 429). `over`: what the ProviderRouter made of it; `sampled`: its
+    tokens/s was a sample."""
+    ttfb_s = ttfb_ms / 1000 if ttfb_ms is not None else seconds
+    if kind is OutcomeKind.SUCCESS:
+        return (Outcome(completion_tokens, seconds, ttfb_s, ""),
+                "sample" if sampled else "success", None)
+    if kind is OutcomeKind.CLIENT_ERROR:
+        error = _PROVIDER_ERRORS.get(over.reason, CLIENT_ERROR) if over else CLIENT_ERROR
+        return Outcome(0, seconds, ttfb_s, error), "client_error", None
+    error = _PROVIDER_ERRORS.get(over.reason, HTTP_5XX) if over is not None else HTTP_5XX
+    until = over.until if over is not None and kind is OutcomeKind.RATE_LIMITED else None
+    return Outcome(0, seconds, ttfb_s, error), "failure", until
+
+
+def provider_key_families(providers: ProviderRouter, now: float) -> Iterator[Metric]:
+    """Each provider key's state (1 for the state it is in) and seconds left of its cooldown
+    or limit, read from the ProviderRouter at scrape time."""
+    state = GaugeMetricFamily("meshroute_provider_key_state",
+                              "Provider key state: 1 for the state the key is in",
+                              labels=["route", "key", "state"])
+    left = GaugeMetricFamily("meshroute_provider_key_wait_seconds",
+                             "Seconds until a cooling or limited provider key may be used",
+                             labels=["route", "key"])
+    for provider in providers.cfg.providers:
+        for model in provider.models:
+            route = f"{provider.name}/{model.id}"
+            for row in providers.gates.key_states(provider, model, now):
+                key = str(row["key"])
+                for name in KEY_STATES:
+                    state.add_metric([route, key, name], 1.0 if row["state"] == name else 0.0)
+                until = row["until"]
+                left.add_metric([route, key], max(0.0, until - now) if until else 0.0)
+    yield from (state, left)
+
+
+class _CallbackCollector(Collector):
+    def __init__(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        self.produce = produce
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.produce()
+
+
+def _counter(name: str, documentation: str, labels: list[str],
+             counts: dict[Any, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for key, value in sorted(counts.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
+
+
+# An event keeps atoms (str, int, float, None) until read, never the Decision itself: a
+# retained Decision (its route, its arms) would be scanned by every garbage collection for as
+# long as it stays in the history (docs/benchmarks.md). Plain tuples, not NamedTuples: one is
+# built per event on every request, and a NamedTuple costs ~3x the time to build.
+Selected = tuple[str, str, str, int, str]  # mode, signature, model, attempt, head node
+
+
+def _selected(decision: Decision) -> Selected:
+    return (decision.mode, decision.route.signature, decision.model, decision.attempt,
+            decision.route.hops[0].node.node_id)
+
+
+def _provider_selected(route: str, key_route: str, attempt: int) -> Selected:
+    return (PROVIDER_MODE, key_route, route, attempt, route.partition("/")[0])
+
+
+def _selected_fields(selected: Selected) -> Payload:
+    mode, signature, model, attempt, head = selected
+    return {"mode": mode, "signature": signature, "model": model, "attempt": attempt,
+            "head": head}
+
+
+# A provider attempt: its Selected, the client's model (the chain), and after a 429 the key's
+# cooldown end (None otherwise).
+ProviderSelected = tuple[Selected, str]
+ProviderFinished = tuple[Selected, str, Outcome, str, float | None]
+PROVIDER_MODE = "provider"
+
+
+def _provider_selected_fields(event: ProviderSelected) -> Payload:
+    selected, chain = event
+    return {**_selected_fields(selected), "chain": chain}
+
+
+def _provider_outcome_fields(event: ProviderFinished) -> Payload:
+    selected, chain, outcome, result, until = event
+    fields = {**_outcome_fields((selected, outcome, result)), "chain": chain}
+    if until is not None:
+        fields["cooldown_until"] = until
+    return fields
+
+
+def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
+    selected, outcome, result = event
+    ok = not outcome.error
+    tps = outcome.tps  # the core's one tokens/s rule
+    return {**_selected_fields(selected), "ok": ok, "result": result,
+            "completion_tokens": outcome.completion_tokens,
+            "seconds": round(outcome.seconds, 6), "ttfb_ms": round(outcome.ttfb_s * 1000, 3),
+            "tps": tps, "error": outcome.error or None}
+
+
+class Telemetry:
+    """Events and metrics of one gateway; its own registry, so several can live in a process."""
+
+    def __init__(self, router: Router, events: EventBus | None = None) -> None:
+        self.events = events or EventBus()
+        self.registry = CollectorRegistry()
+        self.decisions: dict[tuple[str, str], int] = {}  # (model, mode) -> n
+        self.outcomes: dict[tuple[str, str], int] = {}  # (model, result) -> n
+        self.forward_errors: dict[str, int] = {}  # kind -> n
+        self.rejected: dict[str, int] = {}  # source -> n
+        self.in_flight = 0  # chat requests being served
+        self._rendered: tuple[float, bytes] | None = None  # (when, exposition)
+        self.registry.register(_RouterCollector(router))
+        self.registry.register(_CallbackCollector(self._families))
+
+    def _families(self) -> Iterator[Metric]:
+        yield _counter("meshroute_decisions", "Routing decisions", ["model", "mode"],
+                       self.decisions)
+        yield _counter("meshroute_outcomes", "Finished attempts by result",
+                       ["model", "result"], self.outcomes)
+        yield _counter("meshroute_forward_errors",
+                       "Failures of a route head before its first byte", ["kind"],
+                       self.forward_errors)
+        yield _counter("meshroute_rejected", "Rejected hostile or malformed input",
+                       ["source"], self.rejected)
+        yield _counter("meshroute_events_dropped",
+                       "Events a slow /v1/routing/events subscriber missed", [],
+                       {(): self.events.dropped})
+        yield _counter("meshroute_event_subscribers_dropped",
+                       "/v1/routing/events subscribers closed to make room for newer ones", [],
+                       {(): self.events.subscribers_dropped})
+        subscribers = GaugeMetricFamily("meshroute_event_subscribers",
+                                        "Open /v1/routing/events streams")
+        subscribers.add_metric([], self.events.subscriber_count)
+        yield subscribers
+        in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
+        in_flight.add_metric([], self.in_flight)
+        yield in_flight
+
+    def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        """Export more metrics (gossip, discovery) computed at scrape time."""
+        self.registry.register(_CallbackCollector(produce))
+
+    def decided(self, decision: Decision) -> None:
+        """A route was selected for an attempt."""
+        key = (decision.model, decision.mode)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
+
+    def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
+        """An attempt ended; `result` is what the router made of it."""
+        key = (decision.model, result)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if outcome.error and result == "failure":
+            self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
+        self.events.publish_lazy("outcome", _outcome_fields,
+                                 (_selected(decision), outcome, result))
+
+    def provider_decided(self, chain: str, route: str, key_route: str, attempt: int) -> None:
+        """A provider key was taken for an attempt: `route` `fastco/big-model`, `key_route`
+        `fastco/big-model#1`, `attempt` its 0-based place among the request's attempts."""
+        key = (route, PROVIDER_MODE)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.events.publish_lazy("route-selected", _provider_selected_fields,
+                                 (_provider_selected(route, key_route, attempt), chain))
+
+    def provider_finished(self, chain: str, route: str, key_route: str, attempt: int,
+                          outcome: Outcome, result: str,
+                          cooldown_until: float | None = None) -> None:
+        """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
+        reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
+        own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
+        key = (route, result)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if outcome.error and result == "failure":
+            self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
+        self.events.publish_lazy(
+            "outcome", _provider_outcome_fields,
+            (_provider_selected(route, key_route, attempt), chain, outcome, result,
+             cooldown_until))
+
+    def reject(self, source: str, reason: str) -> None:
+        """Hostile or malformed input was refused."""
+        self.rejected[source] = self.rejected.get(source, 0) + 1
+        self.events.publish("rejected", {"source": source, "reason": reason[:300]})
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+    def render_cached(self, now: float, max_age_s: float) -> bytes:
+        """The exposition, computed again only when the last one is `max_age_s` old."""
+        if self._rendered is None or not 0 <= now - self._rendered[0] < max_age_s:
+            self._rendered = (now, self.render())
+        return self._rendered[1]

@@ -1,0 +1,48 @@
+"""parse_chat: what is valid JSON does not depend on which parser read it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshroute_middleware.http.request import RequestError, parse_chat
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "m", "temperature": NaN}',  # Python's json accepts it, orjson does not
+    b'{"model": "m", "seed": 123456789012345678901234567890}',  # past 64 bits
+    '{"model": "m", "messages": [{"role": "user", "content": "héllo ✓"}]}'.encode(),
+])
+def test_what_pythons_json_accepts_is_accepted(body: bytes) -> None:
+    req = parse_chat(body)
+    assert req.model == "m" and req.body == body  # forwarded as the client sent it
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"", b"\xff\xfe", b'{"model": "m"} trailing'])
+def test_invalid_json_is_a_400(body: bytes) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_chat(body)
+    assert (err.value.status, err.value.code) == (400, "invalid_json")
+
+
+def test_a_pin_is_stripped_and_the_rest_reencoded_faithfully() -> None:
+    # orjson would read 2**70 as a float; the re-encoded body must still carry the integer.
+    body = json.dumps({"model": "m", "route": ["a", "b"], "stream": True,
+                       "seed": 2**70, "messages": [{"role": "user", "content": "ü"}]}).encode()
+    req = parse_chat(body)
+    assert req.pin == ["a", "b"]
+    assert json.loads(req.body) == {"model": "m", "stream": True, "seed": 2**70,
+                                    "messages": [{"role": "user", "content": "ü"}]}
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_huge_bound_is_read_as_the_largest_one_and_forwarded_as_sent(field: str) -> None:
+    """Python's json reads a 4,000-digit integer; meshroute reads it as 2**20 (a float of it
+    would overflow in the policy) and forwards the body unchanged."""
+    huge = int("9" * 4000)
+    body = b'{"model": "m", "messages": [], "%s": %s}' % (field.encode(), str(huge).encode())
+    req = parse_chat(body)
+    assert req.max_tokens == 1 << 20 and req.body == body
+    assert parse_chat(b'{"model": "m", "max_tokens": 0}').max_tokens is None
+    assert parse_chat(b'{"model": "m", "max_tokens": true}').max_tokens is None
