@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from meshroute_middleware.core import routes, stats
-from meshroute_middleware.core.topology import parse_networks
+from . import routes, stats
+from .topology import parse_networks
 
 
 @dataclass(frozen=True, slots=True)

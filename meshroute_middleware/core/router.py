@@ -8,23 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from meshroute_middleware.core.config import RouterConfig
-from meshroute_middleware.core.errors import NoRouteError, UnknownModelError
-from meshroute_middleware.core.kinds import (
-    FAILURE,
-    FALLBACK,
-    PINNED,
-    SAMPLE,
-    SUCCESS,
-    ChangeKind,
-    Mode,
-    RecordResult,
-)
-from meshroute_middleware.core.policies import Arm, Outcome, Policy
-from meshroute_middleware.core.policies.registry import make_policy
-from meshroute_middleware.core.routes import Route, enumerate_routes, pinned_route
-from meshroute_middleware.core.stats import RouteStatsStore, RouteView
-from meshroute_middleware.core.topology import ModelTopology, NodeRecord, Topology, parse_networks
+from .config import RouterConfig
+from .errors import NoRouteError, UnknownModelError
+from .kinds import FAILURE, FALLBACK, PINNED, SAMPLE, SUCCESS, ChangeKind, Mode, RecordResult
+from .policies import Arm, Outcome, Policy
+from .policies.registry import make_policy
+from .routes import Route, enumerate_routes, pinned_route
+from .stats import RouteStatsStore, RouteView
+from .topology import ModelTopology, NodeRecord, Topology, parse_networks
 
 Clock = Callable[[], float]
 ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed

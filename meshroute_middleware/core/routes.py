@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshroute_middleware.core.contracts.plan import PlanHop, encode_plan
-from meshroute_middleware.core.errors import InvalidPinError
-from meshroute_middleware.core.topology import NodeRecord
+from .contracts.plan import PlanHop, encode_plan
+from .errors import InvalidPinError
+from .topology import NodeRecord
 
 MAX_CANDIDATES = 8  # ADR-0021: "Capped at 8 candidates ranked by prior"
 

@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
-from meshroute_middleware.core.contracts.limits import MAX_ERROR_CHARS, MAX_TPS
-from meshroute_middleware.core.kinds import DECAYED, PROVEN, STALE, UNSAMPLED, Status
+from .contracts.limits import MAX_ERROR_CHARS, MAX_TPS
+from .kinds import DECAYED, PROVEN, STALE, UNSAMPLED, Status
 
 LN2 = math.log(2.0)
 HALF_LIFE_S = 600.0  # ADR-0021 default

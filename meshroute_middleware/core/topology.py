@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS, MAX_TPS
-from meshroute_middleware.core.errors import InvalidNodeError
-from meshroute_middleware.core.kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
+from .contracts.limits import MAX_ID_CHARS, MAX_TPS
+from .errors import InvalidNodeError
+from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
 
 MAX_LAYERS = 100_000
 MAX_QUEUE = 1_000_000

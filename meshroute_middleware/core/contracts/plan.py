@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS
-from meshroute_middleware.core.errors import MeshRouteError
+from ..errors import MeshRouteError
+from .limits import MAX_ID_CHARS
 
 PLAN_HEADER: Final = "x-meshroute-plan"  # the hops (this module)
 ROUTE_HEADER: Final = "x-meshroute-route"  # the route signature

@@ -14,9 +14,9 @@ import hmac
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
-from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS
-from meshroute_middleware.core.errors import InvalidNodeError, MeshRouteError
-from meshroute_middleware.core.topology import NodeRecord, parse_node
+from ..errors import InvalidNodeError, MeshRouteError
+from ..topology import NodeRecord, parse_node
+from .limits import MAX_ID_CHARS
 
 # RFC 6335 §5.1: a service name is 1-15 letters, digits and hyphens. "_meshroute-tracker"
 # (18) was too long and could only be registered non-strictly; "meshroute-trk" is 13.

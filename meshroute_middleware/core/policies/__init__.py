@@ -7,8 +7,8 @@
   `freellmapi`.
 """
 
-from meshroute_middleware.core.policies.adr0021 import Adr0021Policy
-from meshroute_middleware.core.policies.base import (
+from .adr0021 import Adr0021Policy
+from .base import (
     EXPLOIT,
     FALLBACK,
     GREEDY,
@@ -23,17 +23,12 @@ from meshroute_middleware.core.policies.base import (
     measured_tps,
     weighted_index,
 )
-from meshroute_middleware.core.policies.epsilon_greedy import EpsilonGreedyPolicy
-from meshroute_middleware.core.policies.freellmapi import ScorePolicy
-from meshroute_middleware.core.policies.litellm import LowestLatencyPolicy
-from meshroute_middleware.core.policies.petals import PetalsPolicy
-from meshroute_middleware.core.policies.registry import (
-    POLICIES,
-    PolicyFactory,
-    make_policy,
-    register_policy,
-)
-from meshroute_middleware.core.policies.thompson import ThompsonPolicy
+from .epsilon_greedy import EpsilonGreedyPolicy
+from .freellmapi import ScorePolicy
+from .litellm import LowestLatencyPolicy
+from .petals import PetalsPolicy
+from .registry import POLICIES, PolicyFactory, make_policy, register_policy
+from .thompson import ThompsonPolicy
 
 __all__ = [
     "EXPLOIT",

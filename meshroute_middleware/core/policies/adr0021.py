@@ -6,14 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from meshroute_middleware.core.kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, Mode
-from meshroute_middleware.core.policies.base import (
-    Arm,
-    Outcome,
-    best_prior,
-    least_measured,
-    weighted_index,
-)
+from ..kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, Mode
+from .base import Arm, Outcome, best_prior, least_measured, weighted_index
 
 
 class Adr0021Policy:

@@ -8,8 +8,8 @@ import random
 from collections.abc import Sequence
 from typing import Literal, NamedTuple, Protocol
 
-from meshroute_middleware.core.contracts.limits import MAX_TPS
-from meshroute_middleware.core.kinds import (
+from ..contracts.limits import MAX_TPS
+from ..kinds import (
     DECAYED,
     EXPLOIT,
     FALLBACK,
@@ -21,8 +21,8 @@ from meshroute_middleware.core.kinds import (
     ErrorKind,
     Mode,
 )
-from meshroute_middleware.core.routes import Route
-from meshroute_middleware.core.stats import UNSAMPLED_VIEW, Curve, MergedRoute, RouteView
+from ..routes import Route
+from ..stats import UNSAMPLED_VIEW, Curve, MergedRoute, RouteView
 
 __all__ = [
     "EXPLOIT", "FALLBACK", "GREEDY", "PINNED", "SCOUT", "Arm", "Mode", "Outcome", "Policy",

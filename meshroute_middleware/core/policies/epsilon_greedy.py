@@ -6,8 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from meshroute_middleware.core.kinds import EXPLOIT, GREEDY, SCOUT, Mode
-from meshroute_middleware.core.policies.base import Arm, Outcome, best_prior, measured_tps
+from ..kinds import EXPLOIT, GREEDY, SCOUT, Mode
+from .base import Arm, Outcome, best_prior, measured_tps
 
 EPSILON = 0.1  # the textbook epsilon-greedy rate (Sutton & Barto, ch. 2)
 

@@ -7,8 +7,8 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from meshroute_middleware.core.kinds import EXPLOIT, Mode
-from meshroute_middleware.core.policies.base import Arm, Outcome, measured_tps
+from ..kinds import EXPLOIT, Mode
+from .base import Arm, Outcome, measured_tps
 
 # FreeLLMAPI published constants (DESIGN.md "Multi-objective scoring"): balanced preset.
 W_RELIABILITY, W_SPEED, W_INTELLIGENCE = 0.5, 0.25, 0.25

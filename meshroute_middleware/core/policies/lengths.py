@@ -17,7 +17,7 @@ Pure: no clock, no randomness.
 
 from __future__ import annotations
 
-from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
+from ..contracts.limits import MAX_ANSWER_TOKENS
 
 # How sharply the drift is moved toward short answers: w ∝ (expected length)^-POWER. 1 is
 # the cost ratio itself; the draws' tails are steep (Gaussian), so more contrast is needed

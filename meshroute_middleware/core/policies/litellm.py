@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
-from meshroute_middleware.core.kinds import EXPLOIT, SCOUT, TIMEOUT, Mode
-from meshroute_middleware.core.policies.base import Arm, Outcome
+from ..kinds import EXPLOIT, SCOUT, TIMEOUT, Mode
+from .base import Arm, Outcome
 
 LITELLM_WINDOW = 10  # LiteLLM lowest_latency: keeps the last 10 latencies per deployment
 LITELLM_TIMEOUT_S = 1000.0  # LiteLLM lowest_latency: a timeout is logged as 1000 s latency

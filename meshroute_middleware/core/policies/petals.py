@@ -6,8 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from meshroute_middleware.core.kinds import GREEDY, Mode
-from meshroute_middleware.core.policies.base import Arm, Outcome
+from ..kinds import GREEDY, Mode
+from .base import Arm, Outcome
 
 
 def advertised_seconds_per_token(arm: Arm) -> float:

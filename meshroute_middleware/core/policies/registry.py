@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from meshroute_middleware.core.config import RouterConfig
-from meshroute_middleware.core.policies.adr0021 import Adr0021Policy
-from meshroute_middleware.core.policies.base import Policy
-from meshroute_middleware.core.policies.epsilon_greedy import EpsilonGreedyPolicy
-from meshroute_middleware.core.policies.freellmapi import ScorePolicy
-from meshroute_middleware.core.policies.litellm import LowestLatencyPolicy
-from meshroute_middleware.core.policies.petals import PetalsPolicy
-from meshroute_middleware.core.policies.thompson import ThompsonPolicy
+from ..config import RouterConfig
+from .adr0021 import Adr0021Policy
+from .base import Policy
+from .epsilon_greedy import EpsilonGreedyPolicy
+from .freellmapi import ScorePolicy
+from .litellm import LowestLatencyPolicy
+from .petals import PetalsPolicy
+from .thompson import ThompsonPolicy
 
 PolicyFactory = Callable[[RouterConfig], Policy]
 

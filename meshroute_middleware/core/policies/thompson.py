@@ -23,21 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from meshroute_middleware.core.kinds import DECAYED, PROVEN, STALE
-from meshroute_middleware.core.policies.base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
-from meshroute_middleware.core.policies.lengths import AnswerLengths
-from meshroute_middleware.core.saturation import (
-    CURVES,
-    G_TABLE,
-    MAX_TABULATED,
-    REFIT_SHARE,
-    CurveBelief,
-    g_at,
-)
-from meshroute_middleware.core.stats import HALF_LIFE_S, LN2, Curve, decay_factor
+from ..kinds import DECAYED, PROVEN, STALE
+from ..saturation import CURVES, G_TABLE, MAX_TABULATED, REFIT_SHARE, CurveBelief, g_at
+from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
+from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
+from .lengths import AnswerLengths
 
 if TYPE_CHECKING:
-    from meshroute_middleware.core.config import RouterConfig
+    from ..config import RouterConfig
 
 SHARED_DOMINATES = 2.0  # the merged view leads once it holds 2x our own sample mass
 # Mass given to statistics measured under an older topology (ADR-0021 "stale": a prior only).

@@ -1,13 +1,7 @@
 """Provider routes (issue 12): config, scoring, key gates, chains, exhaustion. Pure, no I/O."""
 
-from meshroute_middleware.core.providers.chain import (
-    Candidate,
-    InvalidModelError,
-    Resolution,
-    Sessions,
-    resolve,
-)
-from meshroute_middleware.core.providers.config import (
+from .chain import Candidate, InvalidModelError, Resolution, Sessions, resolve
+from .config import (
     Limits,
     Profile,
     Provider,
@@ -17,31 +11,11 @@ from meshroute_middleware.core.providers.config import (
     Routing,
     parse_providers_config,
 )
-from meshroute_middleware.core.providers.exhaustion import (
-    Exhaustion,
-    PassedOver,
-    attempt_reason,
-    soonest_reset,
-)
-from meshroute_middleware.core.providers.keys import (
-    KeyGates,
-    Refusal,
-    Reservation,
-    parse_retry_after,
-)
-from meshroute_middleware.core.providers.router import (
-    Attempt,
-    ProviderRouter,
-    Scored,
-    StateRestoreError,
-)
-from meshroute_middleware.core.providers.scoring import (
-    OutcomeKind,
-    RouteStats,
-    Weights,
-    classify_status,
-)
-from meshroute_middleware.core.providers.tokens import TokenEstimate, estimate
+from .exhaustion import Exhaustion, PassedOver, attempt_reason, soonest_reset
+from .keys import KeyGates, Refusal, Reservation, parse_retry_after
+from .router import Attempt, ProviderRouter, Scored, StateRestoreError
+from .scoring import OutcomeKind, RouteStats, Weights, classify_status
+from .tokens import TokenEstimate, estimate
 
 __all__ = [
     "Attempt",

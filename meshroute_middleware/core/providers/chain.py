@@ -18,14 +18,9 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from meshroute_middleware.core.errors import MeshRouteError, UnknownModelError
-from meshroute_middleware.core.providers.config import (
-    Profile,
-    Provider,
-    ProviderModel,
-    ProvidersConfig,
-)
-from meshroute_middleware.core.providers.scoring import AUTO_ALIASES
+from ..errors import MeshRouteError, UnknownModelError
+from .config import Profile, Provider, ProviderModel, ProvidersConfig
+from .scoring import AUTO_ALIASES
 
 SESSION_TTL_S = 3600.0  # a session forgets its route after an hour of silence
 SESSION_MAX = 10_000  # sessions remembered at most (least recently used dropped first)

@@ -2,7 +2,7 @@
 
 Parses what `tomllib` gives for `[routing]`, `[profiles.NAME]`, `[[providers]]`,
 `[[providers.models]]` and `[mesh.MODEL]`. Key references (`env:NAME`, `file:PATH`) are checked
-for form only; `meshroute_middleware.chat.keyring` resolves them. Errors name the table and the key,
+for form only; `meshroute_middleware.keyring` resolves them. Errors name the table and the key,
 and never echo what sits in a `keys` entry (it might be a pasted secret).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshroute_middleware.core.errors import MeshRouteError
-from meshroute_middleware.core.providers.scoring import AUTO_ALIASES
+from ..errors import MeshRouteError
+from .scoring import AUTO_ALIASES
 
 TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
 TIERS = ("frontier", "large", "medium", "small")

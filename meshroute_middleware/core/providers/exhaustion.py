@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshroute_middleware.core.providers.chain import Resolution
-from meshroute_middleware.core.providers.keys import REASONS as GATE_REASONS
+from .chain import Resolution
+from .keys import REASONS as GATE_REASONS
 
 ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
                    "http_403")

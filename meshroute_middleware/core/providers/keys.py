@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from meshroute_middleware.core.providers.config import Provider, ProviderModel
+from .config import Provider, ProviderModel
 
 Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
 REASONS = ("cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "revoked")

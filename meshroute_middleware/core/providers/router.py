@@ -21,24 +21,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshroute_middleware.core.errors import InvalidPinError, MeshRouteError
-from meshroute_middleware.core.providers.chain import (
-    Candidate,
-    Resolution,
-    Sessions,
-    provider_candidate,
-    resolve,
-)
-from meshroute_middleware.core.providers.config import ProvidersConfig
-from meshroute_middleware.core.providers.exhaustion import (
-    Exhaustion,
-    PassedOver,
-    attempt_reason,
-    exhaustion,
-    soonest_reset,
-)
-from meshroute_middleware.core.providers.keys import KeyGates, Reservation, Snapshot, key_route
-from meshroute_middleware.core.providers.scoring import (
+from ..errors import InvalidPinError, MeshRouteError
+from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
+from .config import ProvidersConfig
+from .exhaustion import Exhaustion, PassedOver, attempt_reason, exhaustion, soonest_reset
+from .keys import KeyGates, Reservation, Snapshot, key_route
+from .scoring import (
     STRATEGY_WEIGHTS,
     OutcomeKind,
     RouteStats,

@@ -17,14 +17,14 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from meshroute_middleware.core.config import RouterConfig
-from meshroute_middleware.core.errors import MeshRouteError
-from meshroute_middleware.core.kinds import ErrorKind
-from meshroute_middleware.core.policies import Outcome
-from meshroute_middleware.core.router import Decision, Router
-from meshroute_middleware.core.routes import Route
-from meshroute_middleware.core.sim.model import MODEL, Event, NodeSpec, Scenario
-from meshroute_middleware.core.sim.oracle import GOOD_WITHIN, OraclePolicy, gain_score
+from ..config import RouterConfig
+from ..errors import MeshRouteError
+from ..kinds import ErrorKind
+from ..policies import Outcome
+from ..router import Decision, Router
+from ..routes import Route
+from .model import MODEL, Event, NodeSpec, Scenario
+from .oracle import GOOD_WITHIN, OraclePolicy, gain_score
 
 ARRIVE, FINISH, ANNOUNCE, TOKENS = 0, 1, 2, 3
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from meshroute_middleware.core.topology import NodeRecord
+from ..topology import NodeRecord
 
 MODEL = "sim-model"
 

@@ -14,12 +14,12 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from meshroute_middleware.core.policies import EXPLOIT, Arm, Mode, Outcome
-from meshroute_middleware.core.routes import Route
-from meshroute_middleware.core.sim.model import NodeSpec
+from ..policies import EXPLOIT, Arm, Mode, Outcome
+from ..routes import Route
+from .model import NodeSpec
 
 if TYPE_CHECKING:
-    from meshroute_middleware.core.sim.engine import Simulator
+    from .engine import Simulator
 
 # A decision is "good" when its route's score is within 5 % of the oracle's best
 # (docs/benchmarks.md, "Learning quality": the re-convergence metric).

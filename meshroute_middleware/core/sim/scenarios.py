@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from meshroute_middleware.core.sim.model import Event, NodeSpec, Scenario, batching, serial, whole
+from .model import Event, NodeSpec, Scenario, batching, serial, whole
 
 # ADR-0020's mesh: a 40-layer model (Qwen3.6-35B-A3B), a fast GPU node on layers 0-21 and slow
 # CPU nodes on 0-39. Speeds are illustrative; the per-token hop latency is what makes the
