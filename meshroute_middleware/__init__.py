@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from meshroute_middleware.core import (
+    from .core import (
         Decision,
         NodeRecord,
         Outcome,
