@@ -8,6 +8,13 @@ from __future__ import annotations
 from starlette.types import Message, Send
 
 SSE_ERROR = b'data: {"error"'  # core.contracts.error_body.sse_error_event's first bytes
+ERROR_TAIL = 512  # an SSE error event is ~150 bytes: it ends within this many
+
+
+def answered(status: int, tail: bytes) -> bool:
+    """Whether a client got an answer: status 200 and the answer's last bytes (a client's
+    whole body, or the server's last message) hold no SSE error event."""
+    return status == 200 and SSE_ERROR not in tail[-ERROR_TAIL:]
 
 
 class RequestTally:
@@ -47,7 +54,7 @@ class Watch:
         elif kind == "http.response.body" and not message.get("more_body"):
             tally, self._tally = self._tally, None
             if tally is not None:
-                if self._status == 200 and not message.get("body", b"").startswith(SSE_ERROR):
+                if answered(self._status, message.get("body", b"")):
                     tally.answered += 1
                 else:
                     tally.failed += 1

@@ -11,7 +11,7 @@ from starlette.types import Message, Receive, Scope, Send
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
-from meshroute_middleware.telemetry.requests import RequestTally
+from meshroute_middleware.telemetry.requests import RequestTally, answered
 
 pytestmark = pytest.mark.anyio
 
@@ -98,3 +98,16 @@ async def test_an_attempt_that_fell_back_is_no_failed_request() -> None:
     assert mw.telemetry.outcomes[("m", "failure")] == 1  # the attempt that fell back
     assert mw.telemetry.requests is not None
     assert mw.telemetry.requests.to_dict() == {"answered": 1, "failed": 1}
+
+
+@pytest.mark.parametrize(("status", "body", "ok"), [
+    (200, b'{"choices": []}', True),
+    (200, b"data: {}\n\n" * 100 + b"data: [DONE]\n\n", True),
+    (200, b"data: {}\n\n" * 100 + sse_error_event("the head died"), False),
+    (503, b'{"error": {}}', False),
+])
+def test_a_client_and_the_gateway_judge_an_answer_alike(status: int, body: bytes,
+                                                        ok: bool) -> None:
+    """`answered` on the client's whole body (the demo's terminal) says what the gateway's
+    tally says from its last message."""
+    assert answered(status, body) is ok
