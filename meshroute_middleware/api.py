@@ -31,6 +31,9 @@ log = logging.getLogger("meshroute.api")
 MAX_NODE_BODY = 64 * 1024
 CACHE_S = 1.0  # /v1/routing and /metrics are computed at most once a second (issue 11)
 _DASHBOARD = (Path(__file__).parent / "static" / "dashboard.html").read_text()
+# The page's slot for the first /v1/routing and /v1/nodes documents, so that its first paint
+# shows the routes without waiting for a poll.
+_SNAPSHOT_SLOT = '<script id="snapshot" type="application/json">null</script>'
 
 
 def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None,
@@ -111,8 +114,12 @@ class GatewayAPI:
 
     async def list_nodes(self, request: Request) -> Response:
         """The topology's node records."""
+        return JSONResponse({"nodes": self._node_records()})
+
+    def _node_records(self) -> list[dict[str, Any]]:
+        """The node records, by model and id."""
         nodes = sorted(self.mesh.nodes(), key=lambda n: (n.model, n.node_id))
-        return JSONResponse({"nodes": [n.to_dict() for n in nodes]})
+        return [n.to_dict() for n in nodes]
 
     def _refuse_write(self, request: Request, what: str) -> Response | None:
         """None when this client may change the mesh, else the 401 to answer (counted)."""
@@ -183,6 +190,8 @@ class GatewayAPI:
         table = self.router.routing_table(model)
         if self.warnings:
             table["config"]["warnings"] = self.warnings
+        if self.telemetry.requests is not None:
+            table["requests"] = self.telemetry.requests.to_dict()
         body = json.dumps(table, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode()
         if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models
@@ -212,8 +221,12 @@ class GatewayAPI:
                         media_type=CONTENT_TYPE)
 
     async def dashboard(self, request: Request) -> Response:
-        """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard)."""
-        return HTMLResponse(_DASHBOARD)
+        """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard), with the
+        current /v1/routing and /v1/nodes documents inside: its first paint shows them."""
+        nodes = json.dumps(self._node_records(), ensure_ascii=False, allow_nan=False)
+        snapshot = b'{"routing":' + self._routing_body(None) + b',"nodes":' + nodes.encode() + b"}"
+        return HTMLResponse(_DASHBOARD.replace(_SNAPSHOT_SLOT, _SNAPSHOT_SLOT.replace(
+            "null", script_safe_json(snapshot))))
 
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document of these endpoints (meshroute_middleware/openapi.py)."""
@@ -223,6 +236,13 @@ class GatewayAPI:
         """Liveness."""
         return JSONResponse({"ok": True, "models": self.router.models(),
                              "tracker": self.router.stats.origin})
+
+
+def script_safe_json(doc: bytes) -> str:
+    """JSON text to place inside a <script> element: `<`, `>` and `&` (which occur only in
+    its strings) \\u-escaped, so no "</script>" or "<!--" in a value ends the element."""
+    return (doc.decode().replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
 
 
 def provider_models(cfg: ProvidersConfig) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ from meshroute_middleware.http.request import (
     replay,
 )
 from meshroute_middleware.telemetry.metrics import Telemetry
+from meshroute_middleware.telemetry.requests import RequestTally
 
 if TYPE_CHECKING:
     from meshroute_middleware.chat.providers import ProviderChat
@@ -97,6 +98,9 @@ class MeshRouteMiddleware:
         self.router = router or build_router()
         self.forwarder = forwarder or AiohttpForwarder()
         self.telemetry = telemetry or Telemetry(self.router)
+        if self.telemetry.requests is None:
+            self.telemetry.requests = RequestTally()
+        self._requests = self.telemetry.requests  # what /v1/routing and the dashboard count
         self.annotate = self.config.mode == "annotate"
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
@@ -110,7 +114,11 @@ class MeshRouteMiddleware:
               or scope["path"] != self.config.path):
             await self.app(scope, receive, send)
         else:
-            await self._chat(scope, receive, send)
+            watched = self._requests.watch(send)  # counts the request by its answer
+            try:
+                await self._chat(scope, receive, watched)
+            finally:
+                watched.close()
 
     def _lifespan_send(self, send: Send) -> Send:
         async def _send(message: Message) -> None:

@@ -4,8 +4,8 @@ FastAPI is Starlette underneath: `app.add_middleware(MeshRouteMiddleware, config
 it like any ASGI middleware. The app keeps serving /v1/chat/completions; meshroute tells it the
 plan (`request.state.meshroute`, `x-meshroute-plan`) and learns from every answer.
 
-    pip install fastapi
-    python examples/fastapi_annotate/app.py --port 8000
+    .venv/bin/pip install fastapi
+    .venv/bin/python examples/fastapi_annotate/app.py --port 8000
     curl -s localhost:8000/v1/chat/completions -d '{"model": "tiny", "messages": []}'
     curl -s localhost:8000/v1/routing
 """

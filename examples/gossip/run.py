@@ -6,7 +6,7 @@ agent example's `stub_server.py`), tracker A and tracker B, each told of the oth
 goes through A only; then B's /v1/routing shows A's measurements (samples from one origin
 tracker, merged by decayed mass), while B itself has served nothing.
 
-    python examples/gossip/run.py
+    .venv/bin/python examples/gossip/run.py
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Starts (all on 127.0.0.1, mDNS bound to loopback):
 then waits until the tracker has discovered the node, sends a chat through the tracker and
 prints the answer and the route the tracker learned.
 
-    python examples/node_agent/run.py
-    python examples/node_agent/run.py --server-url http://127.0.0.1:8080 --model smollm2
+    .venv/bin/python examples/node_agent/run.py
+    .venv/bin/python examples/node_agent/run.py --server-url http://127.0.0.1:8080 --model smollm2
 """
 
 from __future__ import annotations

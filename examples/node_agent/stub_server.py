@@ -4,7 +4,7 @@ GET /v1/models and POST /v1/chat/completions (streaming or not); it answers with
 a steady pace so that tokens/s mean something. With `--rate-limit N` it plays a provider with a
 tight quota: past N chats in a `--window-s` window it answers 429 with `Retry-After`.
 
-    python examples/node_agent/stub_server.py --port 8001 --model tiny
+    .venv/bin/python examples/node_agent/stub_server.py --port 8001 --model tiny
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One command to see provider routes work, on loopback only:
 
-    python examples/providers/try.py
+    .venv/bin/python examples/providers/try.py
 
 starts two fake OpenAI-compatible providers on 127.0.0.1:9101 ("fastco") and :9102
 ("slowco"), runs `meshroute serve --config examples/providers/meshroute.toml` against them
@@ -11,20 +11,20 @@ two keys, a 429 that cools a key and falls over, and the chain the gateway would
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Any
 
-import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _procs import MESHROUTE, free_port, http, running
 
 HERE = Path(__file__).resolve().parent
 KEYS = {"FASTCO_KEY_A": "demo-fastco-key-A", "FASTCO_KEY_B": "demo-fastco-key-B",
@@ -62,43 +62,25 @@ class Provider:
             time.sleep(0.01)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     fastco, slowco = Provider("fastco", 9101), Provider("slowco", 9102)
     fastco.start()
     slowco.start()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    gateway = subprocess.Popen(
-        [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--config",
-         str(HERE / "meshroute.toml"), "--port", str(port), "--no-mdns",
-         "--state-file", ":memory:", "--log-level", "warning"],
-        env={**os.environ, **KEYS})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                if gateway.poll() is not None or time.monotonic() > deadline:
-                    print("meshroute serve did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.1)
+    os.environ.update(KEYS)  # made-up keys, read by the gateway as the config says
+    with running(*MESHROUTE, "serve", "--config", str(HERE / "meshroute.toml"),
+                 "--port", str(port), "--no-mdns", "--state-file", ":memory:",
+                 "--log-level", "warning", ready_url=f"{url}/healthz"):
 
-        def ask(model: str, note: str) -> dict[str, Any]:
-            r = httpx.post(f"{url}/v1/chat/completions", timeout=30,
-                           json={"model": model, "messages": [{"role": "user",
-                                                               "content": "hi"}]})
-            print(f"{note:<37} {model:<18} -> {r.status_code} "
-                  f"route={r.headers.get('x-meshroute-route')} "
-                  f"tried={r.headers.get('x-meshroute-tried')}")
-            return dict(r.json())
+        def ask(model: str, note: str) -> None:
+            status, headers, _ = http("POST", f"{url}/v1/chat/completions",
+                                      {"model": model,
+                                       "messages": [{"role": "user", "content": "hi"}]})
+            header = {name.lower(): value for name, value in headers.items()}
+            print(f"{note:<37} {model:<18} -> {status} "
+                  f"route={header.get('x-meshroute-route')} "
+                  f"tried={header.get('x-meshroute-tried')}")
 
         ask("fastco/big-model", "a provider model by name")
         ask("fastco/big-model", "again: the next key (round-robin)")
@@ -107,16 +89,14 @@ def main() -> int:
         ask("fastco/big-model", "a 429 cools a key, the other answers")
         fastco.rate_limit_next = 2
         ask("auto:smart", "auto:smart with fastco limited")
-        chain = httpx.get(f"{url}/v1/routing/chain", params={"model": "fastco/big-model"})
-        for key in chain.json()["chain"][0]["keys"]:
+        query = urllib.parse.urlencode({"model": "fastco/big-model"})
+        _, _, chain = http("GET", f"{url}/v1/routing/chain?{query}")
+        for key in chain["chain"][0]["keys"]:
             until = key["until"]
             print(f"  fastco/big-model#{key['key']}: {key['state']}"
                   + (f" for {until - time.time():.0f} s" if until else ""))
         print("\n".join(fastco.log + slowco.log))
-        return 0
-    finally:
-        gateway.terminate()
-        gateway.wait(10)
+    return 0
 
 
 if __name__ == "__main__":

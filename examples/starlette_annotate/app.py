@@ -5,7 +5,7 @@ each request, tells the app the plan (headers `x-meshroute-route` / `x-meshroute
 `scope["state"]["meshroute"]`), measures the answer and learns. The tracker's endpoints
 (/v1/routing, /v1/routing/events, /metrics, /dashboard) are added to the same app.
 
-    python examples/starlette_annotate/app.py --port 8000
+    .venv/bin/python examples/starlette_annotate/app.py --port 8000
     curl -s localhost:8000/v1/chat/completions -d '{"model": "tiny", "messages": []}'
     curl -s localhost:8000/v1/routing
 """

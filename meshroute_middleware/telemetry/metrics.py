@@ -35,6 +35,7 @@ from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.telemetry.events import EventBus, Payload
+from meshroute_middleware.telemetry.requests import RequestTally
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -192,6 +193,9 @@ class Telemetry:
         self.forward_errors: dict[str, int] = {}  # kind -> n
         self.rejected: dict[str, int] = {}  # source -> n
         self.in_flight = 0  # chat requests being served
+        # Chat requests by what their client got; kept by the MeshRouteMiddleware that
+        # serves them (None where none does: the mitm addon counts attempts only).
+        self.requests: RequestTally | None = None
         self._rendered: tuple[float, bytes] | None = None  # (when, exposition)
         self.registry.register(_RouterCollector(router))
         self.registry.register(_CallbackCollector(self._families))

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +126,11 @@ async def _devtools_port(profile: Path, process: subprocess.Popen[bytes]) -> int
 
 
 @contextlib.asynccontextmanager
-async def open_page(url: str, width: int = 1280, height: int = 800) -> AsyncIterator[Page]:
-    """Start headless chromium on a fresh profile, open `url` at width×height, yield the page."""
+async def open_page(url: str, width: int = 1280, height: int = 800, *,
+                    blocked: Sequence[str] = (), init_script: str = "") -> AsyncIterator[Page]:
+    """Start headless chromium on a fresh profile, open `url` at width×height, yield the page.
+    `blocked`: URL patterns the page's requests to fail (`*` a wildcard); `init_script`:
+    JavaScript run in the page before any of its own."""
     binary = chromium_binary()
     if binary is None:
         raise DevToolsError("chromium is not installed (scripts/ensure-chromium installs it)")
@@ -155,6 +158,11 @@ async def open_page(url: str, width: int = 1280, height: int = 800) -> AsyncIter
                                     height=height, deviceScaleFactor=1, mobile=False)
                     await page.send("Page.enable")
                     await page.send("Network.enable")
+                    if blocked:
+                        await page.send("Network.setBlockedURLs", urls=list(blocked))
+                    if init_script:
+                        await page.send("Page.addScriptToEvaluateOnNewDocument",
+                                        source=init_script)
                     await page.send("Page.navigate", url=url)
                     # the load event never comes (an EventSource stays open): wait for the DOM
                     await page.wait_for(f"location.href === {json.dumps(url)} && "

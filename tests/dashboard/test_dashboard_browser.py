@@ -239,6 +239,10 @@ async def test_the_demos_provider_chain_shows_its_429_cooldown_and_fallback() ->
                 CHAIN_ROWS, DEADLINE_S, lambda v: '"cooldown"' in v))
             limited = json.loads(await page.wait_for(WALL_LIMITED, DEADLINE_S,
                                                      lambda v: v != "[]"))
+            # the header counts requests as the terminal does: the 429 failed no request
+            header = await page.wait_for(
+                "document.getElementById('counters').textContent", DEADLINE_S,
+                lambda v: re.search(r"requests [1-9]\d* ok", v))
     finally:
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=30)
@@ -248,6 +252,7 @@ async def test_the_demos_provider_chain_shows_its_429_cooldown_and_fallback() ->
     assert routes["fastco/big-model"] == ["cooldown"] and routes["qwen-demo"] == []
     assert "fastco/big-model#1" in limited[0] and "429 · cools" in limited[0], limited
     assert "summary:" in out and ", 0 failed;" in out  # the 429 reached no client
+    assert header.endswith(" ok · 0 failed"), header
 
 
 def _candidate(node: str, tps: float, estimate: float | None) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from meshroute_middleware.app.demo.view import Live, Plain, best_true_tps
 from meshroute_middleware.app.serve import Gateway, GatewayConfig, build_gateway
 from meshroute_middleware.app.settings import ServeSettings, load_settings
 from meshroute_middleware.core import NodeRecord, RouterConfig
+from meshroute_middleware.telemetry.requests import answered
 from node_agent.serving import serve_app
 
 HALF_LIFE_S = 30.0  # short, so that the demo re-learns within a minute of a change
@@ -339,7 +340,7 @@ class Demo:
                 signature = resp.headers.get("x-meshroute-route", "?")
                 mode = resp.headers.get("x-meshroute-mode", "chain")
                 tried = resp.headers.get("x-meshroute-tried", "")
-            ok = resp.status == 200 and b'"error"' not in data[-300:]
+            ok = answered(resp.status, data)  # as the gateway counts it (the dashboard's header)
         except aiohttp.ClientError:
             ok, signature, mode, tried = False, "?", "?", ""
         wall_s = time.monotonic() - began
