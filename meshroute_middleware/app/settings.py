@@ -90,7 +90,8 @@ OPTIONS: tuple[Option, ...] = (
            group=LISTENING),
     Option("seed", int, ("--seed",), ("MESHROUTE_SEED",), "seed of the routing rng", group=POLICY),
     Option("tracker_id", str, ("--tracker-id",), ("MESHROUTE_TRACKER_ID",),
-           "this tracker's origin id in gossip", group=GOSSIP),
+           "this tracker's origin id in gossip", group=GOSSIP,
+           default="the state file's, else a new tracker-<12 hex digits>"),
     Option("node_token", str, ("--node-token",), ("MESHROUTE_NODE_TOKEN",),
            "bearer token required by /v1/nodes writes", group=NODES, secret=True),
     Option("max_nodes", int, ("--max-nodes",), ("MESHROUTE_MAX_NODES",),
@@ -120,7 +121,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_headers", int, ("--max-headers",), ("MESHROUTE_MAX_HEADERS",),
            "most header lines a request may have (431 past it)", group=LISTENING),
     Option("forward_headers", str, ("--forward-header",), ("MESHROUTE_FORWARD_HEADERS",),
-           "client credential header a node may see (repeatable; default: none)", many=True,
+           "client credential header a node may see (repeatable)", many=True,
            group=FORWARDING),
     Option("node_networks", str, ("--node-networks",), ("MESHROUTE_NODE_NETWORKS",),
            "CIDR,...: node URLs must point into these networks", many=True, group=NODES),
@@ -293,8 +294,13 @@ def _add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
                            default=argparse.SUPPRESS, help=text)
     else:
         group.add_argument(*opt.flags, dest=opt.name, type=opt.kind, default=argparse.SUPPRESS,
-                           help=text, metavar="{" + ",".join(opt.choices) + "}"
-                           if opt.choices else None)
+                           help=text, metavar=_metavar(opt))
+
+
+def _metavar(opt: Option) -> str:
+    if opt.choices:
+        return "{" + ",".join(opt.choices) + "}"
+    return "SECONDS" if opt.name.endswith("_s") else opt.flags[0][2:].upper().replace("-", "_")
 
 
 def option_help(opt: Option) -> str:
