@@ -181,6 +181,25 @@ def test_ctrl_c_stops_serve_at_once_with_an_event_stream_and_a_chat_stream_open(
     assert slow.cancelled == 1  # the head's request ended with it
 
 
+def test_ctrl_c_stops_workers_at_once_with_event_streams_open(tmp_path: Path) -> None:
+    """--workers 2: the parent relays Ctrl-C to both; each drains its own streams."""
+    with serve_process(["--workers", "2"], tmp_path / "log") as (url, proc):
+        readers = [_Reader("GET", f"{url}/v1/routing/events") for _ in range(4)]
+        for reader in readers:  # the kernel spreads them over both workers
+            reader.start()
+        assert all(reader.first.wait(20) for reader in readers)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        took = time.monotonic() - signalled
+        for reader in readers:
+            reader.join(10)
+    log = (tmp_path / "log").read_text()
+    assert took < STOP_WITHIN_S, (took, log)
+    assert proc.returncode == 0 and "Traceback" not in log, log
+    assert all(reader.ended_cleanly for reader in readers), [r.error for r in readers]
+
+
 def test_ctrl_c_answers_a_request_still_waiting_for_its_head_with_a_503(
         tmp_path: Path) -> None:
     stalled = FakeChat(name="stalled", header_delay_s=60)
