@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 from meshroute_middleware.app.settings import GROUPS, OPTIONS
-from tests.upstream import FakeChat, ServerThread, serve_process
+from tests.upstream import FakeChat, ServerThread, free_port, serve_process
 
 STOP_WITHIN_S = 2.0  # Ctrl-C to exit, whatever streams are open (issue 21)
 
@@ -258,3 +259,56 @@ def test_port_0_is_logged_as_the_port_it_became() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_the_demo_stops_quietly_with_a_dashboard_open_in_chromium(tmp_path: Path) -> None:
+    """Ctrl-C on the demo while headless Chromium holds the dashboard (and its EventSource,
+    which reconnects by itself) open: the summary, and no traceback before it."""
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "meshroute_middleware.app.cli", "demo",
+                             "--plain", "--discovery", "http", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    browser = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert demo.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        browser = subprocess.Popen(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}",
+             "--remote-debugging-port=0",  # stays open with the page loaded
+             f"http://127.0.0.1:{port}/dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not _has_event_stream(port):  # the dashboard's EventSource is open
+            assert time.monotonic() < deadline, "the dashboard never opened its event stream"
+            time.sleep(0.2)
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=60)
+    finally:
+        if browser is not None:
+            browser.kill()
+            browser.wait()
+        demo.kill()
+        demo.wait()
+    assert demo.returncode == 0, err
+    assert "Traceback" not in out + err and " ERROR " not in out + err, err
+    assert "summary:" in out
+
+
+def _has_event_stream(port: int) -> bool:
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.TransportError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("meshroute_event_subscribers "):
+            return float(line.split()[-1]) >= 1
+    return False
