@@ -76,6 +76,14 @@ def test_an_address_the_machine_lacks_is_one_line_for_the_emulator() -> None:
     assert proc.stderr.strip().count("\n") == 0 and "cannot listen on 192.0.2.1:0" in proc.stderr
 
 
+def test_a_node_that_cannot_announce_is_one_line_and_exit_2() -> None:
+    proc = meshroute("node", "--model", "m", "--shard", "0-1", "--layers", "2", "--url",
+                     "http://127.0.0.1:9", "--mdns-interfaces", "192.0.2.1")  # not ours
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("meshroute node: cannot announce over mDNS: ")
+
+
 def test_version() -> None:
     from importlib.metadata import version
 

@@ -4,6 +4,8 @@ and that the gateway creates it 0600 in 0700 directories; `--state-file` still o
 from __future__ import annotations
 
 import os
+import signal
+import sqlite3
 import stat
 import sys
 from pathlib import Path
@@ -120,3 +122,19 @@ def test_serve_creates_the_default_state_file_private(tmp_path: Path) -> None:
         assert path.exists() and mode(path) == 0o600
         assert mode(path.parent) == 0o700
     assert f"state in {path} (" in (tmp_path / "log").read_text()
+
+
+def test_workers_share_the_default_state_file(tmp_path: Path) -> None:
+    """The parent creates it (0600) before the workers start; each opens the same file."""
+    state_home = tmp_path / "state-home"
+    env = {**ENV, "XDG_STATE_HOME": str(state_home)}
+    with serve_process(["--config", _config_file(tmp_path), "--workers", "2"],
+                       tmp_path / "log", env=env) as (_, proc):
+        path = state_home / "meshroute" / "state.db"
+        assert path.exists() and mode(path) == 0o600
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    log = (tmp_path / "log").read_text()
+    assert "Traceback" not in log
+    origins = sqlite3.connect(path).execute("SELECT value FROM meta WHERE name = 'tracker_id'")
+    assert origins.fetchone()[0].endswith(("-w0", "-w1"))  # a worker saved it at shutdown
