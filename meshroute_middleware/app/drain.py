@@ -28,12 +28,25 @@ SHUTTING_DOWN = "the gateway is shutting down"
 
 
 class _Open:
-    """What the client of one chat request has been sent so far."""
+    """One chat request being served: the first and the last message its client was sent
+    (kept as they pass, so the stream pays one attribute store per chunk)."""
 
-    __slots__ = ("cut", "ended", "sse", "started")
+    __slots__ = ("cut", "first", "last")
 
     def __init__(self) -> None:
-        self.started = self.ended = self.sse = self.cut = False
+        self.first: Message | None = None
+        self.last: Message | None = None
+        self.cut = False
+
+    @property
+    def started(self) -> bool:
+        return self.first is not None
+
+    @property
+    def ended(self) -> bool:
+        last = self.last
+        return (last is not None and last["type"] == "http.response.body"
+                and not last.get("more_body", False))
 
 
 class Drain:
@@ -43,6 +56,7 @@ class Drain:
         self.app, self.events, self.path = app, events, path
         self.draining = False
         self._open: dict[asyncio.Task[Any], _Open] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -63,16 +77,19 @@ class Drain:
             task.cancel()
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+        # the loop looked up once: current_task() without it costs a getpid() system call
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        if task is None:
+            self._loop = asyncio.get_running_loop()
+            task = asyncio.current_task(self._loop)
+            assert task is not None
         state = _Open()
         self._open[task] = state
 
         async def tracked(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                state.started, state.sse = True, is_sse(message.get("headers", ()))
-            elif not message.get("more_body", False):
-                state.ended = True
+            state.last = message
+            if state.first is None:
+                state.first = message
             await send(message)
 
         try:
@@ -91,7 +108,7 @@ async def _cut_short(send: Send, state: _Open) -> None:
     try:
         if not state.started:
             await send_error(send, 503, SHUTTING_DOWN, "shutting_down")
-        elif state.sse:
+        elif state.first is not None and is_sse(state.first.get("headers", ())):
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event(f"{SHUTTING_DOWN}; partial response",
                                                 "shutting_down")})
