@@ -27,8 +27,12 @@ from meshroute_middleware.app.gateway import (
 from meshroute_middleware.app.logs import configure_logging
 from meshroute_middleware.app.run import StartupError, serve_gateway, server_config, settle_heap
 from meshroute_middleware.app.services import background_services
-from meshroute_middleware.app.settings import ServeSettings, SettingsError, add_arguments
-from meshroute_middleware.app.settings import load_settings as load_settings
+from meshroute_middleware.app.settings import (
+    ServeSettings,
+    SettingsError,
+    add_arguments,
+    load_settings,
+)
 from meshroute_middleware.app.workers import (
     PORT_HINT,
     run_workers,
