@@ -8,8 +8,8 @@ store) are counted by reason in `GossipCounters.entries_refused`; the rest of th
 Logs of refusals are rate-limited per reason (`LOG_EVERY_S`), so a flood cannot flood the log.
 
 Trust (docs/security.md, "Gossip"): without a shared secret anyone who reaches the port can speak
-for the origin it names, so `GossipConfig.from_settings` refuses a non-loopback listen address
-without a secret unless `insecure_gossip` is set (then the service warns at start). With a secret,
+for the origin it names, so `GossipConfig.checked` refuses a non-loopback listen address
+without a secret unless `insecure` is set (then the service warns at start). With a secret,
 frames are authenticated and entries of other origins are relayed; without one a tracker takes
 only the sender's own entries and relays nothing. A reply must name the request it answers and a
 pushed DELTA the reply that asked for it (`wire.Challenges`), so no recorded frame replays, even
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -35,7 +34,7 @@ from meshroute_middleware.core.router import Router
 
 from . import errors as err
 from . import state as st
-from .peers import Membership, parse_address
+from .peers import Membership
 from .transport import Address, TcpTransport, Transport
 from .wire import (
     INVALID_CURVE,
@@ -55,25 +54,6 @@ EXCHANGE_TIMEOUT_S = 2.0  # one exchange; a dead peer costs at most this, in par
 LOG_EVERY_S = 60.0  # at most one log line per refusal reason per this many seconds
 
 
-class GossipSettingsLike(Protocol):
-    """The ServeSettings fields gossip reads."""
-
-    @property
-    def gossip_listen(self) -> str | None: ...
-    @property
-    def gossip_peers(self) -> tuple[str, ...]: ...
-    @property
-    def gossip_interval_s(self) -> float: ...
-    @property
-    def gossip_fanout(self) -> int: ...
-    @property
-    def gossip_secret_file(self) -> str | None: ...
-    @property
-    def gossip_secret(self) -> str | None: ...
-    @property
-    def insecure_gossip(self) -> bool: ...
-
-
 class InsecureGossipError(ValueError):
     """A non-loopback gossip listener without a shared secret, and no explicit opt-in."""
 
@@ -90,7 +70,8 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class GossipConfig:
-    """Gossip knobs; build from ServeSettings with `from_settings`."""
+    """Gossip knobs and their defaults (the composition layer builds one from its settings:
+    ServeSettings.gossip_config)."""
 
     listen: Address | None = None
     peers: tuple[Address, ...] = ()
@@ -106,37 +87,30 @@ class GossipConfig:
         return (self.secret is None and self.listen is not None
                 and not is_loopback(self.listen[0]))
 
-    @classmethod
-    def from_settings(cls, settings: GossipSettingsLike) -> GossipConfig:
-        """Parse addresses and load the secret (the file wins over the inline value).
-
-        Raises InsecureGossipError for a non-loopback listen address without a secret unless
-        `insecure_gossip` is set: anyone on the network could then steer our routing."""
-        listen = parse_address(settings.gossip_listen) if settings.gossip_listen else None
-        config = cls(listen, tuple(parse_address(p) for p in settings.gossip_peers),
-                     settings.gossip_interval_s, settings.gossip_fanout, load_secret(settings),
-                     insecure=settings.insecure_gossip)
-        if config.exposed and not config.insecure:
+    def checked(self) -> GossipConfig:
+        """This config, unless it exposes an unauthenticated listener without the explicit
+        opt-in: InsecureGossipError then, since anyone on the network could steer routing."""
+        if self.exposed and not self.insecure:
+            assert self.listen is not None
             raise InsecureGossipError(
-                f"--gossip-listen {settings.gossip_listen} is reachable from other machines and "
-                f"no gossip secret is set: anyone there could steer routing. Set "
+                f"--gossip-listen {self.listen[0]}:{self.listen[1]} is reachable from other "
+                f"machines and no gossip secret is set: anyone there could steer routing. Set "
                 f"--gossip-secret-file (or MESHROUTE_GOSSIP_SECRET), listen on loopback, or pass "
                 f"--insecure-gossip to accept the risk")
-        return config
+        return self
 
 
-def load_secret(settings: GossipSettingsLike) -> bytes | None:
-    """The shared secret from `gossip_secret_file` or `gossip_secret`, stripped; None if unset."""
-    if settings.gossip_secret_file:
+def load_secret(path: str | None, inline: str | None) -> bytes | None:
+    """The shared secret from the file at `path` or else `inline`, stripped; None if unset."""
+    if path:
         try:
-            text = Path(settings.gossip_secret_file).read_text().strip()
+            text = Path(path).read_text().strip()
         except OSError as exc:
-            raise ValueError(f"cannot read gossip secret file "
-                             f"{settings.gossip_secret_file}: {exc}") from exc
+            raise ValueError(f"cannot read gossip secret file {path}: {exc}") from exc
         if not text:
-            raise ValueError(f"gossip secret file {settings.gossip_secret_file} is empty")
+            raise ValueError(f"gossip secret file {path} is empty")
         return text.encode()
-    return settings.gossip_secret.strip().encode() if settings.gossip_secret else None
+    return inline.strip().encode() if inline else None
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from .announcer import NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
 from .load import LOAD_SOURCES, LoadReader
 from .mdns import addresses_for, parse_interfaces
+from .serving import ListenError, one_line
 
 # option -> (environment variable, type); the CLI flag wins over the variable.
 ENV: dict[str, tuple[str, type]] = {
@@ -160,14 +161,23 @@ def reachable_url(url: str, interfaces: str) -> str:
     return f"{parts.scheme}://{address}:{parts.port}"
 
 
+class StartError(Exception):
+    """The node could not start (its emulator or its mDNS announcement); one line."""
+
+
 async def _serve(s: NodeSettings) -> int:
     async with AsyncExitStack() as stack:
         node: EmulatedNode | None = None
         url, node_id, tps = s.url, s.node_id, s.tps or 10.0
         if s.emulate:
             config = emulator_config(s)
-            served, own_url = await stack.enter_async_context(
-                serve_node(config, s.host, s.port))
+            try:
+                served, own_url = await stack.enter_async_context(
+                    serve_node(config, s.host, s.port))
+            except ListenError:
+                raise
+            except Exception as exc:
+                raise StartError(f"the emulator cannot start: {one_line(exc)}") from exc
             node, url, node_id, tps = (served, url or reachable_url(own_url, s.mdns_interfaces),
                                        config.node_id, served.measured_tps)
         assert url is not None
@@ -175,7 +185,10 @@ async def _serve(s: NodeSettings) -> int:
         announcer = NodeAnnouncer(record, interfaces=s.mdns_interfaces,
                                   mesh_secret=s.mesh_secret)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            await announcer.start()
+            try:
+                await announcer.start()
+            except Exception as exc:
+                raise StartError(f"cannot announce over mDNS: {one_line(exc)}") from exc
             stack.push_async_callback(announcer.close)
             print(f"meshroute node: announced {record.node_id} ({record.model} layers "
                   f"{record.start}-{record.end} of {record.layers}) at {record.url} "
@@ -202,6 +215,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = node_settings(vars(args), os.environ)
         return anyio.run(_serve, settings)
-    except (ValueError, InvalidNodeError) as exc:
+    except ListenError as exc:
+        print(f"meshroute node: {exc.strerror}; choose another port with --port (0: any free "
+              "port)", file=sys.stderr)
+        return 2
+    except (ValueError, InvalidNodeError, StartError) as exc:
         print(f"meshroute node: {exc}", file=sys.stderr)
         return 2

@@ -37,3 +37,11 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path_factory: pytest.TempPathFactory,
+                monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test writes the user's state directory, where `meshroute serve` keeps its default
+    state file: XDG_STATE_HOME is a temporary directory (processes a test starts inherit it)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from types import ModuleType
 
 import node_agent.cli
@@ -25,13 +26,24 @@ SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
 PASS_ON = {"mitm"}  # subcommands whose unknown options belong to the program they run
 
 
+def version() -> str:
+    """`meshroute X.Y.Z`, from the installed package's metadata."""
+    try:
+        return f"meshroute {metadata.version('meshroute')}"
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "meshroute (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; each subcommand's module adds its own flags."""
     parser = argparse.ArgumentParser(
         prog="meshroute", description="A learned router for LLM chat traffic.")
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         child = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "serve":
+            child.add_argument("--version", action="version", version=version())
         module.add_arguments(child)
         child.set_defaults(_run=module.run)
     return parser

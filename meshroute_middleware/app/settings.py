@@ -14,9 +14,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gossip.peers import parse_address
+from gossip.service import GossipConfig, load_secret
 from meshroute_middleware.app.edge import EdgeLimits
 from meshroute_middleware.chat.forward import DEFAULT_REQUEST_TIMEOUT_S
 from meshroute_middleware.core.config import RouterConfig
+from meshroute_middleware.core.policies import POLICIES
 from meshroute_middleware.core.providers.config import TABLES as PROVIDER_TABLES
 from meshroute_middleware.core.providers.config import (
     ProviderConfigError,
@@ -30,14 +33,30 @@ from meshroute_middleware.middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareCo
 from node_agent.discovery import HEALTH_INTERVAL_S
 
 GC_MODES = ("paced", "python")
-DEFAULT_STATE_FILE = "meshroute-state.db"  # in the working directory (issue 12)
+STATE_FILE_NAME = "meshroute/state.db"  # under the user's state directory (XDG base dirs)
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
 _EDGE = EdgeLimits()  # the HTTP edge's defaults live with its protocol
+_GOSSIP = GossipConfig()  # gossip's with gossip
+
+# --help's groups, in the order shown: an option names its group (Option.group)
+LISTENING, NODES, FORWARDING, GOSSIP, STATE, PROVIDERS, POLICY = (
+    "listening", "nodes and discovery", "forwarding limits", "gossip", "state", "providers",
+    "policy")
+GROUPS: dict[str, str] = {
+    LISTENING: "the HTTP server: address, request limits, processes, logs",
+    NODES: "where nodes come from (mDNS, --nodes-file, POST /v1/nodes) and who may add them",
+    FORWARDING: "how long a route's head may take, and what it may see",
+    GOSSIP: "learned statistics shared with peer trackers",
+    STATE: "what a restart keeps",
+    PROVIDERS: "provider routes: the [routing] and [[providers]] tables of --config",
+    POLICY: "how a route is chosen",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One configuration option: where it comes from and what it becomes."""
+    """One configuration option: where it comes from, what it becomes, where --help shows
+    it (`group`, one of GROUPS) and, for a secret, that its variable is the way to set it."""
 
     name: str
     kind: type
@@ -45,89 +64,104 @@ class Option:
     env: tuple[str, ...]
     help: str
     many: bool = False  # repeatable flag / comma-separated env value
+    group: str = field(kw_only=True)
+    secret: bool = field(default=False, kw_only=True)  # a flag's value shows in `ps`
+    default: str | None = field(default=None, kw_only=True)  # --help's, when not the field's
+    choices: tuple[str, ...] = field(default=(), kw_only=True)  # --help lists them
 
 
 OPTIONS: tuple[Option, ...] = (
     Option("policy", str, ("--policy",), ("MESHROUTE_POLICY",),
-           "route-selection policy by name"),
+           "route-selection policy by name", group=POLICY, choices=tuple(POLICIES)),
     Option("explore_share", float, ("--route-explore-share", "--explore-share"),
            ("MESHROUTE_EXPLORE_SHARE", "MESHNET_ROUTE_EXPLORE_SHARE"),
-           "probability of scouting an unproven route (ADR-0021)"),
+           "probability of scouting an unproven route (ADR-0021)", group=POLICY),
     Option("weight_alpha", float, ("--route-weight-alpha", "--weight-alpha"),
            ("MESHROUTE_WEIGHT_ALPHA", "MESHNET_ROUTE_WEIGHT_ALPHA"),
-           "exploit weight exponent: P(route) ∝ tps^alpha"),
+           "exploit weight exponent: P(route) ∝ tps^alpha", group=POLICY),
     Option("half_life_s", float, ("--route-stats-half-life", "--half-life"),
            ("MESHROUTE_HALF_LIFE", "MESHNET_ROUTE_STATS_HALF_LIFE"),
-           "half-life of sample mass, seconds"),
+           "half-life of sample mass, seconds", group=POLICY),
     Option("min_sample_tokens", int, ("--min-sample-tokens",),
            ("MESHROUTE_MIN_SAMPLE_TOKENS", "MESHNET_ROUTE_MIN_SAMPLE_TOKENS"),
-           "completions with fewer tokens are no tps sample"),
-    Option("host", str, ("--host",), ("MESHROUTE_HOST",), "address to listen on"),
-    Option("port", int, ("--port",), ("MESHROUTE_PORT",), "port to listen on (0: any free)"),
-    Option("seed", int, ("--seed",), ("MESHROUTE_SEED",), "seed of the routing rng"),
+           "completions with fewer tokens are no tps sample", group=POLICY),
+    Option("host", str, ("--host",), ("MESHROUTE_HOST",), "address to listen on", group=LISTENING),
+    Option("port", int, ("--port",), ("MESHROUTE_PORT",), "port to listen on (0: any free)",
+           group=LISTENING),
+    Option("seed", int, ("--seed",), ("MESHROUTE_SEED",), "seed of the routing rng", group=POLICY),
     Option("tracker_id", str, ("--tracker-id",), ("MESHROUTE_TRACKER_ID",),
-           "this tracker's origin id in gossip"),
+           "this tracker's origin id in gossip", group=GOSSIP,
+           default="the state file's, else a new tracker-<12 hex digits>"),
     Option("node_token", str, ("--node-token",), ("MESHROUTE_NODE_TOKEN",),
-           "bearer token required by /v1/nodes writes"),
+           "bearer token required by /v1/nodes writes", group=NODES, secret=True),
     Option("max_nodes", int, ("--max-nodes",), ("MESHROUTE_MAX_NODES",),
-           "most nodes this tracker holds over every model; new ones past it are refused"),
+           "most nodes this tracker holds over every model; new ones past it are refused",
+           group=NODES),
     Option("nodes_file", str, ("--nodes-file",), ("MESHROUTE_NODES_FILE",),
-           "JSON file listing a static mesh"),
+           "JSON file listing a static mesh", group=NODES),
     Option("max_body_bytes", int, ("--max-body-bytes",), ("MESHROUTE_MAX_BODY_BYTES",),
-           "largest request body accepted"),
+           "largest request body accepted", group=LISTENING),
     Option("connect_timeout_s", float, ("--connect-timeout",), ("MESHROUTE_CONNECT_TIMEOUT",),
-           "seconds to connect to a route head"),
+           "seconds to connect to a route head", group=FORWARDING),
     Option("first_byte_timeout_s", float, ("--first-byte-timeout",),
-           ("MESHROUTE_FIRST_BYTE_TIMEOUT",), "seconds to wait for a head's first byte"),
+           ("MESHROUTE_FIRST_BYTE_TIMEOUT",), "seconds to wait for a head's first byte",
+           group=FORWARDING),
     Option("idle_timeout_s", float, ("--idle-timeout",), ("MESHROUTE_IDLE_TIMEOUT",),
-           "seconds a head may stay silent between two chunks of an answer"),
+           "seconds a head may stay silent between two chunks of an answer", group=FORWARDING),
     Option("request_timeout_s", float, ("--request-timeout",), ("MESHROUTE_REQUEST_TIMEOUT",),
-           "total seconds a chat request may take, every fallback included"),
+           "total seconds a chat request may take, every fallback included", group=FORWARDING),
     Option("body_timeout_s", float, ("--body-timeout",), ("MESHROUTE_BODY_TIMEOUT",),
-           "seconds for a request body to arrive (else 408)"),
+           "seconds for a request body to arrive (else 408)", group=LISTENING),
     Option("header_timeout_s", float, ("--header-timeout",), ("MESHROUTE_HEADER_TIMEOUT",),
-           "seconds for a request head to arrive (else 408)"),
+           "seconds for a request head to arrive (else 408)", group=LISTENING),
     Option("max_connections", int, ("--max-connections",), ("MESHROUTE_MAX_CONNECTIONS",),
-           "open client connections at most (503 past it)"),
+           "open client connections at most (503 past it)", group=LISTENING),
     Option("max_header_bytes", int, ("--max-header-bytes",), ("MESHROUTE_MAX_HEADER_BYTES",),
-           "largest request head accepted (431 past it)"),
+           "largest request head accepted (431 past it)", group=LISTENING),
     Option("max_headers", int, ("--max-headers",), ("MESHROUTE_MAX_HEADERS",),
-           "most header lines a request may have (431 past it)"),
+           "most header lines a request may have (431 past it)", group=LISTENING),
     Option("forward_headers", str, ("--forward-header",), ("MESHROUTE_FORWARD_HEADERS",),
-           "client credential header a node may see (repeatable; default: none)", many=True),
+           "client credential header a node may see (repeatable)", many=True,
+           group=FORWARDING),
     Option("node_networks", str, ("--node-networks",), ("MESHROUTE_NODE_NETWORKS",),
-           "CIDR,...: node URLs must point into these networks", many=True),
-    Option("mdns", bool, ("--mdns",), ("MESHROUTE_MDNS",), "discover nodes over mDNS"),
+           "CIDR,...: node URLs must point into these networks", many=True, group=NODES),
+    Option("mdns", bool, ("--mdns",), ("MESHROUTE_MDNS",), "discover nodes over mDNS", group=NODES),
     Option("mdns_interfaces", str, ("--mdns-interfaces",), ("MESHROUTE_MDNS_INTERFACES",),
-           "interfaces for mDNS: 'all' or comma-separated addresses"),
+           "interfaces for mDNS: 'all' or comma-separated addresses", group=NODES),
     Option("mesh_secret", str, ("--mesh-secret",), ("MESHROUTE_MESH_SECRET",),
-           "shared secret: node records must carry its HMAC"),
+           "shared secret: node records must carry its HMAC", group=NODES, secret=True),
     Option("health_interval_s", float, ("--health-interval",), ("MESHROUTE_HEALTH_INTERVAL",),
-           "seconds between node health probes"),
+           "seconds between node health probes", group=NODES),
     Option("gossip_listen", str, ("--gossip-listen",), ("MESHROUTE_GOSSIP_LISTEN",),
-           "HOST:PORT to gossip on"),
+           "HOST:PORT to gossip on", group=GOSSIP),
     Option("gossip_peers", str, ("--gossip-peer",), ("MESHROUTE_GOSSIP_PEERS",),
-           "HOST:PORT of a peer tracker (repeatable)", many=True),
+           "HOST:PORT of a peer tracker (repeatable)", many=True, group=GOSSIP),
     Option("gossip_interval_s", float, ("--gossip-interval",), ("MESHROUTE_GOSSIP_INTERVAL",),
-           "seconds between gossip rounds"),
+           "seconds between gossip rounds", group=GOSSIP),
     Option("gossip_fanout", int, ("--gossip-fanout",), ("MESHROUTE_GOSSIP_FANOUT",),
-           "peers contacted per gossip round"),
+           "peers contacted per gossip round", group=GOSSIP),
     Option("gossip_secret_file", str, ("--gossip-secret-file",),
-           ("MESHROUTE_GOSSIP_SECRET_FILE",), "file holding the gossip secret"),
-    Option("gossip_secret", str, (), ("MESHROUTE_GOSSIP_SECRET",), "gossip secret"),
+           ("MESHROUTE_GOSSIP_SECRET_FILE",), "file holding the gossip secret", group=GOSSIP),
+    Option("gossip_secret", str, (), ("MESHROUTE_GOSSIP_SECRET",), "gossip secret",
+           group=GOSSIP, secret=True),
     Option("insecure_gossip", bool, ("--insecure-gossip",), ("MESHROUTE_INSECURE_GOSSIP",),
-           "allow a non-loopback --gossip-listen without a gossip secret"),
-    Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level"),
+           "allow a non-loopback --gossip-listen without a gossip secret", group=GOSSIP),
+    Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level",
+           group=LISTENING),
     Option("state_file", str, ("--state-file",), ("MESHROUTE_STATE_FILE",),
-           "SQLite file of learned state, restored at start (default: none; "
-           f"{DEFAULT_STATE_FILE} with provider tables; ':memory:' keeps nothing)"),
+           "SQLite file of learned state, restored at start; ':memory:' keeps nothing",
+           group=STATE, default=f"none; with provider tables $XDG_STATE_HOME/{STATE_FILE_NAME}"
+           f" (else ~/.local/state/{STATE_FILE_NAME}), created 0600"),
     Option("admin_token", str, ("--admin-token",), ("MESHROUTE_ADMIN_TOKEN",),
-           "bearer token required by POST /v1/cooldowns/clear (default: the node token)"),
+           "bearer token required by POST /v1/cooldowns/clear (default: the node token)",
+           group=PROVIDERS, secret=True),
     Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
-           "processes serving the one port, sharing learned statistics over loopback gossip"),
+           "processes serving the one port, sharing learned statistics over loopback gossip",
+           group=LISTENING),
     Option("gc", str, ("--gc",), ("MESHROUTE_GC",),
            "garbage collector: 'paced' (short pauses, full collections when cheap) or "
-           "'python' (CPython's own, on a frozen start-up heap)"),
+           "'python' (CPython's own, on a frozen start-up heap)", group=LISTENING,
+           choices=GC_MODES),
 )
 
 
@@ -160,13 +194,13 @@ class ServeSettings:
     health_interval_s: float = HEALTH_INTERVAL_S
     gossip_listen: str | None = None
     gossip_peers: tuple[str, ...] = ()
-    gossip_interval_s: float = 1.0
-    gossip_fanout: int = 3
+    gossip_interval_s: float = _GOSSIP.interval_s
+    gossip_fanout: int = _GOSSIP.fanout
     gossip_secret_file: str | None = None
     gossip_secret: str | None = None
     insecure_gossip: bool = False
     log_level: str = "info"
-    state_file: str | None = None  # provider tables without one: DEFAULT_STATE_FILE
+    state_file: str | None = None  # load_settings: default_state_file() with provider tables
     admin_token: str | None = None
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
     workers: int = 1
@@ -209,6 +243,18 @@ class ServeSettings:
         return ForwardTimeouts(self.connect_timeout_s, self.first_byte_timeout_s,
                                self.idle_timeout_s)
 
+    def gossip_config(self) -> GossipConfig | None:
+        """Gossip's config (None: this tracker does not gossip); the secret is read now.
+        ValueError names a bad address or secret file; InsecureGossipError an exposed
+        listener without a secret."""
+        if not self.gossip:
+            return None
+        return GossipConfig(
+            parse_address(self.gossip_listen) if self.gossip_listen else None,
+            tuple(parse_address(p) for p in self.gossip_peers), self.gossip_interval_s,
+            self.gossip_fanout, load_secret(self.gossip_secret_file, self.gossip_secret),
+            insecure=self.insecure_gossip).checked()
+
     def edge_limits(self) -> EdgeLimits:
         """The HTTP server's limits (uvicorn's protocol, app.edge)."""
         return EdgeLimits(self.max_connections, self.max_header_bytes, self.max_headers,
@@ -220,21 +266,63 @@ class SettingsError(ValueError):
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
-    """Add every option's flags to a parser; unset flags stay absent from the namespace."""
-    for opt in OPTIONS:
-        if not opt.flags or (only is not None and opt.name not in only):
+    """Add every option's flags to a parser, in its --help group, each with its default and
+    its environment variables; unset flags stay absent from the namespace."""
+    chosen = [o for o in OPTIONS if only is None or o.name in only]
+    for title, description in GROUPS.items():
+        members = [o for o in chosen if o.group == title]
+        if not members:
             continue
-        if opt.kind is bool:
-            parser.add_argument(*opt.flags, dest=opt.name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=opt.help)
-        elif opt.many:
-            parser.add_argument(*opt.flags, dest=opt.name, action="append",
-                                default=argparse.SUPPRESS, help=opt.help)
-        else:
-            parser.add_argument(*opt.flags, dest=opt.name, type=opt.kind,
-                                default=argparse.SUPPRESS, help=opt.help)
+        env_only = [f"{o.env[0]}: {o.help}" for o in members if not o.flags]
+        if env_only:  # no flag (a secret): its variable is the only way to set it
+            description += "; environment only: " + "; ".join(env_only)
+        group = parser.add_argument_group(title, description)
+        for opt in members:
+            if opt.flags:
+                _add_option(group, opt)
     parser.add_argument("--config", dest="config", default=argparse.SUPPRESS,
-                        help="TOML configuration file (also MESHROUTE_CONFIG)")
+                        help="TOML configuration file; env MESHROUTE_CONFIG")
+
+
+def _add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
+    text = option_help(opt).replace("%", "%%")
+    if opt.kind is bool:
+        group.add_argument(*opt.flags, dest=opt.name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=text)
+    elif opt.many:
+        group.add_argument(*opt.flags, dest=opt.name, action="append",
+                           default=argparse.SUPPRESS, help=text)
+    else:
+        group.add_argument(*opt.flags, dest=opt.name, type=opt.kind, default=argparse.SUPPRESS,
+                           help=text, metavar=_metavar(opt))
+
+
+def _metavar(opt: Option) -> str:
+    if opt.choices:
+        return "{" + ",".join(opt.choices) + "}"
+    return "SECONDS" if opt.name.endswith("_s") else opt.flags[0][2:].upper().replace("-", "_")
+
+
+def option_help(opt: Option) -> str:
+    """An option's --help text: what it does, its default and its variables (a secret's
+    variable first: a flag's value is visible to every user of the machine in `ps`)."""
+    env = ", ".join(opt.env)
+    if opt.secret:
+        return f"set {env} rather than the flag (visible in ps); {opt.help}"
+    return f"{opt.help} (default: {default_text(opt)}; env {env})"
+
+
+def default_text(opt: Option) -> str:
+    """The default of an option as --help says it."""
+    if opt.default is not None:
+        return opt.default
+    router_names = {f.name for f in fields(RouterConfig)}
+    value = getattr(RouterConfig() if opt.name in router_names else ServeSettings(), opt.name)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None or value == ():
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _convert(opt: Option, raw: Any, source: str) -> Any:
@@ -315,4 +403,17 @@ def load_settings(cli: Mapping[str, Any] | None = None,
             raise SettingsError(f"{source}: {exc}") from exc
     router = RouterConfig(**{k: v for k, (v, _) in values.items() if k in router_names})
     serve = {k: v for k, (v, _) in values.items() if k not in router_names}
+    if providers is not None and "state_file" not in serve:  # quotas and cooldowns persist
+        serve["state_file"] = default_state_file(environ)
     return replace(ServeSettings(), router=router, providers=providers, **serve)
+
+
+def default_state_file(environ: Mapping[str, str]) -> str:
+    """The state file in the user's state directory: $XDG_STATE_HOME/meshroute/state.db
+    (an absolute XDG_STATE_HOME only, as the XDG base directory spec says), else
+    $HOME/.local/state/meshroute/state.db."""
+    base = environ.get("XDG_STATE_HOME", "")
+    if not Path(base).is_absolute():
+        home = environ.get("HOME") or str(Path.home())
+        base = str(Path(home) / ".local" / "state")
+    return str(Path(base) / STATE_FILE_NAME)

@@ -57,6 +57,7 @@ class EventBus:
         self._last_id = 0
         self._pending: deque[_Entry] = deque()  # published, not yet handed to subscribers
         self._scheduled = False
+        self.closed = False  # a stopping server: no subscription stays open
         self.dropped = 0  # events a slow subscriber missed (exported as a metric)
         self.subscribers_dropped = 0  # streams closed to make room (exported as a metric)
 
@@ -105,7 +106,9 @@ class EventBus:
             sub.wake.set()
 
     def close(self) -> None:
-        """End every subscription now (a stopping server: open streams must not hold it)."""
+        """End every subscription now, and any later one after its history (a stopping
+        server: open streams must not hold it, nor a client that reconnects)."""
+        self.closed = True
         for sub in self._subscribers:
             sub.closed = True
             sub.wake.set()
@@ -122,6 +125,7 @@ class EventBus:
             oldest.wake.set()
             self.subscribers_dropped += 1
         sub = _Subscriber()
+        sub.closed = self.closed
         self._subscribers[sub] = None
         return sub
 

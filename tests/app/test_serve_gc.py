@@ -1,4 +1,4 @@
-"""`meshroute serve`'s garbage-collector set-up (app/serve.py `settle_heap`), in a process of
+"""`meshroute serve`'s garbage-collector set-up (app/run.py `settle_heap`), in a process of
 its own: the start-up heap frozen, full collections made rarer, young ones left alone."""
 
 from __future__ import annotations

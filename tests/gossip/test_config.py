@@ -1,4 +1,5 @@
-"""GossipConfig from ServeSettings, the Prometheus families and the package's export list."""
+"""GossipConfig built from ServeSettings (`gossip_config`), the Prometheus families and the
+package's export list."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_config_from_cli_and_env() -> None:
         {"gossip_listen": "127.0.0.1:7946", "gossip_peers": ["a:1", "[::1]:2"],
          "gossip_fanout": 2}, {"MESHROUTE_GOSSIP_SECRET": " s3cret\n",
                                "MESHROUTE_GOSSIP_INTERVAL": "0.5"})
-    config = GossipConfig.from_settings(settings)
+    config = settings.gossip_config()
+    assert config is not None
     assert config.listen == ("127.0.0.1", 7946)
     assert config.peers == (("a", 1), ("::1", 2))
     assert (config.interval_s, config.fanout, config.secret) == (0.5, 2, b"s3cret")
@@ -30,20 +32,34 @@ def test_config_from_cli_and_env() -> None:
 def test_secret_file_wins_and_is_checked(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     path.write_text("from-file\n")
-    settings = replace(ServeSettings(), gossip_secret="inline", gossip_secret_file=str(path))
-    assert GossipConfig.from_settings(settings).secret == b"from-file"
+    settings = replace(ServeSettings(), gossip_secret="inline", gossip_secret_file=str(path),
+                       gossip_peers=("127.0.0.1:1",))
+    assert _config(settings).secret == b"from-file"
     path.write_text("  \n")
     with pytest.raises(ValueError, match="empty"):
-        GossipConfig.from_settings(settings)
+        settings.gossip_config()
     missing = replace(settings, gossip_secret_file=str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="cannot read"):
-        GossipConfig.from_settings(missing)
-    assert GossipConfig.from_settings(ServeSettings()).secret is None
+        missing.gossip_config()
+    assert _config(replace(ServeSettings(), gossip_peers=("127.0.0.1:1",))).secret is None
+    assert ServeSettings().gossip_config() is None  # no listener, no peer: no gossip
+
+
+def test_the_defaults_are_gossips_own() -> None:
+    config = _config(replace(ServeSettings(), gossip_peers=("127.0.0.1:1",)))
+    assert (config.interval_s, config.fanout) == (GossipConfig().interval_s,
+                                                   GossipConfig().fanout)
+
+
+def _config(settings: ServeSettings) -> GossipConfig:
+    config = settings.gossip_config()
+    assert config is not None
+    return config
 
 
 def test_bad_peer_address_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
-        GossipConfig.from_settings(replace(ServeSettings(), gossip_peers=("nohost",)))
+        replace(ServeSettings(), gossip_peers=("nohost",)).gossip_config()
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:7946", "192.168.1.5:7946", "[::]:7946",
@@ -51,17 +67,17 @@ def test_bad_peer_address_is_a_value_error() -> None:
 def test_a_reachable_listener_without_a_secret_is_refused(listen: str) -> None:
     settings = replace(ServeSettings(), gossip_listen=listen)
     with pytest.raises(InsecureGossipError, match="--insecure-gossip"):
-        GossipConfig.from_settings(settings)
-    assert GossipConfig.from_settings(replace(settings, gossip_secret="s")).secret == b"s"
-    allowed = GossipConfig.from_settings(replace(settings, insecure_gossip=True))
+        settings.gossip_config()
+    assert _config(replace(settings, gossip_secret="s")).secret == b"s"
+    allowed = _config(replace(settings, insecure_gossip=True))
     assert allowed.insecure and allowed.exposed
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:7946", "127.0.0.2:7946", "[::1]:7946",
                                     "localhost:7946", None])
 def test_loopback_or_no_listener_needs_no_secret(listen: str | None) -> None:
-    config = GossipConfig.from_settings(replace(ServeSettings(), gossip_listen=listen,
-                                                gossip_peers=("127.0.0.1:1",)))
+    config = _config(replace(ServeSettings(), gossip_listen=listen,
+                             gossip_peers=("127.0.0.1:1",)))
     assert config.secret is None and not config.exposed
 
 

@@ -33,3 +33,16 @@ async def test_close_ends_open_subscriptions(backlog: int) -> None:
     release.set()
     await asyncio.wait_for(reader, 5)  # ends by itself; 5 s only bounds a failure
     assert got[0] == 1 and len(got) <= 1 + backlog
+
+
+async def test_a_subscription_after_close_ends_after_its_history() -> None:
+    """A dashboard's EventSource reconnects by itself: on a stopping server its new stream
+    must end too, not hold the stop."""
+    bus = EventBus()
+    bus.publish("node", {"n": 0})
+    bus.close()
+    async def read() -> list[int]:
+        return [event["id"] async for event in bus.subscribe()]
+
+    assert await asyncio.wait_for(read(), 5) == [1]  # it ends; 5 s only bounds a failure
+    assert bus.subscriber_count == 0

@@ -9,7 +9,6 @@ import dataclasses
 import os
 import random
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
+from meshroute_middleware.app.config import GatewayConfig
 from meshroute_middleware.app.demo.mesh import (
     CLIENT_SHARE,
     DRIFTER,
@@ -44,11 +44,11 @@ from meshroute_middleware.app.demo.providers import (
 )
 from meshroute_middleware.app.demo.tally import Tally
 from meshroute_middleware.app.demo.view import Live, Plain, best_true_tps
-from meshroute_middleware.app.serve import Gateway, GatewayConfig, build_gateway
+from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings, load_settings
 from meshroute_middleware.core import NodeRecord, RouterConfig
 from meshroute_middleware.telemetry.requests import answered
-from node_agent.serving import serve_app
+from node_agent.serving import ListenError, listen_socket, serve_app
 
 HALF_LIFE_S = 30.0  # short, so that the demo re-learns within a minute of a change
 DISCOVERY_WAIT_S = 10.0
@@ -88,25 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo until `--seconds` end or Ctrl-C; a second Ctrl-C stops at once."""
-    problem = _port_problem(LOOPBACK, args.port)
-    if problem:
-        print(f"meshroute demo: cannot listen on {LOOPBACK}:{args.port} ({problem}); "
-              "choose another port with --port (0: any free port)", file=sys.stderr)
+    try:  # a port in use: one line before anything starts
+        listen_socket(LOOPBACK, args.port).close()
+    except ListenError as exc:
+        print(f"meshroute demo: {exc.strerror}; choose another port with --port (0: any free "
+              "port)", file=sys.stderr)
         return 2
     try:
         return asyncio.run(_main(args))
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 130
-
-
-def _port_problem(host: str, port: int) -> str:
-    """Why host:port cannot be listened on, or '' when it can."""
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return ""
 
 
 async def _main(args: argparse.Namespace) -> int:

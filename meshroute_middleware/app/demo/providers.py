@@ -141,7 +141,7 @@ class ChainCounts:
 class ChainWatch:
     """Follows the chain: the gateway's events and key states, the clients' answers."""
 
-    gateway: Any  # app.serve.Gateway with provider routes
+    gateway: Any  # app.gateway.Gateway with provider routes
     counts: ChainCounts = field(default_factory=ChainCounts)
     _event_id: int = 0
     _keys: dict[tuple[str, int], str] = field(default_factory=dict)

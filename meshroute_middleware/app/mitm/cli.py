@@ -21,8 +21,10 @@ from typing import Any
 
 from meshroute_middleware.app.mitm import options
 from meshroute_middleware.app.settings import add_arguments as add_settings
+from node_agent.serving import ListenError, listen_socket
 
 ADDON_SCRIPT = Path(__file__).with_name("addon.py")
+PROXY_PORT_DEFAULT = 8080  # mitmproxy's
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +65,41 @@ def run(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         print("meshroute mitm: mitmproxy is not installed; it needs a venv of its own "
               "(scripts/mitm-venv, or pip install 'meshroute[mitm]')", file=sys.stderr)
         return 2
+    problem = busy_port(args, extra)
+    if problem:
+        print(f"meshroute mitm: {problem}", file=sys.stderr)
+        return 2
     mitmdump(mitmdump_argv(args, extra))
     return 0
+
+
+def busy_port(args: argparse.Namespace, extra: Sequence[str]) -> str:
+    """Why the proxy's or the side server's port cannot be listened on ('' when both can),
+    checked before mitmdump starts, so that a port in use is one line."""
+    proxy_host = _value(extra, "--listen-host") or "127.0.0.1"
+    proxy_port = int(_value(extra, "--listen-port", "-p") or PROXY_PORT_DEFAULT)
+    side_port = int(getattr(args, "side_port", options.SIDE_PORT_DEFAULT))
+    for host, port, flag in ((proxy_host, proxy_port, "--listen-port"),
+                             ("127.0.0.1", side_port, "--side-port")):
+        if port == 0:
+            continue
+        try:
+            listen_socket(host, port).close()
+        except ListenError as exc:
+            return f"{exc.strerror}; choose another port with {flag}"
+    return ""
+
+
+def _value(argv: Sequence[str], *names: str) -> str | None:
+    """The last value given to one of `names` (`--name V` or `--name=V`) in argv."""
+    found = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1:]
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,6 +38,7 @@ from typing import Any
 
 from mitmproxy import exceptions, http
 
+from meshroute_middleware.app.gateway import load_static_nodes
 from meshroute_middleware.app.mitm import options
 from meshroute_middleware.app.mitm.flows import (
     CHAT_PATH,
@@ -55,7 +56,6 @@ from meshroute_middleware.app.mitm.flows import (
 )
 from meshroute_middleware.app.mitm.relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
 from meshroute_middleware.app.mitm.side import SideServer, build_side_app
-from meshroute_middleware.app.serve import load_static_nodes
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
 from meshroute_middleware.core import (
     Decision,

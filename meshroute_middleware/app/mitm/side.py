@@ -19,8 +19,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from meshroute_middleware.api import GatewayAPI, build_api_app
+from meshroute_middleware.app.config import GatewayConfig, config_warnings
 from meshroute_middleware.app.mitm.relay import RELAY_PATH, Relay
-from meshroute_middleware.app.serve import GatewayConfig, background_services, config_warnings
+from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.mesh import Mesh
 

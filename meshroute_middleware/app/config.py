@@ -1,0 +1,81 @@
+"""GatewayConfig: one tracker gateway's configuration, checked and built once per process,
+and what it says about the tracker's exposure."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gossip.service import GossipConfig
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.chat.keyring import Secret, resolve_keys
+from node_agent.mdns import parse_interfaces
+
+
+def new_tracker_id() -> str:
+    """A fresh tracker id, for a tracker started without `--tracker-id`."""
+    return f"tracker-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """One gateway's configuration, built once per process from its settings."""
+
+    settings: ServeSettings
+    tracker_id: str
+    gossip: GossipConfig | None  # None: this tracker does not gossip
+    # provider keys in `keys` order, resolved at start (issue 12); never printed
+    secrets: Mapping[str, tuple[Secret, ...]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, settings: ServeSettings,
+              environ: Mapping[str, str] | None = None) -> GatewayConfig:
+        """Check and build what the settings describe; ValueError naming what is wrong.
+
+        `environ` resolves `env:NAME` provider keys (KeyRefError, a ValueError, names the
+        reference and never a value)."""
+        if settings.mdns:
+            parse_interfaces(settings.mdns_interfaces)  # refuse a bad value before starting
+        gossip = settings.gossip_config()
+        tracker_id = settings.tracker_id or new_tracker_id()
+        secrets = (resolve_keys(settings.providers, environ or {})
+                   if settings.providers is not None else {})
+        return cls(settings, tracker_id, gossip, secrets)
+
+
+def config_warnings(config: GatewayConfig) -> list[str]:
+    """What /v1/routing's config warns about: settings that let strangers steer routing."""
+    gossip = config.gossip
+    if gossip is not None and gossip.secret is None and config.settings.insecure_gossip:
+        return ["insecure-gossip: gossip frames are not authenticated (--insecure-gossip); "
+                "anyone who reaches the gossip port can feed route statistics"]
+    return []
+
+
+def exposure(config: GatewayConfig) -> str:
+    """One line saying what this tracker opens to the network, and how it is guarded."""
+    settings, gossip = config.settings, config.gossip
+    http = f"http {settings.host}:{settings.port}"
+    writes = ("node writes: bearer token (--node-token)" if settings.node_token
+              else "node writes: loopback clients only (no --node-token)")
+    if not settings.mdns:
+        mdns = "mDNS: off"
+    elif settings.mesh_secret:
+        mdns = f"mDNS: on {settings.mdns_interfaces}, records must be signed (mesh secret)"
+    else:
+        mdns = (f"mDNS: on {settings.mdns_interfaces}, records UNSIGNED (no --mesh-secret: "
+                "new node ids accepted from anyone, known ones kept by their source)")
+    if gossip is None:
+        talk = "gossip: off"
+    else:
+        where = (f"{gossip.listen[0]}:{gossip.listen[1]}" if gossip.listen
+                 else "outbound only")
+        if gossip.secret is not None:
+            talk = f"gossip: {where}, authenticated (shared secret)"
+        elif settings.insecure_gossip:
+            talk = f"gossip: {where}, NOT authenticated (--insecure-gossip)"
+        else:
+            talk = f"gossip: {where}, not authenticated (loopback only)"
+        talk += f", peers {', '.join(settings.gossip_peers) or 'from mDNS'}"
+    return f"open: {http}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"

@@ -1,0 +1,167 @@
+"""Wiring a tracker gateway: each component gets exactly the settings it uses (the Router its
+RouterConfig, the middleware its own options, the forwarder its timeouts, the provider chain
+its keys, the state file its keeper); nothing starts until the ASGI lifespan runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
+
+from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
+from meshroute_middleware.app.config import GatewayConfig, config_warnings
+from meshroute_middleware.app.services import background_services
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.chat.providers import ProviderChat
+from meshroute_middleware.core import InvalidNodeError, Router, parse_node
+from meshroute_middleware.core.providers.router import ProviderRouter
+from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
+from meshroute_middleware.mesh import Mesh, load_nodes_file
+from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
+from meshroute_middleware.state.keeper import StateKeeper
+from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
+from meshroute_middleware.telemetry.metrics import Telemetry
+
+PRIVATE_DIR = 0o700  # a state directory the gateway creates: its owner's alone
+PRIVATE_FILE = 0o600  # a state file the gateway creates (node URLs, statistics, usage)
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything one tracker gateway is made of; `app` is what uvicorn serves."""
+
+    config: GatewayConfig
+    router: Router
+    telemetry: Telemetry
+    mesh: Mesh
+    app: ASGIApp
+    providers: ProviderRouter | None = None  # provider routes, when the config has them
+    store: StateStore | None = None  # the state file, open while the gateway lives
+    keeper: StateKeeper | None = None  # what restores and saves it
+    # why the background services could not start, once the lifespan tried (app/run.py)
+    startup_failures: list[BaseException] = field(default_factory=list)
+
+
+def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
+                  clock: Callable[[], float] = time.time) -> Gateway:
+    """Wire a gateway; nothing starts until the ASGI lifespan runs. `clock` is the routing
+    clock (tests pass a fake one)."""
+    if isinstance(config, ServeSettings):
+        config = GatewayConfig.build(config)
+    store = open_state_file(config.settings)
+    try:
+        return _build_gateway(config, store, forwarder, clock)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+
+
+def open_state_file(settings: ServeSettings) -> StateStore | None:
+    """The state file `--state-file` names (load_settings puts the default one there when
+    the file has provider tables), open and checked writable; None when there is none.
+    StateStoreError says why it cannot be used."""
+    path = settings.state_file
+    if path is None:
+        return None
+    if path != MEMORY:
+        create_private(Path(path))
+    return StateStore(path).open()
+
+
+def create_private(path: Path) -> None:
+    """Create a missing state file 0600, and its missing directories 0700; an existing file
+    or directory is left as it is. StateStoreError names the file."""
+    try:
+        missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+        for directory in reversed(missing):
+            directory.mkdir(mode=PRIVATE_DIR)
+            os.chmod(directory, PRIVATE_DIR)  # whatever the umask
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise StateStoreError(f"cannot open state file {path}: "
+                              f"{(exc.strerror or str(exc)).lower()}") from exc
+    try:
+        os.fchmod(fd, PRIVATE_FILE)  # SQLite gives its -wal and -shm files the same mode
+    finally:
+        os.close(fd)
+
+
+def _build_gateway(config: GatewayConfig, store: StateStore | None,
+                   forwarder: Forwarder | None, clock: Callable[[], float]) -> Gateway:
+    settings = config.settings
+    if store is not None and settings.tracker_id is None:  # the same origin as before
+        config = replace(config, tracker_id=store.meta("tracker_id") or config.tracker_id)
+    router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
+                          clock=clock)
+    telemetry = Telemetry(router)
+    mesh = Mesh(router, telemetry, settings.max_nodes)
+    if settings.nodes_file:
+        load_static_nodes(mesh, settings.nodes_file)
+    forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
+    if isinstance(forwarder, AiohttpForwarder):
+        telemetry.add_collector(forwarder.metric_families)
+    providers = chat = keeper = None
+    extra = []
+    if settings.providers is not None:
+        providers = ProviderRouter(settings.providers)
+    if store is not None:
+        keeper = StateKeeper(store, router, providers)
+        keeper.restore(clock())
+        telemetry.add_collector(keeper.metric_families)
+    if providers is not None:
+        chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
+                            first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
+                            rng=random.Random(settings.seed))
+        extra = ProviderRoutingAPI(providers, router, clock=clock,
+                                   admin_token=settings.admin_token or settings.node_token
+                                   ).routes()
+    inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
+                                                warnings=config_warnings(config),
+                                                providers=providers), extra)
+    failures: list[BaseException] = []
+    inner.router.lifespan_context = lambda app: _recorded(
+        background_services(config, mesh, keeper, clock), failures)
+    app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,
+                              telemetry=telemetry, providers=chat)
+    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
+
+
+@contextlib.asynccontextmanager
+async def _recorded(services: AbstractAsyncContextManager[None],
+                    failures: list[BaseException]) -> AsyncIterator[None]:
+    """The background services, their start-up failure kept in `failures`."""
+    entered = False
+    try:
+        async with services:
+            entered = True
+            yield
+    except BaseException as exc:
+        if not entered:
+            failures.append(exc)
+        raise
+
+
+def load_static_nodes(mesh: Mesh, path: str) -> None:
+    """Validate every record of a nodes file first; refuse the file whole if one is bad."""
+    records = []
+    for i, data in enumerate(load_nodes_file(path)):
+        try:
+            records.append(parse_node(data, now=mesh.router.clock(),
+                                      networks=mesh.router.topology.networks))
+        except InvalidNodeError as exc:
+            raise ValueError(f"{path}: node #{i}: {exc}") from exc
+    if len({r.node_id for r in records}) > mesh.max_nodes:
+        raise ValueError(f"{path}: more than --max-nodes {mesh.max_nodes} nodes")
+    for record in records:
+        mesh.upsert(record)

@@ -1,0 +1,143 @@
+"""`meshroute serve --workers N`: one port served by N processes (SO_REUSEPORT), each an
+origin of its own, sharing what they learn over loopback gossip and the one state file."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from dataclasses import replace
+
+from meshroute_middleware.app.config import GatewayConfig, new_tracker_id
+from meshroute_middleware.app.gateway import build_gateway, open_state_file
+from meshroute_middleware.app.logs import configure_logging
+from meshroute_middleware.app.run import StartupError, serve_gateway
+from meshroute_middleware.app.settings import ServeSettings, SettingsError
+from meshroute_middleware.state.store import StateStoreError
+from node_agent.serving import ListenError, listen_socket
+
+log = logging.getLogger("meshroute.serve")
+PORT_HINT = "choose another port with --port (0: any free port)"
+
+
+def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int],
+                    tracker_id: str, secret: str) -> ServeSettings:
+    """Worker `index`'s settings: its own origin, gossip on loopback port `gossip_ports[index]`
+    with every sibling (and any configured peer) as a static peer, under the per-run secret."""
+    siblings = tuple(f"127.0.0.1:{p}" for i, p in enumerate(gossip_ports) if i != index)
+    return replace(settings, workers=1, tracker_id=f"{tracker_id}-w{index}",
+                   gossip_listen=f"127.0.0.1:{gossip_ports[index]}",
+                   gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
+                   gossip_secret_file=None, gossip_fanout=max(settings.gossip_fanout,
+                                                              len(gossip_ports) - 1))
+
+
+def workers_base_id(saved: str | None) -> str | None:
+    """The base tracker id of the workers that last wrote a state file (`<base>-w<i>`: each
+    worker writes its own id there), so a restart comes back under the same origins and
+    takes its own restored statistics as its own, not as a departed peer's. None when the
+    file was written by something else (a single tracker, or nothing yet)."""
+    if saved is None:
+        return None
+    base, sep, index = saved.rpartition("-w")
+    return base if sep and base and index.isdigit() else None
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held together while chosen, so none repeats)."""
+    held = [socket.socket() for _ in range(n)]
+    try:
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _serve_worker(settings: ServeSettings) -> None:
+    """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
+    try:
+        gateway = build_gateway(GatewayConfig.build(settings, os.environ))
+        configure_logging(settings.log_level,  # with this worker's keys scrubbed
+                          tuple(s for keys in gateway.config.secrets.values() for s in keys))
+        sock = listen_socket(settings.host, settings.port, reuse_port=True)
+        serve_gateway(gateway, sock, relayed=True)
+    except (StartupError, ListenError, StateStoreError, ValueError) as exc:
+        log.error("worker %s: %s", settings.tracker_id, exc)
+        sys.exit(2)
+
+
+def run_workers(settings: ServeSettings) -> int:
+    """Serve one port with `settings.workers` processes (SO_REUSEPORT: the kernel spreads
+    connections over them). Each worker is an origin of its own; they gossip learned
+    statistics over loopback ports derived here, authenticated with a secret made for this
+    run. Nodes must reach every worker: mDNS or --nodes-file (POST /v1/nodes reaches one).
+    The state file is opened (created 0600) here first, then by each worker: each writes
+    its own origin's rows to it."""
+    if settings.gossip_listen:
+        print("meshroute serve: --workers gossips on loopback ports of its own; "
+              "--gossip-listen cannot be combined with it", file=sys.stderr)
+        return 2
+    n = settings.workers
+    # the parent holds the port (bound, not listening) so that port 0 resolves once
+    try:
+        holder = listen_socket(settings.host, settings.port, reuse_port=True, listen=False)
+    except ListenError as exc:
+        print(f"meshroute serve: {exc.strerror}; {PORT_HINT}", file=sys.stderr)
+        return 2
+    port = int(holder.getsockname()[1])
+    tracker_id = settings.tracker_id or new_tracker_id()
+    secret, gossip_ports = secrets.token_hex(32), _free_ports(n)
+    shared = replace(settings, port=port)
+    children = []
+    try:
+        store = open_state_file(shared)  # refuse an unusable state file (the workers share it)
+        if store is not None:
+            if settings.tracker_id is None:  # the same origins as the last run's workers
+                tracker_id = workers_base_id(store.meta("tracker_id")) or tracker_id
+            store.close()
+        configs = [worker_settings(shared, i, gossip_ports, tracker_id, secret)
+                   for i in range(n)]
+        for cfg in configs:
+            GatewayConfig.build(cfg, os.environ)  # and a bad one before any process starts
+    except (SettingsError, ValueError, StateStoreError) as exc:
+        holder.close()
+        print(f"meshroute serve: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    log.info("%d workers (%s-w0..w%d) on http://%s:%d (policy %s), gossiping on 127.0.0.1:%s",
+             n, tracker_id, n - 1, settings.host, port, settings.router.policy,
+             ",".join(map(str, gossip_ports)))
+    context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
+    for cfg in configs:
+        child = context.Process(target=_serve_worker, args=(cfg,), daemon=False)
+        child.start()
+        children.append(child)
+
+    def stop(signum: int, frame: object) -> None:
+        for child in children:
+            if child.is_alive() and child.pid is not None:
+                os.kill(child.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = 0
+    try:
+        while children:  # one worker gone for good ends the whole server
+            ended = [c for c in children if not c.is_alive()]
+            if ended:
+                code = code or (ended[0].exitcode or 0)
+                stop(signal.SIGTERM, None)
+                for child in children:
+                    child.join(10)
+                break
+            time.sleep(0.2)
+    finally:
+        holder.close()
+    return 0 if code in (0, -signal.SIGTERM) else 1
