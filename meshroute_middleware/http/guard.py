@@ -43,6 +43,8 @@ class GuardConfig:
     allowed_hosts: tuple[str, ...] = ()  # names beyond ours: `*`, `.example.com`, `gw.lan`
     listen_host: str = "127.0.0.1"  # what the server binds (its own name/address is allowed)
     chat_paths: frozenset[str] = CHAT_PATHS
+    # paths with a credential of their own (the mitm relay's one-time ticket): Host rule only
+    ticket_paths: frozenset[str] = frozenset()
 
 
 def machine_names() -> frozenset[str]:
@@ -81,7 +83,9 @@ def is_loopback_host(host: str) -> bool:
     return address.is_loopback
 
 
-def _host_allowed(pattern: str, host: str) -> bool:
+def host_matches(pattern: str, host: str) -> bool:
+    """Whether `host` (as host_of gives it) matches an allow-list entry: `*`, `.example.com`
+    (it and its subdomains) or a name."""
     pattern = pattern.strip().lower().rstrip(".")
     if pattern == "*":
         return True
@@ -125,7 +129,7 @@ class Policy:
         host = host_of(host_header)
         if (is_loopback_host(host) or host in self.own
                 or (server is not None and host == host_of(server))
-                or any(_host_allowed(p, host) for p in self.config.allowed_hosts)):
+                or any(host_matches(p, host) for p in self.config.allowed_hosts)):
             return None
         return Refusal(421, "invalid_host", f"the Host {host_header[:100]!r} does not name this "
                        "gateway (add it to --allowed-hosts to serve it under that name)")
@@ -133,7 +137,7 @@ class Policy:
     def write_refusal(self, method: str, path: str, origin: str | None,
                       content_type: str | None, host_header: str | None) -> Refusal | None:
         """None when an unsafe request may proceed, else the 403 (Origin, Content-Type)."""
-        if method in SAFE_METHODS:
+        if method in SAFE_METHODS or path in self.config.ticket_paths:
             return None
         if origin is not None and not self._origin_allowed(origin, host_header):
             return Refusal(403, "origin_not_allowed", f"requests from the origin "
