@@ -17,6 +17,7 @@ rebinding could make the gateway do (docs/security.md, "Browsers and DNS rebindi
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import socket
@@ -47,8 +48,10 @@ class GuardConfig:
     ticket_paths: frozenset[str] = frozenset()
 
 
+@functools.lru_cache(maxsize=1)
 def machine_names() -> frozenset[str]:
-    """This machine's own host names and the addresses they resolve to (best effort)."""
+    """This machine's own host names and the addresses they resolve to (best effort; looked
+    up once per process)."""
     names = {socket.gethostname(), socket.getfqdn()}
     out = {n.lower().rstrip(".") for n in names if n}
     for name in list(out):
