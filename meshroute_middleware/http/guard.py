@@ -34,6 +34,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CHAT_PATHS = frozenset({"/v1/chat/completions"})
 UNSPECIFIED = frozenset({"", "0.0.0.0", "::"})
 LOG_EVERY_S = 1.0
+HOST_CACHE = 256  # distinct (Host, local address) verdicts kept; a flood of names resets it
+_UNJUDGED = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +163,6 @@ class Policy:
         return origin in {f"http://{own}", f"https://{own}"}
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for k, v in scope.get("headers", ()):
-        if k == name:
-            return str(v.decode("latin-1"))
-    return None
-
-
 class RequestGuard:
     """Pure ASGI middleware applying `Policy` to every HTTP request (starlette style)."""
 
@@ -179,6 +174,7 @@ class RequestGuard:
                        else Policy(config or GuardConfig(), frozenset(own)))
         self.reject = reject  # Telemetry.reject: counted as source="http"
         self._logged_at, self._held = -LOG_EVERY_S, 0
+        self._hosts: dict[tuple[str | None, str | None], object] = {}  # -> Refusal | None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -201,12 +197,27 @@ class RequestGuard:
         await send_error(send, refusal.status, refusal.message, refusal.code)
 
     def refusal(self, scope: Scope) -> Refusal | None:
-        """The policy's verdict on one request."""
-        host = _header(scope, b"host")
+        """The policy's verdict on one request (the headers read in one pass; a Host already
+        judged on the same local address is not judged again)."""
+        host = origin = content_type = None
+        for k, v in scope.get("headers", ()):
+            if k == b"host":
+                host = v.decode("latin-1")
+            elif k == b"origin":
+                origin = v.decode("latin-1")
+            elif k == b"content-type":
+                content_type = v.decode("latin-1")
         server = scope.get("server")
-        refused = self.policy.host_refusal(host, str(server[0]) if server else None)
+        key = (host, str(server[0]) if server else None)
+        refused = self._hosts.get(key, _UNJUDGED)
+        if refused is _UNJUDGED:
+            refused = self.policy.host_refusal(*key)
+            if len(self._hosts) >= HOST_CACHE:
+                self._hosts.clear()
+            self._hosts[key] = refused
         if refused is not None:
-            return refused
-        return self.policy.write_refusal(scope["method"], scope["path"],
-                                         _header(scope, b"origin"),
-                                         _header(scope, b"content-type"), host)
+            return refused  # type: ignore[return-value]
+        if scope["method"] in SAFE_METHODS:
+            return None
+        return self.policy.write_refusal(scope["method"], scope["path"], origin,
+                                         content_type, host)
