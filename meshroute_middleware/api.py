@@ -23,6 +23,7 @@ from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.http.errors import error_body
 from meshroute_middleware.http.openapi import openapi_document
+from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 from meshroute_middleware.mesh import Mesh, MeshFullError
 from meshroute_middleware.telemetry.events import sse
 from meshroute_middleware.telemetry.metrics import CONTENT_TYPE
@@ -293,13 +294,17 @@ def build_api_app(api: GatewayAPI, extra_routes: list[Route] | None = None) -> S
 class ProviderRoutingAPI:
     """Provider routes (issue 12): `GET /v1/routing/chain`, `POST /v1/cooldowns/clear`.
 
-    Clearing needs `admin_token` (`--admin-token`, else the node token) whenever one is set.
+    Clearing needs `admin_token` (`--admin-token`, else the node token) whenever one is set,
+    else a loopback client; its body is read under the chat body's size limit and timeout.
     """
 
     def __init__(self, providers: ProviderRouter, router: Router, *,
-                 admin_token: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 admin_token: str | None = None, clock: Callable[[], float] = time.time,
+                 max_body_bytes: int = MAX_NODE_BODY,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
         self.providers, self.router = providers, router
         self.admin_token, self.clock = admin_token, clock
+        self.max_body_bytes, self.body_timeout_s = max_body_bytes, body_timeout_s
 
     def routes(self) -> list[Route]:
         return [Route("/v1/routing/chain", self.chain, methods=["GET"]),
@@ -319,25 +324,44 @@ class ProviderRoutingAPI:
             return error_response(404, str(exc), "model_not_found")
         return JSONResponse(self.providers.chain_view(res, self.clock()))
 
-    async def clear(self, request: Request) -> Response:
-        """Clear cooldowns and 429 penalties: all, or `{"route": ...}`'s."""
+    def _refuse_clear(self, request: Request) -> Response | None:
+        """None when this client may clear cooldowns: the admin token when one is set, else
+        loopback clients only (as node writes)."""
         if self.admin_token:
             given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
-                return error_response(401, "a valid admin bearer token is required to clear "
-                                      "cooldowns", "invalid_token")
-        body = await request.body()
+            if hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
+                return None
+            return error_response(401, "a valid admin bearer token is required to clear "
+                                  "cooldowns", "invalid_token")
+        if is_loopback_client(request):
+            return None
+        client = request.client.host if request.client else "unknown"
+        log.warning("refused clearing cooldowns from %r: no --admin-token is set, so only "
+                    "loopback clients may", client[:64])
+        return error_response(401, "only loopback clients may clear cooldowns on this "
+                              "gateway (start it with --admin-token to allow others)",
+                              "unauthorized")
+
+    async def clear(self, request: Request) -> Response:
+        """Clear cooldowns and 429 penalties: all (an empty body or `{}`), or
+        `{"route": ...}`'s; any other body is a 400."""
+        refusal = self._refuse_clear(request)
+        if refusal is not None:
+            return refusal
+        try:  # bounded and timed like a chat body (--max-body-bytes, --body-timeout)
+            body = await read_body(request.scope, request.receive, self.max_body_bytes,
+                                   self.body_timeout_s)
+        except RequestError as exc:
+            return error_response(exc.status, str(exc), exc.code)
         route: str | None = None
-        if body.strip():
-            if len(body) > MAX_NODE_BODY:
-                return error_response(413, "request body too large", "request_too_large")
+        if body:
             try:
                 data = json.loads(body)
-            except ValueError:
+            except (ValueError, UnicodeDecodeError):
                 return error_response(400, "request body is not valid JSON", "invalid_json")
             if not isinstance(data, dict) or not isinstance(data.get("route", ""), str):
-                return error_response(400, "the body is {\"route\": \"provider/model\"} or "
-                                      "nothing", "invalid_request")
+                return error_response(400, "the body is {\"route\": \"provider/model\"}, "
+                                      "{} or nothing", "invalid_request")
             route = data.get("route") or None
         if route is not None and not self.providers.knows_route(route):
             return error_response(404, f"no route {route!r}", "route_not_found")

@@ -24,6 +24,7 @@ from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
+from meshroute_middleware.http.guard import RequestGuard
 from meshroute_middleware.mesh import Mesh, load_nodes_file
 from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
 from meshroute_middleware.state.keeper import StateKeeper
@@ -124,16 +125,20 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                             first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
                             rng=random.Random(settings.seed))
         extra = ProviderRoutingAPI(providers, router, clock=clock,
-                                   admin_token=settings.admin_token or settings.node_token
-                                   ).routes()
+                                   admin_token=settings.admin_token or settings.node_token,
+                                   max_body_bytes=settings.max_body_bytes,
+                                   body_timeout_s=settings.body_timeout_s).routes()
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
         background_services(config, mesh, keeper, clock), failures)
-    app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,
-                              telemetry=telemetry, providers=chat)
+    # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
+    app = RequestGuard(MeshRouteMiddleware(inner, settings.middleware(), router=router,
+                                           forwarder=forwarder, telemetry=telemetry,
+                                           providers=chat),
+                       settings.guard(), reject=telemetry.reject)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
 
 

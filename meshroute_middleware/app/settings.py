@@ -27,6 +27,7 @@ from meshroute_middleware.core.providers.config import (
     parse_providers_config,
 )
 from meshroute_middleware.forwarding.client import ForwardTimeouts
+from meshroute_middleware.http.guard import GuardConfig
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S
 from meshroute_middleware.mesh import DEFAULT_MAX_NODES
 from meshroute_middleware.middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
@@ -125,6 +126,12 @@ OPTIONS: tuple[Option, ...] = (
            group=FORWARDING),
     Option("node_networks", str, ("--node-networks",), ("MESHROUTE_NODE_NETWORKS",),
            "CIDR,...: node URLs must point into these networks", many=True, group=NODES),
+    Option("allowed_origins", str, ("--allowed-origins",), ("MESHROUTE_ALLOWED_ORIGINS",),
+           "ORIGIN,...: browser origins besides the gateway's own that may send POSTs "
+           "(chat included; default: none)", many=True, group=LISTENING),
+    Option("allowed_hosts", str, ("--allowed-hosts",), ("MESHROUTE_ALLOWED_HOSTS",),
+           "HOST,...: Host names served besides this machine's, its addresses and loopback "
+           "('*': any; '.example.com': it and its subdomains)", many=True, group=LISTENING),
     Option("mdns", bool, ("--mdns",), ("MESHROUTE_MDNS",), "discover nodes over mDNS", group=NODES),
     Option("mdns_interfaces", str, ("--mdns-interfaces",), ("MESHROUTE_MDNS_INTERFACES",),
            "interfaces for mDNS: 'all' or comma-separated addresses", group=NODES),
@@ -188,6 +195,8 @@ class ServeSettings:
     max_header_bytes: int = _EDGE.max_header_bytes
     max_headers: int = _EDGE.max_headers
     forward_headers: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()  # http/guard.py: browsers' writes (docs/security.md)
+    allowed_hosts: tuple[str, ...] = ()  # http/guard.py: the DNS-rebinding defence
     mdns: bool = True
     mdns_interfaces: str = "all"
     mesh_secret: str | None = None
@@ -237,6 +246,10 @@ class ServeSettings:
                                 forward_headers=self.forward_headers,
                                 request_timeout_s=self.request_timeout_s,
                                 body_timeout_s=self.body_timeout_s)
+
+    def guard(self) -> GuardConfig:
+        """What the request guard allows: origins, Host names, and the listening address."""
+        return GuardConfig(self.allowed_origins, self.allowed_hosts, self.host)
 
     def forward_timeouts(self) -> ForwardTimeouts:
         """How long the forwarder waits for a head."""

@@ -73,13 +73,16 @@ def with_ours(headers: Iterable[tuple[bytes, bytes]], decision: Decision) -> Hea
 def from_node(headers: Iterable[tuple[bytes, bytes]], decision: Decision) -> Headers:
     """A node's response headers as the client gets them: no cookies, no hop-by-hop, no
     date/server of the node's (the gateway's server adds its own), our route and mode."""
-    out = []
-    for k, v in headers:
-        low = k.lower()
-        if low not in _DROPPED_RESPONSE and not low.startswith(OURS):
-            out.append((k, v))
+    out = node_headers(headers)
     out += ((H_ROUTE, _encoded(decision.route)[1]), (H_MODE, decision.mode.encode()))
     return out
+
+
+def node_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """A node's response headers less what never reaches a client (`from_node` without our
+    route and mode; the mitm relay uses it too)."""
+    return [(k, v) for k, v in headers
+            if (low := k.lower()) not in _DROPPED_RESPONSE and not low.startswith(OURS)]
 
 
 def allow_list(names: Iterable[str]) -> frozenset[bytes]:

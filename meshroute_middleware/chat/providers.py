@@ -33,7 +33,8 @@ from starlette.types import Message, Receive, Scope, Send
 from meshroute_middleware.chat.attempts import Attempts, Exchange
 from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.headers import H_ROUTE, OURS, is_sse
-from meshroute_middleware.chat.keyring import Secret, scrub
+from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, NoRouteError, Router, UnknownModelError
 from meshroute_middleware.core.providers.chain import Candidate, InvalidModelError, Resolution
@@ -48,7 +49,7 @@ from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
 from meshroute_middleware.forwarding.measure import TokenMeter, sse_error_event
-from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.errors import error_body, send_error
 from meshroute_middleware.http.request import ChatRequest, answer_bound
 from meshroute_middleware.telemetry.metrics import (
     Telemetry,
@@ -154,6 +155,7 @@ class ProviderChat:
         self.mesh = ForwardMode(forwarder)
         self._watchdog = Watchdog()
         self._all_secrets = tuple(s for keys in secrets.values() for s in keys)
+        self._scrubber = Scrubber(s.reveal() for s in self._all_secrets)  # every form of a key
         self._settled: set[Reservation] = set()  # recorded attempts still under way
         # provider attempts under way: (chain, attempt number, perf_counter at the start)
         self._live: dict[Attempt, tuple[str, int, float]] = {}
@@ -368,7 +370,7 @@ class ProviderChat:
                 out += chunk
                 if len(out) > MAX_BODY_BYTES:
                     raise ForwardError("stream", "the answer is larger than meshroute holds")
-            return bytes(out)
+            return decode_body(upstream.headers, bytes(out))  # compressed: read before scrubbing
         return await asyncio.wait_for(read(), budget)
 
     async def _client_error(self, ex: Exchange, got: Attempt, upstream: UpstreamResponse,
@@ -379,6 +381,9 @@ class ProviderChat:
             body = await self._read_all(upstream, budget)
         except (ForwardError, TimeoutError):
             body = b""
+        except UndecodableError as exc:  # never relayed as it came: our own error instead
+            body = error_body(upstream.status, f"the provider's error answer could not be "
+                              f"read: {exc}", "upstream_undecodable")
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
             return self._record(got, OutcomeKind.CLIENT_ERROR, self.clock(),
                                 reason="context", session=session)
@@ -394,7 +399,7 @@ class ProviderChat:
             body = await self._read_all(upstream, budget)
         except TimeoutError:
             return self._failed(got, "timeout", session)
-        except ForwardError:
+        except (ForwardError, UndecodableError):
             return self._failed(got, "connect", session)
         done = time.perf_counter()
         used = _total_tokens(body)
@@ -412,7 +417,8 @@ class ProviderChat:
                       session: str | None, tally: _Tally, sent: float,
                       budget: float) -> PassedOver | None:
         """An SSE answer: nothing is sent before its first chunk; then it is relayed."""
-        chunks = upstream.chunks().__aiter__()
+        chunks = decode_stream(upstream.headers, upstream.chunks()).__aiter__()
+        scrub = self._scrubber.stream()  # holds back only a possible key's start
         held = bytearray()  # held back until content (a role-only chunk is no answer yet)
         deadline = time.perf_counter() + budget
         try:
@@ -421,7 +427,7 @@ class ProviderChat:
                                                max(deadline - time.perf_counter(), 0.001))
         except TimeoutError:
             return self._failed(got, "timeout", session)
-        except ForwardError:
+        except (ForwardError, UndecodableError):
             return self._failed(got, "connect", session)
         except StopAsyncIteration:  # ended without content: relay what it said, if anything
             if not held:
@@ -435,22 +441,23 @@ class ProviderChat:
         error = False
         try:
             await ex.send({"type": "http.response.start", "status": upstream.status,
-                           "headers": _passed_on(upstream.headers) + tally.headers()})
+                           "headers": self._scrubber.headers(_passed_on(upstream.headers))
+                           + tally.headers()})
             chunk = first
             while chunk:
                 meter.feed(chunk)
                 tail = (tail + chunk)[-4096:]
-                await ex.send({"type": "http.response.body", "body": chunk,
+                await ex.send({"type": "http.response.body", "body": scrub.feed(chunk),
                                "more_body": True})
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
-                except ForwardError:
+                except (ForwardError, UndecodableError):
                     error = True
                     break
-            end = sse_error_event("the provider failed mid-stream; partial response") \
-                if error else b""
+            end = scrub.flush() + (sse_error_event(
+                "the provider failed mid-stream; partial response") if error else b"")
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
         except OSError:
             ex.gone = True
@@ -466,7 +473,8 @@ class ProviderChat:
     async def _answer(self, ex: Exchange, upstream: UpstreamResponse, tally: _Tally,
                       route: str, body: bytes) -> None:
         tally.route = route
-        headers = [(k, v) for k, v in _passed_on(upstream.headers) if k != b"content-length"]
+        headers = [(k, v) for k, v in self._scrubber.headers(_passed_on(upstream.headers))
+                   if k != b"content-length"]
         headers += [(b"content-length", str(len(body)).encode()), *tally.headers()]
         ex.started = True
         try:
@@ -478,9 +486,7 @@ class ProviderChat:
 
     def _scrub(self, body: bytes) -> bytes:
         """An upstream may echo the key it was given (some do, in a 401): never pass it on."""
-        if not any(s.reveal().encode() in body for s in self._all_secrets):
-            return body
-        return scrub(body.decode("utf-8", "replace"), self._all_secrets).encode()
+        return self._scrubber.scrub(body)
 
     # -- a mesh model -----------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ def test_every_flagged_settings_row_is_an_option_and_nothing_else() -> None:
     expected = {"meshroute_" + o.name for o in OPTIONS
                 if o.flags and o.name not in options.NOT_FOR_MITM}
     assert expected  # the table is not empty
-    assert set(loader.added) == expected | {options.CONFIG, options.SIDE_PORT}
+    assert set(loader.added) == expected | {options.CONFIG, options.SIDE_PORT, options.CHAT_HOSTS}
     assert "meshroute_gossip_secret" not in loader.added  # secrets: env or file only
 
 
@@ -88,3 +88,17 @@ def test_meshroute_flags_become_set_arguments_and_the_rest_goes_to_mitmdump() ->
     assert argv[-6:] == ["--listen-host", "127.0.0.1", "--listen-port", "8081", "--mode",
                          "reverse:http://127.0.0.1:9"]
     assert "--listen-host" not in cli.mitmdump_argv(args, ["--listen-host", "::1"])[:-2]
+
+
+def test_chat_hosts_flag_becomes_a_list_option() -> None:
+    import argparse
+
+    from meshroute_middleware.app.mitm import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args, extra = parser.parse_known_args(["--chat-hosts", "api.openai.com,.example.com",
+                                           "--chat-hosts", "x.lan"])
+    sets = [a for a in cli.mitmdump_argv(args, extra) if a.startswith("meshroute_chat")]
+    assert sets == ["meshroute_chat_hosts=api.openai.com", "meshroute_chat_hosts=.example.com",
+                    "meshroute_chat_hosts=x.lan"]

@@ -9,9 +9,11 @@ stream that breaks after some chunks.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import threading
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +45,12 @@ class Reply:
     usage: bool = True  # include `usage` (in the last stream chunk when streaming)
     message: str | None = None  # an error answer's message, when not the default one
     echo_key: bool = False  # an error answer quotes the key it got (some providers do)
+    # how an echoed key is written: "raw", "json" (`/` as `\/`), "url" (percent-encoded)
+    echo_form: str = "raw"
+    echo_header: bool = False  # `x-request-id` quotes the key (on any answer)
+    echo_content: bool = False  # a 200's content quotes it (streamed: split across chunks)
+    # the answer's content-encoding: "gzip" compresses it; any other is only its label
+    encoding: str = ""
     role_first: bool = False  # streaming: a role-only chunk (no content) before the tokens
 
     @classmethod
@@ -138,20 +146,27 @@ class FakeProvider:
         reply = self._next(key)
         if reply.ttfb_s and not await self._wait(request, reply.ttfb_s):
             return Response(status_code=499)
+        echoed = _echoed(key or "", reply.echo_form)
+        extra = {"x-request-id": f"req-{echoed}"} if reply.echo_header else {}
         if reply.status != 200:
             headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
-            quoted = f" (key {key})" if reply.echo_key else ""
+            quoted = f" (key {echoed})" if reply.echo_key else ""
             text = reply.message or f"{self.name} answers {reply.status}"
-            return _error(reply.status, f"{text}{quoted}",
-                          "rate_limit_error" if reply.status == 429 else "server_error",
-                          headers)
+            error = _error(reply.status, f"{text}{quoted}",
+                           "rate_limit_error" if reply.status == 429 else "server_error",
+                           {**headers, **extra})
+            return _encoded(error, reply)
         if body.get("model") not in self.models:
             return _error(404, f"{self.name} has no model {body.get('model')!r}",
                           "invalid_request_error")
         if stream:
-            return StreamingResponse(self._stream(body, reply), media_type="text/event-stream")
+            return StreamingResponse(self._stream(body, reply, echoed),
+                                     media_type="text/event-stream", headers=extra)
         await asyncio.sleep(reply.token_delay_s * reply.tokens)
-        return JSONResponse(self._completion(body, reply))
+        completion = self._completion(body, reply)
+        if reply.echo_content:
+            completion["choices"][0]["message"]["content"] += f" your key: {echoed}"
+        return _encoded(JSONResponse(completion, headers=extra), reply)
 
     async def _wait(self, request: Request, seconds: float) -> bool:
         """Sleep `seconds`; False when the caller left meanwhile."""
@@ -163,9 +178,18 @@ class FakeProvider:
             await asyncio.sleep(min(0.01, seconds))
         return True
 
-    async def _stream(self, body: dict[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+    async def _stream(self, body: dict[str, Any], reply: Reply,
+                      echoed: str = "") -> AsyncIterator[bytes]:
         if reply.role_first:
             yield _sse(self._chunk(body, {"role": "assistant", "content": ""}, None))
+        if reply.echo_content:  # the key split across two writes, apart in time
+            event = _sse(self._chunk(body, {"content": f"your key: {echoed}"}, None))
+            if reply.echo_form == "json":
+                event = event.replace(b"/", b"\\/")
+            cut = event.index(b"your key: ") + len(b"your key: ") + len(echoed) // 2
+            yield event[:cut]
+            await asyncio.sleep(0.2)
+            yield event[cut:]
         for i in range(reply.tokens):
             if reply.break_after is not None and i == reply.break_after:
                 if reply.break_when is not None:
@@ -204,6 +228,25 @@ def _usage(reply: Reply) -> dict[str, int]:
 
 def _sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _echoed(key: str, form: str) -> str:
+    """The key as an upstream might write it back."""
+    if form == "url":
+        return urllib.parse.quote(key, safe="")
+    return key
+
+
+def _encoded(response: Response, reply: Reply) -> Response:
+    """The answer with the JSON-escaped form (`\\/`) and its encoding, as the reply says."""
+    body = bytes(response.body)
+    if reply.echo_form == "json":
+        body = body.replace(b"/", b"\\/")  # still the same JSON (PHP's and Go's encoders)
+    headers = {k: v for k, v in response.headers.items() if k != "content-length"}
+    if reply.encoding:
+        body = gzip.compress(body) if reply.encoding == "gzip" else body
+        headers["content-encoding"] = reply.encoding
+    return Response(body, response.status_code, headers=headers)
 
 
 def _error(status: int, message: str, kind: str,

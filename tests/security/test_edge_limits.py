@@ -18,7 +18,8 @@ from ..chat.test_forward import chat
 from ..upstream import FakeChat, ServerThread
 from .edge_util import EdgeGateway, raw_request, read_all, status_and_json
 
-HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n"
+        b"content-type: application/json\r\n")
 
 
 def body_request(extra_headers: bytes = b"") -> bytes:

@@ -33,15 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--side-port", dest="side_port", type=int, default=argparse.SUPPRESS,
                         help="port of the side server on 127.0.0.1 (/v1/routing, /dashboard); "
                         f"default {options.SIDE_PORT_DEFAULT}")
+    parser.add_argument("--chat-hosts", dest="chat_hosts", action="append",
+                        default=argparse.SUPPRESS, help="HOST,...: hosts whose chat requests "
+                        "are routed over the mesh (default: every host)")
 
 
 def set_args(values: Mapping[str, Any]) -> list[str]:
     """Parsed meshroute flags as mitmdump `--set meshroute_*=…` arguments."""
     out: list[str] = []
     for name, value in values.items():
-        key = {"config": options.CONFIG, "side_port": options.SIDE_PORT}.get(
-            name, options.PREFIX + name)
+        key = {"config": options.CONFIG, "side_port": options.SIDE_PORT,
+               "chat_hosts": options.CHAT_HOSTS}.get(name, options.PREFIX + name)
         items = value if isinstance(value, list | tuple) else [value]
+        if name == "chat_hosts":  # repeatable and comma-separated, as the table's lists
+            items = [h.strip() for i in items for h in str(i).split(",") if h.strip()]
         for item in items:
             text = str(item).lower() if isinstance(item, bool) else str(item)
             out += ["--set", f"{key}={text}"]

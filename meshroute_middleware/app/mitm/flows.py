@@ -18,6 +18,7 @@ from meshroute_middleware.core import Decision, Outcome
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import error_body
+from meshroute_middleware.http.guard import UNSPECIFIED, host_of, is_loopback_host
 
 T = TypeVar("T")
 CLIENT_WATCH_S = 0.05  # how often a client is checked while the addon waits for a head
@@ -86,6 +87,13 @@ async def unless_client_leaves(flow: http.HTTPFlow, opening: Awaitable[T]) -> T:
 def is_chat(flow: http.HTTPFlow) -> bool:
     request = flow.request
     return bool(request.method == "POST" and request.path.split("?", 1)[0] == CHAT_PATH)
+
+
+def is_local(host: str, own: frozenset[str]) -> bool:
+    """Whether a flow's destination is this machine: loopback, the unspecified address (which
+    connects here), or one of its own names and addresses."""
+    host = host_of(host)
+    return is_loopback_host(host) or host in UNSPECIFIED or host in own
 
 
 def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:

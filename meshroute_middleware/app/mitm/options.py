@@ -29,6 +29,7 @@ PREFIX = "meshroute_"
 SIDE_PORT = "meshroute_side_port"
 SIDE_PORT_DEFAULT = 8089  # beside mitmproxy's own 8080
 CONFIG = "meshroute_config"
+CHAT_HOSTS = "meshroute_chat_hosts"
 NOT_FOR_MITM = frozenset({"host", "port", "log_level"})
 
 
@@ -58,6 +59,10 @@ def register(loader: Any) -> None:
             loader.add_option(PREFIX + opt.name, Optional[str], None, help_text)  # noqa: UP045
     loader.add_option(CONFIG, Optional[str], None,  # noqa: UP045
                       "meshroute TOML configuration file (also MESHROUTE_CONFIG)")
+    loader.add_option(CHAT_HOSTS, Sequence[str], [],
+                      "hosts whose chat requests the addon routes over the mesh ('api.openai.com',"
+                      " '.example.com': it and its subdomains); default: every host, so a node "
+                      "announcing a model takes chat requests meant for any upstream")
     loader.add_option(SIDE_PORT, int, SIDE_PORT_DEFAULT,
                       "port of meshroute's side server on 127.0.0.1 (/v1/routing, /metrics, "
                       "/dashboard, the relay); 0: any free port")

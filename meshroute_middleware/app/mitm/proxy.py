@@ -50,6 +50,7 @@ from meshroute_middleware.app.mitm.flows import (
     answer_error,
     forwarded_headers,
     is_chat,
+    is_local,
     is_sse,
     plan_headers,
     unless_client_leaves,
@@ -73,11 +74,13 @@ from meshroute_middleware.forwarding.client import (
     UpstreamResponse,
 )
 from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.http.guard import host_matches, host_of, machine_names
 from meshroute_middleware.http.request import RequestError, parse_chat
 from meshroute_middleware.mesh import Mesh
 from meshroute_middleware.telemetry.metrics import Telemetry
 
 log = logging.getLogger("meshroute.mitm")
+LOOPBACK = "127.0.0.1"
 _OPTIONS_ERROR: Any = exceptions.OptionsError  # untyped in mitmproxy 11; how mitmdump refuses
 
 
@@ -98,6 +101,8 @@ class MeshRouteAddon:
         self._forwarder = forwarder
         self.ready = asyncio.Event()  # set once the side server listens
         self._attempts: dict[str, Attempt] = {}  # flow id -> its streaming attempt
+        self.chat_hosts: tuple[str, ...] = ()  # hosts whose chat traffic is routed; () all
+        self._own = machine_names()  # this machine's names and addresses
 
     # -- lifecycle ------------------------------------------------------------------
     def load(self, loader: Any) -> None:
@@ -108,6 +113,13 @@ class MeshRouteAddon:
         """(Re)build the routing state from the options; refused once running."""
         from mitmproxy import ctx
 
+        if "listen_host" in updated and not ctx.options.listen_host:
+            # mitmproxy's default is every interface; ours, as for `meshroute serve`, loopback
+            log.info("meshroute: the proxy listens on %s (--listen-host 0.0.0.0 opens it to "
+                     "the network)", LOOPBACK)
+            ctx.options.listen_host = LOOPBACK
+        if options.CHAT_HOSTS in updated:
+            self.chat_hosts = tuple(getattr(ctx.options, options.CHAT_HOSTS))
         if not any(name.startswith(options.PREFIX) for name in updated):
             return
         if self.side is not None:
@@ -154,8 +166,15 @@ class MeshRouteAddon:
 
     # -- request ----------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        """Refuse an oversized chat body before mitmproxy reads it."""
-        if not is_chat(flow) or self.settings is None:
+        """Name the proxy's client to this machine's servers; refuse an oversized chat body
+        before mitmproxy reads it."""
+        if is_local(flow.request.host, self._own):
+            # the side server and `meshroute serve` see mitmproxy's loopback address: they
+            # trust X-Forwarded-For from it (uvicorn's default), so a proxy client is judged
+            # by its own address, never as loopback (docs/security.md, the mitm addon)
+            peer = flow.client_conn.peername
+            flow.request.headers["x-forwarded-for"] = str(peer[0]) if peer else "unknown"
+        if not self._routes(flow) or self.settings is None:
             return
         declared = flow.request.headers.get("content-length", "")
         limit = self.settings.max_body_bytes
@@ -165,7 +184,7 @@ class MeshRouteAddon:
 
     async def request(self, flow: http.HTTPFlow) -> None:
         """Route a chat request: choose, open the head's answer with fallback, relay it."""
-        if not is_chat(flow) or flow.response is not None or self.router is None:
+        if not self._routes(flow) or flow.response is not None or self.router is None:
             return
         try:
             body = flow.request.get_content(strict=True) or b""
@@ -179,6 +198,12 @@ class MeshRouteAddon:
             if flow.id not in self._attempts:
                 answer_error(flow, 500, "internal error in meshroute; see the proxy log",
                              "internal_error")
+
+    def _routes(self, flow: http.HTTPFlow) -> bool:
+        """Whether this flow is a chat request the addon may route (`meshroute_chat_hosts`:
+        every host when empty)."""
+        return is_chat(flow) and (not self.chat_hosts or any(
+            host_matches(p, host_of(flow.request.host)) for p in self.chat_hosts))
 
     async def _route(self, flow: http.HTTPFlow, body: bytes) -> None:
         try:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from starlette.types import Receive, Scope, Send
 
+from meshroute_middleware.chat.headers import node_headers
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import ForwardError, UpstreamResponse
 from meshroute_middleware.forwarding.measure import sse_error_event
@@ -98,8 +99,8 @@ class Relay:
     @staticmethod
     async def _stream(parked: Parked, send: Send) -> None:
         up = parked.upstream
-        await send({"type": "http.response.start", "status": up.status,
-                    "headers": up.headers})
+        await send({"type": "http.response.start", "status": up.status,  # as the gateway's
+                    "headers": node_headers(up.headers)})
         try:
             async for chunk in up.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -15,14 +15,15 @@ from collections.abc import Generator
 from dataclasses import replace
 
 import uvicorn
-from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from meshroute_middleware.api import GatewayAPI, build_api_app
 from meshroute_middleware.app.config import GatewayConfig, config_warnings
 from meshroute_middleware.app.mitm.relay import RELAY_PATH, Relay
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.http.guard import RequestGuard
 from meshroute_middleware.mesh import Mesh
 
 HOST = "127.0.0.1"
@@ -38,22 +39,26 @@ class _Server(uvicorn.Server):
 
 
 def build_side_app(settings: ServeSettings, mesh: Mesh, relay: Relay, tracker_id: str,
-                   port: int) -> Starlette:
-    """The side server's app: GatewayAPI routes, the relay, the background services."""
+                   port: int) -> ASGIApp:
+    """The side server's app: GatewayAPI routes, the relay, the background services, behind
+    the gateway's request guard (Host, Origin, Content-Type; the relay has its ticket)."""
     announced = replace(settings, host=HOST, port=port)  # discovery announces this address
     config = GatewayConfig.build(replace(announced, tracker_id=tracker_id))
     app = build_api_app(GatewayAPI(mesh, settings.node_token, warnings=config_warnings(config)),
                         [Route(RELAY_PATH, relay, methods=["POST"])])
     app.router.lifespan_context = lambda _: background_services(config, mesh)
-    return app
+    guard = replace(announced.guard(), ticket_paths=frozenset({RELAY_PATH}))
+    return RequestGuard(app, guard, reject=mesh.telemetry.reject)
 
 
 class SideServer:
     """Starts and stops the side server in the running event loop."""
 
-    def __init__(self, app: Starlette, port: int) -> None:
+    def __init__(self, app: ASGIApp, port: int) -> None:
+        # X-Forwarded-For from loopback only: the addon names the proxy's client in it
         config = uvicorn.Config(app, host=HOST, port=port, log_level="warning",
-                                lifespan="on", access_log=False)
+                                lifespan="on", access_log=False, proxy_headers=True,
+                                forwarded_allow_ips=HOST)
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
         self.url = ""

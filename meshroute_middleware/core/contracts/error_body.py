@@ -13,7 +13,7 @@ from typing import Any
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
-    413: "invalid_request_error", 431: "invalid_request_error",
+    413: "invalid_request_error", 421: "invalid_request_error", 431: "invalid_request_error",
     429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "server_error",
     504: "server_error",
 }
