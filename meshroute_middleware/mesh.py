@@ -106,9 +106,9 @@ class Mesh:
         """Every node currently in the topology."""
         return self.router.topology.nodes()
 
-    def reject(self, source: str, reason: str) -> None:
-        """Count and publish a refused record."""
-        self.telemetry.reject(source, reason)
+    def reject(self, source: str, reason: str, kind: str = "") -> None:
+        """Count and publish a refused record (`kind`: a fixed word, the metric's reason)."""
+        self.telemetry.reject(source, reason, kind)
 
 
 def load_nodes_file(path: str) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.telemetry.events import EventBus, Payload
+from meshroute_middleware.telemetry.services import ServiceStates
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -121,6 +122,19 @@ class _CallbackCollector(Collector):
         yield from self.produce()
 
 
+MAX_REJECTED_SERIES = 256  # label sets of meshroute_rejected; sources and reasons are fixed words
+
+
+def _rejected(counts: dict[tuple[str, str], int]) -> CounterMetricFamily:
+    """meshroute_rejected{source} and, where a reason kind was given, {source, reason}: the
+    series without a reason stay as they were before reasons were added."""
+    family = CounterMetricFamily("meshroute_rejected", "Rejected hostile or malformed input")
+    for (source, kind), value in sorted(counts.items()):
+        labels = {"source": source, "reason": kind} if kind else {"source": source}
+        family.add_sample("meshroute_rejected_total", labels, value)
+    return family
+
+
 def _counter(name: str, documentation: str, labels: list[str],
              counts: dict[Any, int]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, documentation, labels=labels)
@@ -191,6 +205,8 @@ class Telemetry:
         self.outcomes: dict[tuple[str, str], int] = {}  # (model, result) -> n
         self.forward_errors: dict[str, int] = {}  # kind -> n
         self.rejected: dict[str, int] = {}  # source -> n
+        self.rejected_by: dict[tuple[str, str], int] = {}  # (source, reason kind) -> n
+        self.services = ServiceStates()  # the supervised background services (/healthz)
         self.in_flight = 0  # chat requests being served
         self._rendered: tuple[float, bytes] | None = None  # (when, exposition)
         self.registry.register(_RouterCollector(router))
@@ -204,8 +220,8 @@ class Telemetry:
         yield _counter("meshroute_forward_errors",
                        "Failures of a route head before its first byte", ["kind"],
                        self.forward_errors)
-        yield _counter("meshroute_rejected", "Rejected hostile or malformed input",
-                       ["source"], self.rejected)
+        yield _rejected(self.rejected_by)
+        yield from self.services.metric_families()
         yield _counter("meshroute_events_dropped",
                        "Events a slow /v1/routing/events subscriber missed", [],
                        {(): self.events.dropped})
@@ -262,9 +278,14 @@ class Telemetry:
             (_provider_selected(route, key_route, attempt), chain, outcome, result,
              cooldown_until))
 
-    def reject(self, source: str, reason: str) -> None:
-        """Hostile or malformed input was refused."""
+    def reject(self, source: str, reason: str, kind: str = "") -> None:
+        """Hostile or malformed input was refused. `source` and `kind` are fixed words (the
+        metric's labels: `kind` becomes `reason`), `reason` the text for the event."""
         self.rejected[source] = self.rejected.get(source, 0) + 1
+        key = (source, kind)
+        if key not in self.rejected_by and len(self.rejected_by) >= MAX_REJECTED_SERIES:
+            key = ("other", "other")  # a bound on label sets, whatever a caller passes
+        self.rejected_by[key] = self.rejected_by.get(key, 0) + 1
         self.events.publish("rejected", {"source": source, "reason": reason[:300]})
 
     def render(self) -> bytes:
