@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -49,7 +50,7 @@ from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
-from meshroute_middleware.mesh import Mesh, load_nodes_file
+from meshroute_middleware.mesh import Listening, Mesh, load_nodes_file
 from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
 from meshroute_middleware.state.keeper import StateKeeper
 from meshroute_middleware.state.store import StateStore, StateStoreError
@@ -137,7 +138,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     telemetry = Telemetry(router)
-    mesh = Mesh(router, telemetry, settings.max_nodes)
+    mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
     forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
@@ -162,8 +163,10 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
     inner.router.lifespan_context = lambda app: background_services(config, mesh, keeper, clock)
-    app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,
-                              telemetry=telemetry, providers=chat)
+    app = MeshRouteMiddleware(inner, replace(settings.middleware(),
+                                             loop_marker=loop_marker(config.tracker_id)),
+                              router=router, forwarder=forwarder, telemetry=telemetry,
+                              providers=chat)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper)
 
 
@@ -179,7 +182,10 @@ def load_static_nodes(mesh: Mesh, path: str) -> None:
     if len({r.node_id for r in records}) > mesh.max_nodes:
         raise ValueError(f"{path}: more than --max-nodes {mesh.max_nodes} nodes")
     for record in records:
-        mesh.upsert(record)
+        try:
+            mesh.upsert(record)
+        except InvalidNodeError as exc:  # a URL of the gateway itself (a loop)
+            raise ValueError(f"{path}: {exc}") from exc
 
 
 def config_warnings(config: GatewayConfig) -> list[str]:
@@ -406,6 +412,13 @@ def workers_base_id(saved: str | None) -> str | None:
         return None
     base, sep, index = saved.rpartition("-w")
     return base if sep and base and index.isdigit() else None
+
+
+def loop_marker(tracker_id: str) -> str:
+    """The `via` marker of a tracker (middleware.MiddlewareConfig.loop_marker): the same for
+    every worker of one `--workers` run, which share a port and so any loop."""
+    base = workers_base_id(tracker_id) or tracker_id
+    return hashlib.sha256(base.encode()).hexdigest()[:16]
 
 
 def _reuseport_socket(host: str, port: int, listen: bool) -> socket.socket:

@@ -17,6 +17,8 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
+_NO_PARTS: list[bytes] = []  # shared, never appended to: a JSON meter keeps no line
+_NO_TAIL = bytearray()  # shared, never appended to: a stream meter keeps no tail
 _MAX_DIGITS = 18  # a longer count is a lie: read as 10**18 (clamped later), never int()-ed
 
 
@@ -32,9 +34,11 @@ class TokenMeter:
         self.streaming = streaming
         self.chunks_counted = 0
         self.usage_tokens: int | None = None
-        self._parts: list[bytes] = []  # the pending (unfinished) SSE line, as it came
-        self._pending = 0  # its length; past _MAX_LINE the rest of the line is skipped
-        self._tail = bytearray()
+        # a stream: the pending (unfinished) SSE line, as it came, and its length (past
+        # _MAX_LINE the rest of the line is skipped); a JSON body: its tail
+        self._parts: list[bytes] = [] if streaming else _NO_PARTS
+        self._pending = 0
+        self._tail = _NO_TAIL if streaming else bytearray()
 
     def feed(self, chunk: bytes) -> None:
         """Account for one body chunk; the work is linear in the bytes fed, however they
