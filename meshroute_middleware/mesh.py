@@ -150,6 +150,8 @@ class Mesh:
             self._claims.pop(record.node_id, None)
         elif known is None:
             self._claims[record.node_id] = claim
+        if known is not None and known.model != record.model:  # moved: the old may be empty
+            self._forget_if_gone(known.model)
         if change != "refresh":
             self.telemetry.events.publish("node", {"change": change, "node": record.to_dict()})
         return change
@@ -182,11 +184,19 @@ class Mesh:
                 self.reject("mdns-claim", f"{node_id}: goodbye from {claim[:80]}, which did "
                             "not announce it")
             return False
+        known = self.router.topology.node(node_id)
         removed = self.router.remove_node(node_id)
         self._claims.pop(node_id, None)
+        if known is not None:
+            self._forget_if_gone(known.model)
         if removed:
             self.telemetry.events.publish("node", {"change": "leave", "node_id": node_id})
         return removed
+
+    def _forget_if_gone(self, model: str) -> None:
+        """A model with no node left is forgotten by the router: its metric series too."""
+        if self.router.topology.model(model) is None:
+            self.telemetry.forget_model(model)
 
     def claim_of(self, node_id: str) -> str | None:
         """The unsigned source that owns a node, None when it is trusted (or unknown)."""

@@ -122,6 +122,21 @@ class _CallbackCollector(Collector):
         yield from self.produce()
 
 
+MAX_MODEL_SERIES = 4096  # (model, mode) and (model, result) label sets, each; then "other"
+OTHER_MODEL = "other"
+
+
+def _bump(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+    """Count one in `table`; a new label set past MAX_MODEL_SERIES is counted as `other`
+    (models never outnumber nodes in the topology, and leave /metrics with it: this bounds
+    what the two together might still miss)."""
+    count = table.get(key)
+    if count is None and len(table) >= MAX_MODEL_SERIES:
+        key = (OTHER_MODEL, key[1])
+        count = table.get(key)
+    table[key] = (count or 0) + 1
+
+
 MAX_REJECTED_SERIES = 256  # label sets of meshroute_rejected; sources and reasons are fixed words
 
 
@@ -242,14 +257,12 @@ class Telemetry:
 
     def decided(self, decision: Decision) -> None:
         """A route was selected for an attempt."""
-        key = (decision.model, decision.mode)
-        self.decisions[key] = self.decisions.get(key, 0) + 1
+        _bump(self.decisions, (decision.model, decision.mode))
         self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
-        key = (decision.model, result)
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        _bump(self.outcomes, (decision.model, result))
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy("outcome", _outcome_fields,
@@ -258,8 +271,7 @@ class Telemetry:
     def provider_decided(self, chain: str, route: str, key_route: str, attempt: int) -> None:
         """A provider key was taken for an attempt: `route` `fastco/big-model`, `key_route`
         `fastco/big-model#1`, `attempt` its 0-based place among the request's attempts."""
-        key = (route, PROVIDER_MODE)
-        self.decisions[key] = self.decisions.get(key, 0) + 1
+        _bump(self.decisions, (route, PROVIDER_MODE))
         self.events.publish_lazy("route-selected", _provider_selected_fields,
                                  (_provider_selected(route, key_route, attempt), chain))
 
@@ -269,14 +281,20 @@ class Telemetry:
         """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
         reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
         own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
-        key = (route, result)
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        _bump(self.outcomes, (route, result))
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy(
             "outcome", _provider_outcome_fields,
             (_provider_selected(route, key_route, attempt), chain, outcome, result,
              cooldown_until))
+
+    def forget_model(self, model: str) -> None:
+        """A model left the topology: its series leave /metrics (issue 22: 3,000 join / chat /
+        leave cycles left 6,000 series behind)."""
+        for table in (self.decisions, self.outcomes):
+            for key in [k for k in table if k[0] == model]:
+                del table[key]
 
     def reject(self, source: str, reason: str, kind: str = "") -> None:
         """Hostile or malformed input was refused. `source` and `kind` are fixed words (the
