@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -80,13 +81,23 @@ def until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """`meshroute serve` with mDNS on loopback, gossip on, health probes every 0.5 s."""
-    port, log = _free_port(), tmp_path / "serve.log"
+class Gateway(NamedTuple):
+    url: str
+    log: Path
+    gossip_port: int
+    secret: tuple[str, ...]  # the mesh secret flags its nodes need too
+
+
+@pytest.fixture(params=[(), ("--mesh-secret", "s3cret")], ids=["unsigned", "mesh-secret"])
+def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
+    """`meshroute serve` with mDNS on loopback, gossip on, health probes every 0.5 s; with
+    and without a mesh secret (the name is read before any signature)."""
+    port, gossip_port, log = _free_port(), _free_port(), tmp_path / "serve.log"
+    secret: tuple[str, ...] = request.param
     command = [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--host",
                LOOPBACK, "--port", str(port), "--mdns-interfaces", LOOPBACK,
-               "--health-interval", "0.5", "--gossip-listen", f"{LOOPBACK}:{_free_port()}"]
+               "--health-interval", "0.5", "--gossip-listen", f"{LOOPBACK}:{gossip_port}",
+               *secret]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MESHROUTE_GOSSIP_SECRET": "hostile"}
     with log.open("ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -99,7 +110,7 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             except httpx.TransportError:
                 return False
         until(up, "meshroute serve answers /healthz")
-        yield url, log
+        yield Gateway(url, log, gossip_port, secret)
     finally:
         proc.kill()
         proc.wait(10)
@@ -107,14 +118,14 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 @pytest.mark.parametrize("service", [NODE_SERVICE, TRACKER_SERVICE])
 def test_a_control_character_in_an_instance_name_is_refused_and_discovery_goes_on(
-        gateway: tuple[str, Path], service: str) -> None:
-    url, log = gateway
+        gateway: Gateway, service: str) -> None:
+    url, log = gateway.url, gateway.log
     source = "mdns" if service == NODE_SERVICE else "mdns-tracker"
     send_response("a\x01b." + service, service)
     until(lambda: metric(url, "meshroute_rejected_total", source=source, reason="bad_name")
           >= 1, "the bad name is counted")
 
-    node = start_node("after-the-packet", "--seconds-per-layer", "0.0002")
+    node = start_node("after-the-packet", "--seconds-per-layer", "0.0002", *gateway.secret)
     try:
         until(lambda: "after-the-packet" in node_ids(url), "a later node is discovered")
         node.send_signal(signal.SIGKILL)  # no goodbye: only health checks can evict it
@@ -126,6 +137,7 @@ def test_a_control_character_in_an_instance_name_is_refused_and_discovery_goes_o
             node.wait(10)
     health = httpx.get(url + "/healthz", timeout=5)
     assert health.status_code == 200 and "degraded" not in health.json()
+    socket.create_connection((LOOPBACK, gateway.gossip_port), timeout=5).close()  # still open
     assert metric(url, "meshroute_service_failures_total") == 0  # nothing had to restart
     text = log.read_text()
     assert "\x01" not in text  # the name reached the log escaped
@@ -133,12 +145,13 @@ def test_a_control_character_in_an_instance_name_is_refused_and_discovery_goes_o
 
 
 def test_an_escape_sequence_in_an_announced_url_is_refused_and_never_logged_raw(
-        gateway: tuple[str, Path]) -> None:
+        gateway: Gateway) -> None:
     """Item 10: an unsigned TXT record whose URL holds ESC put terminal escapes into the
     `node … join via mDNS (…)` log line; such a URL is refused, and logged escaped."""
-    url, log = gateway
+    url, log = gateway.url, gateway.log
     good = NodeRecord("esc", "m", 0, 0, 1, "http://127.0.0.1:9")
-    props = encode_record(replace(good, url="http://127.0.0.1:9/\x1b[2J\x1b[31mpwned"))
+    props = encode_record(replace(good, url="http://127.0.0.1:9/\x1b[2J\x1b[31mpwned"),
+                          secret=gateway.secret[1] if gateway.secret else None)
     txt = b"".join(bytes([len(p)]) + p for p in
                    (f"{k}={v}".encode() for k, v in props.items()))
     send_response("esc." + NODE_SERVICE, NODE_SERVICE, txt)
