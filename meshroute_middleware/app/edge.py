@@ -97,11 +97,26 @@ class _RefusalLog:
         self.last, self.quiet = now, 0
 
 
+_PARSE_WARNING = "Invalid HTTP request received."  # uvicorn's, once per malformed request
+
+
+class _OwnRefusalLog(logging.Filter):
+    """Drops uvicorn's warning per malformed request: the edge logs its 400 refusals itself,
+    at most once a second (an attacker's flood of bad requests must not flood the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _PARSE_WARNING
+
+
+_UVICORN_LOG_FILTER = _OwnRefusalLog()
+
+
 def edge_protocol(limits: EdgeLimits,
                   on_reject: Callable[[str, str], None] = lambda source, reason: None,
                   ) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with `limits`; `on_reject(source, reason)` counts."""
     refused_log = _RefusalLog()
+    logging.getLogger("uvicorn.error").addFilter(_UVICORN_LOG_FILTER)  # once: filters are a set
 
     class EdgeProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:

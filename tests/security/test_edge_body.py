@@ -121,3 +121,33 @@ def test_the_uvicorn_hooks_the_edge_extends_are_there() -> None:
     for hook in ("on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body",
                  "on_message_complete", "connection_made", "connection_lost"):
         assert callable(getattr(HttpToolsProtocol, hook)), hook
+
+
+def test_a_flood_of_malformed_requests_is_refused_in_json_and_logged_sparingly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """uvicorn's own parse-error path is reused (send_400_response): the answer is the edge's
+    JSON 400, and uvicorn's one-warning-per-request is left to the edge's throttled log."""
+    import logging
+
+    uvicorn_lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            uvicorn_lines.append(record.getMessage())
+
+    keep = Keep()
+    uvicorn_log = logging.getLogger("uvicorn.error")  # its records do not propagate
+    with EdgeGateway() as gw, caplog.at_level(logging.WARNING):
+        uvicorn_log.addHandler(keep)  # after uvicorn configured its logging (dictConfig)
+        try:
+            for _ in range(30):
+                with socket.create_connection(("127.0.0.1", gw.port), timeout=15) as sock:
+                    sock.sendall(b"GARBAGE / HTTP/1.1\r\n\x00\r\n\r\n")
+                    status, body = status_and_json(read_all(sock))
+                assert status == 400 and body["error"]["code"] == "invalid_request"
+        finally:
+            uvicorn_log.removeHandler(keep)
+        assert gw.rejected("http") == 30
+    assert not any("Invalid HTTP request received" in line for line in uvicorn_lines)
+    lines = [r.getMessage() for r in caplog.records]
+    assert 1 <= sum("refused a connection" in line for line in lines) <= 10
