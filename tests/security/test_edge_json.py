@@ -50,7 +50,7 @@ async def test_json_at_the_depth_limit_is_forwarded() -> None:
 
 
 def test_parse_chat_depth_limit_is_exact_and_brackets_in_strings_do_not_count() -> None:
-    from meshroute_middleware import request
+    from meshroute_middleware.http import request
     assert request.MAX_JSON_DEPTH == MAX_JSON_DEPTH
     parse_chat(nested(MAX_JSON_DEPTH))
     with pytest.raises(RequestError) as err:
