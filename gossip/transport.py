@@ -26,6 +26,8 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from meshroute_middleware.core.logsafe import shown
+
 from . import errors as err
 from .wire import MAX_FRAME_BYTES
 
@@ -181,7 +183,7 @@ class TcpTransport:
             log.exception("gossip: handler failed for %s", _fmt(sender))
 
     def _report(self, exc: err.GossipError, sender: Address) -> None:
-        log.debug("gossip: inbound from %s refused: %s", _fmt(sender), exc)
+        log.debug("gossip: inbound from %s refused: %s", _fmt(sender), shown(exc))
         if self.on_error is not None:
             self.on_error(exc)
 

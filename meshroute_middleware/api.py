@@ -234,9 +234,14 @@ class GatewayAPI:
         return JSONResponse(openapi_document())
 
     async def health(self, request: Request) -> Response:
-        """Liveness."""
-        return JSONResponse({"ok": True, "models": self.router.models(),
-                             "tracker": self.router.stats.origin})
+        """Liveness: 200 `{"ok": true, ...}`, or 503 with `ok` false and `degraded` naming
+        each background service that failed and is waiting to restart (app/supervise.py)."""
+        body: dict[str, Any] = {"ok": True, "models": self.router.models(),
+                                "tracker": self.router.stats.origin}
+        degraded = self.telemetry.services.degraded()
+        if not degraded:
+            return JSONResponse(body)
+        return JSONResponse({**body, "ok": False, "degraded": degraded}, 503)
 
 
 def script_safe_json(doc: bytes) -> str:

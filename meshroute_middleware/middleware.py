@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import random
+import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from meshroute_middleware.chat.annotate import AnnotateMode
 from meshroute_middleware.chat.attempts import Attempts, Exchange
 from meshroute_middleware.chat.forward import CHAT_PATH, DEFAULT_REQUEST_TIMEOUT_S, ForwardMode
-from meshroute_middleware.chat.headers import allow_list
+from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.core import (
     InvalidPinError,
     NoRouteError,
@@ -37,6 +39,7 @@ from meshroute_middleware.http.errors import send_error
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
     RequestError,
+    check_session_id,
     parse_chat,
     read_body,
     replay,
@@ -64,6 +67,10 @@ class MiddlewareConfig:
     forward_headers: tuple[str, ...] = ()  # credentials a node may see (docs/security.md)
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # forward mode's total deadline
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body, else 408
+    # this gateway's `via` entry (chat/headers.py: a request that comes back with it gets
+    # 508); empty: a random one per middleware. Gateways that share a port (--workers)
+    # share one, so that a loop through any of them is caught.
+    loop_marker: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in ("forward", "annotate"):
@@ -72,6 +79,9 @@ class MiddlewareConfig:
             raise ValueError("max_body_bytes must be positive")
         if not (self.request_timeout_s > 0 and self.body_timeout_s > 0):
             raise ValueError("request_timeout_s and body_timeout_s must be positive")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{0,64}", self.loop_marker):
+            raise ValueError(f"loop_marker must be a token of letters and digits, got "
+                             f"{self.loop_marker!r}")
 
 
 def build_router(config: RouterConfig | None = None, *, seed: int | None = None,
@@ -102,6 +112,8 @@ class MeshRouteMiddleware:
             self.telemetry.requests = RequestTally()
         self._requests = self.telemetry.requests  # what /v1/routing and the dashboard count
         self.annotate = self.config.mode == "annotate"
+        self._via = via_entry(self.config.loop_marker or secrets.token_hex(8))
+        self._via_header = (VIA, self._via)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
                 self.forwarder, forward_headers=allow_list(self.config.forward_headers),
@@ -129,6 +141,12 @@ class MeshRouteMiddleware:
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
+            if came_back(scope, self._via):
+                raise RequestError(508, "this request already passed through this gateway: "
+                                   "a node URL leads back to it (a forwarding loop)",
+                                   "loop_detected")
+            check_session_id(scope)
+            add_via(scope, self._via_header)
             req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes,
                                              self.config.body_timeout_s))
             chain = self.providers is not None and self.providers.claims(req.model)
@@ -136,7 +154,8 @@ class MeshRouteMiddleware:
                                                              req.max_tokens)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
-                if exc.status in (408, 413) or exc.code == "invalid_json":
+                if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
+                                                                  "invalid_session_id"):
                     self.telemetry.reject("http", f"{exc.status} {exc.code}: {exc}")
                     log.warning("meshroute: refused a chat request: %s %s", exc.status, exc)
                 await send_error(send, exc.status, str(exc), exc.code)

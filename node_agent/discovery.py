@@ -16,10 +16,12 @@ from typing import Any, Protocol
 import aiohttp
 import anyio
 import anyio.abc
+from zeroconf import Error as ZeroconfError
 from zeroconf import ServiceStateChange
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from meshroute_middleware.core import InvalidNodeError, NodeRecord
+from meshroute_middleware.core.logsafe import shown
 
 from .announcer import TrackerAnnouncer, parse_tracker
 from .mdns import (
@@ -27,6 +29,7 @@ from .mdns import (
     RESOLVE_TIMEOUT_MS,
     TRACKER_SERVICE,
     decode_record,
+    name_problem,
     open_zeroconf,
 )
 
@@ -58,8 +61,9 @@ class TopologySink(Protocol):
     def nodes(self) -> list[NodeRecord]:
         """Every node currently in the topology."""
 
-    def reject(self, source: str, reason: str) -> None:
-        """Count and log a refused record; `source` is a fixed word, `reason` names it."""
+    def reject(self, source: str, reason: str, kind: str = "") -> None:
+        """Count and log a refused record; `source` and `kind` (the metric's reason label)
+        are fixed words, `reason` the text naming it."""
 
 
 class Discovery:
@@ -89,26 +93,47 @@ class Discovery:
                   state_change: ServiceStateChange) -> None:
         """AsyncServiceBrowser handler: queue the event for the resolver task. A full queue
         (a flood of announcements) drops the event, counted as a rejection through the sink
-        (meshroute_rejected{source="mdns-overflow"})."""
+        (meshroute_rejected{source="mdns-overflow"}). A name that may not be used (control
+        characters, too long, another service type) is refused here, before anything reads it
+        (meshroute_rejected{source="mdns",reason="bad_name"})."""
+        source = "mdns-tracker" if service_type == TRACKER_SERVICE else "mdns"
+        problem = (name_problem(name, service_type)
+                   if service_type in (NODE_SERVICE, TRACKER_SERVICE) else "bad_type")
+        if problem is not None:
+            self._reject(source, name, "service name may not be used", problem)
+            return
         try:
             self._send.send_nowait((service_type, name, state_change))
         except anyio.WouldBlock:
-            self._reject("mdns-overflow", name, "browse event queue full; event dropped")
+            self._reject("mdns-overflow", name, "browse event queue full; event dropped",
+                         "overflow")
 
     async def handle_events(self, azc: AsyncZeroconf) -> None:
-        """Resolve queued browse events in order, forever."""
+        """Resolve queued browse events in order, forever: no single event can end it (an
+        unexpected error is refused as that event's, counted and logged once)."""
         async with self._receive:
             async for service_type, name, change in self._receive:
-                if service_type == NODE_SERVICE:
-                    await self._node_event(azc, name, change)
-                elif service_type == TRACKER_SERVICE and name != self._skip_tracker:
-                    await self._tracker_event(azc, name, change)
+                try:
+                    await self._event(azc, service_type, name, change)
+                except Exception as exc:  # one hostile record, never the whole discovery
+                    self._reject("mdns", name, f"{type(exc).__name__}: {exc}", "error")
+
+    async def _event(self, azc: AsyncZeroconf, service_type: str, name: str,
+                     change: ServiceStateChange) -> None:
+        if service_type == NODE_SERVICE:
+            await self._node_event(azc, name, change)
+        elif service_type == TRACKER_SERVICE and name != self._skip_tracker:
+            await self._tracker_event(azc, name, change)
 
     async def _resolve(self, azc: AsyncZeroconf, service_type: str,
                        name: str) -> AsyncServiceInfo | None:
-        info = AsyncServiceInfo(service_type, name)
-        if await info.async_request(azc.zeroconf, RESOLVE_TIMEOUT_MS):
-            return info
+        """The resolved service, or None; zeroconf's refusal of a name counts as None."""
+        try:
+            info = AsyncServiceInfo(service_type, name)
+            if await info.async_request(azc.zeroconf, RESOLVE_TIMEOUT_MS):
+                return info
+        except ZeroconfError:  # BadTypeInNameException and kin: a name zeroconf refuses
+            return None
         return None
 
     async def _node_event(self, azc: AsyncZeroconf, name: str,
@@ -118,7 +143,7 @@ class Discovery:
             return
         info = await self._resolve(azc, NODE_SERVICE, name)
         if info is None:
-            self._reject("mdns", name, "service record could not be resolved")
+            self._reject("mdns", name, "service record could not be resolved", "unresolved")
             return
         self.announced(name, info.properties)
 
@@ -133,7 +158,7 @@ class Discovery:
             record = decode_record(properties, secret=self.mesh_secret)
             self._accept(name, record)
         except InvalidNodeError as exc:
-            self._reject("mdns", name, str(exc))
+            self._reject("mdns", name, str(exc), "bad_record")
 
     def goodbye(self, name: str) -> None:
         """A node service left: it removes only the node this same announcement created."""
@@ -144,18 +169,19 @@ class Discovery:
         if self.claims.get(node_id, claim) == claim:
             self._forget(node_id)
         if self.sink.remove(node_id, claim):
-            log.info("node %s said goodbye", node_id)
+            log.info("node %s said goodbye", shown(node_id))
 
-    def _reject(self, source: str, name: str, reason: str) -> None:
+    def _reject(self, source: str, name: str, reason: str, kind: str) -> None:
         """Count every refusal through the sink; log each (service, reason) once."""
-        self.sink.reject(source, f"{name[:80]}: {reason}")
+        self.sink.reject(source, f"{shown(name, 80)}: {reason}", kind)
         self._log_refusal(name, reason)
 
     def _accept(self, name: str, record: NodeRecord) -> None:
         claim = self.claim(name)
         if claim is not None and record.node_id in self.down \
                 and self.claims.get(record.node_id) != claim:  # still reserved: probed
-            self.sink.reject("mdns-claim", f"{record.node_id}: held by a node being probed")
+            self.sink.reject("mdns-claim", f"{record.node_id}: held by a node being probed",
+                             "held")
             self._log_refusal(name, f"may not take node {record.node_id!r} while it is down")
             return
         old = self.services.get(name)
@@ -176,13 +202,14 @@ class Discovery:
         self._forget(record.node_id)
         self.claims[record.node_id] = claim
         if outcome != "refresh":
-            log.info("node %s %s via mDNS (%s)", record.node_id, outcome, record.url)
+            log.info("node %s %s via mDNS (%s)", shown(record.node_id), outcome,
+                     shown(record.url))
 
     def _log_refusal(self, name: str, reason: str) -> None:
         key = (name[:80], reason)
         if key not in self._logged and len(self._logged) < MAX_LOGGED_REJECTIONS:
             self._logged.add(key)
-            log.warning("refused mDNS record %s: %s", name[:80], reason)
+            log.warning("refused mDNS record %s: %s", shown(name, 80), shown(reason))
 
     def _forget(self, node_id: str) -> None:
         self.misses.pop(node_id, None)
@@ -203,7 +230,7 @@ class Discovery:
             _, host, port = parse_tracker(info.properties, info.parsed_addresses(),
                                           self.mesh_secret)
         except ValueError as exc:
-            self._reject("mdns-tracker", name, str(exc))
+            self._reject("mdns-tracker", name, str(exc), "bad_record")
             return
         if self.trackers.get(name) != (host, port):
             self.trackers[name] = (host, port)
@@ -247,10 +274,11 @@ class Discovery:
         try:
             outcome = self.sink.upsert(record, self.claims.get(record.node_id))
         except InvalidNodeError as exc:  # counted by the sink
-            log.warning("node %s answers again but is refused: %s", record.node_id, exc)
+            log.warning("node %s answers again but is refused: %s", shown(record.node_id),
+                        shown(exc))
             return
         if outcome != "refused":
-            log.info("node %s answers again: back in the topology", record.node_id)
+            log.info("node %s answers again: back in the topology", shown(record.node_id))
 
     def apply_probe(self, record: NodeRecord, ok: bool) -> None:
         """Count a probe result: 3 misses remove the node, an answer brings it back."""
@@ -265,7 +293,7 @@ class Discovery:
         if misses == MISSES_TO_REMOVE and node_id not in self.down:
             self.down[node_id] = record
             self.sink.remove(node_id)
-            log.warning("node %s missed %d health probes: removed", node_id, misses)
+            log.warning("node %s missed %d health probes: removed", shown(node_id), misses)
         elif misses >= FORGET_AFTER_MISSES:
             self._forget(node_id)
 

@@ -20,11 +20,13 @@ from meshroute_middleware.core.contracts.txt import decode_node as decode_record
 from meshroute_middleware.core.contracts.txt import encode_node as encode_record
 
 __all__ = [
-    "MAX_LABEL_BYTES", "NODE_SERVICE", "RESOLVE_TIMEOUT_MS", "TRACKER_SERVICE", "addresses_for",
-    "decode_record", "encode_record", "host_name", "instance_name", "open_zeroconf",
-    "parse_interfaces", "service_info",
+    "MAX_LABEL_BYTES", "MAX_NAME_BYTES", "NODE_SERVICE", "RESOLVE_TIMEOUT_MS",
+    "TRACKER_SERVICE", "addresses_for",
+    "decode_record", "encode_record", "host_name", "instance_name", "name_problem",
+    "open_zeroconf", "parse_interfaces", "service_info",
 ]
 MAX_LABEL_BYTES = 63  # RFC 1035 §2.3.4: a DNS label holds at most 63 octets
+MAX_NAME_BYTES = 255  # RFC 1035 §2.3.4: a whole name
 RESOLVE_TIMEOUT_MS = 1500
 
 
@@ -59,6 +61,21 @@ def instance_name(ident: str, service: str) -> str:
         digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
         label = label.encode()[:MAX_LABEL_BYTES - 13].decode(errors="ignore") + "-" + digest
     return f"{label}.{service}"
+
+
+def name_problem(name: str, service: str) -> str | None:
+    """Why a received service instance name may not be used (a fixed word for the metric's
+    reason label), or None. Checked before zeroconf sees the name: its ServiceInfo raises
+    BadTypeInNameException on a control character, which must never reach a task."""
+    if not isinstance(name, str) or not name.endswith("." + service):
+        return "bad_name"
+    label = name[:-len(service) - 1]
+    if not label or len(label.encode("utf-8", "replace")) > MAX_LABEL_BYTES \
+            or len(name.encode("utf-8", "replace")) > MAX_NAME_BYTES:
+        return "bad_name"
+    if not label.isprintable():  # control characters (C0, DEL, C1), separators
+        return "bad_name"
+    return None
 
 
 def host_name(ident: str) -> str:

@@ -3,6 +3,7 @@ and what it says about the tracker's exposure."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,3 +80,21 @@ def exposure(config: GatewayConfig) -> str:
             talk = f"gossip: {where}, not authenticated (loopback only)"
         talk += f", peers {', '.join(settings.gossip_peers) or 'from mDNS'}"
     return f"open: {http}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"
+
+
+def workers_base_id(saved: str | None) -> str | None:
+    """The base tracker id of the workers that last wrote a state file (`<base>-w<i>`: each
+    worker writes its own id there), so a restart comes back under the same origins and
+    takes its own restored statistics as its own, not as a departed peer's. None when the
+    file was written by something else (a single tracker, or nothing yet)."""
+    if saved is None:
+        return None
+    base, sep, index = saved.rpartition("-w")
+    return base if sep and base and index.isdigit() else None
+
+
+def loop_marker(tracker_id: str) -> str:
+    """The `via` marker of a tracker (middleware.MiddlewareConfig.loop_marker): the same for
+    every worker of one `--workers` run, which share a port and so any loop."""
+    base = workers_base_id(tracker_id) or tracker_id
+    return hashlib.sha256(base.encode()).hexdigest()[:16]

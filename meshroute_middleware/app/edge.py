@@ -16,6 +16,10 @@ a second, with the number refused since):
   408 `request_timeout`;
 - a malformed request: 400 `invalid_request` (uvicorn answers plain text).
 
+Only the head counts toward `max_header_bytes`: a body up to `--max-body-bytes` passes however
+its bytes arrive, in the head's read or after it. Parsing stays uvicorn's (`data_received` is
+extended, not copied); its plain-text 400 is replaced through `send_400_response`.
+
 The body's own timeout is the middleware's (`read_body`, 408), so it holds under any server.
 Outgoing sockets (health probes, gossip) are not connections of this server: the limit does
 not starve them.
@@ -32,7 +36,6 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from meshroute_middleware.http.errors import error_body
@@ -94,11 +97,26 @@ class _RefusalLog:
         self.last, self.quiet = now, 0
 
 
+_PARSE_WARNING = "Invalid HTTP request received."  # uvicorn's, once per malformed request
+
+
+class _OwnRefusalLog(logging.Filter):
+    """Drops uvicorn's warning per malformed request: the edge logs its 400 refusals itself,
+    at most once a second (an attacker's flood of bad requests must not flood the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _PARSE_WARNING
+
+
+_UVICORN_LOG_FILTER = _OwnRefusalLog()
+
+
 def edge_protocol(limits: EdgeLimits,
                   on_reject: Callable[[str, str], None] = lambda source, reason: None,
                   ) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with `limits`; `on_reject(source, reason)` counts."""
     refused_log = _RefusalLog()
+    logging.getLogger("uvicorn.error").addFilter(_UVICORN_LOG_FILTER)  # once: filters are a set
 
     class EdgeProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -107,6 +125,8 @@ def edge_protocol(limits: EdgeLimits,
             self._raw_head = 0  # bytes received while a head is incomplete
             self._header_lines = 0
             self._head_done = False
+            self._in_head = False  # a request began and its head is not complete yet
+            self._completed = False  # a request ended during the current data_received
             self._too_large = False
             self._refused = False
             self._head_timer: asyncio.TimerHandle | None = None
@@ -154,30 +174,30 @@ def edge_protocol(limits: EdgeLimits,
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
-            counting = not self._head_done
-            self._unset_keepalive_if_required()
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserUpgrade:
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._unsupported_upgrade_warning()
+            was_in_head, self._completed = self._in_head, False
+            super().data_received(data)  # uvicorn's parsing; errors come to send_400_response
+            if self._refused or not self._in_head:
                 return
-            except httptools.HttpParserError:
-                if not self._refused:
-                    self._refuse(400, "malformed HTTP request", "invalid_request")
-                return
-            if counting and not self._head_done and not self._refused:
+            # The head is still incomplete, so httptools may be buffering a part of it. Only
+            # the bytes of this head count: all of `data` when the head had begun before it
+            # or began with it. When an earlier (pipelined) request ended inside `data` the
+            # split is unknown and the count starts with the next read: one read more at most.
+            if was_in_head or not self._completed:
                 self._raw_head += len(data)
                 if self._raw_head > limits.max_header_bytes:
                     self._refuse(431, f"the request head exceeds {limits.max_header_bytes} "
                                  "bytes", "headers_too_large")
 
+        def send_400_response(self, msg: str) -> None:
+            """A malformed request: an OpenAI-style 400 (uvicorn answers plain text)."""
+            if not self._refused:
+                self._refuse(400, "malformed HTTP request", "invalid_request")
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_bytes = self._raw_head = self._header_lines = 0
             self._head_done = self._too_large = False
+            self._in_head = True
             self._arm()
 
         def on_url(self, url: bytes) -> None:
@@ -194,7 +214,7 @@ def edge_protocol(limits: EdgeLimits,
             super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
-            self._head_done = True
+            self._head_done, self._in_head = True, False
             self._disarm()
             if self._refused:
                 return
@@ -209,6 +229,7 @@ def edge_protocol(limits: EdgeLimits,
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._completed = True
             if not self._refused:
                 super().on_message_complete()
                 self._head_done = False

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
-from meshroute_middleware.app.config import GatewayConfig, config_warnings
+from meshroute_middleware.app.config import GatewayConfig, config_warnings, loop_marker
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
@@ -25,7 +25,7 @@ from meshroute_middleware.core import InvalidNodeError, Router, parse_node
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.guard import RequestGuard
-from meshroute_middleware.mesh import Mesh, load_nodes_file
+from meshroute_middleware.mesh import Listening, Mesh, load_nodes_file
 from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
 from meshroute_middleware.state.keeper import StateKeeper
 from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
@@ -106,7 +106,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     telemetry = Telemetry(router)
-    mesh = Mesh(router, telemetry, settings.max_nodes)
+    mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
     forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
@@ -135,7 +135,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     inner.router.lifespan_context = lambda app: _recorded(
         background_services(config, mesh, keeper, clock), failures)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
-    app = RequestGuard(MeshRouteMiddleware(inner, settings.middleware(), router=router,
+    middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
+    app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
                                            providers=chat),
                        settings.guard(), reject=telemetry.reject)
@@ -169,4 +170,7 @@ def load_static_nodes(mesh: Mesh, path: str) -> None:
     if len({r.node_id for r in records}) > mesh.max_nodes:
         raise ValueError(f"{path}: more than --max-nodes {mesh.max_nodes} nodes")
     for record in records:
-        mesh.upsert(record)
+        try:
+            mesh.upsert(record)
+        except InvalidNodeError as exc:  # a URL of the gateway itself (a loop)
+            raise ValueError(f"{path}: {exc}") from exc

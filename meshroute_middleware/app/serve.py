@@ -37,7 +37,6 @@ from meshroute_middleware.app.workers import (
     PORT_HINT,
     run_workers,
     worker_settings,
-    workers_base_id,
 )
 from meshroute_middleware.state.store import StateStoreError
 from node_agent.serving import ListenError, listen_socket
@@ -47,7 +46,7 @@ log = logging.getLogger("meshroute.serve")
 # The names this module held before the split, for the code that imports them from here.
 __all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
            "config_warnings", "exposure", "load_static_nodes", "open_state_file", "run",
-           "run_workers", "server_config", "settle_heap", "worker_settings", "workers_base_id"]
+           "run_workers", "server_config", "settle_heap", "worker_settings"]
 
 
 class _Refused(Exception):

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import replace
 
-from meshroute_middleware.app.config import GatewayConfig, new_tracker_id
+from meshroute_middleware.app.config import GatewayConfig, new_tracker_id, workers_base_id
 from meshroute_middleware.app.gateway import build_gateway, open_state_file
 from meshroute_middleware.app.logs import configure_logging
 from meshroute_middleware.app.run import StartupError, serve_gateway
@@ -35,17 +35,6 @@ def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int]
                    gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
                    gossip_secret_file=None, gossip_fanout=max(settings.gossip_fanout,
                                                               len(gossip_ports) - 1))
-
-
-def workers_base_id(saved: str | None) -> str | None:
-    """The base tracker id of the workers that last wrote a state file (`<base>-w<i>`: each
-    worker writes its own id there), so a restart comes back under the same origins and
-    takes its own restored statistics as its own, not as a departed peer's. None when the
-    file was written by something else (a single tracker, or nothing yet)."""
-    if saved is None:
-        return None
-    base, sep, index = saved.rpartition("-w")
-    return base if sep and base and index.isdigit() else None
 
 
 def _free_ports(n: int) -> list[int]:

@@ -106,6 +106,36 @@ def forwardable(scope: Scope, allowed: frozenset[bytes] = frozenset()) -> Header
             and (k not in CREDENTIALS or k in allowed)]
 
 
+# Loops (issue 22): every chat request the gateway routes gets its own `via` entry (RFC 9110
+# §7.6.3: a proxy adds one, and finding its own means the request came back through it); a
+# node URL that leads back to the gateway is refused at registration (mesh.py), this catches
+# the rest (a name or a proxy in between).
+VIA = b"via"
+
+
+def via_entry(marker: str) -> bytes:
+    """This gateway's `via` entry: `1.1 meshroute-<marker>`."""
+    return b"1.1 meshroute-" + marker.encode("ascii")
+
+
+def came_back(scope: Scope, entry: bytes) -> bool:
+    """Whether a request already passed through the gateway whose `via` entry is `entry`."""
+    for k, v in scope.get("headers", ()):
+        if k == VIA and any(part.strip() == entry for part in v.split(b",")):
+            return True
+    return False
+
+
+def add_via(scope: Scope, header: tuple[bytes, bytes]) -> None:
+    """Add this gateway's `(VIA, entry)` header to the request's headers (in place: no copy
+    of the scope is kept alive per stream), so that it is forwarded with the others."""
+    headers = scope.get("headers")
+    if isinstance(headers, list):
+        headers.append(header)
+    else:
+        scope["headers"] = [*(headers or ()), header]
+
+
 def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether a response is a Server-Sent Events stream."""
     for k, v in headers:

@@ -15,8 +15,11 @@ from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
 
 MAX_LAYERS = 100_000
 MAX_QUEUE = 1_000_000
-_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+-]+$")
-_URL_RE = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")  # no userinfo/query/fragment
+# \Z, not $: `$` also matches before a final newline ("gpu-a\n" would pass)
+_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+-]+\Z")
+# Printable ASCII only (no whitespace, ESC, backspace, NUL, DEL: they reached log lines);
+# no userinfo, query or fragment.
+_URL_RE = re.compile(r"^https?://(?:(?![/?#@])[!-~])+(/(?:(?![?#])[!-~])*)?\Z")
 _HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$")
 _NUMERIC_HOST_RE = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+))*$", re.I)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

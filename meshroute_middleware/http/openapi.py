@@ -120,7 +120,13 @@ def openapi_document() -> dict[str, Any]:
                                             "properties": {"ok": {"type": "boolean"},
                                                            "models": {"type": "array"},
                                                            "tracker": {"type": "string"}}},
-                                           "alive")}}},
+                                           "alive"),
+                              "503": _json({"type": "object",
+                                            "required": ["ok", "degraded"],
+                                            "properties": {"ok": {"type": "boolean"},
+                                                           "degraded": {"type": "object"}}},
+                                           "a background service failed and is "
+                                           "restarting; `degraded` maps each to its error")}}},
             "/dashboard": {"get": {
                 "summary": "The live routing dashboard",
                 "responses": {"200": {"description": "HTML page", "content": {

@@ -11,6 +11,7 @@ import orjson
 from starlette.types import Message, Receive, Scope
 
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
+from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 
 MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
@@ -103,6 +104,18 @@ def _too_deep(payload: Any, limit: int) -> bool:
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
     return False
+
+
+H_SESSION = b"x-session-id"
+
+
+def check_session_id(scope: Scope) -> None:
+    """RequestError(400) when an `x-session-id` is longer than MAX_SESSION_ID_BYTES (each
+    one kept costs memory for an hour: issue 22)."""
+    for name, value in scope.get("headers", ()):
+        if name == H_SESSION and len(value) > MAX_SESSION_ID_BYTES:
+            raise RequestError(400, f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
+                               "bytes", "invalid_session_id")
 
 
 def parse_chat(body: bytes) -> ChatRequest:

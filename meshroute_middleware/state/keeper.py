@@ -184,7 +184,8 @@ class StateKeeper:
         return error is None
 
     async def run(self, clock: Callable[[], float]) -> None:
-        """Save every SAVE_EVERY_S until cancelled, then a last time, and close the file."""
+        """Save every SAVE_EVERY_S until cancelled, then a last time, and close the file (an
+        unexpected error leaves it open, so that the loop can be run again)."""
         try:
             while True:
                 await anyio.sleep(SAVE_EVERY_S)
@@ -195,11 +196,14 @@ class StateKeeper:
                     self.done(pending, error, clock())
                 elif not self._failing:
                     self.saved_at = now  # nothing changed: the file is current as of now
-        finally:
+        except Exception:
+            raise  # unexpected: the supervisor (app/supervise.py) runs it again, file open
+        except BaseException:  # cancelled: the gateway stops; a last save, then close
             if not self.save_now(clock()):
                 log.error("state file %s: the last changes were not saved at shutdown",
                           self.store.path)
             self.store.close()
+            raise
 
     def metric_families(self) -> Iterator[Metric]:
         """The state file's counters, for /metrics."""

@@ -36,6 +36,7 @@ from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.telemetry.events import EventBus, Payload
 from meshroute_middleware.telemetry.requests import RequestTally
+from meshroute_middleware.telemetry.services import ServiceStates
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -122,6 +123,34 @@ class _CallbackCollector(Collector):
         yield from self.produce()
 
 
+MAX_MODEL_SERIES = 4096  # (model, mode) and (model, result) label sets, each; then "other"
+OTHER_MODEL = "other"
+
+
+def _bump(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+    """Count one in `table`; a new label set past MAX_MODEL_SERIES is counted as `other`
+    (models never outnumber nodes in the topology, and leave /metrics with it: this bounds
+    what the two together might still miss)."""
+    count = table.get(key)
+    if count is None and len(table) >= MAX_MODEL_SERIES:
+        key = (OTHER_MODEL, key[1])
+        count = table.get(key)
+    table[key] = (count or 0) + 1
+
+
+MAX_REJECTED_SERIES = 256  # label sets of meshroute_rejected; sources and reasons are fixed words
+
+
+def _rejected(counts: dict[tuple[str, str], int]) -> CounterMetricFamily:
+    """meshroute_rejected{source} and, where a reason kind was given, {source, reason}: the
+    series without a reason stay as they were before reasons were added."""
+    family = CounterMetricFamily("meshroute_rejected", "Rejected hostile or malformed input")
+    for (source, kind), value in sorted(counts.items()):
+        labels = {"source": source, "reason": kind} if kind else {"source": source}
+        family.add_sample("meshroute_rejected_total", labels, value)
+    return family
+
+
 def _counter(name: str, documentation: str, labels: list[str],
              counts: dict[Any, int]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, documentation, labels=labels)
@@ -192,6 +221,8 @@ class Telemetry:
         self.outcomes: dict[tuple[str, str], int] = {}  # (model, result) -> n
         self.forward_errors: dict[str, int] = {}  # kind -> n
         self.rejected: dict[str, int] = {}  # source -> n
+        self.rejected_by: dict[tuple[str, str], int] = {}  # (source, reason kind) -> n
+        self.services = ServiceStates()  # the supervised background services (/healthz)
         self.in_flight = 0  # chat requests being served
         # Chat requests by what their client got; kept by the MeshRouteMiddleware that
         # serves them (None where none does: the mitm addon counts attempts only).
@@ -208,8 +239,8 @@ class Telemetry:
         yield _counter("meshroute_forward_errors",
                        "Failures of a route head before its first byte", ["kind"],
                        self.forward_errors)
-        yield _counter("meshroute_rejected", "Rejected hostile or malformed input",
-                       ["source"], self.rejected)
+        yield _rejected(self.rejected_by)
+        yield from self.services.metric_families()
         yield _counter("meshroute_events_dropped",
                        "Events a slow /v1/routing/events subscriber missed", [],
                        {(): self.events.dropped})
@@ -230,14 +261,12 @@ class Telemetry:
 
     def decided(self, decision: Decision) -> None:
         """A route was selected for an attempt."""
-        key = (decision.model, decision.mode)
-        self.decisions[key] = self.decisions.get(key, 0) + 1
+        _bump(self.decisions, (decision.model, decision.mode))
         self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
 
     def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
         """An attempt ended; `result` is what the router made of it."""
-        key = (decision.model, result)
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        _bump(self.outcomes, (decision.model, result))
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy("outcome", _outcome_fields,
@@ -246,8 +275,7 @@ class Telemetry:
     def provider_decided(self, chain: str, route: str, key_route: str, attempt: int) -> None:
         """A provider key was taken for an attempt: `route` `fastco/big-model`, `key_route`
         `fastco/big-model#1`, `attempt` its 0-based place among the request's attempts."""
-        key = (route, PROVIDER_MODE)
-        self.decisions[key] = self.decisions.get(key, 0) + 1
+        _bump(self.decisions, (route, PROVIDER_MODE))
         self.events.publish_lazy("route-selected", _provider_selected_fields,
                                  (_provider_selected(route, key_route, attempt), chain))
 
@@ -257,8 +285,7 @@ class Telemetry:
         """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
         reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
         own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
-        key = (route, result)
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        _bump(self.outcomes, (route, result))
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy(
@@ -266,9 +293,21 @@ class Telemetry:
             (_provider_selected(route, key_route, attempt), chain, outcome, result,
              cooldown_until))
 
-    def reject(self, source: str, reason: str) -> None:
-        """Hostile or malformed input was refused."""
+    def forget_model(self, model: str) -> None:
+        """A model left the topology: its series leave /metrics (issue 22: 3,000 join / chat /
+        leave cycles left 6,000 series behind)."""
+        for table in (self.decisions, self.outcomes):
+            for key in [k for k in table if k[0] == model]:
+                del table[key]
+
+    def reject(self, source: str, reason: str, kind: str = "") -> None:
+        """Hostile or malformed input was refused. `source` and `kind` are fixed words (the
+        metric's labels: `kind` becomes `reason`), `reason` the text for the event."""
         self.rejected[source] = self.rejected.get(source, 0) + 1
+        key = (source, kind)
+        if key not in self.rejected_by and len(self.rejected_by) >= MAX_REJECTED_SERIES:
+            key = ("other", "other")  # a bound on label sets, whatever a caller passes
+        self.rejected_by[key] = self.rejected_by.get(key, 0) + 1
         self.events.publish("rejected", {"source": source, "reason": reason[:300]})
 
     def render(self) -> bytes:

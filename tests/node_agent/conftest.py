@@ -28,6 +28,7 @@ class RecordingSink:
     def __init__(self) -> None:
         self.records: dict[str, NodeRecord] = {}
         self.rejections: list[tuple[str, str]] = []
+        self.kinds: list[str] = []  # the reason label of each rejection
         self.log: list[tuple[float, str, str]] = []
 
     def upsert(self, record: NodeRecord, claim: str | None = None) -> str:
@@ -43,8 +44,9 @@ class RecordingSink:
     def nodes(self) -> list[NodeRecord]:
         return list(self.records.values())
 
-    def reject(self, source: str, reason: str) -> None:
+    def reject(self, source: str, reason: str, kind: str = "") -> None:
         self.rejections.append((source, reason))
+        self.kinds.append(kind)
 
     async def wait_for(self, condition: Callable[[], bool], timeout_s: float) -> float:
         """Seconds until `condition()` holds; TimeoutError after timeout_s."""

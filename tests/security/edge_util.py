@@ -45,8 +45,10 @@ class EdgeGateway:
                              log_level="warning")
         if not _EDGE_SERVED:  # before the edge work: its knobs did not exist
             settings = {k: v for k, v in settings.items() if hasattr(base, k)}
+        self.port = free_port()  # known to the gateway: it refuses nodes pointing at itself
+        if _EDGE_SERVED:
+            settings = {"port": self.port, **settings}
         self.gateway: Gateway = build_gateway(replace(base, **settings))
-        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(_server_config(self.gateway, self.port))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

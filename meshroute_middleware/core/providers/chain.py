@@ -24,6 +24,10 @@ from .scoring import AUTO_ALIASES
 
 SESSION_TTL_S = 3600.0  # a session forgets its route after an hour of silence
 SESSION_MAX = 10_000  # sessions remembered at most (least recently used dropped first)
+# issue 22: 3,000 requests with 60 KB ids added 172 MB; ids are capped at the HTTP edge
+# (http/request.py, 400) and here, and the whole map in bytes of ids and routes.
+MAX_SESSION_ID_BYTES = 128
+SESSION_MAX_BYTES = 4 * 1024 * 1024
 
 
 class InvalidModelError(MeshRouteError, ValueError):
@@ -124,32 +128,43 @@ def _from_chain(cfg: ProvidersConfig, model: str, chain: Sequence[str], strategy
 
 
 class Sessions:
-    """`x-session-id` → the route that last served it; bounded in size and in time."""
+    """`x-session-id` → the route that last served it; bounded in entries, bytes and time."""
 
-    def __init__(self, ttl_s: float = SESSION_TTL_S, max_entries: int = SESSION_MAX) -> None:
-        self.ttl_s, self.max_entries = ttl_s, max_entries
+    def __init__(self, ttl_s: float = SESSION_TTL_S, max_entries: int = SESSION_MAX,
+                 max_bytes: int = SESSION_MAX_BYTES) -> None:
+        self.ttl_s, self.max_entries, self.max_bytes = ttl_s, max_entries, max_bytes
         self._routes: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.bytes = 0  # of the ids and routes held
 
     def get(self, session: str | None, now: float) -> str | None:
         if session is None or session not in self._routes:
             return None
         route, at = self._routes[session]
         if now - at > self.ttl_s:
-            del self._routes[session]
+            self.forget(session)
             return None
         return route
 
     def served(self, session: str | None, route: str, now: float) -> None:
-        if session is None:
-            return
+        if session is None or len(session.encode("utf-8", "replace")) > MAX_SESSION_ID_BYTES:
+            return  # a longer id is refused at the edge; never held here either
+        self.forget(session)
         self._routes[session] = (route, now)
-        self._routes.move_to_end(session)
-        while len(self._routes) > self.max_entries:
-            self._routes.popitem(last=False)
+        self.bytes += _size(session, route)
+        while len(self._routes) > self.max_entries or self.bytes > self.max_bytes:
+            old, (old_route, _) = self._routes.popitem(last=False)
+            self.bytes -= _size(old, old_route)
 
     def forget(self, session: str | None) -> None:
         if session is not None:
-            self._routes.pop(session, None)
+            held = self._routes.pop(session, None)
+            if held is not None:
+                self.bytes -= _size(session, held[0])
 
     def __len__(self) -> int:
         return len(self._routes)
+
+
+def _size(session: str, route: str) -> int:
+    """What one remembered session costs, as counted against `max_bytes`."""
+    return len(session.encode("utf-8", "replace")) + len(route.encode("utf-8", "replace"))
