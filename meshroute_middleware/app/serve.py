@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import multiprocessing
@@ -36,6 +37,7 @@ from gossip.service import GossipConfig, GossipService
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
 from meshroute_middleware.app.edge import edge_protocol, fit_descriptor_limit
 from meshroute_middleware.app.gcpace import GC_FULL_AFTER, GcPacer
+from meshroute_middleware.app.limits import check_limits_store, limits_mode, shared_gates
 from meshroute_middleware.app.settings import (
     DEFAULT_STATE_FILE,
     ServeSettings,
@@ -51,6 +53,7 @@ from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.mesh import Mesh, load_nodes_file
 from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
 from meshroute_middleware.state.keeper import StateKeeper
+from meshroute_middleware.state.limits import SqliteLimits
 from meshroute_middleware.state.store import StateStore, StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
 from node_agent.discovery import health_checks, tracker_discovery
@@ -87,6 +90,7 @@ class GatewayConfig:
         tracker_id = settings.tracker_id or f"tracker-{uuid.uuid4().hex[:12]}"
         secrets = (resolve_keys(settings.providers, environ or {})
                    if settings.providers is not None else {})
+        check_limits_store(settings)  # an unreachable --limits-store: exit 2 (issue 23)
         return cls(settings, tracker_id, gossip, secrets)
 
 
@@ -144,8 +148,9 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         telemetry.add_collector(forwarder.metric_families)
     providers = chat = keeper = None
     extra = []
+    gates = shared_gates(settings, config.tracker_id, clock)  # issue 23: None when local
     if settings.providers is not None:
-        providers = ProviderRouter(settings.providers)
+        providers = ProviderRouter(settings.providers, gates)
     if store is not None:
         keeper = StateKeeper(store, router, providers)
         keeper.restore(clock())
@@ -153,10 +158,14 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     if providers is not None:
         chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
                             first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
-                            rng=random.Random(settings.seed))
+                            rng=random.Random(settings.seed),
+                            acquire=None if gates is None
+                            else functools.partial(gates.acquire, providers))
         extra = ProviderRoutingAPI(providers, router, clock=clock,
-                                   admin_token=settings.admin_token or settings.node_token
-                                   ).routes()
+                                   admin_token=settings.admin_token or settings.node_token,
+                                   refresh=None if gates is None else gates.refresh).routes()
+    if gates is not None:
+        telemetry.add_collector(gates.metric_families)
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
@@ -390,6 +399,7 @@ def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int]
     with every sibling (and any configured peer) as a static peer, under the per-run secret."""
     siblings = tuple(f"127.0.0.1:{p}" for i, p in enumerate(gossip_ports) if i != index)
     return replace(settings, workers=1, tracker_id=f"{tracker_id}-w{index}",
+                   limits_store=limits_mode(settings),  # one budget: issue 23
                    gossip_listen=f"127.0.0.1:{gossip_ports[index]}",
                    gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
                    gossip_secret_file=None, gossip_fanout=max(settings.gossip_fanout,
@@ -466,6 +476,8 @@ def run_workers(settings: ServeSettings) -> int:
             if settings.tracker_id is None:  # the same origins as the last run's workers
                 tracker_id = workers_base_id(store.meta("tracker_id")) or tracker_id
             store.close()
+            if limits_mode(shared) == "state-file":
+                SqliteLimits.new_run(store.path)
         configs = [worker_settings(shared, i, gossip_ports, tracker_id, secret)
                    for i in range(n)]
         for cfg in configs:

@@ -37,7 +37,13 @@ from meshroute_middleware.core.providers.exhaustion import (
     exhaustion,
     soonest_reset,
 )
-from meshroute_middleware.core.providers.keys import KeyGates, Reservation, Snapshot, key_route
+from meshroute_middleware.core.providers.keys import (
+    KeyGates,
+    Refusal,
+    Reservation,
+    Snapshot,
+    key_route,
+)
 from meshroute_middleware.core.providers.scoring import (
     STRATEGY_WEIGHTS,
     OutcomeKind,
@@ -152,17 +158,31 @@ class ProviderRouter:
         `context_tokens`: what the context must hold (`TokenEstimate.context_need`; default
         `tokens`).
         """
+        early = self.admit(candidate, tokens, context_tokens)
+        if early is not None or candidate.provider is None or candidate.model is None:
+            return early or Attempt(candidate)
+        return self.taken(candidate, *self.gates.take(candidate.provider, candidate.model,
+                                                      tokens, now))
+
+    def admit(self, candidate: Candidate, tokens: int,
+              context_tokens: int | None = None) -> Attempt | list[PassedOver] | None:
+        """What `acquire` decides before the key gates: passed over for `context`, a mesh
+        route taken; None when a provider key must be taken (`KeyGates.take`)."""
         need = tokens if context_tokens is None else context_tokens
         if candidate.context is not None and need > candidate.context:
             return [PassedOver(candidate.route, "context")]
         if candidate.provider is None or candidate.model is None:
             return Attempt(candidate)
-        key, refused = self.gates.pick(candidate.provider, candidate.model, tokens, now)
-        if key is None:
+        return None
+
+    @staticmethod
+    def taken(candidate: Candidate, reservation: Reservation | None,
+              refused: list[tuple[int, Refusal]]) -> Attempt | list[PassedOver]:
+        """The attempt of a key the gates took, or why each key was refused."""
+        if reservation is None:
             return [PassedOver(key_route(candidate.route, k), r.reason, r.until)
                     for k, r in refused]
-        reservation = self.gates.reserve(candidate.provider, candidate.model, key, tokens, now)
-        return Attempt(candidate, key, reservation)
+        return Attempt(candidate, reservation.key, reservation)
 
     def record(self, attempt: Attempt, kind: OutcomeKind, now: float, *,
                reason: str | None = None, used_tokens: int | None = None,
