@@ -56,7 +56,7 @@ from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
 log = logging.getLogger("meshroute.limits")
 T = TypeVar("T")
 RETRY_S = 1.0  # a failed store is tried again after this (decisions meanwhile run locally)
-HEARTBEAT_S = 5.0  # how often a tracker says it uses the store (and counts who else does)
+HEARTBEAT_S = 1.0  # how often a tracker says it uses the store (and counts who else does)
 TRACKERS_WINDOW_S = 60.0  # trackers that used the store within this share its limits
 SQLITE_BUSY_S = 0.5  # a state file locked longer than this counts as failed, for RETRY_S
 LATENCY_BUCKETS_S = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.1, math.inf)

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from meshroute_middleware.core.providers.keys import (
     DAY_S,
@@ -94,8 +96,11 @@ class RedisLimits:
 
     def __init__(self, url: str, timeout_s: float = TIMEOUT_S) -> None:
         self.url = url
+        # one immediate retry on a broken connection: after a restart of the server every
+        # pooled connection is stale, and a new one answers (a timeout is not retried)
         self.client: aredis.Redis = aredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1), retry_on_error=[redis.exceptions.ConnectionError])
         self._cas = self.client.register_script(_CAS)
 
     @staticmethod
