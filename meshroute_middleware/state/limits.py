@@ -58,7 +58,7 @@ T = TypeVar("T")
 RETRY_S = 1.0  # a failed store is tried again after this (decisions meanwhile run locally)
 HEARTBEAT_S = 1.0  # how often a tracker says it uses the store (and counts who else does)
 TRACKERS_WINDOW_S = 60.0  # trackers that used the store within this share its limits
-SQLITE_BUSY_S = 0.5  # a state file locked longer than this counts as failed, for RETRY_S
+SQLITE_BUSY_S = 2.0  # a state file locked longer than this counts as failed, for RETRY_S
 LATENCY_BUCKETS_S = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.1, math.inf)
 
 
@@ -178,6 +178,9 @@ class SqliteLimits:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                  timeout=self.busy_s)
             db.execute("PRAGMA synchronous=NORMAL")  # WAL (set by StateStore): no fsync/commit
+            # checkpoints (with their fsync) are left to the StateKeeper's writes, off the
+            # event loop: this connection only appends to the WAL
+            db.execute("PRAGMA wal_autocheckpoint=0")
             db.execute("SELECT 1 FROM route_state LIMIT 1").fetchall()
         except sqlite3.Error as exc:
             raise LimitsStoreError(f"cannot share limits in state file {self.path}: "
@@ -344,6 +347,10 @@ class SharedGates(KeyGates):
         return local if got is None else got
 
     def succeeded(self, route: str, key: int) -> None:
+        """Ends the ladder; skipped when the rows this process's take just read had none."""
+        state = self._routes.get((route, key))
+        if state is None or not state.strikes:
+            return
         self._apply([("keys", route, key)], lambda g: g.succeeded(route, key), self.clock(),
                     lambda g: g.succeeded(route, key))
 

@@ -101,6 +101,9 @@ def test_a_cooldown_learned_by_one_worker_holds_in_all(store: LimitsStore) -> No
     assert take(c, cfg, T0 + 30.5) is not None
     # the ladder is shared too: a second 429 without Retry-After, in another worker
     assert b.rate_limited(ROUTE, 1, None, T0 + 31) == T0 + 31 + 120
+    assert take(a, cfg, T0 + 152) is not None
+    a.succeeded(ROUTE, 1)  # a success in one worker restarts the ladder for all
+    assert c.rate_limited(ROUTE, 1, None, T0 + 153) == T0 + 153 + 30
 
 
 def test_a_401_benches_the_key_everywhere_until_a_clear_to_any_worker(
