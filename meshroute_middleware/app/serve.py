@@ -54,7 +54,7 @@ from meshroute_middleware.mesh import Mesh, load_nodes_file
 from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
 from meshroute_middleware.state.keeper import StateKeeper
 from meshroute_middleware.state.limits import SqliteLimits
-from meshroute_middleware.state.store import StateStore, StateStoreError
+from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
 from node_agent.discovery import health_checks, tracker_discovery
 from node_agent.mdns import parse_interfaces
@@ -476,7 +476,7 @@ def run_workers(settings: ServeSettings) -> int:
             if settings.tracker_id is None:  # the same origins as the last run's workers
                 tracker_id = workers_base_id(store.meta("tracker_id")) or tracker_id
             store.close()
-            if limits_mode(shared) == "state-file":
+            if limits_mode(shared) == "state-file" and store.path != MEMORY:
                 SqliteLimits.new_run(store.path)
         configs = [worker_settings(shared, i, gossip_ports, tracker_id, secret)
                    for i in range(n)]

@@ -7,6 +7,9 @@ are heavy on a small machine."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,3 +105,15 @@ def test_a_cooldown_and_a_revocation_hold_in_every_worker_and_a_clear_ends_them(
         back = [chat(url, "authco/small-model") for _ in range(8)]
         assert [a.status_code for a in back] == [200] * 8  # in every worker
         assert len(auth.seen) == 9
+
+
+def test_workers_cannot_share_limits_in_memory(tmp_path: Path) -> None:
+    with FakeProvider("fast").serve() as fast:
+        config = tmp_path / "meshroute.toml"
+        config.write_text(config_text(fast, rpm=10))
+        proc = subprocess.run(
+            [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--config",
+             str(config), "--no-mdns", "--workers", "2", "--state-file", ":memory:"],
+            capture_output=True, text=True, env={**os.environ, **ENV}, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "':memory:' cannot be shared" in proc.stderr
