@@ -55,10 +55,20 @@ def test_two_trackers_one_budget_a_share_while_the_store_is_gone(tmp_path: Path)
             keys = httpx.get(f"{a}/v1/routing/chain",
                              params={"model": "fastco/big-model"}).json()["chain"][0]["keys"]
             assert keys[0]["limits"] == "redis"
+            metrics = httpx.get(f"{a}/metrics", timeout=10).text
+            timed = re.search(r"^meshroute_limits_store_seconds_count (\S+)$", metrics, re.M)
+            assert timed is not None and float(timed.group(1)) >= 7  # takes and settles
+            assert re.search(r"^meshroute_limits_trackers 2\.0$", metrics, re.M)
 
             server.stop()
             assert served([a, b], 3) == [3, 3]  # no request fails because the store is gone
-            assert store_up(a) == 0 and store_up(b) == 0
+            deadline = time.monotonic() + PATIENCE_S  # /metrics is cached for a second
+            while store_up(a) != 0 or store_up(b) != 0:
+                assert time.monotonic() < deadline, "meshroute_limits_store_up stayed 1"
+                time.sleep(0.2)
+            keys = httpx.get(f"{a}/v1/routing/chain",
+                             params={"model": "fastco/big-model"}).json()["chain"][0]["keys"]
+            assert keys[0]["limits"] == "local"  # its own share, while the store is away
             assert served([a, b], 4) == [2, 2]  # each tracker: 10 / 2 trackers = 5
             assert len(fast.seen) == 20
             logged = (tmp_path / "a.log").read_text()
