@@ -35,8 +35,10 @@ from meshroute_middleware.core.providers.chain import provider_candidate
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
-from meshroute_middleware.state.limits import LimitsStore, SharedGates, SqliteLimits
+from meshroute_middleware.state.limits import LimitsStore
 from meshroute_middleware.state.redis_limits import RedisLimits
+from meshroute_middleware.state.shared_gates import SharedGates
+from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import StateStore
 
 RESULTS = Path(__file__).parent / "results" / "limits.json"

@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable
 
 from meshroute_middleware.app.settings import DEFAULT_STATE_FILE, ServeSettings
-from meshroute_middleware.state.limits import LimitsStoreError, SharedGates, SqliteLimits
+from meshroute_middleware.state.limits import LimitsStoreError
 from meshroute_middleware.state.redis_limits import RedisLimits
+from meshroute_middleware.state.shared_gates import SharedGates
+from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import MEMORY
 
 

@@ -53,7 +53,7 @@ from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.mesh import Mesh, load_nodes_file
 from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
 from meshroute_middleware.state.keeper import StateKeeper
-from meshroute_middleware.state.limits import SqliteLimits
+from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
 from node_agent.discovery import health_checks, tracker_discovery

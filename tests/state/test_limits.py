@@ -14,13 +14,9 @@ import pytest
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.keys import KeyGates, Reservation
 from meshroute_middleware.core.providers.router import ProviderRouter
-from meshroute_middleware.state.limits import (
-    RETRY_S,
-    LimitsStore,
-    MemoryLimits,
-    SharedGates,
-    SqliteLimits,
-)
+from meshroute_middleware.state.limits import LimitsStore, MemoryLimits
+from meshroute_middleware.state.shared_gates import RETRY_S, SharedGates
+from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import StateStore
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()

@@ -10,8 +10,8 @@ import redis
 
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Reservation
-from meshroute_middleware.state.limits import RETRY_S, SharedGates
 from meshroute_middleware.state.redis_limits import RedisLimits
+from meshroute_middleware.state.shared_gates import RETRY_S, SharedGates
 
 from ..redis_server import redis_server
 from .test_limits import ROUTE, T0, config
