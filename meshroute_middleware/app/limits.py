@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 
 from meshroute_middleware.app.settings import DEFAULT_STATE_FILE, ServeSettings
+from meshroute_middleware.core.providers.peers import Peers
+from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.state.limits import LimitsStoreError
 from meshroute_middleware.state.redis_limits import RedisLimits
 from meshroute_middleware.state.shared_gates import SharedGates
@@ -44,3 +46,12 @@ def shared_gates(settings: ServeSettings, tracker: str,
     else:
         store = RedisLimits(mode)
     return SharedGates(settings.providers, store, tracker, clock)
+
+
+def gossip_providers(providers: ProviderRouter) -> None:
+    """Take peers' provider reports in: their statistics always; their cooldowns, revocations
+    and usage only where the gates are this process's own (a shared store counts those)."""
+    providers.peers = Peers()
+    if not isinstance(providers.gates, SharedGates):
+        providers.gates.peers = providers.peers
+        providers.gates.mode = "gossip"

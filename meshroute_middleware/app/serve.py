@@ -37,7 +37,12 @@ from gossip.service import GossipConfig, GossipService
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
 from meshroute_middleware.app.edge import edge_protocol, fit_descriptor_limit
 from meshroute_middleware.app.gcpace import GC_FULL_AFTER, GcPacer
-from meshroute_middleware.app.limits import check_limits_store, limits_mode, shared_gates
+from meshroute_middleware.app.limits import (
+    check_limits_store,
+    gossip_providers,
+    limits_mode,
+    shared_gates,
+)
 from meshroute_middleware.app.settings import (
     DEFAULT_STATE_FILE,
     ServeSettings,
@@ -151,6 +156,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     gates = shared_gates(settings, config.tracker_id, clock)  # issue 23: None when local
     if settings.providers is not None:
         providers = ProviderRouter(settings.providers, gates)
+        if config.gossip is not None:  # trackers learn providers as one (issue 23, part 3)
+            gossip_providers(providers)
     if store is not None:
         keeper = StateKeeper(store, router, providers)
         keeper.restore(clock())
@@ -169,7 +176,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
-    inner.router.lifespan_context = lambda app: background_services(config, mesh, keeper, clock)
+    inner.router.lifespan_context = lambda app: background_services(config, mesh, keeper, clock,
+                                                                    providers)
     app = MeshRouteMiddleware(inner, settings.middleware(), router=router, forwarder=forwarder,
                               telemetry=telemetry, providers=chat)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper)
@@ -230,7 +238,8 @@ def exposure(config: GatewayConfig) -> str:
 @contextlib.asynccontextmanager
 async def background_services(config: GatewayConfig, mesh: Mesh,
                               keeper: StateKeeper | None = None,
-                              clock: Callable[[], float] = time.time) -> AsyncIterator[None]:
+                              clock: Callable[[], float] = time.time,
+                              providers: ProviderRouter | None = None) -> AsyncIterator[None]:
     """Background services of a running gateway; each enters the exit stack."""
     settings = config.settings
     log.log(logging.WARNING if config_warnings(config) else logging.INFO, "%s",
@@ -244,7 +253,7 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
                 tg.start_soon(keeper.run, clock)
             gossip = None
             if config.gossip is not None:  # statistics exchange with peer trackers
-                gossip = GossipService(mesh.router, config.gossip)
+                gossip = GossipService(mesh.router, config.gossip, providers=providers)
                 await tg.start(gossip.run)
                 mesh.telemetry.add_collector(lambda: metric_families(gossip))
                 log.info("gossip: tracker %s on %s, peers %s", config.tracker_id,

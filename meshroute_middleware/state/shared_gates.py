@@ -142,14 +142,16 @@ class SharedGates(KeyGates):
         self._apply([("keys", route, key)], lambda g: g.succeeded(route, key), self.clock(),
                     lambda g: g.succeeded(route, key))
 
-    def revoke(self, provider: str, model_id: str, key: int, status: int) -> None:
-        super().revoke(provider, model_id, key, status)
+    def revoke(self, provider: str, model_id: str, key: int, status: int,
+               now: float = 0.0) -> None:
+        super().revoke(provider, model_id, key, status, now)
         name = provider if status == 401 else route_name(provider, model_id)
         self._apply([("revoked", name, key)],
                     lambda g: g.revoke(provider, model_id, key, status), self.clock(),
                     lambda g: g.revoke(provider, model_id, key, status))
 
-    def clear(self, route: str | None = None, key: int | None = None) -> int:
+    def clear(self, route: str | None = None, key: int | None = None,
+              now: float | None = None) -> int:
         local = super().clear(route, key)
         rows = self._rows_to_clear(route, key)
         got = self._apply(rows, lambda g: g.clear(route, key), self.clock(),

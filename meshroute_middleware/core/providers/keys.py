@@ -34,6 +34,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from meshroute_middleware.core.providers.config import Provider, ProviderModel
+from meshroute_middleware.core.providers.peers import Peers, PeerState, Usage
 
 Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
 RowName = tuple[str, str, int]  # (section, provider or route name, 1-based key; 0 for a cursor)
@@ -155,30 +156,44 @@ class KeyGates:
         self._dirty: set[RowName] = set()  # (section, name, key) changed rows
         # (provider name for a 401, route name for a 403, key) -> the status that revoked it
         self._revoked: dict[tuple[str, int], int] = {}
+        self._revoked_at: dict[tuple[str, int], float] = {}  # when (for peers' clears)
+        # (route or "*", key or 0) -> when a clear lifted what was set before it
+        self._cleared_at: dict[tuple[str, int], float] = {}
+        self.peers: Peers | None = None  # trackers gossiping their keys (core/providers/peers)
 
     # -- deciding -------------------------------------------------------------------------
 
     def check(self, provider: Provider, model: ProviderModel, key: int, tokens: int,
               now: float) -> Refusal | None:
         """Why `key` (1-based) cannot send `tokens` (estimate) to `model` now; None if it can."""
-        if self._revoked and self.revoked(provider.name, model.id, key) is not None:
+        if ((self._revoked or self.peers is not None)
+                and self.revoked(provider.name, model.id, key) is not None):
             return Refusal("revoked")
         route = self._route(provider.name, model.id, key, now)
-        if route.cooldown_until > now:
+        if route.cooldown_until > now and not (
+                self.peers is not None and route.last_429_at < self._cleared(
+                    route_name(provider.name, model.id), key)):
             return Refusal("cooldown", route.cooldown_until)
+        if self.peers is not None:
+            refusal = self._peer_refusal(provider.name, model.id, key, now)
+            if refusal is not None:
+                return refusal
         win, lim = self._window(provider.name, key, now), provider.limits
         rpd, tpd, rpm, tpm, budget = (self._part(x) for x in (
             lim.rpd, lim.tpd, lim.rpm, lim.tpm, model.monthly_tokens))
         midnight = (win.day + 1) * DAY_S
         pending = sum(n for n, _ in win.inflight.values()) + tokens
-        if rpd is not None and win.day_requests >= rpd:
+        peer = Usage() if self.peers is None else self.peers.usage(provider.name, key, now)
+        if rpd is not None and win.day_requests + peer.day_requests >= rpd:
             return Refusal("rpd", midnight)
-        if tpd is not None and win.day_tokens + pending > tpd:
+        if tpd is not None and win.day_tokens + peer.day_tokens + pending > tpd:
             return Refusal("tpd", midnight if pending <= tpd else None)
-        if rpm is not None and sum(win.requests.values()) + 1 > rpm:
-            return Refusal("rpm", _frees(win.requests, 1, rpm))
-        if tpm is not None and sum(win.tokens.values()) + pending > tpm:
-            return Refusal("tpm", _frees(win.tokens, pending, tpm))
+        if rpm is not None and sum(win.requests.values()) + peer.minute_requests + 1 > rpm:
+            return Refusal("rpm", _frees(win.requests, 1 + peer.minute_requests, rpm)
+                           or (now + MINUTE_S if peer.minute_requests else None))
+        if tpm is not None and sum(win.tokens.values()) + peer.minute_tokens + pending > tpm:
+            return Refusal("tpm", _frees(win.tokens, pending + peer.minute_tokens, tpm)
+                           or (now + MINUTE_S if peer.minute_tokens else None))
         if budget is not None and route.month_tokens + tokens > budget:
             return Refusal("budget", _month_start(route.month + 1))
         return None
@@ -258,19 +273,30 @@ class KeyGates:
         state.cooldown_until = max(state.cooldown_until, now + wait)
         return state.cooldown_until
 
-    def revoke(self, provider: str, model_id: str, key: int, status: int) -> None:
+    def revoke(self, provider: str, model_id: str, key: int, status: int,
+               now: float = 0.0) -> None:
         """The provider answered 401 (the key, every model) or 403 (the key on this model):
         take it out of rotation until cleared."""
         if status not in REVOKING_STATUSES:
             raise ValueError(f"status {status} does not revoke a key")
         name = provider if status == 401 else route_name(provider, model_id)
         self._revoked[(name, key)] = status
+        self._revoked_at[(name, key)] = now
         self._dirty.add(("revoked", name, key))
 
     def revoked(self, provider: str, model_id: str, key: int) -> int | None:
         """The status that took `key` out of rotation for `model_id`, or None."""
-        return (self._revoked.get((provider, key))
-                or self._revoked.get((route_name(provider, model_id), key)))
+        route = route_name(provider, model_id)
+        for held in ((provider, key), (route, key)):
+            status = self._revoked.get(held)
+            if status is not None and not (self.peers is not None and self._revoked_at.get(
+                    held, 0.0) < self._cleared(route, key)):
+                return status
+        if self.peers is not None:
+            for (name, pos), (peer_status, at) in self._peer_revoked().items():
+                if pos == key and name in (provider, route) and at >= self._cleared(route, key):
+                    return peer_status
+        return None
 
     def succeeded(self, route: str, key: int) -> None:
         """A success ends the 429 ladder of that key on that route."""
@@ -279,7 +305,8 @@ class KeyGates:
             state.strikes = 0
             self._dirty.add(("keys", route, key))
 
-    def clear(self, route: str | None = None, key: int | None = None) -> int:
+    def clear(self, route: str | None = None, key: int | None = None,
+              now: float | None = None) -> int:
         """Lift cooldowns and revocations (of one route, one route key, or all) and restart
         the ladders. A route's revocations include its provider's (a 401 revokes the key of
         every model).
@@ -288,10 +315,13 @@ class KeyGates:
         or revoked.
         """
         provider = None if route is None else route.partition("/")[0]
+        if now is not None:  # what peers set before now is lifted too (their gossip)
+            self._cleared_at[(route or "*", key or 0)] = now
         cleared = 0
         for name, pos in list(self._revoked):
             if (route is None or name in (route, provider)) and (key is None or pos == key):
                 del self._revoked[(name, pos)]
+                self._revoked_at.pop((name, pos), None)
                 self._dirty.add(("revoked", name, pos))
                 cleared += 1
         for (name, pos), state in self._routes.items():
@@ -391,6 +421,45 @@ class KeyGates:
                 self._revoked.pop(name, None)
         for row in data.get("cursor", []):
             self._cursor[str(row["name"])] = int(row["next"])
+
+    # -- gossip (no shared store: core/providers/peers.py) ---------------------------------
+
+    def report(self, now: float) -> PeerState:
+        """This tracker's cooldowns, revocations, clears and usage, for its peers."""
+        cooldowns = {name: (s.cooldown_until, s.last_429_at)
+                     for name, s in self._routes.items() if s.cooldown_until > now}
+        revoked = {name: (status, self._revoked_at.get(name, 0.0))
+                   for name, status in self._revoked.items()}
+        usage = {}
+        for name, win in self._windows.items():
+            win.roll(now)
+            usage[name] = Usage(sum(win.requests.values()), sum(win.tokens.values()) + sum(
+                n for n, _ in win.inflight.values()), win.day, win.day_requests, win.day_tokens)
+        return PeerState(now, {}, cooldowns, revoked, dict(self._cleared_at), usage)
+
+    def _cleared(self, route: str, key: int) -> float:
+        """When the latest clear that covers (route, key) happened, here or at a peer."""
+        clears = [self._cleared_at]
+        if self.peers is not None:
+            clears.append(self.peers.clears())
+        return max((c.get(name, -1.0) for c in clears
+                    for name in ((route, key), (route, 0), ("*", 0))), default=-1.0)
+
+    def _peer_revoked(self) -> dict[tuple[str, int], tuple[int, float]]:
+        out: dict[tuple[str, int], tuple[int, float]] = {}
+        for state in (self.peers.states.values() if self.peers is not None else ()):
+            out.update(state.revoked)
+        return out
+
+    def _peer_refusal(self, provider: str, model_id: str, key: int,
+                      now: float) -> Refusal | None:
+        """A peer's cooldown of this key not lifted by a newer clear."""
+        route = route_name(provider, model_id)
+        assert self.peers is not None
+        held = self.peers.cooldowns().get((route, key))
+        if held is not None and held[0] > now and held[1] >= self._cleared(route, key):
+            return Refusal("cooldown", held[0])
+        return None
 
     # -- internals ------------------------------------------------------------------------
 
