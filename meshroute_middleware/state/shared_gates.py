@@ -47,6 +47,7 @@ log = logging.getLogger("meshroute.limits")
 T = TypeVar("T")
 RETRY_S = 1.0  # a failed store is tried again after this (decisions meanwhile run locally)
 HEARTBEAT_S = 1.0  # how often a tracker says it uses the store (and counts who else does)
+MAX_QUEUED = 1024  # changes waiting for an async store; past it the store counts as failed
 LATENCY_BUCKETS_S = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.1, math.inf)
 
 
@@ -258,6 +259,9 @@ class SharedGates(KeyGates):
         if not self._usable(now):
             return fallback(self._fallback())
         if not self.store.blocking:
+            if len(self._queue) >= MAX_QUEUED:  # a store too slow to keep up is failing
+                self._lost(LimitsStoreDown(f"{MAX_QUEUED} changes waiting for the store"), now)
+                return fallback(self._fallback())
             self._queue.append((rows, op, now))
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.get_running_loop().create_task(self._drain())

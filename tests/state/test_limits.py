@@ -15,7 +15,7 @@ from meshroute_middleware.core.providers.config import ProvidersConfig, parse_pr
 from meshroute_middleware.core.providers.keys import KeyGates, Reservation
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.state.limits import LimitsStore, MemoryLimits
-from meshroute_middleware.state.shared_gates import RETRY_S, SharedGates
+from meshroute_middleware.state.shared_gates import MAX_QUEUED, RETRY_S, SharedGates
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import StateStore
 
@@ -162,3 +162,18 @@ def test_sqlite_rows_are_the_state_files_own(tmp_path: Path) -> None:
     refusal = restored.gates.check(p, p.models[0], 1, 0, T0 + 10)
     assert refusal is not None and refusal.reason == "rpd"
     SqliteLimits.new_run(path)  # a new run of workers: no revocation or reservation kept
+
+
+def test_an_async_store_that_cannot_keep_up_counts_as_failed() -> None:
+    cfg = config(rpm=10)
+
+    class Slow(MemoryLimits):
+        blocking = False
+
+    async def run() -> None:
+        gates = SharedGates(cfg, Slow(), "t")
+        for i in range(MAX_QUEUED + 1):  # queued, never drained: the loop is never yielded
+            gates.rate_limited(ROUTE, 1, 1.0, T0 + i)
+        assert not gates.up and gates.failures == 1
+
+    asyncio.run(run())
