@@ -327,5 +327,5 @@ class ProviderRoutingAPI:
             return error_response(404, f"no route {route!r}", "route_not_found")
         if self.refresh is not None:
             await self.refresh(self.clock())
-        cleared = self.providers.clear(route)
+        cleared = self.providers.clear(route, self.clock())  # the time: gossip's clears
         return JSONResponse({"cleared": cleared, "route": route})

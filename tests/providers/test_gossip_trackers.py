@@ -61,3 +61,10 @@ def test_b_learns_what_a_saw_of_a_provider(tmp_path: Path) -> None:
                 time.sleep(0.2)
             assert key["limits"] == "gossip"
             assert len(bad.seen) == 7 and len(good.seen) == 0  # B called neither
+            # a clear sent to B lifts A's own cooldown too (a newer clear supersedes it)
+            assert httpx.post(f"{b}/v1/cooldowns/clear",
+                              json={"route": "badco/m"}).status_code == 200
+            deadline = time.monotonic() + PATIENCE_S
+            while chain(a, "badco/m")[0]["keys"][0]["state"] != "ready":  # type: ignore[index]
+                assert time.monotonic() < deadline, "the clear never reached A"
+                time.sleep(0.2)
