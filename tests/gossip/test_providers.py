@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
+import msgpack
 import pytest
 
 from gossip import errors as err
+from gossip import wire
 from gossip.memory import MemoryNetwork
 from gossip.service import GossipConfig, GossipService
 from gossip.wire import MessageType, WireCodec
@@ -135,9 +137,6 @@ def test_a_report_round_trips_and_hostile_ones_are_refused() -> None:
            {"t": T0, "s": {"aco/m": [1, 0, None, None, 99.0, T0]}},  # penalty past its cap
            {"t": T0, "c": {f"r{i}": {} for i in range(300)}},  # too many names
            {"c": {}}]  # no time
-    import msgpack
-
-    from gossip import wire
     for obj in bad:
         with pytest.raises(err.MalformedMessage):
             wire._report(msgpack.unpackb(msgpack.packb(obj)))
