@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._apps import chat, wrapped  # noqa: E402
-from meshroute_middleware.app.serve import build_gateway  # noqa: E402
+from meshroute_middleware.app.gateway import build_gateway  # noqa: E402
 from meshroute_middleware.app.settings import ServeSettings  # noqa: E402
 from meshroute_middleware.core import parse_node  # noqa: E402
 from meshroute_middleware.forwarding.memory import ASGIForwarder  # noqa: E402

@@ -14,6 +14,10 @@ frames are authenticated and entries of other origins are relayed; without one a
 only the sender's own entries and relays nothing. A reply must name the request it answers and a
 pushed DELTA the reply that asked for it (`wire.Challenges`), so no recorded frame replays, even
 after a restart.
+
+Provider routes (issue 23): with `providers` set, each exchange ends with a PROVIDERS request
+carrying our report, answered with the peer's; each is the sender's own (newest per origin
+wins, so a replayed report changes nothing) and is never relayed (core/providers/peers.py).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import anyio
 import anyio.abc
 
+from meshroute_middleware.core.providers.peers import PeerState
 from meshroute_middleware.core.router import Router
 
 from . import errors as err
@@ -52,6 +58,13 @@ log = logging.getLogger(__name__)
 
 EXCHANGE_TIMEOUT_S = 2.0  # one exchange; a dead peer costs at most this, in parallel
 LOG_EVERY_S = 60.0  # at most one log line per refusal reason per this many seconds
+
+
+class ProviderPeers(Protocol):
+    """What gossip exchanges of provider routes (issue 23): `ProviderRouter` is one."""
+
+    def report(self, now: float) -> PeerState: ...
+    def merge_peer(self, origin: str, state: PeerState, now: float) -> bool: ...
 
 
 class InsecureGossipError(ValueError):
@@ -165,8 +178,10 @@ class GossipService:
 
     def __init__(self, router: Router, config: GossipConfig, *,
                  transport: Transport | None = None, clock: Callable[[], float] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 providers: ProviderPeers | None = None) -> None:
         self.router = router
+        self.providers = providers  # provider reports, exchanged after each push-pull
         self.config = config
         self.clock = clock or router.clock
         self.rng = rng or random.Random()
@@ -254,6 +269,11 @@ class GossipService:
                 push = self._delta_for(reply.body.digest)
                 if push.entries or push.changes:
                     await self._request(peer, push, MessageType.ACK, reply_to=reply.nonce)
+            if self.providers is not None:  # our report for theirs: the sender's own only
+                answer = await self._request(peer, self.providers.report(self.clock()),
+                                             MessageType.PROVIDERS)
+                assert isinstance(answer.body, PeerState)
+                self.providers.merge_peer(answer.sender, answer.body, self.clock())
         except err.SameOrigin as exc:
             self.counters.exchange_failures += 1
             self.counters.reject(exc.reason)
@@ -284,7 +304,7 @@ class GossipService:
         return st.make_delta(self.router.stats, self.router.topology, digest, sendable=sendable,
                              relay=self.codec.authenticated, include_digest=include_digest)
 
-    async def _request(self, peer: Address, body: st.Digest | st.Delta,
+    async def _request(self, peer: Address, body: st.Digest | st.Delta | PeerState,
                        expect: MessageType, reply_to: int = 0) -> Message:
         nonce = new_nonce()
         data = self.codec.encode(body, self.clock(), nonce=nonce, reply_to=reply_to)
@@ -334,7 +354,7 @@ class GossipService:
     async def handle(self, data: bytes, sender: Address) -> bytes | None:
         """Answer one inbound frame; refused frames are counted, logged and get no reply
         (except one from our own origin: an empty DELTA tells that initiator to drop us)."""
-        reply: st.Delta | Ack
+        reply: st.Delta | Ack | PeerState
         nonce, reply_to = new_nonce(), 0
         try:
             message = self._decode(data)
@@ -352,7 +372,7 @@ class GossipService:
         self.counters.bytes_sent += len(out)
         return out
 
-    def _answer(self, message: Message, nonce: int) -> st.Delta | Ack:
+    def _answer(self, message: Message, nonce: int) -> st.Delta | Ack | PeerState:
         """The reply to a DIGEST (our delta and digest: a challenge the push must answer) or
         to a pushed DELTA (an ACK, once its challenge is redeemed)."""
         body = message.body
@@ -360,6 +380,11 @@ class GossipService:
             self._note(body, message.sender)
             self.challenges.issue(nonce, message.sender, self.clock())
             return self._delta_for(body, include_digest=True)
+        if isinstance(body, PeerState):  # a report is one origin's own, newest per origin
+            if self.providers is None:
+                return PeerState(self.clock())
+            self.providers.merge_peer(message.sender, body, self.clock())
+            return self.providers.report(self.clock())
         if isinstance(body, st.Delta) and body.digest is None:
             self.challenges.redeem(message.reply_to, message.sender, self.clock())
             return Ack(self._apply(body, message.sender).applied)

@@ -50,6 +50,8 @@ from meshroute_middleware.core.contracts.limits import (
     MAX_SIGNATURE_CHARS,
     MAX_TPS,
 )
+from meshroute_middleware.core.providers.peers import PeerState, Usage
+from meshroute_middleware.core.providers.scoring import PENALTY_CAP, RouteStats
 from meshroute_middleware.core.stats import (
     Curve,
     StatEntry,
@@ -78,6 +80,7 @@ class MessageType(IntEnum):
     DIGEST = 1  # initiator -> peer: what I hold
     DELTA = 2  # entries the receiver lacks; as a reply it also carries the sender's digest
     ACK = 3  # reply to a pushed delta: how many entries were applied
+    PROVIDERS = 4  # the sender's provider report (issue 23); answered with the receiver's
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +90,11 @@ class Ack:
     applied: int = 0
 
 
-Body = st.Digest | st.Delta | Ack
+Body = st.Digest | st.Delta | Ack | PeerState
 _KINDS = frozenset(int(k) for k in MessageType)
 _BODY_TYPE: dict[MessageType, type] = {MessageType.DIGEST: st.Digest,
-                                       MessageType.DELTA: st.Delta, MessageType.ACK: Ack}
+                                       MessageType.DELTA: st.Delta, MessageType.ACK: Ack,
+                                       MessageType.PROVIDERS: PeerState}
 
 
 INVALID_ENTRY = "invalid_entry"  # counter label of an item refused for its values
@@ -152,7 +156,105 @@ def _body_obj(body: Body) -> dict[str, Any]:
         if curves:  # only then: a delta without curves is byte for byte what it was
             obj["k"] = _nest(curves)
         return obj
+    if isinstance(body, PeerState):
+        return _report_obj(body)
     return {"n": body.applied}
+
+
+# -- provider reports (issue 23): {name: {"key position": leaf}} maps, every leaf checked ------
+
+MAX_REPORT_NAMES = 256  # routes or providers one report may name
+MAX_REPORT_KEYS = 1024  # key positions under one name
+MAX_TTFB_MS = MAX_TTFB_S * 1000
+
+
+def _by_key(items: Mapping[tuple[str, int], Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for (name, key), leaf in items.items():
+        out.setdefault(name, {})[str(key)] = leaf
+    return out
+
+
+def _report_obj(r: PeerState) -> dict[str, Any]:
+    return {"t": r.t,
+            "s": {n: [s.ok, s.fail, s.tokens_per_s, s.ttfb_ms, s.penalty, s.penalty_at]
+                  for n, s in r.stats.items()},
+            "c": _by_key({k: list(v) for k, v in r.cooldowns.items()}),
+            "r": _by_key({k: list(v) for k, v in r.revoked.items()}),
+            "x": _by_key(dict(r.clears)),
+            "u": _by_key({k: list(v) for k, v in r.usage.items()})}
+
+
+def _keyed(obj: Any, what: str, leaf: Callable[[Any], T],
+           low_key: int = 1) -> dict[tuple[str, int], T]:
+    names = _map(obj, what)
+    if len(names) > MAX_REPORT_NAMES:
+        raise _fail(f"more than {MAX_REPORT_NAMES} names in {what}")
+    out: dict[tuple[str, int], T] = {}
+    for name, keys in names.items():
+        _text(name, what, MAX_ID_CHARS)
+        keys = _map(keys, what)
+        if len(keys) > MAX_REPORT_KEYS:
+            raise _fail(f"more than {MAX_REPORT_KEYS} keys in {what}")
+        for key, value in keys.items():
+            if not isinstance(key, str) or not key.isdigit() or len(key) > 4 or not (
+                    low_key <= int(key) <= MAX_REPORT_KEYS):
+                raise _fail(f"{what}: a key position must be {low_key}..{MAX_REPORT_KEYS}")
+            out[(name, int(key))] = leaf(value)
+    return out
+
+
+def _pair(leaf: Any, what: str) -> list[Any]:
+    if not isinstance(leaf, list) or len(leaf) != 2:
+        raise _fail(f"{what} must be [value, set at]")
+    return leaf
+
+
+def _cooldown(leaf: Any) -> tuple[float, float]:
+    until, at = _pair(leaf, "a cooldown")
+    return _number(until, "until", -math.inf), _number(at, "set at", -math.inf)
+
+
+def _revocation(leaf: Any) -> tuple[int, float]:
+    status, at = _pair(leaf, "a revocation")
+    if status not in (401, 403) or not _is_int(status):
+        raise _fail("a revocation's status must be 401 or 403")
+    return int(status), _number(at, "set at", -math.inf)
+
+
+def _usage(leaf: Any) -> Usage:
+    if not isinstance(leaf, list) or len(leaf) != 5:
+        raise _fail("usage must be [minute requests, minute tokens, day, day requests, "
+                    "day tokens]")
+    minute_r, minute_t, day_r, day_t = (_int(x, "usage", MAX_COUNT)
+                                        for x in (leaf[0], leaf[1], leaf[3], leaf[4]))
+    if not _is_int(leaf[2]) or not -1 <= leaf[2] <= 10**7:
+        raise _fail("usage day must be a UTC day number")
+    return Usage(minute_r, minute_t, int(leaf[2]), day_r, day_t)
+
+
+def _stats(leaf: Any) -> RouteStats:
+    if not isinstance(leaf, list) or len(leaf) != 6:
+        raise _fail("route statistics must be [ok, fail, tps, ttfb_ms, penalty, penalty_at]")
+    ok, fail = (_number(x, "count", 0.0, MAX_MASS) for x in leaf[:2])
+    tps = None if leaf[2] is None else _number(leaf[2], "tokens_per_s", 0.0, MAX_TPS)
+    ttfb = None if leaf[3] is None else _number(leaf[3], "ttfb_ms", 0.0, MAX_TTFB_MS)
+    return RouteStats(ok, fail, tps, ttfb, _number(leaf[4], "penalty", 0.0, PENALTY_CAP),
+                      _number(leaf[5], "penalty_at", -math.inf))
+
+
+def _report(obj: Any) -> PeerState:
+    body = _map(obj, "report")
+    names = _map(body.get("s", {}), "statistics")
+    if len(names) > MAX_REPORT_NAMES:
+        raise _fail(f"more than {MAX_REPORT_NAMES} routes in statistics")
+    stats = {_text(n, "route", MAX_ID_CHARS): _stats(v) for n, v in names.items()}
+    return PeerState(_number(body.get("t"), "t", -math.inf), stats,
+                     _keyed(body.get("c", {}), "cooldowns", _cooldown),
+                     _keyed(body.get("r", {}), "revocations", _revocation),
+                     _keyed(body.get("x", {}), "clears",
+                            lambda at: _number(at, "cleared at", -math.inf), low_key=0),
+                     _keyed(body.get("u", {}), "usage", _usage))
 
 
 def _pack(obj: Any) -> bytes:
@@ -340,6 +442,8 @@ def _body(kind: MessageType, obj: Any, refused: _Refused) -> Body:
         return _digest(obj, refused)
     if kind is MessageType.DELTA:
         return _delta(_map(obj, "delta"), refused)
+    if kind is MessageType.PROVIDERS:
+        return _report(obj)
     return Ack(_int(_map(obj, "ack").get("n"), "applied", MAX_COUNT))
 
 

@@ -7,7 +7,7 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,10 +306,12 @@ class ProviderRoutingAPI:
     def __init__(self, providers: ProviderRouter, router: Router, *,
                  admin_token: str | None = None, clock: Callable[[], float] = time.time,
                  max_body_bytes: int = MAX_NODE_BODY,
-                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                 refresh: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.providers, self.router = providers, router
         self.admin_token, self.clock = admin_token, clock
         self.max_body_bytes, self.body_timeout_s = max_body_bytes, body_timeout_s
+        self.refresh = refresh  # shared key gates: fetch what other processes learned
 
     def routes(self) -> list[Route]:
         return [Route("/v1/routing/chain", self.chain, methods=["GET"]),
@@ -327,6 +329,8 @@ class ProviderRoutingAPI:
             return error_response(400, str(exc), "invalid_model")
         except UnknownModelError as exc:
             return error_response(404, str(exc), "model_not_found")
+        if self.refresh is not None:
+            await self.refresh(self.clock())
         return JSONResponse(self.providers.chain_view(res, self.clock()))
 
     def _refuse_clear(self, request: Request) -> Response | None:
@@ -370,5 +374,7 @@ class ProviderRoutingAPI:
             route = data.get("route") or None
         if route is not None and not self.providers.knows_route(route):
             return error_response(404, f"no route {route!r}", "route_not_found")
-        cleared = self.providers.clear(route)
+        if self.refresh is not None:
+            await self.refresh(self.clock())
+        cleared = self.providers.clear(route, self.clock())  # the time: gossip's clears
         return JSONResponse({"cleared": cleared, "route": route})

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gossip.service import GossipConfig
+from meshroute_middleware.app.limits import check_limits_store
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.keyring import Secret, resolve_keys
 from node_agent.mdns import parse_interfaces
@@ -42,6 +43,7 @@ class GatewayConfig:
         tracker_id = settings.tracker_id or new_tracker_id()
         secrets = (resolve_keys(settings.providers, environ or {})
                    if settings.providers is not None else {})
+        check_limits_store(settings)  # an unreachable --limits-store: exit 2
         return cls(settings, tracker_id, gossip, secrets)
 
 

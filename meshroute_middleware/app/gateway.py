@@ -5,6 +5,7 @@ its keys, the state file its keeper); nothing starts until the ASGI lifespan run
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import time
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp
 
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
 from meshroute_middleware.app.config import GatewayConfig, config_warnings, loop_marker
+from meshroute_middleware.app.limits import gossip_providers, shared_gates
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
@@ -114,8 +116,11 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         telemetry.add_collector(forwarder.metric_families)
     providers = chat = keeper = None
     extra = []
+    gates = shared_gates(settings, config.tracker_id, clock)  # None when limits are local
     if settings.providers is not None:
-        providers = ProviderRouter(settings.providers)
+        providers = ProviderRouter(settings.providers, gates)
+        if config.gossip is not None:  # trackers learn provider routes as one
+            gossip_providers(providers)
     if store is not None:
         keeper = StateKeeper(store, router, providers)
         keeper.restore(clock())
@@ -123,17 +128,22 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     if providers is not None:
         chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
                             first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
-                            rng=random.Random(settings.seed))
+                            rng=random.Random(settings.seed),
+                            acquire=None if gates is None
+                            else functools.partial(gates.acquire, providers))
         extra = ProviderRoutingAPI(providers, router, clock=clock,
                                    admin_token=settings.admin_token or settings.node_token,
                                    max_body_bytes=settings.max_body_bytes,
-                                   body_timeout_s=settings.body_timeout_s).routes()
+                                   body_timeout_s=settings.body_timeout_s,
+                                   refresh=None if gates is None else gates.refresh).routes()
+    if gates is not None:
+        telemetry.add_collector(gates.metric_families)
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
-        background_services(config, mesh, keeper, clock), failures)
+        background_services(config, mesh, keeper, clock, providers), failures)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,

@@ -16,37 +16,28 @@ import socket
 import sys
 from dataclasses import replace
 
-from meshroute_middleware.app.config import GatewayConfig, config_warnings, exposure
+from meshroute_middleware.app.config import GatewayConfig
 from meshroute_middleware.app.edge import fit_descriptor_limit
 from meshroute_middleware.app.gateway import (
     Gateway,
     build_gateway,
-    load_static_nodes,
-    open_state_file,
 )
 from meshroute_middleware.app.logs import configure_logging
-from meshroute_middleware.app.run import StartupError, serve_gateway, server_config, settle_heap
-from meshroute_middleware.app.services import background_services
+from meshroute_middleware.app.run import StartupError, serve_gateway
 from meshroute_middleware.app.settings import (
     ServeSettings,
     SettingsError,
-    add_arguments,
     load_settings,
 )
 from meshroute_middleware.app.workers import (
     PORT_HINT,
     run_workers,
-    worker_settings,
 )
 from meshroute_middleware.state.store import StateStoreError
 from node_agent.serving import ListenError, listen_socket
 
 log = logging.getLogger("meshroute.serve")
 
-# The names this module held before the split, for the code that imports them from here.
-__all__ = ["Gateway", "GatewayConfig", "add_arguments", "background_services", "build_gateway",
-           "config_warnings", "exposure", "load_static_nodes", "open_state_file", "run",
-           "run_workers", "server_config", "settle_heap", "worker_settings"]
 
 
 class _Refused(Exception):

@@ -15,6 +15,7 @@ from gossip.service import GossipService
 from meshroute_middleware.app.config import GatewayConfig, config_warnings, exposure
 from meshroute_middleware.app.supervise import Supervisor, until_cancelled
 from meshroute_middleware.core import Router
+from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.mesh import Mesh
 from meshroute_middleware.state.keeper import StateKeeper
 from node_agent.discovery import health_checks, tracker_discovery
@@ -26,7 +27,8 @@ PRUNE_EVERY_S = 60.0
 @contextlib.asynccontextmanager
 async def background_services(config: GatewayConfig, mesh: Mesh,
                               keeper: StateKeeper | None = None,
-                              clock: Callable[[], float] = time.time) -> AsyncIterator[None]:
+                              clock: Callable[[], float] = time.time,
+                              providers: ProviderRouter | None = None) -> AsyncIterator[None]:
     """Background services of a running gateway, each supervised."""
     settings = config.settings
     log.log(logging.WARNING if config_warnings(config) else logging.INFO, "%s",
@@ -40,7 +42,7 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
             tg.start_soon(supervisor.run, "state", lambda: keeper.run(clock))
         gossip = None
         if config.gossip is not None:  # statistics exchange with peer trackers
-            gossip = GossipService(mesh.router, config.gossip)
+            gossip = GossipService(mesh.router, config.gossip, providers=providers)
             await tg.start(supervisor.run_started, "gossip", gossip.run)
             mesh.telemetry.add_collector(lambda: metric_families(gossip))
             log.info("gossip: tracker %s on %s, peers %s", config.tracker_id,

@@ -35,6 +35,7 @@ from node_agent.discovery import HEALTH_INTERVAL_S
 
 GC_MODES = ("paced", "python")
 STATE_FILE_NAME = "meshroute/state.db"  # under the user's state directory (XDG base dirs)
+LIMITS_MODES = ("local", "state-file")  # or a redis:// URL
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
 _EDGE = EdgeLimits()  # the HTTP edge's defaults live with its protocol
 _GOSSIP = GossipConfig()  # gossip's with gossip
@@ -165,6 +166,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
            "processes serving the one port, sharing learned statistics over loopback gossip",
            group=LISTENING),
+    Option("limits_store", str, ("--limits-store",), ("MESHROUTE_LIMITS_STORE",),
+           "where provider key limits are shared (TOML [limits] store): 'redis://HOST:PORT/DB' "
+           "across trackers, 'state-file' (the default of --workers N), 'local'",
+           group=PROVIDERS),
     Option("gc", str, ("--gc",), ("MESHROUTE_GC",),
            "garbage collector: 'paced' (short pauses, full collections when cheap) or "
            "'python' (CPython's own, on a frozen start-up heap)", group=LISTENING,
@@ -214,6 +219,7 @@ class ServeSettings:
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
     workers: int = 1
     gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
+    limits_store: str | None = None  # None: "local", "state-file" with --workers N
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -232,6 +238,11 @@ class ServeSettings:
             raise ValueError(f"workers must be in 1..64, got {self.workers}")
         if self.gc not in GC_MODES:
             raise ValueError(f"gc must be one of {', '.join(GC_MODES)}, got {self.gc!r}")
+        if self.limits_store is not None and not (
+                self.limits_store in LIMITS_MODES
+                or self.limits_store.startswith(("redis://", "rediss://"))):
+            raise ValueError("limits_store must be redis://HOST:PORT/DB, 'state-file' or "
+                             f"'local', got {self.limits_store!r}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
 
@@ -366,6 +377,11 @@ def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig |
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read config file {path}: {exc}") from exc
     tables = {k: data.pop(k) for k in PROVIDER_TABLES if k in data}
+    limits = data.pop("limits", {})  # [limits] store = "redis://…"
+    if not isinstance(limits, dict) or set(limits) - {"store"}:
+        raise SettingsError(f"{path}: [limits] takes one key, store")
+    if "store" in limits:
+        data["limits_store"] = limits["store"]
     providers = None
     if tables:
         try:

@@ -15,10 +15,12 @@ from dataclasses import replace
 
 from meshroute_middleware.app.config import GatewayConfig, new_tracker_id, workers_base_id
 from meshroute_middleware.app.gateway import build_gateway, open_state_file
+from meshroute_middleware.app.limits import limits_mode
 from meshroute_middleware.app.logs import configure_logging
 from meshroute_middleware.app.run import StartupError, serve_gateway
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
-from meshroute_middleware.state.store import StateStoreError
+from meshroute_middleware.state.sqlite_limits import SqliteLimits
+from meshroute_middleware.state.store import MEMORY, StateStoreError
 from node_agent.serving import ListenError, listen_socket
 
 log = logging.getLogger("meshroute.serve")
@@ -31,6 +33,7 @@ def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int]
     with every sibling (and any configured peer) as a static peer, under the per-run secret."""
     siblings = tuple(f"127.0.0.1:{p}" for i, p in enumerate(gossip_ports) if i != index)
     return replace(settings, workers=1, tracker_id=f"{tracker_id}-w{index}",
+                   limits_store=limits_mode(settings),  # one budget across the workers
                    gossip_listen=f"127.0.0.1:{gossip_ports[index]}",
                    gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
                    gossip_secret_file=None, gossip_fanout=max(settings.gossip_fanout,
@@ -91,6 +94,8 @@ def run_workers(settings: ServeSettings) -> int:
             if settings.tracker_id is None:  # the same origins as the last run's workers
                 tracker_id = workers_base_id(store.meta("tracker_id")) or tracker_id
             store.close()
+            if limits_mode(shared) == "state-file" and store.path != MEMORY:
+                SqliteLimits.new_run(store.path)
         configs = [worker_settings(shared, i, gossip_ports, tracker_id, secret)
                    for i in range(n)]
         for cfg in configs:

@@ -24,7 +24,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,8 @@ _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens", re.I)
 _PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id"})
 _NEXT_KEY = frozenset({"http_429", "http_401", "http_403"})  # the key failed: try the next key
+# Shared key gates take a key in their store (awaited): (candidate, reserve, now, context need)
+Acquire = Callable[[Candidate, int, float, int], Awaitable[Attempt | list[PassedOver]]]
 _REASONS = {"http_429": "http_429", "http_5xx": "http_5xx", "timeout": "timeout",
             "connect": "connect"}
 
@@ -146,12 +148,13 @@ class ProviderChat:
     def __init__(self, providers: ProviderRouter, secrets: Mapping[str, tuple[Secret, ...]],
                  forwarder: Forwarder, router: Router, telemetry: Telemetry, *,
                  first_byte_timeout_s: float = 60.0, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, acquire: Acquire | None = None) -> None:
         self.providers, self.secrets = providers, secrets
         self.forwarder, self.router, self.telemetry = forwarder, router, telemetry
         self.first_byte_timeout_s = first_byte_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
+        self.acquire = acquire  # shared key gates (issue 23); None: the router's own
         self.mesh = ForwardMode(forwarder)
         self._watchdog = Watchdog()
         self._all_secrets = tuple(s for keys in secrets.values() for s in keys)
@@ -257,7 +260,8 @@ class ProviderChat:
                          opened: list[Attempts]) -> bool:
         """Try one candidate (each of its keys in turn after a 429); True once answered."""
         while self.providers.may_attempt(len(tally.tried), started, self.clock()):
-            got = self.providers.acquire(c, reserve, self.clock(), context_tokens=need)
+            got = (self.providers.acquire(c, reserve, self.clock(), context_tokens=need)
+                   if self.acquire is None else await self.acquire(c, reserve, self.clock(), need))
             if isinstance(got, list):
                 passed += got
                 return False

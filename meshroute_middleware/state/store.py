@@ -5,7 +5,9 @@ Provider routes: `ProviderRouter.snapshot()` rows, rate-limit windows and daily 
 provider key (`windows`), cooldowns, the 429 ladder and monthly counters per route key (`keys`),
 and learned statistics with the rate-limit penalty per route (`stats`), keyed by section, name
 (provider or route) and 1-based key position (0 for a route's statistics): a key's value is in
-no column. Mesh routes: one row per (model, signature, origin) statistics entry, the gossip
+no column. With shared key gates (`--workers`, state/sqlite_limits.py) the same table also
+holds revocations, round-robin positions and the workers' presence, in sections `load` does not
+read. Mesh routes: one row per (model, signature, origin) statistics entry, the gossip
 state (`route_stats`, restored with its timestamps so it comes back decayed for the time the
 tracker was down; with each origin's saturation-curve summary, so the `thompson` policy gets
 its curves back as priors), and per model the topology change time with the node set it belongs to

@@ -144,7 +144,7 @@ def test_the_mesh_lives_and_ctrl_c_stops_quietly_with_a_summary() -> None:
 def test_dashboard_page_is_served() -> None:
     from dataclasses import replace
 
-    from meshroute_middleware.app.serve import build_gateway
+    from meshroute_middleware.app.gateway import build_gateway
     from meshroute_middleware.app.settings import ServeSettings
 
     from ..upstream import ServerThread

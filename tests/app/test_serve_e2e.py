@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 

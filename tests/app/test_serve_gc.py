@@ -10,7 +10,7 @@ import sys
 CODE = """
 import gc, json
 from meshroute_middleware.app.gcpace import GC_FULL_AFTER
-from meshroute_middleware.app.serve import settle_heap
+from meshroute_middleware.app.run import settle_heap
 before = gc.get_threshold()
 garbage = [[]]
 garbage[0].append(garbage)  # a reference cycle nobody holds: settle_heap collects it

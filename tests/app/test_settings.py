@@ -131,3 +131,17 @@ def test_out_of_range_values_are_settings_errors(field: str, value: str) -> None
         load_settings({field: value}, {})
     with pytest.raises(ValueError, match=field):
         RouterConfig(**{field: float(value)})
+
+
+def test_the_limits_store_from_toml_env_and_flag(tmp_path: Path) -> None:
+    config = tmp_path / "m.toml"
+    config.write_text('[limits]\nstore = "redis://127.0.0.1:6390/0"\n')
+    assert load_settings({"config": str(config)}).limits_store == "redis://127.0.0.1:6390/0"
+    env = {"MESHROUTE_LIMITS_STORE": "state-file"}
+    assert load_settings({"config": str(config)}, env).limits_store == "state-file"
+    assert load_settings({"limits_store": "local"}, env).limits_store == "local"
+    with pytest.raises(SettingsError, match="MESHROUTE_LIMITS_STORE"):
+        load_settings({}, {"MESHROUTE_LIMITS_STORE": "memcached://x"})
+    config.write_text('[limits]\nbackend = "redis"\n')
+    with pytest.raises(SettingsError, match=r"\[limits\]"):
+        load_settings({"config": str(config)})

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from meshroute_middleware.app import serve
+from meshroute_middleware.app import services
 from meshroute_middleware.app.mitm.relay import Relay
 from meshroute_middleware.app.mitm.side import build_side_app
 from meshroute_middleware.app.settings import ServeSettings
@@ -130,7 +130,7 @@ def test_healthz_is_503_degraded_while_a_service_restarts_then_200_again(
             raise RuntimeError("pruning broke")
         await anyio.sleep_forever()
 
-    monkeypatch.setattr(serve, "_prune_loop", prune)
+    monkeypatch.setattr(services, "_prune_loop", prune)
     with EdgeGateway() as gw:
         health = _until(gw.url, lambda r: r.status_code == 503)
         body = health.json()
@@ -150,7 +150,7 @@ def test_the_mitm_side_server_runs_its_services_supervised(
     async def prune(router: Any) -> None:
         raise RuntimeError("side pruning broke")
 
-    monkeypatch.setattr(serve, "_prune_loop", prune)
+    monkeypatch.setattr(services, "_prune_loop", prune)
     router = build_router()
     mesh = Mesh(router, Telemetry(router))
     app = build_side_app(ServeSettings(mdns=False), mesh, Relay(), "side", 0)

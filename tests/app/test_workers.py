@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from meshroute_middleware.app.config import workers_base_id
-from meshroute_middleware.app.serve import worker_settings
 from meshroute_middleware.app.settings import ServeSettings, SettingsError, load_settings
+from meshroute_middleware.app.workers import worker_settings
 
 from ..upstream import FakeChat, ServerThread, free_port
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat import watchdog
 from meshroute_middleware.core import RouterConfig

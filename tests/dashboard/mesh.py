@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 from node_agent.emulator import EmulatedNode, EmulatorConfig, serve_node

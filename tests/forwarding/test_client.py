@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 import pytest
 
-from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.forwarding.client import AiohttpForwarder, ForwardError, ForwardTimeouts

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 from meshroute_middleware.api import GatewayAPI, build_api_app
-from meshroute_middleware.app.serve import load_static_nodes
+from meshroute_middleware.app.gateway import load_static_nodes
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, Router, RouterConfig, parse_node
 from meshroute_middleware.core.contracts import txt
 from meshroute_middleware.mesh import Mesh

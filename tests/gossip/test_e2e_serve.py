@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 from tests.upstream import FakeChat, ServerThread, free_port

@@ -15,7 +15,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from starlette.routing import Route
 
 from meshroute_middleware.api import GatewayAPI
-from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.http.openapi import openapi_document

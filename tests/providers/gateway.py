@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 
-from meshroute_middleware.app.serve import Gateway, GatewayConfig, build_gateway
+from meshroute_middleware.app.config import GatewayConfig
+from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.core.providers.config import parse_providers_config

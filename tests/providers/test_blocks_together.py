@@ -121,7 +121,7 @@ def test_a_429_cools_its_key_from_retry_after_and_the_chain_falls_over(
     assert first.route == "slowco/small-model#1"
     view = gw.router.chain_view(gw.router.resolve("fastco/big-model", ()), gw.now)
     assert view["chain"][0]["keys"][0] == {"key": 1, "state": "cooldown", "until": T0 + 20,
-                                           "reason": "cooldown"}
+                                           "reason": "cooldown", "limits": "local"}
     second = gw.ask(pinned="fastco/big-model")  # key 1 is cooling: key 2 serves
     assert second.route == "fastco/big-model#2"
     gw.now += 21

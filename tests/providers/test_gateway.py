@@ -46,7 +46,7 @@ def test_a_429_cools_the_key_from_retry_after_the_next_key_serves_and_clear_ends
         assert view.status_code == 200
         keys = view.json()["chain"][0]["keys"]
         assert keys[0] == {"key": 1, "state": "cooldown", "until": T0 + 20,
-                           "reason": "cooldown"}
+                           "reason": "cooldown", "limits": "local"}
         second = gw.chat("fastco/big-model")  # key 1 is cooling: key 2 serves, not sent to 1
         assert second.headers["x-meshroute-tried"] == "fastco/big-model#2"
         fast.by_key.clear()

@@ -49,7 +49,7 @@ def test_a_401_takes_the_key_out_of_rotation_and_the_next_key_serves(
         assert first.status_code == 200  # the client never sees our key's 401
         assert first.headers["x-meshroute-tried"] == "fastco/big-model#1,fastco/big-model#2"
         assert keys_of(gw.url, "fastco/big-model")[0] == {
-            "key": 1, "state": "revoked", "until": None, "reason": "http_401"}
+            "key": 1, "state": "revoked", "until": None, "reason": "http_401", "limits": "local"}
         later = [gw.chat("fastco/big-model") for _ in range(3)]
         assert [a.headers["x-meshroute-tried"] for a in later] == ["fastco/big-model#2"] * 3
         assert fast.keys == [ENV["FAST_A"]] + [ENV["FAST_B"]] * 4  # key 1 asked once only
@@ -79,7 +79,7 @@ def test_a_403_takes_the_key_out_for_that_model_only(
         other = gw.chat("fastco/other-model")
         assert other.headers["x-meshroute-route"] == "fastco/other-model#1"
         assert keys_of(gw.url, "fastco/big-model")[0] == {
-            "key": 1, "state": "revoked", "until": None, "reason": "http_403"}
+            "key": 1, "state": "revoked", "until": None, "reason": "http_403", "limits": "local"}
         assert keys_of(gw.url, "fastco/other-model")[0]["state"] == "ready"
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from meshroute_middleware.app.serve import GatewayConfig, build_gateway
+from meshroute_middleware.app.config import GatewayConfig
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 from meshroute_middleware.core.providers.config import parse_providers_config

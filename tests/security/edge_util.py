@@ -17,23 +17,17 @@ from typing import Any
 import httpx
 import uvicorn
 
-from meshroute_middleware.app import serve
-from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.gateway import Gateway, build_gateway
+from meshroute_middleware.app.run import server_config
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import RouterConfig
 
 from ..upstream import free_port
 
-_EDGE_SERVED = hasattr(serve, "server_config")
-
 
 def _server_config(gateway: Gateway, port: int) -> uvicorn.Config:
-    """`meshroute serve`'s uvicorn configuration (app.serve.server_config)."""
-    if _EDGE_SERVED:
-        return serve.server_config(gateway, port)
-    # the code before issue 11's edge work, to show each attack test failing there
-    return uvicorn.Config(gateway.app, host="127.0.0.1", port=port, log_level="warning",
-                          lifespan="on", access_log=False)
+    """`meshroute serve`'s uvicorn configuration (app.run.server_config)."""
+    return server_config(gateway, port)
 
 
 class EdgeGateway:
@@ -43,11 +37,8 @@ class EdgeGateway:
         base = ServeSettings(mdns=False, seed=3, router=RouterConfig(explore_share=0.0),
                              first_byte_timeout_s=5.0, connect_timeout_s=2.0,
                              log_level="warning")
-        if not _EDGE_SERVED:  # before the edge work: its knobs did not exist
-            settings = {k: v for k, v in settings.items() if hasattr(base, k)}
         self.port = free_port()  # known to the gateway: it refuses nodes pointing at itself
-        if _EDGE_SERVED:
-            settings = {"port": self.port, **settings}
+        settings = {"port": self.port, **settings}
         self.gateway: Gateway = build_gateway(replace(base, **settings))
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(_server_config(self.gateway, self.port))

@@ -17,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from meshroute_middleware.app.serve import build_gateway, loop_marker
+from meshroute_middleware.app.config import loop_marker
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.headers import via_entry
 from meshroute_middleware.core import NodeRecord

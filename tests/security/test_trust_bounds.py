@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from meshroute_middleware.api import GatewayAPI
-from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings, load_settings
 from meshroute_middleware.core import NodeRecord, RouterConfig
 from meshroute_middleware.telemetry.events import EventBus

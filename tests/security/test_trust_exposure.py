@@ -9,12 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from meshroute_middleware.app.serve import (
-    GatewayConfig,
-    background_services,
-    build_gateway,
-    exposure,
-)
+from meshroute_middleware.app.config import GatewayConfig, exposure
+from meshroute_middleware.app.gateway import build_gateway
+from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 
 from ..conftest import FakeClock

@@ -17,7 +17,7 @@ import anyio
 import httpx
 import pytest
 
-from meshroute_middleware.app.serve import Gateway, build_gateway
+from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import NodeRecord, RouterConfig
 from meshroute_middleware.forwarding.client import ForwardTimeouts

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from meshroute_middleware.app.serve import build_gateway
+from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
 from meshroute_middleware.core.kinds import PROVEN, STALE

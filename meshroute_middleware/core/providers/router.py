@@ -22,10 +22,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidPinError, MeshRouteError
-from .chain import Candidate, Resolution, Sessions, provider_candidate, resolve
+from .chain import (
+    Candidate,
+    Resolution,
+    Sessions,
+    provider_candidate,
+    resolve,
+)
 from .config import ProvidersConfig
-from .exhaustion import Exhaustion, PassedOver, attempt_reason, exhaustion, soonest_reset
-from .keys import KeyGates, Reservation, Snapshot, key_route
+from .exhaustion import (
+    Exhaustion,
+    PassedOver,
+    attempt_reason,
+    exhaustion,
+    soonest_reset,
+)
+from .keys import (
+    KeyGates,
+    Refusal,
+    Reservation,
+    Snapshot,
+    key_route,
+)
+from .peers import Peers, PeerState, merged_stats
 from .scoring import (
     STRATEGY_WEIGHTS,
     OutcomeKind,
@@ -85,6 +104,7 @@ class ProviderRouter:
         self.sessions = sessions or Sessions()
         self.stats: dict[str, RouteStats] = {}
         self._stats_dirty: set[str] = set()
+        self.peers: Peers | None = None  # gossiping trackers' reports (core/providers/peers)
 
     def resolve(self, model: str, mesh_models: Collection[str]) -> Resolution:
         return resolve(self.cfg, model, mesh_models)
@@ -95,6 +115,8 @@ class ProviderRouter:
               rng: random.Random | None = None) -> Scored:
         """All axes of one route; reliability is a Thompson draw when `rng` is given."""
         st = self.stats.get(candidate.route)
+        if self.peers is not None:  # trackers gossiping: their experience counts too
+            st = merged_stats(st, self.peers.stats(candidate.route), now)
         if st is None:
             st = RouteStats()
         reliability = (expected_reliability(st.ok, st.fail) if rng is None
@@ -140,17 +162,31 @@ class ProviderRouter:
         `context_tokens`: what the context must hold (`TokenEstimate.context_need`; default
         `tokens`).
         """
+        early = self.admit(candidate, tokens, context_tokens)
+        if early is not None or candidate.provider is None or candidate.model is None:
+            return early or Attempt(candidate)
+        return self.taken(candidate, *self.gates.take(candidate.provider, candidate.model,
+                                                      tokens, now))
+
+    def admit(self, candidate: Candidate, tokens: int,
+              context_tokens: int | None = None) -> Attempt | list[PassedOver] | None:
+        """What `acquire` decides before the key gates: passed over for `context`, a mesh
+        route taken; None when a provider key must be taken (`KeyGates.take`)."""
         need = tokens if context_tokens is None else context_tokens
         if candidate.context is not None and need > candidate.context:
             return [PassedOver(candidate.route, "context")]
         if candidate.provider is None or candidate.model is None:
             return Attempt(candidate)
-        key, refused = self.gates.pick(candidate.provider, candidate.model, tokens, now)
-        if key is None:
+        return None
+
+    @staticmethod
+    def taken(candidate: Candidate, reservation: Reservation | None,
+              refused: list[tuple[int, Refusal]]) -> Attempt | list[PassedOver]:
+        """The attempt of a key the gates took, or why each key was refused."""
+        if reservation is None:
             return [PassedOver(key_route(candidate.route, k), r.reason, r.until)
                     for k, r in refused]
-        reservation = self.gates.reserve(candidate.provider, candidate.model, key, tokens, now)
-        return Attempt(candidate, key, reservation)
+        return Attempt(candidate, reservation.key, reservation)
 
     def record(self, attempt: Attempt, kind: OutcomeKind, now: float, *,
                reason: str | None = None, used_tokens: int | None = None,
@@ -197,7 +233,7 @@ class ProviderRouter:
             raise ValueError("only a provider key can be refused")
         if attempt.reservation is not None:
             self.gates.settle(attempt.reservation, 0, now)
-        self.gates.revoke(c.provider.name, c.model.id, attempt.key, status)
+        self.gates.revoke(c.provider.name, c.model.id, attempt.key, status, now)
         return PassedOver(attempt.route, attempt_reason(status))
 
     def exhausted(self, res: Resolution, passed: list[PassedOver], now: float) -> Exhaustion:
@@ -228,7 +264,7 @@ class ProviderRouter:
 
     # -- operators ------------------------------------------------------------------------
 
-    def clear(self, route: str | None = None) -> int:
+    def clear(self, route: str | None = None, now: float | None = None) -> int:
         """Clear cooldowns, revoked keys and 429 penalties: all, one route (`fastco/big-model`)
         or one key (`fastco/big-model#2`, its cooldown and revocation only). How many keys had
         a cooldown or were revoked."""
@@ -238,7 +274,7 @@ class ProviderRouter:
                 if base is None or name == base:
                     stats.clear_penalty()
                     self._stats_dirty.add(name)
-        return self.gates.clear(base, key)
+        return self.gates.clear(base, key, now)
 
     def knows_route(self, route: str) -> bool:
         """Whether `clear` can name `route`: a provider route (or one of its keys) or a mesh
@@ -262,6 +298,18 @@ class ProviderRouter:
                           "intelligence": s.intelligence, "price": s.price,
                           "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
         return {"model": res.model, "strategy": res.strategy, "chain": chain}
+
+    def report(self, now: float) -> PeerState:
+        """What this tracker tells its gossip peers of its provider routes and keys (its key
+        gates only when they take peers' reports in: a shared store counts them already)."""
+        state = self.gates.report(now) if self.gates.peers is not None else PeerState(now)
+        stats = {name: s for name, s in self.stats.items() if self.cfg.split_route(name)}
+        return PeerState(state.t, stats, state.cooldowns, state.revoked, state.clears,
+                         state.usage)
+
+    def merge_peer(self, origin: str, state: PeerState, now: float) -> bool:
+        """A gossip peer's report (the newest per origin is kept); whether it was taken."""
+        return self.peers is not None and self.peers.merge(origin, state, now)
 
     # -- persistence ----------------------------------------------------------------------
 

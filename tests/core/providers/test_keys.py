@@ -195,9 +195,9 @@ def test_key_states_for_the_chain_endpoint() -> None:
     gates.rate_limited(ROUTE, 1, 50.0, T0)
     send(gates, p, 2, 1, T0)
     assert gates.key_states(p, MODEL, T0 + 1) == [
-        {"key": 1, "state": "cooldown", "until": T0 + 50, "reason": "cooldown"},
-        {"key": 2, "state": "limited", "until": MIDNIGHT, "reason": "rpd"},
-        {"key": 3, "state": "ready", "until": None, "reason": None}]
+        {"key": 1, "state": "cooldown", "until": T0 + 50, "reason": "cooldown", "limits": "local"},
+        {"key": 2, "state": "limited", "until": MIDNIGHT, "reason": "rpd", "limits": "local"},
+        {"key": 3, "state": "ready", "until": None, "reason": None, "limits": "local"}]
 
 
 def test_snapshot_restore_keeps_windows_day_counters_and_cooldowns() -> None:
@@ -279,9 +279,9 @@ def test_a_revoked_key_shows_as_such_and_comes_back_when_cleared() -> None:
     gates.revoke("fastco", "big-model", 1, 401)
     gates.revoke("fastco", "big-model", 3, 403)
     assert gates.key_states(p, MODEL, T0) == [
-        {"key": 1, "state": "revoked", "until": None, "reason": "http_401"},
-        {"key": 2, "state": "ready", "until": None, "reason": None},
-        {"key": 3, "state": "revoked", "until": None, "reason": "http_403"}]
+        {"key": 1, "state": "revoked", "until": None, "reason": "http_401", "limits": "local"},
+        {"key": 2, "state": "ready", "until": None, "reason": None, "limits": "local"},
+        {"key": 3, "state": "revoked", "until": None, "reason": "http_403", "limits": "local"}]
     restarted = KeyGates()
     restarted.restore(gates.snapshot(T0))
     assert restarted.check(p, MODEL, 1, 1, T0) is None  # not persisted: a restart lifts it

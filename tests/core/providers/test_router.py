@@ -208,8 +208,9 @@ def test_the_chain_view(cfg: ProvidersConfig) -> None:
     assert set(big) == {"route", "kind", "score", "reliability", "speed", "intelligence",
                         "price", "headroom", "rate_limit", "keys"}
     assert big["keys"] == [
-        {"key": 1, "state": "ready", "until": None, "reason": None},
-        {"key": 2, "state": "cooldown", "until": T0 + 40, "reason": "cooldown"}]
+        {"key": 1, "state": "ready", "until": None, "reason": None, "limits": "local"},
+        {"key": 2, "state": "cooldown", "until": T0 + 40, "reason": "cooldown",
+         "limits": "local"}]
     assert big["reliability"] == 0.5  # the expectation, not a draw
     text = json.dumps(view)
     assert "FASTCO_KEY" not in text and "env:" not in text
@@ -322,7 +323,8 @@ def test_a_refused_key_leaves_rotation_and_blames_not_the_route(cfg: ProvidersCo
         again = router.acquire(big, 100, T0 + 1)
         assert isinstance(again, Attempt) and again.key == 2
     keys = router.chain_view(router.resolve("fastco/big-model", MESH), T0)["chain"][0]["keys"]
-    assert keys[0] == {"key": 1, "state": "revoked", "until": None, "reason": f"http_{status}"}
+    assert keys[0] == {"key": 1, "state": "revoked", "until": None, "reason": f"http_{status}",
+                       "limits": "local"}
     huge = router.acquire(candidate(router, "fastco/huge-model"), 100, T0)
     assert isinstance(huge, Attempt) and huge.key == (2 if status == 401 else 1)
     assert router.clear("fastco/big-model#1") == 1

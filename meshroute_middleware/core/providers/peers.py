@@ -1,0 +1,121 @@
+"""What trackers that gossip (and share no limits store) learn of each other's provider keys.
+
+Each origin tracker publishes one `PeerState` of its own (last writer wins per origin, by the
+origin's `t`): its learned statistics per provider route, its cooldowns and revocations with
+when they were set, the clears it received with when, and its usage per key in its current
+minute and UTC day. A tracker then
+- ranks a provider route by its own statistics and its peers' together (`merged_stats`: the
+  outcome counts summed, tok/s and TTFB weighted by successes, the worst penalty), so a route
+  that failed on a peer ranks low before this tracker ever called it;
+- honours a peer's cooldown (a max-register of its end) and revocation, unless a clear newer
+  than it is known (a clear is a time that supersedes whatever was set before it);
+- admits a request on a key only while its own usage plus every peer's stays under the limit
+  (`PeerUsage`). Peers' counts are as of their last report, so overshoot is bounded by what
+  the peers admitted within one gossip round (docs/providers.md).
+Pure: `now` is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .scoring import RouteStats
+
+MINUTE_S = 60.0
+DAY_S = 86_400.0
+MAX_SKEW_S = 30.0  # a report dated further past our clock is refused (gossip's bound)
+
+
+class Usage(NamedTuple):
+    """One key's use in its tracker's windows: the sliding minute and the UTC day."""
+
+    minute_requests: int = 0
+    minute_tokens: int = 0
+    day: int = -1
+    day_requests: int = 0
+    day_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """One origin's report, as of its `t`."""
+
+    t: float
+    stats: dict[str, RouteStats] = field(default_factory=dict)  # route -> learned there
+    cooldowns: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    # (route, key) -> (until, set at)
+    revoked: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    # (provider for a 401 / route for a 403, key) -> (status, set at)
+    clears: dict[tuple[str, int], float] = field(default_factory=dict)  # (route, key) -> at
+    usage: dict[tuple[str, int], Usage] = field(default_factory=dict)  # (provider, key) -> use
+
+
+def merged_stats(own: RouteStats | None, peers: list[RouteStats], now: float) -> RouteStats:
+    """One route's statistics over this tracker and its peers."""
+    every = ([own] if own is not None else []) + peers
+    if not every:
+        return RouteStats()
+    ok = sum(s.ok for s in every)
+    fail = sum(s.fail for s in every)
+
+    def weighted(values: list[tuple[float | None, float]]) -> float | None:
+        known = [(v, w) for v, w in values if v is not None]
+        mass = sum(max(w, 1e-9) for _, w in known)
+        return (sum(v * max(w, 1e-9) for v, w in known) / mass) if known else None
+
+    tps = weighted([(s.tokens_per_s, s.ok) for s in every])
+    ttfb = weighted([(s.ttfb_ms, s.ok) for s in every])
+    penalty = max(s.penalty_now(now) for s in every)
+    return RouteStats(ok, fail, tps, ttfb, penalty, now)
+
+
+class Peers:
+    """Every peer's latest report; what the gates and the scores read of them."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, PeerState] = {}
+
+    def merge(self, origin: str, state: PeerState, now: float) -> bool:
+        """Take `origin`'s report if newer than the one held (and not from the future)."""
+        held = self.states.get(origin)
+        if state.t > now + MAX_SKEW_S or (held is not None and held.t >= state.t):
+            return False
+        self.states[origin] = state
+        return True
+
+    def stats(self, route: str) -> list[RouteStats]:
+        return [s.stats[route] for s in self.states.values() if route in s.stats]
+
+    def usage(self, provider: str, key: int, now: float) -> Usage:
+        """The peers' use of a key: their minute while their report is under a minute old,
+        their day while it is today (UTC)."""
+        minute_r = minute_t = day_r = day_t = 0
+        today = int(now // DAY_S)
+        for state in self.states.values():
+            used = state.usage.get((provider, key))
+            if used is None:
+                continue
+            if now - state.t < MINUTE_S:
+                minute_r += used.minute_requests
+                minute_t += used.minute_tokens
+            if used.day == today:
+                day_r += used.day_requests
+                day_t += used.day_tokens
+        return Usage(minute_r, minute_t, today, day_r, day_t)
+
+    def cooldowns(self) -> dict[tuple[str, int], tuple[float, float]]:
+        """Every peer's cooldown, the latest end per key (a max-register)."""
+        out: dict[tuple[str, int], tuple[float, float]] = {}
+        for state in self.states.values():
+            for name, (until, at) in state.cooldowns.items():
+                if until > out.get(name, (0.0, 0.0))[0]:
+                    out[name] = (until, at)
+        return out
+
+    def clears(self) -> dict[tuple[str, int], float]:
+        out: dict[tuple[str, int], float] = {}
+        for state in self.states.values():
+            for name, at in state.clears.items():
+                out[name] = max(at, out.get(name, at))
+        return out

@@ -1,0 +1,126 @@
+"""Provider key gates shared by the processes of one host or of many: the `LimitsStore` seam.
+
+The decision stays the core's (`KeyGates`, a pure function of its rows and `now`); a store only
+loads the rows a decision reads, runs it on a fresh `KeyGates`, and writes back the rows it
+changed, atomically (`transact`). Implementations: `MemoryLimits` (one process's memory: the
+in-process twin, for tests), `SqliteLimits` (state/sqlite_limits.py: the state file the
+workers of `--workers N` already share; `BEGIN IMMEDIATE`), `RedisLimits`
+(state/redis_limits.py, `--limits-store redis://…`). `SharedGates` (state/shared_gates.py)
+is the `KeyGates` a ProviderRouter is given to use one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from meshroute_middleware.core.errors import MeshRouteError
+from meshroute_middleware.core.providers.keys import (
+    SHARED_SECTIONS,
+    KeyGates,
+    RowName,
+    Snapshot,
+)
+
+T = TypeVar("T")
+TRACKERS_WINDOW_S = 60.0  # trackers that used the store within this share its limits
+
+
+class LimitsStoreError(MeshRouteError, ValueError):
+    """The limits store cannot be used (at start: a one-line error, exit 2)."""
+
+
+class LimitsStoreDown(LimitsStoreError):
+    """The store failed a transaction; the caller decides locally for a while."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """What a decision returned, and the rows it read as they are after it."""
+
+    result: T
+    rows: Snapshot
+
+
+def decide(loaded: Snapshot, op: Callable[[KeyGates], T], now: float,
+           first_id: int) -> tuple[T, Snapshot, Snapshot]:
+    """Run `op` on gates holding `loaded`: its result, the rows it changed, all rows after."""
+    gates = KeyGates(first_id=first_id)
+    gates.restore(loaded)
+    result = op(gates)
+    changed = gates.snapshot(now, changed_only=True, shared=True)
+    after: dict[RowName, dict[str, Any]] = {
+        (s, str(r["name"]), int(r["key"])): r for s, rows in loaded.items() for r in rows}
+    for section, rows in changed.items():
+        for row in rows:
+            after[(section, str(row["name"]), int(row["key"]))] = row
+    return result, changed, rows_by_section(after)
+
+
+def rows_by_section(rows: dict[RowName, dict[str, Any]]) -> Snapshot:
+    out: Snapshot = {s: [] for s in SHARED_SECTIONS}
+    for (section, _, _), row in rows.items():
+        out[section].append(row)
+    return out
+
+
+def encode(row: dict[str, Any]) -> str:
+    """A row's data as stored: JSON without its name and key (those name the row)."""
+    return json.dumps({k: v for k, v in row.items() if k not in ("name", "key")},
+                      separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def decode(name: RowName, data: str | bytes) -> dict[str, Any]:
+    fields = json.loads(data)
+    if not isinstance(fields, dict):
+        raise ValueError(f"limits row {name} is not an object")
+    return {**fields, "name": name[1], "key": name[2]}
+
+
+class LimitsStore(Protocol):
+    """Where shared gates keep their rows. `blocking` stores are fast local I/O whose
+    `transact_now` runs on the event loop; others only `transact` (awaited)."""
+
+    mode: str  # "state-file" | "redis" (what GET /v1/routing/chain says per key)
+    blocking: bool
+
+    def transact_now(self, rows: Sequence[RowName], op: Callable[[KeyGates], T], now: float,
+                     first_id: int) -> Outcome[T]: ...
+
+    async def transact(self, rows: Sequence[RowName], op: Callable[[KeyGates], T],
+                       now: float, first_id: int) -> Outcome[T]: ...
+
+    async def heartbeat(self, tracker: str, now: float) -> int:
+        """Say `tracker` uses the store now; how many trackers did in the last minute."""
+        ...
+
+
+class MemoryLimits:
+    """Rows in this process's memory: what several SharedGates of one process share (tests)."""
+
+    mode = "local"
+    blocking = True
+
+    def __init__(self) -> None:
+        self.rows: dict[RowName, dict[str, Any]] = {}
+        self.down = False  # a test takes the store away
+
+    def transact_now(self, rows: Sequence[RowName], op: Callable[[KeyGates], T], now: float,
+                     first_id: int) -> Outcome[T]:
+        if self.down:
+            raise LimitsStoreDown("memory store taken away")
+        loaded = rows_by_section({r: self.rows[r] for r in rows if r in self.rows})
+        result, changed, after = decide(loaded, op, now, first_id)
+        for section, items in changed.items():
+            for row in items:
+                self.rows[(section, str(row["name"]), int(row["key"]))] = row
+        return Outcome(result, after)
+
+    async def transact(self, rows: Sequence[RowName], op: Callable[[KeyGates], T],
+                       now: float, first_id: int) -> Outcome[T]:
+        return self.transact_now(rows, op, now, first_id)
+
+    async def heartbeat(self, tracker: str, now: float) -> int:
+        return 1

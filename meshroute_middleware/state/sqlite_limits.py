@@ -1,0 +1,128 @@
+"""The shared gates' rows in the state file (`--workers N`): the `route_state` rows that
+`StateStore` persists for one process, plus sections it does not read (`revoked`, `cursor`,
+`tracker`), one `BEGIN IMMEDIATE` transaction per decision. Each worker opens its own
+connection; it never checkpoints the WAL itself (the StateKeeper's writes do, off the loop).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from meshroute_middleware.core.providers.keys import KeyGates, RowName, Snapshot
+from meshroute_middleware.state.limits import (
+    TRACKERS_WINDOW_S,
+    LimitsStoreDown,
+    LimitsStoreError,
+    Outcome,
+    decide,
+    decode,
+    encode,
+    rows_by_section,
+)
+
+T = TypeVar("T")
+SQLITE_BUSY_S = 2.0  # a state file locked longer than this counts as failed, for RETRY_S
+
+
+class SqliteLimits:
+    """The rows in the state file's `route_state` table (the ones `StateStore` persists, plus
+    revocations, round-robin positions and reservations), one `BEGIN IMMEDIATE` transaction
+    per decision; every worker of the host opens its own connection."""
+
+    mode = "state-file"
+    blocking = True
+
+    def __init__(self, path: str, busy_s: float = SQLITE_BUSY_S) -> None:
+        self.path, self.busy_s = path, busy_s
+        self._db: sqlite3.Connection | None = None
+        self._select: dict[int, str] = {}
+
+    def open(self) -> SqliteLimits:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                 timeout=self.busy_s)
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL (set by StateStore): no fsync/commit
+            # checkpoints (with their fsync) are left to the StateKeeper's writes, off the
+            # event loop: this connection only appends to the WAL
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            db.execute("SELECT 1 FROM route_state LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            raise LimitsStoreError(f"cannot share limits in state file {self.path}: "
+                                   f"{exc}") from exc
+        self._db = db
+        return self
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def transact_now(self, rows: Sequence[RowName], op: Callable[[KeyGates], T], now: float,
+                     first_id: int) -> Outcome[T]:
+        db = self._db
+        if db is None:
+            raise LimitsStoreDown(f"state file {self.path} is not open")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result, changed, after = decide(self._load(db, rows), op, now, first_id)
+                db.executemany(
+                    "INSERT INTO route_state (section, name, key_pos, data, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (section, name, key_pos) DO UPDATE "
+                    "SET data = excluded.data, updated_at = excluded.updated_at",
+                    [(section, str(r["name"]), int(r["key"]), encode(r), now)
+                     for section, items in changed.items() for r in items])
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise LimitsStoreDown(f"state file {self.path}: {exc}") from exc
+        return Outcome(result, after)
+
+    async def transact(self, rows: Sequence[RowName], op: Callable[[KeyGates], T],
+                       now: float, first_id: int) -> Outcome[T]:
+        return self.transact_now(rows, op, now, first_id)
+
+    async def heartbeat(self, tracker: str, now: float) -> int:
+        """A `tracker` row per process (a section StateStore.load does not read)."""
+        db = self._db
+        if db is None:
+            raise LimitsStoreDown(f"state file {self.path} is not open")
+        try:
+            db.execute("INSERT INTO route_state (section, name, key_pos, data, updated_at) "
+                       "VALUES ('tracker', ?, 0, '{}', ?) ON CONFLICT (section, name, "
+                       "key_pos) DO UPDATE SET updated_at = excluded.updated_at",
+                       (tracker, now))
+            row = db.execute("SELECT COUNT(*) FROM route_state WHERE section = 'tracker' "
+                             "AND updated_at > ?", (now - TRACKERS_WINDOW_S,)).fetchone()
+        except sqlite3.Error as exc:
+            raise LimitsStoreDown(f"state file {self.path}: {exc}") from exc
+        return int(row[0])
+
+    def _load(self, db: sqlite3.Connection, rows: Sequence[RowName]) -> Snapshot:
+        wanted = set(rows)
+        pairs = sorted({(s, n) for s, n, _ in rows})
+        sql = self._select.get(len(pairs))
+        if sql is None:
+            sql = self._select[len(pairs)] = (
+                "SELECT section, name, key_pos, data FROM route_state WHERE "
+                + " OR ".join(["(section = ? AND name = ?)"] * len(pairs)))
+        out: dict[RowName, dict[str, Any]] = {}
+        for section, name, key, data in db.execute(sql, [x for p in pairs for x in p]):
+            if (section, name, key) in wanted:
+                out[(section, name, key)] = decode((section, name, key), data)
+        return rows_by_section(out)
+
+    @staticmethod
+    def new_run(path: str) -> None:
+        """Before the workers of a run start: revocations are not kept across restarts (a
+        restart is how a replaced key arrives at its position), nor reservations in flight."""
+        with sqlite3.connect(path, isolation_level=None, timeout=5.0) as db:
+            db.execute("DELETE FROM route_state WHERE section IN ('revoked', 'cursor', "
+                       "'tracker')")
+            db.execute("UPDATE route_state SET data = json_remove(data, '$.inflight') "
+                       "WHERE section = 'windows'")
+        db.close()

@@ -1,0 +1,179 @@
+"""Shared key gates: several processes' gates over one store behave as one gateway's; a store
+that goes away leaves each tracker its share. Fake clock; the SQLite store on a real file."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
+from meshroute_middleware.core.providers.keys import KeyGates, Reservation
+from meshroute_middleware.core.providers.router import ProviderRouter
+from meshroute_middleware.state.limits import LimitsStore, MemoryLimits
+from meshroute_middleware.state.shared_gates import MAX_QUEUED, RETRY_S, SharedGates
+from meshroute_middleware.state.sqlite_limits import SqliteLimits
+from meshroute_middleware.state.store import StateStore
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()
+MIDNIGHT = datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+ROUTE = "fastco/big-model"
+
+
+def config(keys: int = 1, monthly: int | None = None, **limits: int) -> ProvidersConfig:
+    model: dict[str, Any] = {"id": "big-model", "tier": "large"}
+    if monthly is not None:
+        model["monthly_tokens"] = monthly
+    return parse_providers_config({"providers": [
+        {"name": "fastco", "base_url": "http://127.0.0.1:9/v1",
+         "keys": [f"env:K{i}" for i in range(keys)], **limits, "models": [model]}]})
+
+
+@pytest.fixture(params=["memory", "state-file"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LimitsStore]:
+    if request.param == "memory":
+        yield MemoryLimits()
+        return
+    path = str(tmp_path / "state.db")
+    StateStore(path).open().close()  # the schema, as a gateway's start makes it
+    opened = [SqliteLimits(path).open()]
+    yield opened[0]
+    opened[0].close()
+
+
+def workers(cfg: ProvidersConfig, store: LimitsStore, tmp: Path | None = None,
+            n: int = 3) -> list[SharedGates]:
+    """n processes' gates: over one store object, or (SQLite) each with its own connection."""
+    if isinstance(store, SqliteLimits):
+        stores: list[LimitsStore] = [store] + [SqliteLimits(store.path).open()
+                                               for _ in range(n - 1)]
+    else:
+        stores = [store] * n
+    return [SharedGates(cfg, s, f"w{i}") for i, s in enumerate(stores)]
+
+
+def take(gates: SharedGates, cfg: ProvidersConfig, now: float,
+         tokens: int = 10) -> Reservation | None:
+    p = cfg.providers[0]
+    return asyncio.run(gates.atake(p, p.models[0], tokens, now))[0]
+
+
+def test_rpm_10_over_three_workers_admits_10_in_the_minute(store: LimitsStore) -> None:
+    cfg = config(rpm=10)
+    gates = workers(cfg, store)
+    admitted = [take(gates[i % 3], cfg, T0 + i * 0.1) for i in range(40)]
+    assert sum(r is not None for r in admitted) == 10
+    p = cfg.providers[0]
+    refusal = gates[1].check(p, p.models[0], 1, 0, T0 + 4)
+    assert refusal is not None and refusal.reason == "rpm" and refusal.until == T0 + 61
+    assert take(gates[2], cfg, T0 + 61) is not None  # the first bucket left the minute
+
+
+def test_rpd_and_the_monthly_budget_are_one_count(store: LimitsStore) -> None:
+    cfg = config(rpd=5)
+    gates = workers(cfg, store)
+    assert sum(take(gates[i % 3], cfg, T0 + i * 100) is not None for i in range(12)) == 5
+    assert take(gates[0], cfg, MIDNIGHT + 1) is not None  # a new UTC day
+    budget = config(monthly=100)
+    gates = workers(budget, MemoryLimits() if isinstance(store, MemoryLimits) else store)
+    spent = 0
+    for i in range(12):  # 30 tokens each, settled from `usage`
+        got = take(gates[i % 3], budget, T0 + 86_400 * 2 + i, tokens=30)
+        if got is not None:
+            gates[(i + 1) % 3].settle(got, 30, T0 + 86_400 * 2 + i)
+            spent += 30
+    assert spent == 90  # a fourth 30 would pass 100, whichever worker asks
+
+
+def test_a_cooldown_learned_by_one_worker_holds_in_all(store: LimitsStore) -> None:
+    cfg = config(keys=1)
+    a, b, c = workers(cfg, store)
+    assert a.rate_limited(ROUTE, 1, 30.0, T0) == T0 + 30
+    assert take(b, cfg, T0 + 1) is None and take(c, cfg, T0 + 29.5) is None
+    assert take(c, cfg, T0 + 30.5) is not None
+    # the ladder is shared too: a second 429 without Retry-After, in another worker
+    assert b.rate_limited(ROUTE, 1, None, T0 + 31) == T0 + 31 + 120
+    assert take(a, cfg, T0 + 152) is not None
+    a.succeeded(ROUTE, 1)  # a success in one worker restarts the ladder for all
+    assert c.rate_limited(ROUTE, 1, None, T0 + 153) == T0 + 153 + 30
+
+
+def test_a_401_benches_the_key_everywhere_until_a_clear_to_any_worker(
+        store: LimitsStore) -> None:
+    cfg = config(keys=2)
+    a, b, c = workers(cfg, store)
+    a.revoke("fastco", "big-model", 1, 401)
+    keys = [take(b if i % 2 else c, cfg, T0 + i) for i in range(6)]
+    assert {r.key for r in keys if r is not None} == {2}
+    assert [k["state"] for k in c.key_states(cfg.providers[0], cfg.providers[0].models[0],
+                                             T0 + 7)] == ["revoked", "ready"]
+    assert b.clear(ROUTE) == 1
+    assert {r.key for r in (take(a, cfg, T0 + 10 + i) for i in range(4)) if r} == {1, 2}
+
+
+def test_round_robin_position_and_reservations_are_shared(store: LimitsStore) -> None:
+    cfg = config(keys=3, tpm=100)
+    a, b = workers(cfg, store, n=2)
+    got = [take(a if i % 2 else b, cfg, T0, tokens=60) for i in range(3)]
+    assert [r.key for r in got if r] == [1, 2, 3]  # one rotation, not one per worker
+    assert take(a, cfg, T0, tokens=60) is None  # every key holds 60 in flight: tpm 100
+    assert got[0] is not None
+    b.settle(got[0], 0, T0 + 1)  # settled by another worker than took it: the key is free
+    again = take(a, cfg, T0 + 1, tokens=60)
+    assert again is not None and again.key == 1
+
+
+def test_a_store_gone_leaves_each_tracker_its_share_and_comes_back() -> None:
+    cfg = config(rpm=10)
+    store = MemoryLimits()
+    a, b = workers(cfg, store, n=2)
+    for g in (a, b):
+        g.trackers = 2  # as the store's heartbeat counted them
+        g._beat_at = T0
+    store.down = True
+    admitted = [take(a, cfg, T0 + i * 0.01) for i in range(20)]
+    assert sum(r is not None for r in admitted) == 5  # 10 / 2 trackers
+    assert not a.up and a.mode == "local" and a.fallback_decisions == 20
+    families = {f.name: f for f in a.metric_families()}
+    assert families["meshroute_limits_store_up"].samples[0].value == 0
+    store.down = False
+    assert take(a, cfg, T0 + RETRY_S / 2) is None  # still local within RETRY_S
+    assert take(a, cfg, T0 + RETRY_S + 0.5) is not None  # back to the store
+    assert a.up and a.mode == "local"  # MemoryLimits' own mode name
+    assert sum(take(b, cfg, T0 + 2 + i * 0.01) is not None for i in range(20)) == 9
+
+
+def test_sqlite_rows_are_the_state_files_own(tmp_path: Path) -> None:
+    """What the shared gates write is what a restarted single process restores."""
+    path = str(tmp_path / "state.db")
+    StateStore(path).open().close()
+    cfg = config(rpd=3)
+    gates = SharedGates(cfg, SqliteLimits(path).open(), "w0")
+    for i in range(3):
+        assert take(gates, cfg, T0 + i) is not None
+    with StateStore(path) as state:
+        restored = ProviderRouter(cfg, KeyGates())
+        restored.restore(state.load())
+    p = cfg.providers[0]
+    refusal = restored.gates.check(p, p.models[0], 1, 0, T0 + 10)
+    assert refusal is not None and refusal.reason == "rpd"
+    SqliteLimits.new_run(path)  # a new run of workers: no revocation or reservation kept
+
+
+def test_an_async_store_that_cannot_keep_up_counts_as_failed() -> None:
+    cfg = config(rpm=10)
+
+    class Slow(MemoryLimits):
+        blocking = False
+
+    async def run() -> None:
+        gates = SharedGates(cfg, Slow(), "t")
+        for i in range(MAX_QUEUED + 1):  # queued, never drained: the loop is never yielded
+            gates.rate_limited(ROUTE, 1, 1.0, T0 + i)
+        assert not gates.up and gates.failures == 1
+
+    asyncio.run(run())
