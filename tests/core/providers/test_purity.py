@@ -21,12 +21,14 @@ def test_imports_are_pure(path: Path) -> None:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 1:  # a sibling module of this package
+            module = node.module or ""
+            if module.startswith(package.__name__ + "."):  # a sibling module of this package
                 continue
-            if node.level == 2:  # the core above: its errors only
-                assert node.module == "errors", f"{path.name} imports ..{node.module}"
+            if module.startswith("meshroute_middleware."):  # the core above: its errors only
+                assert module == "meshroute_middleware.core.errors", \
+                    f"{path.name} imports {module}"
                 continue
-            names = [node.module or ""]
+            names = [module]
         else:
             continue
         for name in names:
