@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshroute_middleware.app.edge import EdgeLimits
-from meshroute_middleware.chat.forward import DEFAULT_REQUEST_TIMEOUT_S
+from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S
 from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.core.providers.config import TABLES as PROVIDER_TABLES
 from meshroute_middleware.core.providers.config import (
