@@ -98,10 +98,6 @@ class Mesh:
             self.telemetry.events.publish("node", {"change": "leave", "node_id": node_id})
         return removed
 
-    def claim_of(self, node_id: str) -> str | None:
-        """The unsigned source that owns a node, None when it is trusted (or unknown)."""
-        return self._claims.get(node_id)
-
     def nodes(self) -> list[NodeRecord]:
         """Every node currently in the topology."""
         return self.router.topology.nodes()

@@ -17,7 +17,7 @@ from meshroute_middleware.core.kinds import (
     SAMPLE,
     SUCCESS,
     ChangeKind,
-    Mode,
+    DecisionMode,
     RecordResult,
 )
 from meshroute_middleware.core.policies import Arm, Outcome, Policy
@@ -45,7 +45,7 @@ class Decision:
 
     model: str
     route: Route
-    mode: Mode
+    mode: DecisionMode
     attempt: int = 0  # 0 for the first choice, k for the k-th fallback
     _ranked: tuple[Route, ...] = field(default=(), repr=False)  # the fallback chain so far
     _unranked: Sequence[Arm] = field(default=(), repr=False)  # arms still to rank into it

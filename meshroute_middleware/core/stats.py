@@ -19,6 +19,9 @@ LN2 = math.log(2.0)
 HALF_LIFE_S = 600.0  # ADR-0021 default
 DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
 PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
+# Completion tokens an answer needs for its tokens/s to be a sample (ADR-0021
+# MESHNET_ROUTE_MIN_SAMPLE_TOKENS): shorter answers are mostly time to first token.
+MIN_SAMPLE_TOKENS = 8
 MAX_NOTED_ORIGINS = 1024  # origins' change stamps kept per model (gossip's origins per route)
 # An origin's saturation-curve summary (issue 14): (concurrency bin, decayed mass, mean log
 # tokens/s) per bin, bins strictly ascending, at most MAX_CURVE_BINS of them (the policy's

@@ -11,12 +11,14 @@ from starlette.types import Send
 
 from meshroute_middleware.core.contracts.error_body import ERROR_TYPES, error_body, error_type
 from meshroute_middleware.core.errors import (
+    InvalidNodeError,
     InvalidPinError,
     MeshRouteError,
     NoRouteError,
     UnknownModelError,
 )
 from meshroute_middleware.core.providers.chain import InvalidModelError
+from meshroute_middleware.mesh import MeshFullError
 
 __all__ = ["ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer", "RequestError",
            "RoutesFailed", "RoutesRateLimited", "error_body", "send_error"]
@@ -47,6 +49,8 @@ class DeadlineExceeded(RoutesFailed):
 # The one table: error type -> (HTTP status, OpenAI error code); the most specific type wins
 # (looked up along the exception's MRO). RequestError carries its own status and code.
 ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
+    InvalidNodeError: (400, "invalid_node"),
+    MeshFullError: (409, "too_many_nodes"),
     InvalidModelError: (400, "invalid_model"),
     InvalidPinError: (400, "invalid_route"),
     UnknownModelError: (404, "model_not_found"),

@@ -150,7 +150,8 @@ def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands out the body once, then delegates (FACTS.md: never loop the body)."""
+    """A receive that hands out the body once, then delegates to the client's: the app still
+    hears `http.disconnect`, and never gets the body a second time."""
     sent = False
 
     async def _receive() -> Message:

@@ -25,7 +25,7 @@ from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.providers.scrub import scrub_body
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.forwarding.client import (
     Forwarder,
@@ -60,7 +60,7 @@ class ProviderCall:
         self.outcomes, self.timeouts, self.clock = outcomes, timeouts, clock
         self._all_secrets = tuple(s for keys in secrets.values() for s in keys)
 
-    async def __call__(self, cr: ChainRequest, got: Attempt) -> PassedOver | None:
+    async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
         """Try `got`'s key; None once answered (or relayed), else why it was passed over."""
         c = got.candidate
         assert c.provider is not None and got.key is not None
@@ -85,7 +85,7 @@ class ProviderCall:
         return min(self.timeouts.first_byte_s, cr.time_to_deadline(),
                    self.providers.time_left(cr.started, self.clock()))
 
-    async def _attempt(self, cr: ChainRequest, got: Attempt, url: str, body: bytes,
+    async def _attempt(self, cr: ChainRequest, got: ChainAttempt, url: str, body: bytes,
                        headers: list[tuple[bytes, bytes]]) -> PassedOver | None:
         budget = self._budget(cr)
         sent = time.perf_counter()
@@ -122,7 +122,7 @@ class ProviderCall:
             return bytes(out)
         return await asyncio.wait_for(read(), budget)
 
-    async def _client_error(self, cr: ChainRequest, got: Attempt, upstream: UpstreamResponse,
+    async def _client_error(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
                             budget: float) -> PassedOver | None:
         """A 4xx: the client's own mistake, relayed; a context-length refusal falls over."""
         try:
@@ -136,7 +136,7 @@ class ProviderCall:
         await self._answer(cr, upstream, got.route, scrub_body(body, self._all_secrets))
         return None
 
-    async def _whole(self, cr: ChainRequest, got: Attempt, upstream: UpstreamResponse,
+    async def _whole(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
                      sent: float, budget: float) -> PassedOver | None:
         """A JSON answer: held whole (its usage settles the reservation), then sent."""
         try:
@@ -156,7 +156,7 @@ class ProviderCall:
         await self._answer(cr, upstream, got.route, scrub_body(body, self._all_secrets))
         return None
 
-    async def _stream(self, cr: ChainRequest, got: Attempt, upstream: UpstreamResponse,
+    async def _stream(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
                       sent: float, budget: float) -> PassedOver | None:
         """An SSE answer: nothing is sent before its first chunk; then it is relayed until it
         ends, breaks or the request's deadline cuts it."""

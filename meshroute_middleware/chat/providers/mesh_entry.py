@@ -15,7 +15,7 @@ from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.chat.providers.tally import TallySend
 from meshroute_middleware.core import NoRouteError, Router, UnknownModelError
 from meshroute_middleware.core.providers.exhaustion import PassedOver
-from meshroute_middleware.core.providers.router import Attempt
+from meshroute_middleware.core.providers.router import ChainAttempt
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.http.request import ChatRequest, answer_bound
 from meshroute_middleware.telemetry.metrics import Telemetry
@@ -29,7 +29,7 @@ class MeshEntry:
         self.router, self.telemetry, self.forward = router, telemetry, forward
         self.outcomes = outcomes
 
-    async def __call__(self, cr: ChainRequest, got: Attempt) -> PassedOver | None:
+    async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
         """The mesh model's attempts; None once answered, else why it was passed over."""
         model = got.candidate.route
         bound = answer_bound(cr.payload)

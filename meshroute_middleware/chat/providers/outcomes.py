@@ -8,7 +8,7 @@ from typing import Any
 
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import Reservation
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_outcome
 
@@ -23,25 +23,25 @@ class ChainOutcomes:
         self.min_sample_tokens = min_sample_tokens
         self._settled: set[Reservation] = set()  # recorded attempts still under way
         # provider attempts under way: (chain, attempt number, perf_counter at the start)
-        self._live: dict[Attempt, tuple[str, int, float]] = {}
+        self._live: dict[ChainAttempt, tuple[str, int, float]] = {}
 
-    def begin(self, got: Attempt, chain: str, number: int) -> None:
+    def begin(self, got: ChainAttempt, chain: str, number: int) -> None:
         """A provider key attempt starts (published; its outcome will be too)."""
         self._live[got] = (chain, number, time.perf_counter())
         self.telemetry.provider_decided(chain, got.candidate.route, got.route, number)
 
-    def cancelled(self, got: Attempt) -> None:
+    def cancelled(self, got: ChainAttempt) -> None:
         """The client left: settle the reservation, blame nobody."""
         if not got.reservation or got.reservation not in self._settled:
             self.providers.record(got, OutcomeKind.CLIENT_ERROR, self.clock())
 
-    def end(self, got: Attempt) -> None:
+    def end(self, got: ChainAttempt) -> None:
         """The attempt is over, whatever its outcome."""
         self._live.pop(got, None)
         if got.reservation is not None:
             self._settled.discard(got.reservation)
 
-    def record(self, got: Attempt, kind: OutcomeKind, *, completion_tokens: int = 0,
+    def record(self, got: ChainAttempt, kind: OutcomeKind, *, completion_tokens: int = 0,
                **kw: Any) -> PassedOver | None:
         """The ProviderRouter's record; a provider attempt's outcome is published too."""
         if got.reservation is not None:
@@ -56,10 +56,10 @@ class ChainOutcomes:
                                   sampled=kw.get("tokens_per_s") is not None))
         return over
 
-    def failed(self, got: Attempt, reason: str, session: str | None) -> PassedOver | None:
+    def failed(self, got: ChainAttempt, reason: str, session: str | None) -> PassedOver | None:
         return self.record(got, OutcomeKind.FAILURE, reason=reason, session=session)
 
-    def key_refused(self, got: Attempt, status: int) -> PassedOver:
+    def key_refused(self, got: ChainAttempt, status: int) -> PassedOver:
         """The provider refused the key (401/403): out of rotation, the next key is tried."""
         if got.reservation is not None:
             self._settled.add(got.reservation)

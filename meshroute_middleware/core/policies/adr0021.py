@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from meshroute_middleware.core.kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, Mode
+from meshroute_middleware.core.kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, DecisionMode
 from meshroute_middleware.core.policies.base import (
     Arm,
     Outcome,
@@ -25,7 +25,8 @@ class Adr0021Policy:
         self.explore_share = explore_share
         self.weight_alpha = weight_alpha
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Pick an arm as ADR-0021 does."""
         proven = [i for i, a in enumerate(arms) if a.view.status == PROVEN]
         if not proven:

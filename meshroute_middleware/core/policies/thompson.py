@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from meshroute_middleware.core.kinds import DECAYED, PROVEN, STALE
-from meshroute_middleware.core.policies.base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
+from meshroute_middleware.core.policies.base import (
+    EXPLOIT,
+    GREEDY,
+    SCOUT,
+    Arm,
+    DecisionMode,
+    Outcome,
+)
 from meshroute_middleware.core.policies.lengths import AnswerLengths
 from meshroute_middleware.core.saturation import (
     CURVES,
@@ -34,7 +41,13 @@ from meshroute_middleware.core.saturation import (
     CurveBelief,
     g_at,
 )
-from meshroute_middleware.core.stats import HALF_LIFE_S, LN2, Curve, decay_factor
+from meshroute_middleware.core.stats import (
+    HALF_LIFE_S,
+    LN2,
+    MIN_SAMPLE_TOKENS,
+    Curve,
+    decay_factor,
+)
 
 if TYPE_CHECKING:
     from meshroute_middleware.core.config import RouterConfig
@@ -189,7 +202,7 @@ class ThompsonPolicy:
     name: ClassVar[str] = "thompson"
 
     def __init__(self, half_life_s: float = HALF_LIFE_S * BELIEF_HALF_LIFE_FACTOR,
-                 min_sample_tokens: int = 8) -> None:
+                 min_sample_tokens: int = MIN_SAMPLE_TOKENS) -> None:
         self.half_life_s = half_life_s  # of this policy's own beliefs
         self.min_sample_tokens = min_sample_tokens
         self._beliefs: dict[str, ArmBelief] = {}
@@ -211,7 +224,8 @@ class ThompsonPolicy:
         """The posterior statistics of one route, if it was ever observed."""
         return self._beliefs.get(signature)
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Try an untried arm first (best prior first; "greedy-fallback" while nothing at all
         is known, as ADR-0021); otherwise draw a curve and a reliability per arm and take the
         largest net goodput at the arm's current in-flight count."""

@@ -30,7 +30,7 @@ from meshroute_middleware.core.providers.keys import (
     parse_retry_after,
 )
 from meshroute_middleware.core.providers.router import (
-    Attempt,
+    ChainAttempt,
     ProviderRouter,
     Scored,
     StateRestoreError,
@@ -44,8 +44,8 @@ from meshroute_middleware.core.providers.scoring import (
 from meshroute_middleware.core.providers.tokens import TokenEstimate, estimate
 
 __all__ = [
-    "Attempt",
     "Candidate",
+    "ChainAttempt",
     "Exhaustion",
     "InvalidModelError",
     "KeyGates",

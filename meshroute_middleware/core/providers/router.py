@@ -68,7 +68,7 @@ class Scored:
 
 
 @dataclass(frozen=True, slots=True)
-class Attempt:
+class ChainAttempt:
     """A route taken: for a provider route, the key (1-based) and its reservation."""
 
     candidate: Candidate
@@ -145,7 +145,7 @@ class ProviderRouter:
     # -- taking a route -------------------------------------------------------------------
 
     def acquire(self, candidate: Candidate, tokens: int, now: float, *,
-                context_tokens: int | None = None) -> Attempt | list[PassedOver]:
+                context_tokens: int | None = None) -> ChainAttempt | list[PassedOver]:
         """Take the candidate: a key that passes its gates (reserved), or why none does.
 
         `tokens`: what to reserve against the key's limits (`TokenEstimate.reserve`);
@@ -156,15 +156,15 @@ class ProviderRouter:
         if candidate.context is not None and need > candidate.context:
             return [PassedOver(candidate.route, "context")]
         if candidate.provider is None or candidate.model is None:
-            return Attempt(candidate)
+            return ChainAttempt(candidate)
         key, refused = self.gates.pick(candidate.provider, candidate.model, tokens, now)
         if key is None:
             return [PassedOver(key_route(candidate.route, k), r.reason, r.until)
                     for k, r in refused]
         reservation = self.gates.reserve(candidate.provider, candidate.model, key, tokens, now)
-        return Attempt(candidate, key, reservation)
+        return ChainAttempt(candidate, key, reservation)
 
-    def record(self, attempt: Attempt, kind: OutcomeKind, now: float, *,
+    def record(self, attempt: ChainAttempt, kind: OutcomeKind, now: float, *,
                reason: str | None = None, used_tokens: int | None = None,
                tokens_per_s: float | None = None, ttfb_ms: float | None = None,
                retry_after_s: float | None = None,
@@ -199,7 +199,7 @@ class ProviderRouter:
             return None
         return PassedOver(route, reason or "http_5xx")
 
-    def key_refused(self, attempt: Attempt, status: int, now: float) -> PassedOver:
+    def key_refused(self, attempt: ChainAttempt, status: int, now: float) -> PassedOver:
         """A 401 or 403 for the attempt's key: the key leaves rotation (`KeyGates.revoke`),
         nothing of the reservation counts as spent, and the route's statistics are untouched
         (the key is at fault, not the route). The PassedOver to report; acquiring the same
