@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshroute_middleware.chat.annotate import AnnotateMode
-from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S, Attempts, Exchange
+from meshroute_middleware.chat.attempts import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Attempts,
+    Exchange,
+    internal_error,
+)
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import allow_list
 from meshroute_middleware.core import (
@@ -152,12 +157,9 @@ class MeshRouteMiddleware:
         self.telemetry.in_flight += 1
         try:
             await self._mode.serve(ex, decision)
-        except Exception:
-            # A bug of ours must not leave a client with a traceback or a hung request.
-            log.exception("meshroute: internal error while routing a chat request")
-            if ex.started:
+        except Exception:  # a bug of ours: no traceback, no hung request for the client
+            if not await internal_error(ex, "routing a chat request"):
                 raise
-            await INTERNAL_ERROR.send(send)
         finally:
             self.telemetry.in_flight -= 1
             attempts.close()

@@ -31,6 +31,7 @@ from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TP
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import (
+    INTERNAL_ERROR,
     DeadlineExceeded,
     ErrorAnswer,
     RoutesFailed,
@@ -208,3 +209,14 @@ class Attempts:
     async def send_exhausted(self, send: Send, last: Decision, failed: Failed) -> None:
         """No route answered: say so, route by route."""
         await self.exhausted(failed).send(send, response_headers(last))
+
+
+async def internal_error(ex: Exchange, doing: str,
+                         headers: Iterable[tuple[bytes, bytes]] = ()) -> bool:
+    """A bug of ours while `doing`: logged, and the client gets the JSON 500 (True) unless
+    its answer had started (False: the caller re-raises, the server aborts the response)."""
+    log.exception("meshroute: internal error while %s", doing)
+    if ex.started:
+        return False
+    await INTERNAL_ERROR.send(ex.send, headers)
+    return True

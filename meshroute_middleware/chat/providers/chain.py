@@ -22,7 +22,12 @@ from collections.abc import Callable, Mapping
 
 from starlette.types import Receive, Scope, Send
 
-from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S, Attempts, Exchange
+from meshroute_middleware.chat.attempts import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Attempts,
+    Exchange,
+    internal_error,
+)
 from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.keyring import Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
@@ -37,12 +42,7 @@ from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardTimeouts
-from meshroute_middleware.http.errors import (
-    INTERNAL_ERROR,
-    DeadlineExceeded,
-    ErrorAnswer,
-    RequestError,
-)
+from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, RequestError
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_key_families
 
@@ -102,10 +102,8 @@ class ProviderChat:
         except (InvalidPinError, RequestError) as exc:
             await ErrorAnswer.of(exc).send(send, tally.headers())
         except Exception:  # a bug of ours: a JSON error, never a traceback
-            log.exception("meshroute: internal error while routing over providers")
-            if ex.started:
+            if not await internal_error(ex, "routing over providers", tally.headers()):
                 raise
-            await INTERNAL_ERROR.send(send, tally.headers())
         finally:
             self._watchdog.forget(ex)
             self.telemetry.in_flight -= 1
