@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Scope
 
 from meshroute_middleware.chat.attempts import Exchange, Failed, Measurement
 from meshroute_middleware.chat.headers import annotated, with_ours
+from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision
 from meshroute_middleware.forwarding.measure import sse_error_event
 from meshroute_middleware.http.request import replay
@@ -24,11 +25,16 @@ class AnnotateMode:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._watchdog = Watchdog()  # the deadline: one timer for every request under way
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Run the app once per attempt; if every route failed, the client gets the last
         failing answer as it was (or an error if the app raised)."""
-        last, failed = await ex.attempts.run(first, self._attempt, ex)
+        self._watchdog.watch(ex, deadline=True)
+        try:
+            last, failed = await ex.attempts.run(first, self._attempt, ex)
+        finally:
+            self._watchdog.forget(ex)
         if failed is None:
             return
         ex.started = True
@@ -43,14 +49,15 @@ class AnnotateMode:
     async def _attempt(self, decision: Decision, measurement: Measurement,
                        ex: Exchange) -> Failed | None:
         send = _AnnotatedSend(decision, measurement, ex)
-        timer = asyncio.timeout_at(ex.attempts.deadline)
         try:
-            async with timer:
-                await self.app(_annotated(ex.scope, decision), replay(ex.req.body, ex.receive),
-                               send.send)
-        except Exception as exc:
-            if isinstance(exc, TimeoutError) and timer.expired():
-                return await _cut(decision, measurement, send, ex)
+            await self.app(_annotated(ex.scope, decision), replay(ex.req.body, ex.receive),
+                           send.send)
+        except asyncio.CancelledError:
+            if not ex.expired or ex.task is None:
+                raise
+            ex.task.uncancel()  # the watchdog's, at the deadline: not a cancellation of ours
+            return await _cut(decision, measurement, send, ex)
+        except Exception:
             if send.started:
                 ex.attempts.record(decision, measurement.outcome("app_error"))
                 raise

@@ -49,8 +49,8 @@ class Exchange:
     """One chat request being served: the request, its client's send, its attempts, and what
     its error path and the disconnect watchdog need to know."""
 
-    __slots__ = ("attempts", "gone", "receive", "req", "scope", "seen", "send", "started",
-                 "task", "watcher")
+    __slots__ = ("attempts", "expired", "gone", "receive", "req", "scope", "seen", "send",
+                 "started", "task", "watcher")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
                  attempts: Attempts) -> None:
@@ -58,6 +58,7 @@ class Exchange:
         self.attempts = attempts
         self.started = False  # the client got a response start: too late for an error reply
         self.gone = False  # the client disconnected
+        self.expired = False  # the watchdog cancelled it at its deadline (annotate mode)
         self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
         self.seen = False  # a watchdog sweep has seen it under way
         self.watcher: asyncio.Task[None] | None = None
@@ -119,31 +120,27 @@ TOO_LATE = Failed("timeout", "no answer within the request's deadline")
 RouteAttempt = Callable[[Decision, Measurement, T], Awaitable[Failed | None]]
 
 
-def deadline_after(timeout_s: float) -> float:
-    """The loop time a request served from now must be done by."""
-    return asyncio.get_running_loop().time() + timeout_s
-
-
 class Attempts:
     """The attempts of one chat request, from the first decision to the last, within one
     deadline (a loop time: `asyncio.timeout_at(attempts.deadline)` bounds each wait)."""
 
-    __slots__ = ("_open", "deadline", "failures", "max_tokens", "measured", "model", "router",
-                 "telemetry", "timeout_s")
+    __slots__ = ("_now", "_open", "deadline", "failures", "max_tokens", "measured", "model",
+                 "router", "telemetry", "timeout_s")
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str,
                  max_tokens: int | None = None, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  deadline: float | None = None) -> None:
         self.router, self.telemetry, self.model = router, telemetry, model
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
-        self.deadline = deadline if deadline is not None else deadline_after(timeout_s)
+        self._now = asyncio.get_running_loop().time  # the loop looked up once per request
+        self.deadline = deadline if deadline is not None else self._now() + timeout_s
         self.failures: dict[str, Failed] | None = None  # signature -> why it was passed over
         self.measured: Measurement | None = None  # the last attempt's measurement
         self._open: list[Decision] = []
 
     def too_late(self) -> bool:
         """Whether the request's deadline has run out."""
-        return asyncio.get_running_loop().time() >= self.deadline
+        return self._now() >= self.deadline
 
     async def run(self, first: Decision, attempt: RouteAttempt[T],
                   ctx: T) -> tuple[Decision, Failed | None]:

@@ -74,6 +74,18 @@ async def test_annotate_mode_cuts_the_apps_stream_at_the_deadline() -> None:
     assert_cut(resp, elapsed)
 
 
+async def test_annotate_mode_answers_504_when_the_app_says_nothing_by_the_deadline() -> None:
+    router = build_router(RouterConfig(explore_share=0.0), seed=1, clock=FakeClock())
+    router.upsert_node(parse_node(NODE))
+    mw = MeshRouteMiddleware(slow_head().app(), MiddlewareConfig(  # not streamed: 3 s silent
+        mode="annotate", request_timeout_s=1.0), router=router)
+    resp, elapsed = await timed_post(mw, model="m")
+    assert elapsed < CUT_BY_S
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"]["code"] == "request_timeout"
+    assert sum(a.in_flight for a in router.arms("m")) == 0  # nothing left in flight
+
+
 def chain_settings() -> dict[str, Any]:
     """A chain whose first route is the mesh model `m` (its provider never reached)."""
     doc = {"routing": {"chain": ["m", "p/big"]}, "mesh": {"m": {"tier": "large"}},
