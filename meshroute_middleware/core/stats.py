@@ -370,12 +370,6 @@ class RouteStatsStore:
         entry = self._own(model, signature, changed_at)
         return self._put(model, signature, entry.with_failure(error, now, self.half_life_s))
 
-    def view(self, model: str, signature: str, now: float,
-             changed_at: float = float("-inf")) -> RouteView:
-        """The merged view of one route at `now` (origins merged once per write)."""
-        merged = self.merged(model, signature, changed_at)
-        return UNSAMPLED_VIEW if merged is None else merged.at(now)
-
     def merged(self, model: str, signature: str,
                changed_at: float = float("-inf")) -> MergedRoute | None:
         """The origins of one route merged (once per write); None if it has no statistics."""
@@ -439,10 +433,6 @@ class RouteStatsStore:
     def entries(self, model: str, signature: str) -> dict[str, StatEntry]:
         """The raw per-origin entries of one route (a copy)."""
         return dict(self._entries.get((model, signature), {}))
-
-    def signatures(self, model: str | None = None) -> list[tuple[str, str]]:
-        """Every (model, signature) with statistics, sorted."""
-        return sorted(k for k in self._entries if model is None or k[0] == model)
 
     def state(self) -> State:
         """A copy of the whole state, for gossip."""

@@ -220,10 +220,6 @@ class ThompsonPolicy:
         """The policy for a router config (beliefs forget slower than the shared stats)."""
         return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens)
 
-    def belief(self, signature: str) -> ArmBelief | None:
-        """The posterior statistics of one route, if it was ever observed."""
-        return self._beliefs.get(signature)
-
     def choose(self, arms: Sequence[Arm], now: float,
                rng: random.Random) -> tuple[int, DecisionMode]:
         """Try an untried arm first (best prior first; "greedy-fallback" while nothing at all
