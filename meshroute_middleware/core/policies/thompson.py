@@ -345,8 +345,7 @@ class ThompsonPolicy:
         curves' s1, geometric mean over their posterior), for display; None before its first
         tps sample. Unlike the shared decayed mean (ADR-0021), it moves as soon as a change is
         detected. The posterior mean, not the best fit: while the samples cannot tell the
-        curves apart (one concurrency seen, say) the best fit is an arbitrary one of them, and
-        a display of it jumped (230 tok/s for a route answering at 60 at four in flight)."""
+        curves apart (one concurrency seen, say) the best fit is an arbitrary one of them."""
         belief = self._beliefs.get(signature)
         if belief is None or belief.curve.mass <= 0.0:
             return None
