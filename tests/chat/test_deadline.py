@@ -19,6 +19,7 @@ from meshroute_middleware.forwarding.memory import ASGIForwarder
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig, build_router
 
 from ..conftest import FakeClock
+from ..providers.fake_provider import FakeProvider, Reply
 from ..upstream import FakeChat
 
 pytestmark = pytest.mark.anyio
@@ -34,13 +35,17 @@ def slow_head() -> FakeChat:
     return FakeChat("slow", tokens=30, token_delay_s=STREAM_S / 30)
 
 
-def gateway(head: FakeChat, **settings: Any) -> Any:
-    """A gateway forwarding to `head` in memory, with a 1 s request deadline."""
+PROVIDER = "http://127.0.0.1:1"
+
+
+def gateway(head: FakeChat, provider: FakeProvider | None = None, **settings: Any) -> Any:
+    """A gateway forwarding to `head` (and `provider`) in memory, with a 1 s deadline."""
     base = ServeSettings(mdns=False, seed=7, router=RouterConfig(explore_share=0.0),
                          request_timeout_s=1.0, state_file=":memory:")
     config = GatewayConfig.build(replace(base, **settings), {"KEY": "sk-test-key"})
+    apps = {HEAD: head.app(), PROVIDER: (provider or FakeProvider()).app()}
     gw = build_gateway(config, clock=FakeClock(), forwarder=ASGIForwarder(
-        {HEAD: head.app()}, ForwardTimeouts(first_byte_s=30.0, idle_s=30.0)))
+        apps, ForwardTimeouts(first_byte_s=30.0, idle_s=30.0)))
     gw.mesh.upsert_raw(NODE, "test")
     return gw
 
@@ -89,7 +94,7 @@ async def test_annotate_mode_answers_504_when_the_app_says_nothing_by_the_deadli
 def chain_settings() -> dict[str, Any]:
     """A chain whose first route is the mesh model `m` (its provider never reached)."""
     doc = {"routing": {"chain": ["m", "p/big"]}, "mesh": {"m": {"tier": "large"}},
-           "providers": [{"name": "p", "base_url": "http://127.0.0.1:1/v1", "keys": ["env:KEY"],
+           "providers": [{"name": "p", "base_url": PROVIDER + "/v1", "keys": ["env:KEY"],
                           "models": [{"id": "big", "tier": "large", "context": 4096}]}]}
     return {"providers": parse_providers_config(doc)}
 
@@ -108,3 +113,12 @@ async def test_a_chain_whose_route_gives_nothing_by_the_deadline_is_a_504() -> N
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"]["code"] == "request_timeout"
     assert resp.headers["x-meshroute-tried"] == "m"
+
+
+async def test_a_chains_provider_stream_is_cut_at_the_deadline() -> None:
+    provider = FakeProvider(models=("big",),
+                            default=Reply.ok(tokens=30, token_delay_s=STREAM_S / 30))
+    gw = gateway(slow_head(), provider, **chain_settings())
+    resp, elapsed = await timed_post(gw.app, model="p/big", stream=True)
+    assert_cut(resp, elapsed)
+    assert resp.headers["x-meshroute-route"] == "p/big#1"
