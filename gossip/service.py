@@ -31,6 +31,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.router import Router
 
 from . import errors as err
@@ -74,7 +75,7 @@ class GossipSettingsLike(Protocol):
     def insecure_gossip(self) -> bool: ...
 
 
-class InsecureGossipError(ValueError):
+class InsecureGossipError(MeshRouteError, ValueError):
     """A non-loopback gossip listener without a shared secret, and no explicit opt-in."""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from meshroute_middleware.app.edge import EdgeLimits
 from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S
 from meshroute_middleware.core.config import RouterConfig
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.providers.config import TABLES as PROVIDER_TABLES
 from meshroute_middleware.core.providers.config import (
     ProviderConfigError,
@@ -215,7 +216,7 @@ class ServeSettings:
                           self.header_timeout_s)
 
 
-class SettingsError(ValueError):
+class SettingsError(MeshRouteError, ValueError):
     """A configuration value is malformed; the message names its source."""
 
 

@@ -127,7 +127,7 @@ class _Reuse:
         self.reused = False
 
 
-class _StaleConnection(Exception):
+class _StaleConnection(MeshRouteError):
     """A reused pooled connection failed before any answer: retry on a fresh one."""
 
 

@@ -15,7 +15,7 @@ from mitmproxy.connection import ConnectionState
 
 from meshroute_middleware.app.mitm.relay import Parked
 from meshroute_middleware.chat.attempts import Attempts, Measurement
-from meshroute_middleware.core import Decision, Outcome
+from meshroute_middleware.core import Decision, MeshRouteError, Outcome
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import ErrorAnswer
@@ -59,7 +59,7 @@ class RelayedAnswer:
         return self.measurement.outcome(error)
 
 
-class ClientGone(Exception):
+class ClientGone(MeshRouteError):
     """The client closed its connection while the addon waited for a head."""
 
 

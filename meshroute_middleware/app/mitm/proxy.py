@@ -62,6 +62,7 @@ from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core import (
     Decision,
     InvalidPinError,
+    MeshRouteError,
     NoRouteError,
     Router,
     UnknownModelError,
@@ -313,7 +314,7 @@ class MeshRouteAddon:
         return answer
 
 
-class _PassThrough(Exception):
+class _PassThrough(MeshRouteError):
     """A chat request for a model the mesh does not serve: leave it to its upstream."""
 
 
