@@ -80,23 +80,21 @@ class ForwardMode:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            chunks = upstream.chunks()
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                except ForwardError as exc:
-                    error = exc.kind
-                    break
-                except TimeoutError:
-                    error = "timeout"
-                    break
-                if m.first is None:
-                    m.first = time.perf_counter()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                meter.feed(chunk)  # counted once on its way: the client does not wait
+            timer = asyncio.timeout_at(deadline)  # one timer for the whole answer
+            try:
+                async with timer:
+                    async for chunk in upstream.chunks():
+                        if m.first is None:
+                            m.first = time.perf_counter()
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                        meter.feed(chunk)  # counted once on its way: the client does not wait
+            except ForwardError as exc:
+                error = exc.kind
+            except TimeoutError:
+                if not timer.expired():
+                    raise  # the client's connection, not the deadline (OSError, below)
+                error = "timeout"
         except OSError:
             ex.gone = True
         except BaseException:  # cancelled (the client left) or a bug: settle, then go on

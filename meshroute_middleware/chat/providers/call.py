@@ -181,26 +181,29 @@ class ProviderCall:
         cr.tally.route = got.route
         ex.started = True
         error: str | None = None
+        timer = asyncio.timeout_at(deadline)  # one timer for the whole relay, not per chunk
         try:
             await ex.send({"type": "http.response.start", "status": upstream.status,
                            "headers": _passed_on(upstream.headers) + cr.tally.headers()})
             chunk = bytes(held)
-            while chunk:
-                meter.feed(chunk)
-                tail = (tail + chunk)[-4096:]
-                await ex.send({"type": "http.response.body", "body": chunk,
-                               "more_body": True})
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                except ForwardError:
-                    error = "connect"
-                    break
-                except TimeoutError:
-                    error = "timeout"
-                    break
+            try:
+                async with timer:
+                    while chunk:
+                        meter.feed(chunk)
+                        tail = (tail + chunk)[-4096:]
+                        await ex.send({"type": "http.response.body", "body": chunk,
+                                       "more_body": True})
+                        try:
+                            chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        except ForwardError:
+                            error = "connect"
+                            break
+            except TimeoutError:
+                if not timer.expired():
+                    raise  # the client's connection, not the deadline (OSError, below)
+                error = "timeout"
             end = b"" if error is None else sse_error_event(
                 "the provider failed mid-stream; partial response" if error == "connect"
                 else "the request's deadline ran out; partial response")
