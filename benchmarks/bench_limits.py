@@ -33,7 +33,7 @@ from typing import Any
 
 from meshroute_middleware.core.providers.chain import provider_candidate
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.state.limits import LimitsStore
 from meshroute_middleware.state.redis_limits import RedisLimits
@@ -57,7 +57,7 @@ async def one_request(router: ProviderRouter, gates: SharedGates | None, now: fl
     started = time.perf_counter()
     got = (router.acquire(candidate, 300, now) if gates is None
            else await gates.acquire(router, candidate, 300, now))
-    assert isinstance(got, Attempt)
+    assert isinstance(got, ChainAttempt)
     router.record(got, OutcomeKind.SUCCESS, now, used_tokens=280)
     return (time.perf_counter() - started) * 1e6
 

@@ -101,7 +101,7 @@ TRACE_WRAPPER = (
     "orig = thompson.ThompsonPolicy.observe\n"
     "def observe(self, signature, outcome, now):\n"
     "    orig(self, signature, outcome, now)\n"
-    "    b = self.belief(signature)\n"
+    "    b = self._beliefs.get(signature)\n"
     "    out.write(json.dumps({'t': now, 'route': signature.split('|')[-1], 'ok': outcome.ok,\n"
     "        'tps': outcome.tps, 'c': outcome.concurrency,\n"
     "        'changes': b.curve.changes if b else 0}) + '\\n')\n"

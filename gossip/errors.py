@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from meshroute_middleware.core.errors import MeshRouteError
 
-class GossipError(Exception):
+
+class GossipError(MeshRouteError):
     """Base of every gossip error; `reason` is the counter label it is counted under."""
 
     reason = "error"

@@ -35,6 +35,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.providers.peers import PeerState
 from meshroute_middleware.core.router import Router
 
@@ -67,7 +68,7 @@ class ProviderPeers(Protocol):
     def merge_peer(self, origin: str, state: PeerState, now: float) -> bool: ...
 
 
-class InsecureGossipError(ValueError):
+class InsecureGossipError(MeshRouteError, ValueError):
     """A non-loopback gossip listener without a shared secret, and no explicit opt-in."""
 
 

@@ -21,7 +21,7 @@ from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelErro
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
-from meshroute_middleware.http.errors import error_body
+from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, error_body
 from meshroute_middleware.http.openapi import openapi_document
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 from meshroute_middleware.mesh import Mesh, MeshFullError
@@ -42,6 +42,11 @@ def error_response(status: int, message: str, code: str, headers: dict[str, str]
     """An OpenAI-style JSON error response."""
     return Response(error_body(status, message, code, **extra), status, headers=headers,
                     media_type="application/json")
+
+
+def answer(error: ErrorAnswer) -> Response:
+    """An error of the table (http.errors) as a response."""
+    return Response(error.body(), error.status, media_type="application/json")
 
 
 def is_loopback_client(request: Request) -> bool:
@@ -158,9 +163,9 @@ class GatewayAPI:
         try:
             record, change = self.mesh.upsert_raw(data, "http")
         except MeshFullError as exc:
-            return error_response(409, str(exc), "too_many_nodes")
+            return answer(ErrorAnswer.of(exc))
         except InvalidNodeError as exc:
-            return error_response(400, f"invalid node record: {exc}", "invalid_node")
+            return answer(ErrorAnswer.of(exc, f"invalid node record: {exc}"))
         return JSONResponse({"node": record.to_dict(), "change": change},
                             status_code=201 if change == "join" else 200)
 
@@ -286,8 +291,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 async def server_error(request: Request, exc: Exception) -> Response:
     """Any unexpected exception: logged by the server, a JSON 500 for the client."""
-    return error_response(500, "internal error in meshroute; see the server log",
-                          "internal_error")
+    return answer(INTERNAL_ERROR)
 
 
 def build_api_app(api: GatewayAPI, extra_routes: list[Route] | None = None) -> Starlette:

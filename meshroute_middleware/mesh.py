@@ -198,10 +198,6 @@ class Mesh:
         if self.router.topology.model(model) is None:
             self.telemetry.forget_model(model)
 
-    def claim_of(self, node_id: str) -> str | None:
-        """The unsigned source that owns a node, None when it is trusted (or unknown)."""
-        return self._claims.get(node_id)
-
     def nodes(self) -> list[NodeRecord]:
         """Every node currently in the topology."""
         return self.router.topology.nodes()

@@ -24,8 +24,13 @@ from typing import TYPE_CHECKING, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshroute_middleware.chat.annotate import AnnotateMode
-from meshroute_middleware.chat.attempts import Attempts, Exchange
-from meshroute_middleware.chat.forward import CHAT_PATH, DEFAULT_REQUEST_TIMEOUT_S, ForwardMode
+from meshroute_middleware.chat.attempts import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Attempts,
+    Exchange,
+    internal_error,
+)
+from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.core import (
     InvalidPinError,
@@ -35,10 +40,9 @@ from meshroute_middleware.core import (
     UnknownModelError,
 )
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
-from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
-    RequestError,
     check_session_id,
     parse_chat,
     read_body,
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshroute.middleware")
 MIB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 16 * MIB  # the one home of this default (settings refer to it)
-Mode = Literal["forward", "annotate"]
+ServingMode = Literal["forward", "annotate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +65,11 @@ class MiddlewareConfig:
     """The middleware's own options. The Router and the forwarder are components of their own,
     configured where they are built (`build_router`, `AiohttpForwarder`)."""
 
-    mode: Mode = "forward"
+    mode: ServingMode = "forward"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     path: str = CHAT_PATH
     forward_headers: tuple[str, ...] = ()  # credentials a node may see (docs/security.md)
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # forward mode's total deadline
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # a chat request's total deadline
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body, else 408
     # this gateway's `via` entry (chat/headers.py: a request that comes back with it gets
     # 508); empty: a random one per middleware. Gateways that share a port (--workers)
@@ -116,8 +120,7 @@ class MeshRouteMiddleware:
         self._via_header = (VIA, self._via)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
-                self.forwarder, forward_headers=allow_list(self.config.forward_headers),
-                request_timeout_s=self.config.request_timeout_s))
+                self.forwarder, forward_headers=allow_list(self.config.forward_headers)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -158,47 +161,37 @@ class MeshRouteMiddleware:
                                                                   "invalid_session_id"):
                     self.telemetry.reject("http", f"{exc.status} {exc.code}: {exc}")
                     log.warning("meshroute: refused a chat request: %s %s", exc.status, exc)
-                await send_error(send, exc.status, str(exc), exc.code)
+                await ErrorAnswer.of(exc).send(send)
             return
-        except UnknownModelError:
+        except UnknownModelError as exc:
             if self.annotate and req.pin is None:  # the app may serve it by itself
                 await self.app(scope, replay(req.body, receive), send)
                 return
-            await send_error(send, 404, f"model {req.model!r} is not served by any known "
-                             "route", "model_not_found")
+            await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
+                                 "route").send(send)
             return
-        except InvalidPinError as exc:
-            await send_error(send, 400, str(exc), "invalid_route")
-            return
-        except NoRouteError as exc:
-            await send_error(send, 503, str(exc), "no_route_available", routes=exc.reasons)
+        except (InvalidPinError, NoRouteError) as exc:
+            await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback
             log.exception("meshroute: internal error while choosing a route")
-            await _internal_error(send)
+            await INTERNAL_ERROR.send(send)
             return
         if decision is None:
             assert self.providers is not None
             await self.providers.serve(scope, receive, send, req)
             return
-        attempts = Attempts(self.router, self.telemetry, req.model)
+        attempts = Attempts(self.router, self.telemetry, req.model, req.max_tokens,
+                            self.config.request_timeout_s)
         if self.providers is not None:  # with provider routes, every answer says what it tried
             send = self.providers.with_tried(send, attempts)
         ex = Exchange(scope, receive, send, req, attempts)
         self.telemetry.in_flight += 1
         try:
             await self._mode.serve(ex, decision)
-        except Exception:
-            # A bug of ours must not leave a client with a traceback or a hung request.
-            log.exception("meshroute: internal error while routing a chat request")
-            if ex.started:
+        except Exception:  # a bug of ours: no traceback, no hung request for the client
+            if not await internal_error(ex, "routing a chat request"):
                 raise
-            await _internal_error(send)
         finally:
             self.telemetry.in_flight -= 1
             attempts.close()
-
-
-async def _internal_error(send: Send) -> None:
-    await send_error(send, 500, "internal error in meshroute; see the server log",
-                     "internal_error")

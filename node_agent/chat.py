@@ -20,7 +20,7 @@ class ChatRequestError(EmulatorError):
     kind = "invalid_request_error"
 
 
-class UnknownModelError(EmulatorError):
+class ModelNotServedError(EmulatorError):
     """The request names a model this node does not serve."""
 
     status = 404
@@ -64,14 +64,14 @@ def _max_tokens(body: dict[str, Any], config: EmulatorConfig) -> int | None:
 
 
 def parse_chat(body: Any, config: EmulatorConfig) -> ChatJob:
-    """Validate a chat-completions body; raise ChatRequestError or UnknownModelError."""
+    """Validate a chat-completions body; raise ChatRequestError or ModelNotServedError."""
     if not isinstance(body, dict):
         raise ChatRequestError("request body must be a JSON object")
     model, messages = body.get("model"), body.get("messages")
     if not isinstance(model, str):
         raise ChatRequestError("'model' must be a string")
     if model != config.model:
-        raise UnknownModelError(f"model {model[:64]!r} not served here (serving "
+        raise ModelNotServedError(f"model {model[:64]!r} not served here (serving "
                                 f"{config.model!r})")
     if not isinstance(messages, list) or not messages:
         raise ChatRequestError("'messages' must be a non-empty list")

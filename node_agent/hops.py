@@ -26,11 +26,11 @@ HOP_PATH = "/internal/hop"
 
 __all__ = [
     "HANDSHAKE", "HOP_PATH", "PLAN_HEADER", "ROUTE_HEADER", "HopError", "HopLink", "HopOpener",
-    "PlanError", "PlanHop", "parse_plan",
+    "HopPlanError", "PlanHop", "parse_plan",
 ]
 
 
-class PlanError(EmulatorError):
+class HopPlanError(EmulatorError):
     """The x-meshroute-plan header is malformed or does not fit this node."""
 
     status = 400
@@ -49,13 +49,13 @@ def parse_plan(raw: str | None, config: EmulatorConfig, *, head: bool) -> list[P
     shard, and the plan must end at the model's last layer."""
     if raw is None:
         if not head or not config.covers_model:
-            raise PlanError(f"node {config.node_id} serves layers {config.start}-{config.end} "
+            raise HopPlanError(f"node {config.node_id} serves layers {config.start}-{config.end} "
                             f"of {config.layers}: a request needs an {PLAN_HEADER} header")
         return [PlanHop(config.node_id, "", 0, config.layers - 1)]
     try:
         hops = plan.parse_plan(raw)
     except plan.PlanError as exc:
-        raise PlanError(str(exc)) from None
+        raise HopPlanError(str(exc)) from None
     _check_fit(hops, config, head=head)
     return hops
 
@@ -63,14 +63,14 @@ def parse_plan(raw: str | None, config: EmulatorConfig, *, head: bool) -> list[P
 def _check_fit(hops: list[PlanHop], config: EmulatorConfig, *, head: bool) -> None:
     me = hops[0]
     if me.node_id != config.node_id:
-        raise PlanError(f"plan starts at {me.node_id!r}, this is {config.node_id!r}")
+        raise HopPlanError(f"plan starts at {me.node_id!r}, this is {config.node_id!r}")
     if not config.start <= me.start_layer <= me.end_layer <= config.end:
-        raise PlanError(f"plan gives {me.node_id} layers {me.start_layer}-{me.end_layer}, "
+        raise HopPlanError(f"plan gives {me.node_id} layers {me.start_layer}-{me.end_layer}, "
                         f"it serves {config.start}-{config.end}")
     if head and me.start_layer != 0:
-        raise PlanError("the head of a plan must start at layer 0")
+        raise HopPlanError("the head of a plan must start at layer 0")
     if hops[-1].end_layer != config.layers - 1:
-        raise PlanError(f"plan ends at layer {hops[-1].end_layer}, the model has "
+        raise HopPlanError(f"plan ends at layer {hops[-1].end_layer}, the model has "
                         f"{config.layers}")
 
 

@@ -27,6 +27,8 @@ from typing import Any
 import aiohttp
 import anyio
 
+from meshroute_middleware.core.errors import MeshRouteError
+
 log = logging.getLogger("meshroute.node_agent")
 
 LOAD_SOURCES = ("auto", "vllm", "llamacpp", "tgi", "none")
@@ -47,7 +49,7 @@ class ServerLoad:
     tokens_per_s: float | None = None
 
 
-class LoadFormatError(ValueError):
+class LoadFormatError(MeshRouteError, ValueError):
     """A page that is not the metrics or slots document it claims to be."""
 
 

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import anyio
 
+from meshroute_middleware.core.errors import MeshRouteError
+
 # EWMA weight of one token's measured seconds-per-layer in the advertised tps.
 MEASURE_ALPHA = 0.05
 
 
-class EmulatorError(Exception):
+class EmulatorError(MeshRouteError):
     """Base of the emulator's errors; each maps to an OpenAI-style HTTP error."""
 
     status = 500

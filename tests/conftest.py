@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+
+from meshroute_middleware.core.stats import UNSAMPLED_VIEW, RouteStatsStore, RouteView
 
 try:
     from hypothesis import settings
@@ -45,3 +49,15 @@ def _state_home(tmp_path_factory: pytest.TempPathFactory,
     """No test writes the user's state directory, where `meshroute serve` keeps its default
     state file: XDG_STATE_HOME is a temporary directory (processes a test starts inherit it)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+
+
+def route_view(store: RouteStatsStore, model: str, signature: str, now: float,
+               changed_at: float = -math.inf) -> RouteView:
+    """One route's merged statistics at `now`, read as the router reads them."""
+    merged = store.merged(model, signature, changed_at)
+    return UNSAMPLED_VIEW if merged is None else merged.at(now)
+
+
+def stat_keys(store: RouteStatsStore, model: str | None = None) -> list[tuple[str, str]]:
+    """Every (model, signature) with statistics, sorted (from the gossip state)."""
+    return sorted(k for k in store.state() if model is None or k[0] == model)

@@ -127,7 +127,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         telemetry.add_collector(keeper.metric_families)
     if providers is not None:
         chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
-                            first_byte_timeout_s=settings.first_byte_timeout_s, clock=clock,
+                            timeouts=settings.forward_timeouts(),
+                            request_timeout_s=settings.request_timeout_s, clock=clock,
                             rng=random.Random(settings.seed),
                             acquire=None if gates is None
                             else functools.partial(gates.acquire, providers))

@@ -17,8 +17,9 @@ from typing import Any
 from gossip.peers import parse_address
 from gossip.service import GossipConfig, load_secret
 from meshroute_middleware.app.edge import EdgeLimits
-from meshroute_middleware.chat.forward import DEFAULT_REQUEST_TIMEOUT_S
+from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S
 from meshroute_middleware.core.config import RouterConfig
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.policies import POLICIES
 from meshroute_middleware.core.providers.config import TABLES as PROVIDER_TABLES
 from meshroute_middleware.core.providers.config import (
@@ -285,7 +286,7 @@ class ServeSettings:
                           self.header_timeout_s)
 
 
-class SettingsError(ValueError):
+class SettingsError(MeshRouteError, ValueError):
     """A configuration value is malformed; the message names its source."""
 
 

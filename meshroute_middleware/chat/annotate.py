@@ -1,16 +1,22 @@
 """Annotate mode: the wrapped app serves each attempt itself, told the plan in headers and in
 scope["state"]["meshroute"]; its answer is measured on the way to the client, and a 5xx/429
-is held back so that the next route can be tried before the client sees a byte."""
+is held back so that the next route can be tried before the client sees a byte. The app runs
+within the request's deadline (chat.attempts): cut at it, a stream ends with an SSE error
+event and a JSON answer is left incomplete (the server aborts the connection)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 from starlette.types import ASGIApp, Message, Scope
 
 from meshroute_middleware.chat.attempts import Exchange, Failed, Measurement
 from meshroute_middleware.chat.headers import annotated, with_ours
+from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision
+from meshroute_middleware.forwarding.measure import sse_error_event
 from meshroute_middleware.http.request import replay
 
 
@@ -19,16 +25,21 @@ class AnnotateMode:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._watchdog = Watchdog()  # the deadline: one timer for every request under way
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Run the app once per attempt; if every route failed, the client gets the last
         failing answer as it was (or an error if the app raised)."""
-        last, failed = await ex.attempts.run(first, self._attempt, ex)
+        self._watchdog.watch(ex, deadline=True)
+        try:
+            last, failed = await ex.attempts.run(first, self._attempt, ex)
+        finally:
+            self._watchdog.forget(ex)
         if failed is None:
             return
         ex.started = True
         if not failed.held:
-            await ex.attempts.send_exhausted(ex.send, last)
+            await ex.attempts.send_exhausted(ex.send, last, failed)
             return
         held = list(failed.held)
         held[0] = {**held[0], "headers": with_ours(held[0].get("headers", ()), last)}
@@ -41,6 +52,11 @@ class AnnotateMode:
         try:
             await self.app(_annotated(ex.scope, decision), replay(ex.req.body, ex.receive),
                            send.send)
+        except asyncio.CancelledError:
+            if not ex.expired or ex.task is None:
+                raise
+            ex.task.uncancel()  # the watchdog's, at the deadline: not a cancellation of ours
+            return await _cut(decision, measurement, send, ex)
         except Exception:
             if send.started:
                 ex.attempts.record(decision, measurement.outcome("app_error"))
@@ -51,6 +67,26 @@ class AnnotateMode:
             return Failed(send.failed.kind, send.failed.reason, tuple(send.held))
         ex.attempts.settle(decision, measurement, status=send.status, gone=send.gone)
         return None
+
+
+async def _cut(decision: Decision, m: Measurement, send: _AnnotatedSend,
+               ex: Exchange) -> Failed | None:
+    """The deadline ran out while the app served the attempt."""
+    if send.failed is not None:
+        return Failed(send.failed.kind, send.failed.reason, tuple(send.held))
+    if not send.started:
+        return Failed("timeout", "no answer within the request's deadline")
+    if m.last is not None:  # the answer was complete: only the app's epilogue was cut
+        ex.attempts.settle(decision, m, status=send.status, gone=send.gone)
+        return None
+    m.last = time.perf_counter()
+    ex.attempts.record(decision, m.outcome("timeout"))
+    if m.meter is not None and m.meter.streaming and not send.gone:
+        with contextlib.suppress(OSError):
+            await ex.send({"type": "http.response.body", "more_body": False,
+                           "body": sse_error_event("the request's deadline ran out; "
+                                                   "partial response")})
+    return None
 
 
 def _annotated(scope: Scope, decision: Decision) -> Scope:

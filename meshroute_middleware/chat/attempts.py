@@ -1,23 +1,27 @@
-"""One attempt lifecycle for both modes: choose → measure → record or cancel, and fall back
-down the ranked routes while a route fails before its first byte.
+"""One attempt lifecycle for every path (forward, annotate, a provider chain's mesh entries,
+the mitmproxy addon): choose → attempt → measure → record or cancel → fall back → answer or
+exhaust.
 
 The rules live here once:
+- a request has one deadline (`request_timeout_s` from the moment it is served): no attempt
+  outlives it, and past it no further route is tried (`Attempts.deadline`);
 - a failure before the first byte is recorded, and the next ranked route is tried;
 - the client's own mistake (a 4xx) or a client that left before any byte says nothing of the
   route: the attempt is cancelled, not recorded;
 - anything else is recorded as measured (a client that left mid-way leaves a sample of what
   was delivered until then);
-- when every route failed the client gets 503 (429 when all were rate limited) listing, route
-  by route, why each was passed over.
+- when every route failed the client gets 503 (429 when all were rate limited), or 504 when
+  the deadline ran out first, listing, route by route, why each was passed over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -26,16 +30,26 @@ from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.measure import TokenMeter
-from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.errors import (
+    INTERNAL_ERROR,
+    DeadlineExceeded,
+    ErrorAnswer,
+    RoutesFailed,
+    RoutesRateLimited,
+)
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry
+
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)
+log = logging.getLogger("meshroute.attempts")
+T = TypeVar("T")
 
 
 class Exchange:
     """One chat request being served: the request, its client's send, its attempts, and what
     its error path and the disconnect watchdog need to know."""
 
-    __slots__ = ("attempts", "deadline", "gone", "receive", "req", "scope", "seen", "send",
+    __slots__ = ("attempts", "expired", "gone", "receive", "req", "scope", "seen", "send",
                  "started", "task", "watcher")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
@@ -44,10 +58,10 @@ class Exchange:
         self.attempts = attempts
         self.started = False  # the client got a response start: too late for an error reply
         self.gone = False  # the client disconnected
+        self.expired = False  # the watchdog cancelled it at its deadline (annotate mode)
         self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
         self.seen = False  # a watchdog sweep has seen it under way
         self.watcher: asyncio.Task[None] | None = None
-        self.deadline = float("inf")  # the loop time the request must be done by
 
 
 # Completion tokens a request without `max_tokens` may be credited with (2**20, the most any
@@ -98,30 +112,49 @@ class Failed:
     held: tuple[Message, ...] = ()  # the failing answer, held back from the client (annotate)
 
 
-# One attempt of a mode: None once it answered (and was settled), Failed to fall back.
-Attempt = Callable[[Decision, Measurement, Exchange], Awaitable["Failed | None"]]
+# A failure that is no attempt's: the deadline ran out before the next route was tried.
+TOO_LATE = Failed("timeout", "no answer within the request's deadline")
+
+# One attempt of a path, given its own context (an Exchange, a mitmproxy flow): None once it
+# answered (and was settled), Failed to fall back.
+RouteAttempt = Callable[[Decision, Measurement, T], Awaitable[Failed | None]]
 
 
 class Attempts:
-    """The attempts of one chat request, from the first decision to the last."""
+    """The attempts of one chat request, from the first decision to the last, within one
+    deadline (a loop time: `asyncio.timeout_at(attempts.deadline)` bounds each wait)."""
 
-    __slots__ = ("_open", "failures", "model", "router", "telemetry")
+    __slots__ = ("_now", "_open", "deadline", "failures", "max_tokens", "measured", "model",
+                 "router", "telemetry", "timeout_s")
 
-    def __init__(self, router: Router, telemetry: Telemetry, model: str) -> None:
+    def __init__(self, router: Router, telemetry: Telemetry, model: str,
+                 max_tokens: int | None = None, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 deadline: float | None = None) -> None:
         self.router, self.telemetry, self.model = router, telemetry, model
+        self.max_tokens, self.timeout_s = max_tokens, timeout_s
+        self._now = asyncio.get_running_loop().time  # the loop looked up once per request
+        self.deadline = deadline if deadline is not None else self._now() + timeout_s
         self.failures: dict[str, Failed] | None = None  # signature -> why it was passed over
+        self.measured: Measurement | None = None  # the last attempt's measurement
         self._open: list[Decision] = []
 
-    async def run(self, first: Decision, attempt: Attempt,
-                  ex: Exchange) -> tuple[Decision, Failed | None]:
+    def too_late(self) -> bool:
+        """Whether the request's deadline has run out."""
+        return self._now() >= self.deadline
+
+    async def run(self, first: Decision, attempt: RouteAttempt[T],
+                  ctx: T) -> tuple[Decision, Failed | None]:
         """Try `first`, then the ranked fallbacks while attempts fail before their first
-        byte; return the last decision and, if every route failed, its failure."""
+        byte and the deadline allows; return the last decision and, if no route answered,
+        the last failure (TOO_LATE when the deadline ran out between attempts)."""
         decision = first
         while True:
             self._open.append(decision)
             self.telemetry.decided(decision)
-            measurement = Measurement(ex.req.max_tokens)
-            failed = await attempt(decision, measurement, ex)
+            if self.too_late():
+                return decision, TOO_LATE
+            measurement = self.measured = Measurement(self.max_tokens)
+            failed = await attempt(decision, measurement, ctx)
             if failed is None:
                 return decision, None
             self.record(decision, measurement.failure(failed.kind))
@@ -153,14 +186,34 @@ class Attempts:
         for decision in self._open:
             self.router.cancel(decision)
 
-    async def send_exhausted(self, send: Send, last: Decision) -> None:
-        """Every route failed before its first byte: say so, route by route."""
+    def exhausted(self, failed: Failed) -> ErrorAnswer:
+        """No route answered: why, route by route (504 once the deadline ran out; 429 when
+        every route was rate limited; else 503)."""
         failures = self.failures or {}
-        kinds = [f.kind for f in failures.values()]
-        if kinds and all(k == "http_429" for k in kinds):
-            status, code = 429, "rate_limited"
-        else:
-            status, code = 503, "no_route_available"
-        await send_error(send, status, f"every route for {self.model!r} failed before its "
-                         "first byte", code, response_headers(last),
-                         routes={sig: f.reason for sig, f in failures.items()})
+        routes = {sig: f.reason for sig, f in failures.items()}
+        if failed is TOO_LATE or self.too_late():
+            log.warning("meshroute: a request for %r ran out of its %g s deadline",
+                        self.model, self.timeout_s)
+            self.telemetry.reject("request_timeout", "the request's deadline ran out")
+            return ErrorAnswer.of(DeadlineExceeded(
+                "no route answered within the request's deadline of "
+                f"{self.timeout_s:g} s", routes))
+        message = f"every route for {self.model!r} failed before its first byte"
+        if failures and all(f.kind == "http_429" for f in failures.values()):
+            return ErrorAnswer.of(RoutesRateLimited(message, routes))
+        return ErrorAnswer.of(RoutesFailed(message, routes))
+
+    async def send_exhausted(self, send: Send, last: Decision, failed: Failed) -> None:
+        """No route answered: say so, route by route."""
+        await self.exhausted(failed).send(send, response_headers(last))
+
+
+async def internal_error(ex: Exchange, doing: str,
+                         headers: Iterable[tuple[bytes, bytes]] = ()) -> bool:
+    """A bug of ours while `doing`: logged, and the client gets the JSON 500 (True) unless
+    its answer had started (False: the caller re-raises, the server aborts the response)."""
+    log.exception("meshroute: internal error while %s", doing)
+    if ex.started:
+        return False
+    await INTERNAL_ERROR.send(ex.send, headers)
+    return True

@@ -1,11 +1,11 @@
 """Forward mode: each attempt goes to the chosen route's head, and the answer streams back to
 the client untouched while it is measured.
 
-A request has a total deadline (`request_timeout_s`, from the moment it is served): past it
-no further route is tried; a client that got nothing yet gets a 504 JSON error, a stream ends
-with an SSE error event. A non-stream answer that breaks off (the head died, stalled past the
-idle timeout, or the deadline ran out) is never passed off as complete: the client's
-connection is aborted without the final chunk, and the attempt is recorded as failed."""
+The request's deadline (chat.attempts) bounds the wait for a head and every chunk after it:
+a client that got nothing yet gets a 504 JSON error, a stream ends with an SSE error event.
+A non-stream answer that breaks off (the head died, stalled past the idle timeout, or the
+deadline ran out) is never passed off as complete: the client's connection is aborted
+without the final chunk, and the attempt is recorded as failed."""
 
 from __future__ import annotations
 
@@ -15,21 +15,15 @@ import time
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement
-from meshroute_middleware.chat.headers import forwardable, from_node, plan_headers, response_headers
+from meshroute_middleware.chat.headers import forwardable, from_node, plan_headers
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
 from meshroute_middleware.forwarding.measure import sse_error_event
-from meshroute_middleware.http.errors import send_error
 
 CHAT_PATH = "/v1/chat/completions"
-DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)
 log = logging.getLogger("meshroute.forward")
-
-
-class _DeadlineReached(Exception):
-    """The request's total deadline ran out between two attempts."""
 
 
 class ForwardMode:
@@ -37,26 +31,18 @@ class ForwardMode:
     under way (waiting for a head's first byte included) and so the upstream request."""
 
     def __init__(self, forwarder: Forwarder, *,
-                 forward_headers: frozenset[bytes] = frozenset(),
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 forward_headers: frozenset[bytes] = frozenset()) -> None:
         self.forwarder = forwarder
         self.forward_headers = forward_headers  # credentials the operator lets through
-        self.request_timeout_s = request_timeout_s
         self._watchdog = Watchdog()
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Forward with fallback; send the client an error if every route failed."""
         task = self._watchdog.watch(ex)
-        ex.deadline = asyncio.get_running_loop().time() + self.request_timeout_s
         try:
-            last, failed = await ex.attempts.run(first, self._attempt, ex)
-            if failed is not None:
-                if asyncio.get_running_loop().time() >= ex.deadline:
-                    await self._too_late(ex, last)
-                else:
-                    await ex.attempts.send_exhausted(ex.send, last)
-        except _DeadlineReached:
-            await self._too_late(ex, first)
+            last, failed = await ex.attempts.run(first, self.attempt, ex)
+            if failed is not None and not ex.started:
+                await ex.attempts.send_exhausted(ex.send, last, failed)
         except asyncio.CancelledError:
             if not ex.gone:
                 raise
@@ -64,23 +50,11 @@ class ForwardMode:
         finally:
             self._watchdog.forget(ex)
 
-    async def _too_late(self, ex: Exchange, decision: Decision) -> None:
-        """The deadline ran out before any answer: 504, counted and logged."""
-        log.warning("meshroute: a request for %r ran out of its %g s deadline",
-                    ex.req.model, self.request_timeout_s)
-        ex.attempts.telemetry.reject("request_timeout", "the request's deadline ran out")
-        if not ex.started:
-            await send_error(ex.send, 504, "no route answered within the request's deadline "
-                             f"of {self.request_timeout_s:g} s", "request_timeout",
-                             response_headers(decision), routes={
-                                 sig: f.reason for sig, f in (ex.attempts.failures or {}).items()})
-
-    async def _attempt(self, decision: Decision, measurement: Measurement,
-                       ex: Exchange) -> Failed | None:
-        if asyncio.get_running_loop().time() >= ex.deadline:
-            raise _DeadlineReached
+    async def attempt(self, decision: Decision, measurement: Measurement,
+                      ex: Exchange) -> Failed | None:
+        """One attempt at `decision`'s head, within the request's deadline."""
         try:
-            async with asyncio.timeout_at(ex.deadline):
+            async with asyncio.timeout_at(ex.attempts.deadline):
                 upstream = await self.forwarder.open(
                     decision.route.head.url + CHAT_PATH, ex.req.body,
                     forwardable(ex.scope, self.forward_headers) + plan_headers(decision))
@@ -100,28 +74,27 @@ class ForwardMode:
             return
         send = ex.send
         meter = m.answer(upstream.headers)
+        deadline = attempts.deadline
         error: ErrorKind | Literal[""] = ""
         try:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            chunks = upstream.chunks()
-            while True:
-                try:
-                    async with asyncio.timeout_at(ex.deadline):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                except ForwardError as exc:
-                    error = exc.kind
-                    break
-                except TimeoutError:
-                    error = "timeout"
-                    break
-                if m.first is None:
-                    m.first = time.perf_counter()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                meter.feed(chunk)  # counted once on its way: the client does not wait
+            timer = asyncio.timeout_at(deadline)  # one timer for the whole answer
+            try:
+                async with timer:
+                    async for chunk in upstream.chunks():
+                        if m.first is None:
+                            m.first = time.perf_counter()
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                        meter.feed(chunk)  # counted once on its way: the client does not wait
+            except ForwardError as exc:
+                error = exc.kind
+            except TimeoutError:
+                if not timer.expired():
+                    raise  # the client's connection, not the deadline (OSError, below)
+                error = "timeout"
         except OSError:
             ex.gone = True
         except BaseException:  # cancelled (the client left) or a bug: settle, then go on

@@ -1,10 +1,12 @@
-"""Watching forwarded requests for a client that leaves.
+"""Watching requests for a client that leaves, and annotate-mode requests for their deadline.
 
 Most requests to a fast head are over within milliseconds, and a task (or even a timer) per
 request costs more than the rest of the middleware's bookkeeping (docs/benchmarks.md: −11 µs
 for the timer, and the loop looked up once). So one timer ticks every WATCH_AFTER_S while
 requests are under way: a request seen by two sweeps has lasted at least that long and gets a
-watcher task reading `receive` for `http.disconnect`, which cancels the task serving it.
+watcher task reading `receive` for `http.disconnect`, which cancels the task serving it. A
+request watched for its deadline instead (annotate mode: the app reads `receive` itself) is
+cancelled by the first sweep past its deadline, marked `expired`.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ class Watchdog:
     """One per middleware; `watch` a request from the task that serves it, `forget` it after."""
 
     def __init__(self) -> None:
-        self._active: dict[Exchange, None] = {}
+        self._active: dict[Exchange, bool] = {}  # -> watched for its deadline, not the client
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def watch(self, ex: Exchange) -> asyncio.Task[Any]:
-        """Watch a request from the task serving it; return that task.
+    def watch(self, ex: Exchange, deadline: bool = False) -> asyncio.Task[Any]:
+        """Watch a request from the task serving it (for a client that leaves, or with
+        `deadline` for its deadline); return that task.
 
         The loop is looked up once, not per request: asyncio's get_running_loop() makes a
         getpid() system call each time, and current_task(loop) with the loop given does not.
@@ -41,7 +44,7 @@ class Watchdog:
             task = asyncio.current_task(loop)
             assert task is not None
         ex.task = task
-        self._active[ex] = None
+        self._active[ex] = deadline
         if self._timer is None:
             self._timer = loop.call_later(WATCH_AFTER_S, self._sweep)
         return task
@@ -59,7 +62,13 @@ class Watchdog:
 
     def _sweep(self) -> None:
         self._timer = None
-        for ex in self._active:
+        now = self._loop.time() if self._loop is not None else 0.0
+        for ex, deadline in self._active.items():
+            if deadline:
+                if now >= ex.attempts.deadline and not ex.expired and ex.task is not None:
+                    ex.expired = True
+                    ex.task.cancel()
+                continue
             if ex.seen and ex.watcher is None and ex.task is not None:
                 ex.watcher = asyncio.ensure_future(_watch_disconnect(ex.receive, ex.task, ex))
             ex.seen = True

@@ -17,7 +17,7 @@ class RouterConfig:
     explore_share: float = 0.3  # ADR-0021 --route-explore-share
     weight_alpha: float = 1.0  # ADR-0021 --route-weight-alpha
     half_life_s: float = stats.HALF_LIFE_S  # ADR-0021 --route-stats-half-life
-    min_sample_tokens: int = 8  # ADR-0021 MESHNET_ROUTE_MIN_SAMPLE_TOKENS
+    min_sample_tokens: int = stats.MIN_SAMPLE_TOKENS
     max_candidates: int = routes.MAX_CANDIDATES
     prune_after_s: float = stats.PRUNE_AFTER_S
     node_networks: tuple[str, ...] = ()  # CIDRs node URLs must point into (empty: anywhere)

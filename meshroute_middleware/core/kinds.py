@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Final, Literal
 
 # ADR-0021 decision modes (the x-meshroute-mode header, the route-selected event).
-Mode = Literal["scout", "exploit", "pinned", "greedy-fallback", "fallback"]
+DecisionMode = Literal["scout", "exploit", "pinned", "greedy-fallback", "fallback"]
 SCOUT: Final = "scout"  # an unproven route tried on purpose
 EXPLOIT: Final = "exploit"  # a proven route drawn by its learned speed
 PINNED: Final = "pinned"  # the request named its route

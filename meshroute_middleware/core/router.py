@@ -10,7 +10,16 @@ from typing import Any, Literal
 
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
-from .kinds import FAILURE, FALLBACK, PINNED, SAMPLE, SUCCESS, ChangeKind, Mode, RecordResult
+from .kinds import (
+    FAILURE,
+    FALLBACK,
+    PINNED,
+    SAMPLE,
+    SUCCESS,
+    ChangeKind,
+    DecisionMode,
+    RecordResult,
+)
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
 from .routes import Route, enumerate_routes, pinned_route
@@ -36,7 +45,7 @@ class Decision:
 
     model: str
     route: Route
-    mode: Mode
+    mode: DecisionMode
     attempt: int = 0  # 0 for the first choice, k for the k-th fallback
     _ranked: tuple[Route, ...] = field(default=(), repr=False)  # the fallback chain so far
     _unranked: Sequence[Arm] = field(default=(), repr=False)  # arms still to rank into it

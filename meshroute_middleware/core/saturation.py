@@ -139,12 +139,6 @@ class CurveBelief:
         var = (OBS_SIGMA * OBS_SIGMA * PRIOR_SIGMA_MASS + m2) / (PRIOR_SIGMA_MASS + self.mass)
         return max(math.sqrt(var), MIN_SIGMA)
 
-    def predict(self, c: float) -> float:
-        """The best fit's log tps at concurrency c (0 without samples)."""
-        _, mus, best = self.fit()
-        knee, slowdown = CURVES[best]
-        return mus[best] + log_g(c, knee, slowdown)
-
     def spread(self) -> float:
         """sigma() as of the last fit (cheap: read on every decision)."""
         return (self._post or self.posterior())[3]

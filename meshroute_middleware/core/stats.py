@@ -19,6 +19,9 @@ LN2 = math.log(2.0)
 HALF_LIFE_S = 600.0  # ADR-0021 default
 DECAYED_MASS = 0.5  # ADR-0021: "mass < 0.5 drops out of the exploit pool"
 PRUNE_AFTER_S = 24 * 3600.0  # ADR-0021: "Routes with no samples for 24 h are pruned"
+# Completion tokens an answer needs for its tokens/s to be a sample (ADR-0021
+# MESHNET_ROUTE_MIN_SAMPLE_TOKENS): shorter answers are mostly time to first token.
+MIN_SAMPLE_TOKENS = 8
 MAX_NOTED_ORIGINS = 1024  # origins' change stamps kept per model (gossip's origins per route)
 # An origin's saturation-curve summary (issue 14): (concurrency bin, decayed mass, mean log
 # tokens/s) per bin, bins strictly ascending, at most MAX_CURVE_BINS of them (the policy's
@@ -367,12 +370,6 @@ class RouteStatsStore:
         entry = self._own(model, signature, changed_at)
         return self._put(model, signature, entry.with_failure(error, now, self.half_life_s))
 
-    def view(self, model: str, signature: str, now: float,
-             changed_at: float = float("-inf")) -> RouteView:
-        """The merged view of one route at `now` (origins merged once per write)."""
-        merged = self.merged(model, signature, changed_at)
-        return UNSAMPLED_VIEW if merged is None else merged.at(now)
-
     def merged(self, model: str, signature: str,
                changed_at: float = float("-inf")) -> MergedRoute | None:
         """The origins of one route merged (once per write); None if it has no statistics."""
@@ -436,10 +433,6 @@ class RouteStatsStore:
     def entries(self, model: str, signature: str) -> dict[str, StatEntry]:
         """The raw per-origin entries of one route (a copy)."""
         return dict(self._entries.get((model, signature), {}))
-
-    def signatures(self, model: str | None = None) -> list[tuple[str, str]]:
-        """Every (model, signature) with statistics, sorted."""
-        return sorted(k for k in self._entries if model is None or k[0] == model)
 
     def state(self) -> State:
         """A copy of the whole state, for gossip."""

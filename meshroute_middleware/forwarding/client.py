@@ -28,6 +28,7 @@ from typing import Protocol
 import aiohttp
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.kinds import ErrorKind
 
 # Response headers a head's answer loses on its way (chat.headers drops the rest: cookies,
@@ -53,7 +54,7 @@ class ForwardTimeouts:
             raise ValueError(f"forward timeouts must be positive, got {self}")
 
 
-class ForwardError(Exception):
+class ForwardError(MeshRouteError):
     """The head failed before its first byte; `kind` is what the statistics record."""
 
     def __init__(self, kind: ErrorKind, message: str, status: int | None = None,
@@ -126,7 +127,7 @@ class _Reuse:
         self.reused = False
 
 
-class _StaleConnection(Exception):
+class _StaleConnection(MeshRouteError):
     """A reused pooled connection failed before any answer: retry on a fresh one."""
 
 

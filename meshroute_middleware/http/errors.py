@@ -1,15 +1,102 @@
-"""OpenAI-style JSON errors, sent straight over ASGI: a client never sees a traceback."""
+"""Errors as OpenAI-style JSON answers: one table maps each error type to its HTTP status and
+code (the OpenAI `type` follows from the status), and every path answers through it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Send
 
-from meshroute_middleware.core.contracts.error_body import ERROR_TYPES, error_body
+from meshroute_middleware.core.contracts.error_body import ERROR_TYPES, error_body, error_type
+from meshroute_middleware.core.errors import (
+    InvalidNodeError,
+    InvalidPinError,
+    MeshRouteError,
+    NoRouteError,
+    UnknownModelError,
+)
+from meshroute_middleware.core.providers.chain import InvalidModelError
+from meshroute_middleware.mesh import MeshFullError
 
-__all__ = ["ERROR_TYPES", "error_body", "send_error"]
+__all__ = ["ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer", "RequestError",
+           "RoutesFailed", "RoutesRateLimited", "error_body", "send_error"]
+
+INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
+
+
+class RequestError(MeshRouteError):
+    """A client error with its HTTP status and OpenAI error code."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+class RoutesFailed(NoRouteError):
+    """Every route tried failed before its first byte; `reasons` says why, per route."""
+
+
+class RoutesRateLimited(RoutesFailed):
+    """Every route tried was rate limited."""
+
+
+class DeadlineExceeded(RoutesFailed):
+    """The request's deadline ran out before any route answered."""
+
+
+# The one table: error type -> (HTTP status, OpenAI error code); the most specific type wins
+# (looked up along the exception's MRO). RequestError carries its own status and code.
+ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
+    InvalidNodeError: (400, "invalid_node"),
+    MeshFullError: (409, "too_many_nodes"),
+    InvalidModelError: (400, "invalid_model"),
+    InvalidPinError: (400, "invalid_route"),
+    UnknownModelError: (404, "model_not_found"),
+    NoRouteError: (503, "no_route_available"),
+    RoutesFailed: (503, "no_route_available"),
+    RoutesRateLimited: (429, "rate_limited"),
+    DeadlineExceeded: (504, "request_timeout"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorAnswer:
+    """An error as the client gets it: status, message, code and any extra fields."""
+
+    status: int
+    message: str
+    code: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exc: BaseException, message: str | None = None) -> ErrorAnswer:
+        """The answer for `exc` from the table (a 500 for anything not in it)."""
+        text = str(exc) if message is None else message
+        if isinstance(exc, RequestError):
+            return cls(exc.status, text, exc.code)
+        for kind in type(exc).__mro__:
+            entry = ERROR_TABLE.get(kind)
+            if entry is not None:
+                extra = {"routes": exc.reasons} if isinstance(exc, NoRouteError) else {}
+                return cls(entry[0], text, entry[1], extra)
+        return INTERNAL_ERROR
+
+    @property
+    def type(self) -> str:
+        """The OpenAI error `type` of this answer."""
+        return error_type(self.status)
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.code, **self.extra)
+
+    async def send(self, send: Send, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        """Send it as a complete response."""
+        await send_error(send, self.status, self.message, self.code, headers, **self.extra)
+
+
+INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_MESSAGE, "internal_error")  # a bug of ours
 
 
 async def send_error(send: Send, status: int, message: str, code: str,

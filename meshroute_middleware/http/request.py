@@ -12,20 +12,16 @@ from starlette.types import Message, Receive, Scope
 
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
+from meshroute_middleware.http.errors import RequestError
+
+__all__ = ["ChatRequest", "RequestError", "answer_bound", "loads", "parse_chat", "read_body",
+           "replay"]
 
 MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
 # library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
 MAX_JSON_DEPTH = 128
 DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
-
-
-class RequestError(Exception):
-    """A client error with its HTTP status and OpenAI error code."""
-
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message)
-        self.status, self.code = status, code
 
 
 @dataclass(slots=True)
@@ -167,7 +163,8 @@ def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands out the body once, then delegates (FACTS.md: never loop the body)."""
+    """A receive that hands out the body once, then delegates to the client's: the app still
+    hears `http.disconnect`, and never gets the body a second time."""
     sent = False
 
     async def _receive() -> Message:

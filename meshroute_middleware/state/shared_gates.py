@@ -40,7 +40,7 @@ from meshroute_middleware.core.providers.keys import (
     route_name,
     rows_of_route,
 )
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.state.limits import LimitsStore, LimitsStoreDown, Outcome
 
 log = logging.getLogger("meshroute.limits")
@@ -79,11 +79,11 @@ class SharedGates(KeyGates):
 
     async def acquire(self, router: ProviderRouter, candidate: Candidate, tokens: int,
                       now: float, context_tokens: int | None = None,
-                      ) -> Attempt | list[PassedOver]:
+                      ) -> ChainAttempt | list[PassedOver]:
         """`ProviderRouter.acquire`, with the key taken in the store."""
         early = router.admit(candidate, tokens, context_tokens)
         if early is not None or candidate.provider is None or candidate.model is None:
-            return early or Attempt(candidate)
+            return early or ChainAttempt(candidate)
         taken = await self.atake(candidate.provider, candidate.model, tokens, now)
         return router.taken(candidate, *taken)
 

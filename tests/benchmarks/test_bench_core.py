@@ -24,8 +24,8 @@ def test_the_baseline_core_is_imported_beside_the_current_one(tmp_path: Path) ->
     router = theirs[0]
 
     def samples() -> int:
-        beliefs = [router.policy.belief(r.signature) for r in router.candidates("model-0")]
-        return sum(b.curve.samples for b in beliefs if b is not None)
+        table = router.routing_table("model-0")["models"]["model-0"]
+        return sum(int(row["samples"]) for row in table["candidates"])
 
     before = samples()
     rows = B.interleaved({"mine": mine, B.BASELINE_PREFIX + "8x1": theirs}, 60, rounds=2)

@@ -18,6 +18,8 @@ from meshroute_middleware.core import (
     UnknownModelError,
 )
 
+from ..conftest import route_view
+
 H = 600.0
 ADR = "adr0021"  # named, so that a change of the default policy does not change these tests
 HYBRID, SOLO = "m|gpu[0-21]->cpu[22-39]", "m|cpu[0-39]"
@@ -82,7 +84,7 @@ def test_pinned_routes_bypass_the_bandit_and_still_record(clock: Any) -> None:
     assert (d.mode, d.signature, d.ranked) == ("pinned", HYBRID, ())
     assert router.rng.getstate() == state
     assert router.record(d, GOOD) == "sample"
-    assert router.stats.view("m", HYBRID, clock()).count == 1
+    assert route_view(router.stats, "m", HYBRID, clock()).count == 1
     assert router.fallback(d) is None  # a pin has no fallback chain
 
 
@@ -119,7 +121,7 @@ def test_near_empty_and_unmeasurable_completions_are_no_samples(
         clock: Any, tokens: int, seconds: float, expected: str) -> None:
     router = mixed(clock)
     assert measure(router, clock, ["cpu"], Outcome(tokens, seconds)) == expected
-    view = router.stats.view("m", SOLO, clock())
+    view = route_view(router.stats, "m", SOLO, clock())
     assert view.count == (expected == "sample") and view.ok == pytest.approx(1.0)
     if expected == "sample":
         assert view.tps == pytest.approx(8.0)
@@ -144,7 +146,7 @@ def test_status_lifecycle_through_topology_changes(clock: Any) -> None:
         assert status_of(SOLO) == "stale"
         assert measure(router, clock, ["cpu"], Outcome(30, 1.0)) == "sample"
         assert status_of(SOLO) == "proven"
-        assert router.stats.view("m", SOLO, clock()).count == 1  # the new sample alone
+        assert route_view(router.stats, "m", SOLO, clock()).count == 1  # the new sample alone
     clock.advance(1.0)
     router.upsert_node(node("cpu", 0, 39, tps=99.0, queue=4))  # a load refresh: not stale
     assert status_of(SOLO) == "proven"

@@ -96,7 +96,7 @@ async def test_b_routes_by_the_knee_a_learned_before_measuring_anything(
         train(a, clock)
         await gossip(services, clock)
         assert all(set(b.stats.entries(MODEL, r.signature)) == {"a"} for r in b.candidates(MODEL))
-        assert b.policy.belief(b.candidates(MODEL)[0].signature) is None  # b measured nothing
+        assert b.policy.estimate(b.candidates(MODEL)[0].signature) is None  # b measured nothing
         assert on_fast(a) == Counter({1: 200})  # a: one on the serial node, three elsewhere
         # b, from a's curves alone: the same split (tolerance: none; 200 seeded tries)
         assert on_fast(b) == Counter({1: 200})

@@ -21,7 +21,7 @@ from gossip.wire import MessageType, WireCodec
 from meshroute_middleware.core.providers.chain import provider_candidate
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.peers import Peers, PeerState, Usage
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from tests.conftest import FakeClock
 from tests.gossip.helpers import make_router
@@ -45,11 +45,11 @@ def tracker(cfg: ProvidersConfig) -> ProviderRouter:
     return router
 
 
-def take(router: ProviderRouter, route: str, now: float) -> Attempt | None:
+def take(router: ProviderRouter, route: str, now: float) -> ChainAttempt | None:
     provider, model = router.cfg.split_route(route) or (None, None)
     assert provider is not None and model is not None
     got = router.acquire(provider_candidate(provider, model), 10, now)
-    return got if isinstance(got, Attempt) else None
+    return got if isinstance(got, ChainAttempt) else None
 
 
 def tell(a: ProviderRouter, b: ProviderRouter, now: float) -> None:

@@ -20,6 +20,8 @@ from meshroute_middleware.core.topology import NodeRecord
 from tests.conftest import FakeClock
 from tests.gossip.helpers import MODEL, close, learned, make_router, record
 
+from ..conftest import route_view
+
 pytestmark = pytest.mark.anyio
 SECRET = b"s3cret"
 
@@ -80,7 +82,7 @@ async def test_every_origin_counts_once_in_the_merged_view(clock: FakeClock) -> 
             record(service.router, "fast", tps)
         await rounds(services, clock, 4)
         for service in services:
-            view = service.router.stats.view(MODEL, _sig(service, "fast"), clock())
+            view = route_view(service.router.stats, MODEL, _sig(service, "fast"), clock())
             assert view.origins == 3 and view.count == 3
             assert view.tps == pytest.approx(60.0)  # equal masses: the plain mean
         replays = sum(s.counters.rejected.get("replayed", 0) for s in services)

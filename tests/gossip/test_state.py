@@ -13,6 +13,8 @@ from gossip.wire import sendable
 from meshroute_middleware.core.stats import RouteStatsStore, StatEntry
 from meshroute_middleware.core.topology import NodeRecord, Topology
 
+from ..conftest import route_view
+
 NOW = 1_000_000.0
 KEYS = [(m, s, o) for m in ("m1", "m2") for s in ("s1", "s2") for o in ("o1", "o2", "o3")]
 
@@ -100,7 +102,8 @@ def test_duplicated_reordered_lost_messages_never_double_count(
     for m in kept:
         apply(store, Topology(), full_delta(m), NOW + len(samples))
     now = NOW + len(samples)
-    assert store.view("m", "s", now) == origin.view("m", "s", now)  # same mass: counted once
+    # the same mass: counted once
+    assert route_view(store, "m", "s", now) == route_view(origin, "m", "s", now)
 
 
 def push_pull(a: tuple[RouteStatsStore, Topology], b: tuple[RouteStatsStore, Topology]) -> int:
@@ -239,5 +242,5 @@ def test_skewed_clocks_never_turn_a_sample_stale_or_fresh(skew_a: float, skew_b:
         apply(dst, d_topo, make(src, s_topo, st.make_digest(dst, d_topo)), d_now, sender=s_name)
     assert a_topo.model("m").changed_at == a_changed  # type: ignore[union-attr]
     for store, topo, now in ((a_store, a_topo, a_now), (b_store, b_topo, b_now)):
-        view = store.view("m", "m|n", now, topo.model("m").changed_at)  # type: ignore[union-attr]
+        view = route_view(store, "m", "m|n", now, topo.model("m").changed_at)  # type: ignore[union-attr]
         assert view.status == ("proven" if sampled > 0 else "stale"), (store.origin, view)

@@ -20,7 +20,7 @@ from meshroute_middleware.chat.keyring import Secret, resolve_keys
 from meshroute_middleware.core.providers.config import parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
 from meshroute_middleware.core.providers.keys import parse_retry_after
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind, classify_status
 from meshroute_middleware.state.store import StateStore
 
@@ -76,7 +76,7 @@ class MiniGateway:
         ex = self.router.exhausted(res, passed, self.now)
         return Answer(None, tried, ex, ex.error_body())
 
-    def _send(self, got: Attempt) -> tuple[PassedOver | None, dict[str, Any]]:
+    def _send(self, got: ChainAttempt) -> tuple[PassedOver | None, dict[str, Any]]:
         c = got.candidate
         assert c.provider is not None and got.key is not None
         secret = self.secrets[c.provider.name][got.key - 1]

@@ -15,7 +15,7 @@ import pytest
 from meshroute_middleware.chat.keyring import resolve_keys
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.keys import Refusal
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 
@@ -35,7 +35,7 @@ def cfg() -> ProvidersConfig:
 
 def use(router: ProviderRouter, now: float, kind: OutcomeKind = OutcomeKind.SUCCESS) -> str:
     got = router.acquire(router.resolve("fastco/big-model", ()).candidates[0], 10, now)
-    assert isinstance(got, Attempt), got
+    assert isinstance(got, ChainAttempt), got
     router.record(got, kind, now, used_tokens=100, tokens_per_s=50.0, ttfb_ms=300.0)
     return got.route
 
@@ -45,7 +45,7 @@ def test_open_write_close_reopen(tmp_path: Path, cfg: ProvidersConfig) -> None:
     router = ProviderRouter(cfg)
     for i in range(4):
         use(router, T0 + i)
-    router.record(Attempt(router.resolve("fastco/big-model", ()).candidates[0], 2,
+    router.record(ChainAttempt(router.resolve("fastco/big-model", ()).candidates[0], 2,
                           None), OutcomeKind.RATE_LIMITED, T0 + 5, retry_after_s=600.0)
     snap = router.snapshot(T0 + 5)
     with StateStore(path).open() as store:
@@ -75,7 +75,7 @@ def test_a_restart_does_not_reset_the_daily_quota(tmp_path: Path,
     got = fresh.acquire(fresh.resolve("fastco/big-model", ()).candidates[0], 10, T0 + 7)
     assert isinstance(got, list) and {(p.reason, p.until) for p in got} == {("rpd", MIDNIGHT)}
     assert isinstance(fresh.acquire(fresh.resolve("fastco/big-model", ()).candidates[0], 10,
-                                    MIDNIGHT), Attempt)
+                                    MIDNIGHT), ChainAttempt)
 
 
 def test_saving_again_updates_rows_in_place(tmp_path: Path, cfg: ProvidersConfig) -> None:

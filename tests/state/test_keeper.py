@@ -24,6 +24,8 @@ from meshroute_middleware.state.keeper import SETTLE_S, WARN_EVERY_S, StateKeepe
 from meshroute_middleware.state.store import RouteRows, StateStore, StateStoreError
 from tests.conftest import FakeClock
 
+from ..conftest import route_view, stat_keys
+
 T0 = 1_796_040_000.0  # 2026-11-30 12:00 UTC
 H = 60.0  # half-life of the routers here
 SIG = "m|a[0-9]"
@@ -70,7 +72,7 @@ def test_statistics_come_back_decayed_for_the_time_the_tracker_was_down(tmp_path
     assert set(router.stats.entries("m", SIG)) == {"trk", "peer"}
     model = router.topology.model("m")
     assert model is not None and model.changed_at == T0  # the nodes are back as they were
-    view = router.stats.view("m", SIG, clock(), model.changed_at)
+    view = route_view(router.stats, "m", SIG, clock(), model.changed_at)
     assert view.status == PROVEN and view.count == 14
     assert view.tps == pytest.approx(before["tps"], rel=1e-9)
     assert view.mass == pytest.approx(before["weight"] * 0.25, rel=1e-9)  # 0.5 ** (2H / H)
@@ -85,7 +87,7 @@ def test_a_changed_node_leaves_the_restored_statistics_stale(tmp_path: Path) -> 
     router, _ = restarted(tmp_path / "s.db", clock, url="http://elsewhere.test")
     model = router.topology.model("m")
     assert model is not None and model.changed_at == clock()  # measured elsewhere: stale
-    assert router.stats.view("m", SIG, clock(), model.changed_at).status == STALE
+    assert route_view(router.stats, "m", SIG, clock(), model.changed_at).status == STALE
 
 
 @pytest.mark.parametrize(("after_s", "settled"), [(5.0, True), (SETTLE_S + 1, False)])
@@ -147,7 +149,7 @@ def test_entries_past_the_prune_horizon_are_dropped_from_the_file(tmp_path: Path
     with StateStore(tmp_path / "s.db").open() as store:
         keeper = StateKeeper(store, router)
         keeper.restore(clock())  # nothing comes back: all of it is past the horizon
-        assert router.stats.signatures() == []
+        assert stat_keys(router.stats) == []
         assert keeper.save_now(clock())
         assert store.load_routes().entries == {}
 
@@ -187,7 +189,7 @@ def test_a_gateway_restarted_on_its_state_file_is_the_same_origin(tmp_path: Path
     assert second.config.tracker_id == first.config.tracker_id
     own = second.router.stats.entries("m", sig)
     assert list(own) == [first.config.tracker_id] and own[first.config.tracker_id].count == 1
-    assert second.router.stats.view("m", sig, clock(), T0 - 1).mass == pytest.approx(0.5)
+    assert route_view(second.router.stats, "m", sig, clock(), T0 - 1).mass == pytest.approx(0.5)
 
 
 def test_without_a_state_file_nothing_is_opened(tmp_path: Path) -> None:
@@ -244,7 +246,7 @@ def test_a_second_restart_keeps_the_first_change_time(tmp_path: Path) -> None:
             assert keeper.save_now(clock())
         model = router.topology.model("m")
         assert model is not None and model.changed_at == T0
-    assert router.stats.view("m", SIG, clock(), T0).count == 16  # 10 + 1 + 1 own, 4 peer's
+    assert route_view(router.stats, "m", SIG, clock(), T0).count == 16  # 10 + 1 + 1 own, 4 peer's
 
 
 def test_a_write_holds_only_the_routes_that_changed(tmp_path: Path) -> None:

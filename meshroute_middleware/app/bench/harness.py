@@ -104,11 +104,6 @@ def report(cells: Cells) -> dict[str, Any]:
     return {"scenarios": out}
 
 
-def aggregate(jobs: Sequence[Job], results: Sequence[RunMetrics]) -> dict[str, Any]:
-    """The JSON report of a set of runs."""
-    return report(summarize(jobs, results))
-
-
 def _cell(seeds: dict[int, RunMetrics], oracle: dict[int, RunMetrics]) -> Cell:
     fractions = [m.tokens_per_s / oracle[k].tokens_per_s for k, m in seeds.items()]
     reconv = [m.reconverge_requests for m in seeds.values()]

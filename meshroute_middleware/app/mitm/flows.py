@@ -8,16 +8,17 @@ import asyncio
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from meshroute_middleware.app.mitm.relay import Parked
-from meshroute_middleware.core import Decision, Outcome
+from meshroute_middleware.chat.attempts import Attempts, Measurement
+from meshroute_middleware.core import Decision, MeshRouteError, Outcome
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.measure import TokenMeter
-from meshroute_middleware.http.errors import error_body
+from meshroute_middleware.http.errors import ErrorAnswer
 from meshroute_middleware.http.guard import UNSPECIFIED, host_of, is_loopback_host
 
 T = TypeVar("T")
@@ -31,37 +32,35 @@ NOT_FORWARDED = CREDENTIALS | {
 
 
 @dataclass(slots=True, eq=False)
-class Attempt:
-    """A routed flow whose head answered: measured as it streams, recorded at its end."""
+class RelayedAnswer:
+    """A routed flow whose head answered: measured (chat.attempts' Measurement, clamps and
+    all) as it streams, recorded at its end."""
 
     decision: Decision
-    start: float  # perf_counter when the attempt was sent
+    measurement: Measurement
     parked: Parked
     ticket: str
     meter: TokenMeter
-    first: float | None = None
-    last: float | None = None
+    attempts: Attempts  # the request's: it records the outcome
     client_error: bool = False  # a 4xx: the client's own mistake, no sample
 
     def chunk(self, data: bytes) -> bytes:
         """flow.response.stream: pass the chunk on, noting time and tokens."""
+        m = self.measurement
         now = time.perf_counter()
         if data:
-            if self.first is None:
-                self.first = now
+            if m.first is None:
+                m.first = now
             self.meter.feed(data)
-        self.last = now
+        m.last = now
         return data
 
     def outcome(self, error: ErrorKind | Literal[""]) -> Outcome:
         """What the router records: tokens over forwarding-to-last-byte, TTFB apart."""
-        last = self.last if self.last is not None else time.perf_counter()
-        first = self.first if self.first is not None else last
-        return Outcome(self.meter.completion_tokens, last - self.start, first - self.start,
-                       error)
+        return self.measurement.outcome(error)
 
 
-class ClientGone(Exception):
+class ClientGone(MeshRouteError):
     """The client closed its connection while the addon waited for a head."""
 
 
@@ -96,11 +95,6 @@ def is_local(host: str, own: frozenset[str]) -> bool:
     return is_loopback_host(host) or host in UNSPECIFIED or host in own
 
 
-def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-               for k, v in headers)
-
-
 def forwarded_headers(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The client's headers a head may see: no credentials, hop-by-hop or x-meshroute-*."""
     return [(k, v) for k, v in fields if k.lower().decode("latin-1") not in NOT_FORWARDED
@@ -113,8 +107,7 @@ def plan_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
             (H_MODE.encode(), decision.mode.encode())]
 
 
-def answer_error(flow: http.HTTPFlow, status: int, message: str, code: str,
-                  **extra: Any) -> None:
+def answer_error(flow: http.HTTPFlow, answer: ErrorAnswer) -> None:
     """Answer the client with an OpenAI-style JSON error instead of forwarding."""
-    flow.response = http.Response.make(status, error_body(status, message, code, **extra),
+    flow.response = http.Response.make(answer.status, answer.body(),
                                        {"content-type": "application/json"})

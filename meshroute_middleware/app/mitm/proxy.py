@@ -34,6 +34,7 @@ import random
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mitmproxy import exceptions, http
@@ -45,37 +46,37 @@ from meshroute_middleware.app.mitm.flows import (
     CREDENTIALS,
     H_MODE,
     H_ROUTE,
-    Attempt,
     ClientGone,
+    RelayedAnswer,
     answer_error,
     forwarded_headers,
     is_chat,
     is_local,
-    is_sse,
     plan_headers,
     unless_client_leaves,
 )
 from meshroute_middleware.app.mitm.relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
 from meshroute_middleware.app.mitm.side import SideServer, build_side_app
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
+from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement
+from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core import (
     Decision,
     InvalidPinError,
+    MeshRouteError,
     NoRouteError,
-    Outcome,
     Router,
     UnknownModelError,
 )
-from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import (
     AiohttpForwarder,
     Forwarder,
     ForwardError,
     UpstreamResponse,
 )
-from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
 from meshroute_middleware.http.guard import host_matches, host_of, machine_names
-from meshroute_middleware.http.request import RequestError, parse_chat
+from meshroute_middleware.http.request import ChatRequest, parse_chat
 from meshroute_middleware.mesh import Mesh
 from meshroute_middleware.telemetry.metrics import Telemetry
 
@@ -100,7 +101,7 @@ class MeshRouteAddon:
         self.side: SideServer | None = None
         self._forwarder = forwarder
         self.ready = asyncio.Event()  # set once the side server listens
-        self._attempts: dict[str, Attempt] = {}  # flow id -> its streaming attempt
+        self._attempts: dict[str, RelayedAnswer] = {}  # flow id -> its streaming answer
         self.chat_hosts: tuple[str, ...] = ()  # hosts whose chat traffic is routed; () all
         self._own = machine_names()  # this machine's names and addresses
 
@@ -179,8 +180,8 @@ class MeshRouteAddon:
         declared = flow.request.headers.get("content-length", "")
         limit = self.settings.max_body_bytes
         if declared.isdigit() and int(declared) > limit:
-            answer_error(flow, 413, f"request body exceeds the limit of {limit} bytes",
-                         "request_too_large")
+            answer_error(flow, ErrorAnswer.of(RequestError(
+                413, f"request body exceeds the limit of {limit} bytes", "request_too_large")))
 
     async def request(self, flow: http.HTTPFlow) -> None:
         """Route a chat request: choose, open the head's answer with fallback, relay it."""
@@ -189,15 +190,15 @@ class MeshRouteAddon:
         try:
             body = flow.request.get_content(strict=True) or b""
         except ValueError:  # an undecodable Content-Encoding
-            answer_error(flow, 400, "request body cannot be decoded", "invalid_request")
+            answer_error(flow, ErrorAnswer.of(RequestError(
+                400, "request body cannot be decoded", "invalid_request")))
             return
         try:
             await self._route(flow, body)
         except Exception:  # a bug of ours: a JSON error, never the flow sent on unrouted
             log.exception("meshroute: internal error while routing a chat request")
             if flow.id not in self._attempts:
-                answer_error(flow, 500, "internal error in meshroute; see the proxy log",
-                             "internal_error")
+                answer_error(flow, INTERNAL_ERROR)
 
     def _routes(self, flow: http.HTTPFlow) -> bool:
         """Whether this flow is a chat request the addon may route (`meshroute_chat_hosts`:
@@ -212,15 +213,12 @@ class MeshRouteAddon:
                                    f"{self.settings.max_body_bytes} bytes", "request_too_large")
             req = parse_chat(body)
             decision = self._decide(req.model, req.pin, req.max_tokens)
-        except RequestError as exc:
-            answer_error(flow, exc.status, str(exc), exc.code)
+        except (RequestError, NoRouteError) as exc:
+            answer_error(flow, ErrorAnswer.of(exc))
             return
         except _PassThrough:
             return
-        except NoRouteError as exc:
-            answer_error(flow, 503, str(exc), "no_route_available", routes=exc.reasons)
-            return
-        await self._open(flow, req.body, req.model, decision)
+        await self._open(flow, req, decision)
 
     def _decide(self, model: str, pin: list[str] | None, max_tokens: int | None) -> Decision:
         assert self.router is not None
@@ -234,122 +232,122 @@ class MeshRouteAddon:
         except InvalidPinError as exc:
             raise RequestError(400, str(exc), "invalid_route") from exc
 
-    async def _open(self, flow: http.HTTPFlow, body: bytes, model: str,
-                    first: Decision) -> None:
-        """Walk the ranked routes until a head answers its status line; relay that answer."""
-        assert self.telemetry is not None
+    async def _open(self, flow: http.HTTPFlow, req: ChatRequest, first: Decision) -> None:
+        """Walk the ranked routes (chat.attempts' lifecycle and deadline) until a head
+        answers its status line; relay that answer, or say why none did."""
+        assert self.router is not None and self.telemetry is not None
+        assert self.settings is not None
+        attempts = Attempts(self.router, self.telemetry, req.model, req.max_tokens,
+                            self.settings.request_timeout_s)
+        pending = _Pending(flow, req.body, forwarded_headers(flow.request.headers.fields),
+                           attempts)
         self.telemetry.in_flight += 1
         try:
-            await self._attempts_for(flow, body, model, first)
+            _, failed = await attempts.run(first, self._attempt, pending)
+            if failed is not None:
+                answer_error(flow, attempts.exhausted(failed))
+        except ClientGone:
+            pass  # it says nothing about the route: cancelled below
         finally:
             if flow.id not in self._attempts:  # answered already (an error) or abandoned
                 self.telemetry.in_flight -= 1
+                attempts.close()
 
-    async def _attempts_for(self, flow: http.HTTPFlow, body: bytes, model: str,
-                            first: Decision) -> None:
-        assert self.router is not None and self.telemetry is not None
+    async def _attempt(self, decision: Decision, m: Measurement,
+                       pending: _Pending) -> Failed | None:
+        """One attempt at `decision`'s head, within the request's deadline."""
         assert self._forwarder is not None
-        headers = forwarded_headers(flow.request.headers.fields)
-        failures: dict[str, str] = {}
-        kinds: list[ErrorKind] = []
-        decision: Decision | None = first
-        while decision is not None:
-            self.telemetry.decided(decision)
-            start = time.perf_counter()
-            try:
-                upstream = await unless_client_leaves(flow, self._forwarder.open(
-                    decision.route.head.url + CHAT_PATH, body,
-                    headers + plan_headers(decision)))
-            except ClientGone:
-                self.router.cancel(decision)  # it says nothing about the route
-                return
-            except ForwardError as exc:
-                self._finish(decision, Outcome(0, time.perf_counter() - start, 0.0, exc.kind))
-                failures[decision.signature] = str(exc)
-                kinds.append(exc.kind)
-                decision = self.router.fallback(decision)
-                continue
-            except BaseException:
-                self.router.cancel(decision)
-                raise
-            self._relay(flow, decision, upstream, start, failures)
-            return
-        rate_limited = bool(kinds) and all(k == "http_429" for k in kinds)
-        status, code = (429, "rate_limited") if rate_limited else (503, "no_route_available")
-        answer_error(flow, status, f"every route for {model!r} failed before its first byte",
-                     code, routes=failures)
+        try:
+            async with asyncio.timeout_at(pending.attempts.deadline):
+                upstream = await unless_client_leaves(pending.flow, self._forwarder.open(
+                    decision.route.head.url + CHAT_PATH, pending.body,
+                    pending.headers + plan_headers(decision)))
+        except ForwardError as exc:
+            return Failed(exc.kind, str(exc))
+        except TimeoutError:
+            return Failed("timeout", "no answer within the request's deadline")
+        self._relay(pending, decision, upstream, m)
+        return None
 
-    def _relay(self, flow: http.HTTPFlow, decision: Decision, upstream: UpstreamResponse,
-               start: float, failures: dict[str, str]) -> None:
+    def _relay(self, pending: _Pending, decision: Decision, upstream: UpstreamResponse,
+               m: Measurement) -> None:
         """Point the flow at the relay, which streams the opened answer."""
         assert self.side is not None and self.router is not None
-        streaming = is_sse(upstream.headers)
-        parked = Parked(upstream, streaming)
-        attempt = Attempt(decision, start, parked, self.relay.park(parked),
-                          TokenMeter(streaming), client_error=400 <= upstream.status < 500)
-        if attempt.client_error:
+        flow = pending.flow
+        parked = Parked(upstream, is_sse(upstream.headers), deadline=pending.attempts.deadline)
+        answer = RelayedAnswer(decision, m, parked, self.relay.park(parked),
+                               m.answer(upstream.headers), pending.attempts,
+                               client_error=400 <= upstream.status < 500)
+        if answer.client_error:
             self.router.cancel(decision)  # the client's own mistake says nothing of the route
-        self._attempts[flow.id] = attempt
+        self._attempts[flow.id] = answer
         req = flow.request
         for name in CREDENTIALS:  # never kept in the flow either, nor sent to the relay
             req.headers.pop(name, None)
         for key, value in plan_headers(decision):
             req.headers[key.decode()] = value.decode()
-        req.headers[TICKET_HEADER.decode()] = attempt.ticket
+        req.headers[TICKET_HEADER.decode()] = answer.ticket
         req.scheme, req.host, req.port = "http", "127.0.0.1", self.side.port
         req.path = RELAY_PATH
+        failures = pending.attempts.failures or {}
         flow.metadata["meshroute"] = {
             "signature": decision.signature, "mode": decision.mode,
             "attempt": decision.attempt, "head": decision.route.head.url,
-            "passed_over": failures}
+            "passed_over": {sig: f.reason for sig, f in failures.items()}}
 
     # -- response ---------------------------------------------------------------------
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         """Stream a routed answer through the meter; tell the client the route and mode."""
-        attempt = self._attempts.get(flow.id)
-        if attempt is None or flow.response is None:
+        answer = self._attempts.get(flow.id)
+        if answer is None or flow.response is None:
             return
-        flow.response.stream = attempt.chunk
+        flow.response.stream = answer.chunk
         headers = flow.response.headers
         for name in [k for k in headers if k.lower().startswith("x-meshroute-")]:
             headers.pop(name, None)
-        headers[H_ROUTE] = attempt.decision.signature
-        headers[H_MODE] = attempt.decision.mode
+        headers[H_ROUTE] = answer.decision.signature
+        headers[H_MODE] = answer.decision.mode
 
     def response(self, flow: http.HTTPFlow) -> None:
         """The routed answer ended: record it."""
-        attempt = self._pop(flow)
-        if attempt is None or attempt.client_error:
+        answer = self._pop(flow)
+        if answer is None or answer.client_error:
             return
-        if not attempt.parked.fetched:  # the ticket expired first: our delay, not the route's
+        if not answer.parked.fetched:  # the ticket expired first: our delay, not the route's
             assert self.router is not None
-            self.router.cancel(attempt.decision)
+            self.router.cancel(answer.decision)
             return
-        self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
+        answer.attempts.record(answer.decision, answer.outcome(answer.parked.error))
 
     def error(self, flow: http.HTTPFlow) -> None:
         """The flow failed: its client left, or the relay broke. Settle the attempt."""
-        attempt = self._pop(flow)
-        if attempt is None:
+        answer = self._pop(flow)
+        if answer is None:
             return
-        self.relay.discard(attempt.ticket)
-        attempt.parked.close()
+        self.relay.discard(answer.ticket)
+        answer.parked.close()
         assert self.router is not None
-        if attempt.first is None or attempt.client_error:
-            self.router.cancel(attempt.decision)  # nothing delivered: nothing learned
+        if answer.measurement.first is None or answer.client_error:
+            self.router.cancel(answer.decision)  # nothing delivered: nothing learned
             return
-        self._finish(attempt.decision, attempt.outcome(attempt.parked.error))
+        answer.attempts.record(answer.decision, answer.outcome(answer.parked.error))
 
-    def _pop(self, flow: http.HTTPFlow) -> Attempt | None:
-        attempt = self._attempts.pop(flow.id, None)
-        if attempt is not None and self.telemetry is not None:
+    def _pop(self, flow: http.HTTPFlow) -> RelayedAnswer | None:
+        answer = self._attempts.pop(flow.id, None)
+        if answer is not None and self.telemetry is not None:
             self.telemetry.in_flight -= 1
-        return attempt
-
-    def _finish(self, decision: Decision, outcome: Outcome) -> None:
-        assert self.router is not None and self.telemetry is not None
-        self.telemetry.finished(decision, outcome, self.router.record(decision, outcome))
+        return answer
 
 
-class _PassThrough(Exception):
+class _PassThrough(MeshRouteError):
     """A chat request for a model the mesh does not serve: leave it to its upstream."""
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A chat flow waiting for a head: what each of its attempts sends."""
+
+    flow: http.HTTPFlow
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+    attempts: Attempts

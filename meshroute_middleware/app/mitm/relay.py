@@ -38,6 +38,7 @@ class Parked:
     streaming: bool
     error: ErrorKind | Literal[""] = ""  # "stream" when the head failed mid-body
     fetched: bool = False  # mitmproxy came for it
+    deadline: float = float("inf")  # the request's deadline (a loop time): cut there
     expiry: asyncio.TimerHandle | None = None
 
     def close(self) -> None:
@@ -102,13 +103,19 @@ class Relay:
         await send({"type": "http.response.start", "status": up.status,  # as the gateway's
                     "headers": node_headers(up.headers)})
         try:
-            async for chunk in up.chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async with asyncio.timeout_at(parked.deadline):  # one timer for the whole body
+                async for chunk in up.chunks():
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
         except ForwardError as exc:
             parked.error = exc.kind
+        except TimeoutError:
+            parked.error = "timeout"
         tail = b""
         if parked.error and parked.streaming:
-            tail = sse_error_event("the route's head failed mid-stream; partial response")
+            tail = sse_error_event("the route's head failed mid-stream; partial response"
+                                   if parked.error != "timeout" else "the request's deadline "
+                                   "ran out; partial response")
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 

@@ -20,7 +20,7 @@ from .limits import MAX_ID_CHARS
 
 PLAN_HEADER: Final = "x-meshroute-plan"  # the hops (this module)
 ROUTE_HEADER: Final = "x-meshroute-route"  # the route signature
-MODE_HEADER: Final = "x-meshroute-mode"  # the decision mode (kinds.Mode)
+MODE_HEADER: Final = "x-meshroute-mode"  # the decision mode (kinds.DecisionMode)
 MAX_PLAN_HOPS: Final = 64
 MAX_PLAN_CHARS: Final = 16_384
 MAX_URL_CHARS: Final = 2048  # as topology.parse_node

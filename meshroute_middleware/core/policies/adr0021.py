@@ -6,8 +6,14 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, Mode
-from .base import Arm, Outcome, best_prior, least_measured, weighted_index
+from ..kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, DecisionMode
+from .base import (
+    Arm,
+    Outcome,
+    best_prior,
+    least_measured,
+    weighted_index,
+)
 
 
 class Adr0021Policy:
@@ -19,7 +25,8 @@ class Adr0021Policy:
         self.explore_share = explore_share
         self.weight_alpha = weight_alpha
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Pick an arm as ADR-0021 does."""
         proven = [i for i, a in enumerate(arms) if a.view.status == PROVEN]
         if not proven:

@@ -18,14 +18,14 @@ from ..kinds import (
     PROVEN,
     SCOUT,
     STALE,
+    DecisionMode,
     ErrorKind,
-    Mode,
 )
 from ..routes import Route
 from ..stats import UNSAMPLED_VIEW, Curve, MergedRoute, RouteView
 
 __all__ = [
-    "EXPLOIT", "FALLBACK", "GREEDY", "PINNED", "SCOUT", "Arm", "Mode", "Outcome", "Policy",
+    "EXPLOIT", "FALLBACK", "GREEDY", "PINNED", "SCOUT", "Arm", "DecisionMode", "Outcome", "Policy",
     "best_prior", "least_measured", "measured_tps", "weighted_index",
 ]
 
@@ -137,7 +137,8 @@ class Policy(Protocol):
         """The name the policy is selected by (a class or instance attribute will do)."""
         ...
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Return (index into arms, mode)."""
         ...
 

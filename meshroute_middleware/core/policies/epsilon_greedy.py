@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..kinds import EXPLOIT, GREEDY, SCOUT, Mode
+from ..kinds import EXPLOIT, GREEDY, SCOUT, DecisionMode
 from .base import Arm, Outcome, best_prior, measured_tps
 
 EPSILON = 0.1  # the textbook epsilon-greedy rate (Sutton & Barto, ch. 2)
@@ -20,7 +20,8 @@ class EpsilonGreedyPolicy:
     def __init__(self, epsilon: float = EPSILON) -> None:
         self.epsilon = epsilon
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Explore uniformly, or exploit the best measured arm (best prior before any)."""
         if rng.random() < self.epsilon:
             return rng.randrange(len(arms)), SCOUT

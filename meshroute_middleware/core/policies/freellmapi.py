@@ -7,10 +7,10 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..kinds import EXPLOIT, Mode
+from ..kinds import EXPLOIT, DecisionMode
 from .base import Arm, Outcome, measured_tps
 
-# FreeLLMAPI published constants (DESIGN.md "Multi-objective scoring"): balanced preset.
+# FreeLLMAPI published constants (its multi-objective scoring): the balanced preset.
 W_RELIABILITY, W_SPEED, W_INTELLIGENCE = 0.5, 0.25, 0.25
 SPEED_TPS_SCALE = 60.0  # speed = 1 - exp(-tps / 60)
 SPEED_PRIOR = 0.6  # speed score without data
@@ -40,7 +40,8 @@ class ScorePolicy:
 
     name: ClassVar[str] = "freellmapi"
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Draw reliability per arm and take the best convex score."""
         best, best_score = 0, -math.inf
         for i, arm in enumerate(arms):

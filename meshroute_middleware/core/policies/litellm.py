@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..kinds import EXPLOIT, SCOUT, TIMEOUT, Mode
+from ..kinds import EXPLOIT, SCOUT, TIMEOUT, DecisionMode
 from .base import Arm, Outcome
 
 LITELLM_WINDOW = 10  # LiteLLM lowest_latency: keeps the last 10 latencies per deployment
@@ -30,7 +30,8 @@ class LowestLatencyPolicy:
         self.window = window
         self._latency: dict[str, deque[float]] = {}
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """The first untried arm, else the lowest mean seconds per token."""
         best, best_s = 0, math.inf
         for i, arm in enumerate(arms):

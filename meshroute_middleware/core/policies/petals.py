@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..kinds import GREEDY, Mode
+from ..kinds import GREEDY, DecisionMode
 from .base import Arm, Outcome
 
 
@@ -28,7 +28,8 @@ class PetalsPolicy:
 
     name: ClassVar[str] = "petals"
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """The arm with the smallest advertised seconds per token."""
         costs = [advertised_seconds_per_token(a) for a in arms]
         return costs.index(min(costs)), GREEDY

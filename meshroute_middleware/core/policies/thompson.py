@@ -24,9 +24,29 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ..kinds import DECAYED, PROVEN, STALE
-from ..saturation import CURVES, G_TABLE, MAX_TABULATED, REFIT_SHARE, CurveBelief, g_at
-from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
-from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
+from ..saturation import (
+    CURVES,
+    G_TABLE,
+    MAX_TABULATED,
+    REFIT_SHARE,
+    CurveBelief,
+    g_at,
+)
+from ..stats import (
+    HALF_LIFE_S,
+    LN2,
+    MIN_SAMPLE_TOKENS,
+    Curve,
+    decay_factor,
+)
+from .base import (
+    EXPLOIT,
+    GREEDY,
+    SCOUT,
+    Arm,
+    DecisionMode,
+    Outcome,
+)
 from .lengths import AnswerLengths
 
 if TYPE_CHECKING:
@@ -182,7 +202,7 @@ class ThompsonPolicy:
     name: ClassVar[str] = "thompson"
 
     def __init__(self, half_life_s: float = HALF_LIFE_S * BELIEF_HALF_LIFE_FACTOR,
-                 min_sample_tokens: int = 8) -> None:
+                 min_sample_tokens: int = MIN_SAMPLE_TOKENS) -> None:
         self.half_life_s = half_life_s  # of this policy's own beliefs
         self.min_sample_tokens = min_sample_tokens
         self._beliefs: dict[str, ArmBelief] = {}
@@ -200,11 +220,8 @@ class ThompsonPolicy:
         """The policy for a router config (beliefs forget slower than the shared stats)."""
         return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens)
 
-    def belief(self, signature: str) -> ArmBelief | None:
-        """The posterior statistics of one route, if it was ever observed."""
-        return self._beliefs.get(signature)
-
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """Try an untried arm first (best prior first; "greedy-fallback" while nothing at all
         is known, as ADR-0021); otherwise draw a curve and a reliability per arm and take the
         largest net goodput at the arm's current in-flight count."""
@@ -328,8 +345,7 @@ class ThompsonPolicy:
         curves' s1, geometric mean over their posterior), for display; None before its first
         tps sample. Unlike the shared decayed mean (ADR-0021), it moves as soon as a change is
         detected. The posterior mean, not the best fit: while the samples cannot tell the
-        curves apart (one concurrency seen, say) the best fit is an arbitrary one of them, and
-        a display of it jumped (230 tok/s for a route answering at 60 at four in flight)."""
+        curves apart (one concurrency seen, say) the best fit is an arbitrary one of them."""
         belief = self._beliefs.get(signature)
         if belief is None or belief.curve.mass <= 0.0:
             return None

@@ -11,15 +11,35 @@ from .config import (
     Routing,
     parse_providers_config,
 )
-from .exhaustion import Exhaustion, PassedOver, attempt_reason, soonest_reset
-from .keys import KeyGates, Refusal, Reservation, parse_retry_after
-from .router import Attempt, ProviderRouter, Scored, StateRestoreError
-from .scoring import OutcomeKind, RouteStats, Weights, classify_status
+from .exhaustion import (
+    Exhaustion,
+    PassedOver,
+    attempt_reason,
+    soonest_reset,
+)
+from .keys import (
+    KeyGates,
+    Refusal,
+    Reservation,
+    parse_retry_after,
+)
+from .router import (
+    ChainAttempt,
+    ProviderRouter,
+    Scored,
+    StateRestoreError,
+)
+from .scoring import (
+    OutcomeKind,
+    RouteStats,
+    Weights,
+    classify_status,
+)
 from .tokens import TokenEstimate, estimate
 
 __all__ = [
-    "Attempt",
     "Candidate",
+    "ChainAttempt",
     "Exhaustion",
     "InvalidModelError",
     "KeyGates",

@@ -75,7 +75,7 @@ class Scored:
 
 
 @dataclass(frozen=True, slots=True)
-class Attempt:
+class ChainAttempt:
     """A route taken: for a provider route, the key (1-based) and its reservation."""
 
     candidate: Candidate
@@ -155,7 +155,7 @@ class ProviderRouter:
     # -- taking a route -------------------------------------------------------------------
 
     def acquire(self, candidate: Candidate, tokens: int, now: float, *,
-                context_tokens: int | None = None) -> Attempt | list[PassedOver]:
+                context_tokens: int | None = None) -> ChainAttempt | list[PassedOver]:
         """Take the candidate: a key that passes its gates (reserved), or why none does.
 
         `tokens`: what to reserve against the key's limits (`TokenEstimate.reserve`);
@@ -164,31 +164,31 @@ class ProviderRouter:
         """
         early = self.admit(candidate, tokens, context_tokens)
         if early is not None or candidate.provider is None or candidate.model is None:
-            return early or Attempt(candidate)
+            return early or ChainAttempt(candidate)
         return self.taken(candidate, *self.gates.take(candidate.provider, candidate.model,
                                                       tokens, now))
 
     def admit(self, candidate: Candidate, tokens: int,
-              context_tokens: int | None = None) -> Attempt | list[PassedOver] | None:
+              context_tokens: int | None = None) -> ChainAttempt | list[PassedOver] | None:
         """What `acquire` decides before the key gates: passed over for `context`, a mesh
         route taken; None when a provider key must be taken (`KeyGates.take`)."""
         need = tokens if context_tokens is None else context_tokens
         if candidate.context is not None and need > candidate.context:
             return [PassedOver(candidate.route, "context")]
         if candidate.provider is None or candidate.model is None:
-            return Attempt(candidate)
+            return ChainAttempt(candidate)
         return None
 
     @staticmethod
     def taken(candidate: Candidate, reservation: Reservation | None,
-              refused: list[tuple[int, Refusal]]) -> Attempt | list[PassedOver]:
+              refused: list[tuple[int, Refusal]]) -> ChainAttempt | list[PassedOver]:
         """The attempt of a key the gates took, or why each key was refused."""
         if reservation is None:
             return [PassedOver(key_route(candidate.route, k), r.reason, r.until)
                     for k, r in refused]
-        return Attempt(candidate, reservation.key, reservation)
+        return ChainAttempt(candidate, reservation.key, reservation)
 
-    def record(self, attempt: Attempt, kind: OutcomeKind, now: float, *,
+    def record(self, attempt: ChainAttempt, kind: OutcomeKind, now: float, *,
                reason: str | None = None, used_tokens: int | None = None,
                tokens_per_s: float | None = None, ttfb_ms: float | None = None,
                retry_after_s: float | None = None,
@@ -223,7 +223,7 @@ class ProviderRouter:
             return None
         return PassedOver(route, reason or "http_5xx")
 
-    def key_refused(self, attempt: Attempt, status: int, now: float) -> PassedOver:
+    def key_refused(self, attempt: ChainAttempt, status: int, now: float) -> PassedOver:
         """A 401 or 403 for the attempt's key: the key leaves rotation (`KeyGates.revoke`),
         nothing of the reservation counts as spent, and the route's statistics are untouched
         (the key is at fault, not the route). The PassedOver to report; acquiring the same

@@ -1,4 +1,4 @@
-"""Multi-objective route scoring (the FreeLLMAPI seed, constants from DESIGN.md §3).
+"""Multi-objective route scoring (the FreeLLMAPI seed and its published constants).
 
 score = convex(weights; reliability, speed, intelligence, price) × headroom × rate-limit factor.
 Every axis is on a FIXED scale in [0, 1], so adding a model to a chain never moves the scores of
@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from enum import Enum
 
-# -- constants (seed / DESIGN.md "Multi-objective scoring") ------------------------------------
+# -- constants (the FreeLLMAPI seed's multi-objective scoring) --------------------------------
 PRIOR_OK = 1.0  # Beta(1, 1) prior on reliability
 PRIOR_FAIL = 1.0
 SPEED_PRIOR = 0.6  # speed score of a route with no measurement yet
@@ -51,7 +51,7 @@ class Weights:
     price: float = 0.0
 
 
-# DESIGN.md presets (reliability/speed/intelligence). `cheapest` is ours: price dominates, so a
+# FreeLLMAPI's presets (reliability/speed/intelligence). `cheapest` is ours: price dominates, so a
 # free route outranks a $1/M one even when the free one has failed every time and the paid one
 # never (0.7·(1 − 0.5) = 0.35 > 0.2 + 0.05 + 0.05); reliability still separates routes of the
 # same price, and speed and tier break the remaining ties.

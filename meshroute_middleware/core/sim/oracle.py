@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from ..policies import EXPLOIT, Arm, Mode, Outcome
+from ..policies import EXPLOIT, Arm, DecisionMode, Outcome
 from ..routes import Route
 from .model import NodeSpec
 
@@ -37,7 +37,8 @@ class OraclePolicy:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
 
-    def choose(self, arms: Sequence[Arm], now: float, rng: random.Random) -> tuple[int, Mode]:
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
         """The arm whose route scores best for the current request."""
         req = self.sim.current
         tokens = req.tokens if req is not None else 1

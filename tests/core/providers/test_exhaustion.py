@@ -16,7 +16,7 @@ from meshroute_middleware.core.providers.exhaustion import (
     exhaustion,
     soonest_reset,
 )
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 
 from .conftest import MESH, T0
@@ -71,7 +71,7 @@ def test_a_mesh_route_fails_over_to_a_provider_and_back(cfg: ProvidersConfig) ->
     served, ex, tried = None, None, []
     for scored in router.rank(res, T0, pinned=pin):
         got = router.acquire(scored.candidate, 10, T0)
-        assert isinstance(got, Attempt)
+        assert isinstance(got, ChainAttempt)
         tried.append(got.route)
         over = (router.record(got, OutcomeKind.FAILURE, T0, reason="connect")
                 if got.key is None else router.record(got, OutcomeKind.SUCCESS, T0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import meshroute_middleware.core.providers as providers
 
 EXPORTS = {
-    "Attempt", "Candidate", "Exhaustion", "InvalidModelError", "KeyGates", "Limits",
+    "ChainAttempt", "Candidate", "Exhaustion", "InvalidModelError", "KeyGates", "Limits",
     "OutcomeKind", "PassedOver", "Profile", "Provider", "ProviderConfigError", "ProviderModel",
     "ProviderRouter", "ProvidersConfig", "Refusal", "Reservation", "Resolution", "RouteStats",
     "Routing", "Scored", "Sessions", "StateRestoreError", "TokenEstimate", "Weights",

@@ -13,7 +13,11 @@ from meshroute_middleware.core.providers.chain import Candidate
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import COOLDOWN_LADDER_S
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter, StateRestoreError
+from meshroute_middleware.core.providers.router import (
+    ChainAttempt,
+    ProviderRouter,
+    StateRestoreError,
+)
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 
 from .conftest import MESH, T0, doc
@@ -30,7 +34,7 @@ def candidate(router: ProviderRouter, route: str) -> Candidate:
 def serve(router: ProviderRouter, route: str, now: float, kind: OutcomeKind, **kw: object) -> (
         PassedOver | None):
     got = router.acquire(candidate(router, route), 100, now)
-    assert isinstance(got, Attempt), got
+    assert isinstance(got, ChainAttempt), got
     return router.record(got, kind, now, **kw)  # type: ignore[arg-type]
 
 
@@ -144,10 +148,10 @@ def test_acquire_round_robins_keys_and_passes_mesh_routes_through(cfg: Providers
     router = ProviderRouter(cfg)
     big = candidate(router, "fastco/big-model")
     attempts = [router.acquire(big, 10, T0) for _ in range(3)]
-    assert [a.route for a in attempts if isinstance(a, Attempt)] == [
+    assert [a.route for a in attempts if isinstance(a, ChainAttempt)] == [
         "fastco/big-model#1", "fastco/big-model#2", "fastco/big-model#1"]
     qwen = router.acquire(candidate(router, "qwen"), 10, T0)
-    assert qwen == Attempt(candidate(router, "qwen")) and qwen.route == "qwen"
+    assert qwen == ChainAttempt(candidate(router, "qwen")) and qwen.route == "qwen"
 
 
 def test_a_request_over_the_context_is_passed_over(cfg: ProvidersConfig) -> None:
@@ -167,7 +171,7 @@ def test_record_a_429_cools_the_key_and_penalises_the_route(cfg: ProvidersConfig
                         T0).rate_limit == pytest.approx(1 - 0.6 * 6 / 10)
     assert router.clear("fastco/big-model") == 2
     assert router.stats["fastco/big-model"].penalty_now(T0) == 0.0
-    assert isinstance(router.acquire(candidate(router, "fastco/big-model"), 1, T0), Attempt)
+    assert isinstance(router.acquire(candidate(router, "fastco/big-model"), 1, T0), ChainAttempt)
 
 
 @pytest.mark.parametrize("reason", ["http_5xx", "timeout", "connect"])
@@ -192,7 +196,7 @@ def test_success_settles_usage_into_the_monthly_headroom(cfg: ProvidersConfig) -
     big = candidate(router, "fastco/big-model")
     for key_tokens in (4_600_000, 4_600_000):  # both keys above 80 % of 5M
         got = router.acquire(big, 10, T0)
-        assert isinstance(got, Attempt)
+        assert isinstance(got, ChainAttempt)
         router.record(got, OutcomeKind.SUCCESS, T0, used_tokens=key_tokens)
     headroom = router.score(big, "balanced", T0).headroom
     assert headroom == pytest.approx(0.1 + 0.9 * 0.08 / 0.2)
@@ -315,18 +319,18 @@ def test_a_refused_key_leaves_rotation_and_blames_not_the_route(cfg: ProvidersCo
     router = ProviderRouter(cfg)
     big = candidate(router, "fastco/big-model")
     got = router.acquire(big, 100, T0)
-    assert isinstance(got, Attempt) and got.key == 1
+    assert isinstance(got, ChainAttempt) and got.key == 1
     assert router.key_refused(got, status, T0) == PassedOver("fastco/big-model#1",
                                                              f"http_{status}")
     assert "fastco/big-model" not in router.stats  # no failure of the route
     for _ in range(3):  # the next requests take key 2 only
         again = router.acquire(big, 100, T0 + 1)
-        assert isinstance(again, Attempt) and again.key == 2
+        assert isinstance(again, ChainAttempt) and again.key == 2
     keys = router.chain_view(router.resolve("fastco/big-model", MESH), T0)["chain"][0]["keys"]
     assert keys[0] == {"key": 1, "state": "revoked", "until": None, "reason": f"http_{status}",
                        "limits": "local"}
     huge = router.acquire(candidate(router, "fastco/huge-model"), 100, T0)
-    assert isinstance(huge, Attempt) and huge.key == (2 if status == 401 else 1)
+    assert isinstance(huge, ChainAttempt) and huge.key == (2 if status == 401 else 1)
     assert router.clear("fastco/big-model#1") == 1
     back = [router.acquire(big, 100, T0 + 2) for _ in range(2)]
-    assert {a.key for a in back if isinstance(a, Attempt)} == {1, 2}
+    assert {a.key for a in back if isinstance(a, ChainAttempt)} == {1, 2}

@@ -1,4 +1,4 @@
-"""Scoring axes and factors at the published constants (DESIGN.md §3), table-driven."""
+"""Scoring axes and factors at the FreeLLMAPI seed's published constants, table-driven."""
 
 from __future__ import annotations
 

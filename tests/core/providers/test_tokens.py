@@ -8,7 +8,7 @@ import pytest
 
 from meshroute_middleware.core.providers.config import parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import PassedOver
-from meshroute_middleware.core.providers.router import Attempt, ProviderRouter
+from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.tokens import (
     DEFAULT_COMPLETION_TOKENS,
     TokenEstimate,
@@ -48,5 +48,5 @@ def test_acquire_checks_the_context_against_the_need_not_the_reservation() -> No
     cand = router.resolve("p/m", ()).candidates[0]
     est = TokenEstimate(90, None)  # fits; the default reservation (346) would not
     assert isinstance(router.acquire(cand, est.reserve, 0.0, context_tokens=est.context_need),
-                      Attempt)
+                      ChainAttempt)
     assert router.acquire(cand, est.reserve, 0.0) == [PassedOver("p/m", "context")]

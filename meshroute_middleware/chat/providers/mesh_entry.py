@@ -1,0 +1,67 @@
+"""A mesh entry of a chain: the mesh Router's own attempts (its bandit across the model's
+shard routes, forward mode's attempt, the request's deadline), reported to the
+ProviderRouter so that the chain ranks mesh and provider routes on the same axes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from meshroute_middleware.chat.attempts import Attempts
+from meshroute_middleware.chat.forward import ForwardMode
+from meshroute_middleware.chat.providers.call import failure_reason
+from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
+from meshroute_middleware.chat.providers.request import ChainRequest
+from meshroute_middleware.chat.providers.tally import TallySend
+from meshroute_middleware.core import NoRouteError, Router, UnknownModelError
+from meshroute_middleware.core.providers.exhaustion import PassedOver
+from meshroute_middleware.core.providers.router import ChainAttempt
+from meshroute_middleware.core.providers.scoring import OutcomeKind
+from meshroute_middleware.http.request import ChatRequest, answer_bound
+from meshroute_middleware.telemetry.metrics import Telemetry
+
+
+class MeshEntry:
+    """Runs a chain's mesh entries."""
+
+    def __init__(self, router: Router, telemetry: Telemetry, forward: ForwardMode,
+                 outcomes: ChainOutcomes) -> None:
+        self.router, self.telemetry, self.forward = router, telemetry, forward
+        self.outcomes = outcomes
+
+    async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
+        """The mesh model's attempts; None once answered, else why it was passed over."""
+        model = got.candidate.route
+        bound = answer_bound(cr.payload)
+        try:
+            decision = self.router.choose(model, None, bound)
+        except (UnknownModelError, NoRouteError):
+            return self.outcomes.failed(got, "connect", cr.session)
+        first = cr.opened[0]
+        attempts = Attempts(self.router, self.telemetry, model, bound, first.timeout_s,
+                            deadline=first.deadline)
+        cr.opened.append(attempts)
+        ex = cr.ex
+        ex.attempts = attempts
+        ex.req = ChatRequest(json.dumps({**{k: v for k, v in cr.payload.items()
+                                            if k != "route"}, "model": model}).encode(),
+                             model, None, bound)
+        send = ex.send
+        assert isinstance(send, TallySend)
+        sent = time.perf_counter()
+        _, failed = await attempts.run(decision, self.forward.attempt, ex)
+        if failed is not None:
+            return self.outcomes.failed(got, failure_reason(failed.kind), cr.session)
+        if send.status is not None and 400 <= send.status < 500:
+            self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, session=cr.session)
+            return None
+        m = attempts.measured
+        now = time.perf_counter()
+        first_at = m.first if m is not None and m.first is not None else now
+        end = m.last if m is not None and m.last is not None else now
+        tokens = m.meter.completion_tokens if m is not None and m.meter is not None else 0
+        seconds = max(end - sent, 1e-6)  # forwarding to the last byte
+        self.outcomes.record(got, OutcomeKind.SUCCESS,
+                             tokens_per_s=self.outcomes.tps(tokens, seconds),
+                             ttfb_ms=(first_at - sent) * 1000, session=cr.session)
+        return None
