@@ -27,6 +27,7 @@ from meshroute_middleware.app.run import StartupError, serve_gateway
 from meshroute_middleware.app.settings import (
     ServeSettings,
     SettingsError,
+    add_arguments,
     load_settings,
 )
 from meshroute_middleware.app.workers import (
@@ -37,6 +38,7 @@ from meshroute_middleware.state.store import StateStoreError
 from node_agent.serving import ListenError, listen_socket
 
 log = logging.getLogger("meshroute.serve")
+__all__ = ["add_arguments", "run"]  # the subcommand's interface (app/cli.py)
 
 
 

@@ -11,14 +11,16 @@ from meshroute_middleware.app.settings import SettingsError, load_settings
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "providers" / "meshroute.toml"
 
 
-def test_the_example_config_loads_with_its_provider_tables() -> None:
-    settings = load_settings({"config": str(EXAMPLE)}, {})
+def test_the_example_config_loads_with_its_provider_tables(tmp_path: Path) -> None:
+    settings = load_settings({"config": str(EXAMPLE)}, {"XDG_STATE_HOME": str(tmp_path)})
     cfg = settings.providers
     assert cfg is not None
     assert [p.name for p in cfg.providers] == ["fastco", "slowco"]
     assert cfg.routing.chain == ("fastco/big-model", "slowco/small-model", "qwen")
     assert cfg.profile("coding") is not None and cfg.mesh_tier("qwen") == "medium"
-    assert settings.state_file is None and settings.admin_token is None
+    # provider tables keep their quotas and cooldowns in the user's state directory
+    assert settings.state_file == str(tmp_path / "meshroute" / "state.db")
+    assert settings.admin_token is None
 
 
 def test_no_provider_tables_no_provider_config(tmp_path: Path) -> None:
