@@ -28,6 +28,7 @@ from ..saturation import CURVES, G_TABLE, MAX_TABULATED, REFIT_SHARE, CurveBelie
 from ..stats import HALF_LIFE_S, LN2, Curve, decay_factor
 from .base import EXPLOIT, GREEDY, SCOUT, Arm, Mode, Outcome
 from .lengths import AnswerLengths
+from .prefill import KILO, PrefillModel
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -78,6 +79,9 @@ NEIGHBOUR_WEIGHT = 0.5
 # A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
 # at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
 PRIOR_REFIT_LOG = 0.02
+# Answer tokens assumed while a model's answers are unknown (affinity: the time a request
+# spends decoding beside what its prefill costs).
+DEFAULT_ANSWER_TOKENS = 256.0
 
 
 @dataclass(slots=True)
@@ -182,9 +186,14 @@ class ThompsonPolicy:
     name: ClassVar[str] = "thompson"
 
     def __init__(self, half_life_s: float = HALF_LIFE_S * BELIEF_HALF_LIFE_FACTOR,
-                 min_sample_tokens: int = 8) -> None:
+                 min_sample_tokens: int = 8, affinity: bool = True) -> None:
         self.half_life_s = half_life_s  # of this policy's own beliefs
         self.min_sample_tokens = min_sample_tokens
+        # Prefix-cache affinity (issue 26): for a request that carries its prompt's message
+        # chain, the route's expected prefill of the uncached part counts against it, and its
+        # speed samples leave the prefill out. False: today's policy, blind to prompts.
+        self.affinity = affinity
+        self._prefill = PrefillModel()
         self._beliefs: dict[str, ArmBelief] = {}
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
@@ -199,6 +208,16 @@ class ThompsonPolicy:
     def from_config(cls, config: RouterConfig) -> ThompsonPolicy:
         """The policy for a router config (beliefs forget slower than the shared stats)."""
         return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens)
+
+    @classmethod
+    def blind(cls, config: RouterConfig) -> ThompsonPolicy:
+        """The policy as it was before prefix-cache affinity (a benchmark baseline)."""
+        return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens,
+                   affinity=False)
+
+    def prefill_fit(self, model: str, signature: str) -> tuple[float, float]:
+        """(base seconds, prefill seconds per 1,000 uncached tokens) learned for a route."""
+        return self._prefill.fit(model, signature)
 
     def belief(self, signature: str) -> ArmBelief | None:
         """The posterior statistics of one route, if it was ever observed."""
@@ -216,6 +235,10 @@ class ThompsonPolicy:
         drift = DRIFT_VAR_PER_DECISION / max(len(arms) - 1, 1)
         lengths = self._lengths.get(arms[0].route.model) if arms else None
         cost = lengths.weight(arms[0].max_tokens) if lengths is not None else 1.0
+        answer = 0.0  # > 0: score by expected time, prefill included
+        if self.affinity and arms and arms[0].prefix is not None:
+            expected = lengths.expected(arms[0].max_tokens) if lengths is not None else None
+            answer = expected if expected is not None else DEFAULT_ANSWER_TOKENS
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -228,6 +251,8 @@ class ThompsonPolicy:
                 continue
             known = True
             score = self.score(arm, belief, now, rng, decisions, drift, cost)
+            if answer and score > 0.0:
+                score = self.with_prefill(arm, score, answer)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
@@ -283,6 +308,18 @@ class ThompsonPolicy:
         if not n:
             return p * math.exp(log_s1)
         return p * gain(math.exp(log_s1), j, n)
+
+    def with_prefill(self, arm: Arm, score: float, answer_tokens: float) -> float:
+        """A request's delivered tokens/s on the arm, its expected prefill included: the
+        answer's tokens over (prefill of what the route does not hold + decode at `score`)."""
+        prefix = arm.prefix
+        if prefix is None:
+            return score
+        uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
+        prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
+        if prefill <= 0.0:
+            return score
+        return answer_tokens / (prefill + answer_tokens / score)
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:
@@ -354,6 +391,8 @@ class ThompsonPolicy:
         belief.add_result(outcome.ok)
         belief.result_decision = count
         tps = outcome.tps  # the one tokens/s rule: capped at MAX_TPS, None if unmeasurable
+        if self.affinity and outcome.uncached_tokens >= 0 and outcome.ok:
+            tps = self._without_prefill(belief.model, signature, outcome)
         lengths = self._lengths.get(belief.model)
         if lengths is None:
             lengths = self._lengths[belief.model] = AnswerLengths()
@@ -363,8 +402,21 @@ class ThompsonPolicy:
             belief.curve.add(tps, concurrency)
             belief.decision = count
 
+    def _without_prefill(self, model: str, signature: str, outcome: Outcome) -> float | None:
+        """Learn the route's prefill from this request's first token, and its speed with
+        the prefill part left out, so that a route is not thought slow for having received
+        cold prompts (issue 26): at most what the fit says the uncached tokens cost."""
+        uncached, ttfb = outcome.uncached_tokens, outcome.ttfb_s
+        if not 0.0 <= ttfb <= outcome.seconds:
+            return outcome.tps
+        self._prefill.add(model, signature, uncached, ttfb)
+        base, slope = self._prefill.fit(model, signature)
+        prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
+        return outcome._replace(seconds=outcome.seconds - prefill).tps
+
     def _prune(self, now: float) -> None:
         """Forget the half of the arms updated longest ago."""
         ordered = sorted(self._beliefs, key=lambda s: self._beliefs[s].t)
         for signature in ordered[: len(ordered) // 2]:
             del self._beliefs[signature]
+        self._prefill.forget(set(ordered[: len(ordered) // 2]))
