@@ -173,3 +173,28 @@ def test_the_cache_aware_rule_takes_the_warm_route_until_the_load_is_out_of_bala
     assert policy.choose(arms, 0.0, rng)[0] == 1
     arms[0].in_flight, arms[0].warm_tokens = 2, 100  # too little of the prompt is warm
     assert policy.choose(arms, 0.0, rng)[0] == 1
+
+
+def test_the_router_knows_which_route_served_a_prefix_and_tells_the_policy() -> None:
+    seen: list[list[tuple[str, int]]] = []
+
+    class Spy(LeastLoadedPolicy):
+        def choose(self, arms, now, rng):  # type: ignore[no-untyped-def]
+            seen.append([(a.signature, a.warm_tokens) for a in arms])
+            return super().choose(arms, now, rng)
+
+    router = Router(clock=lambda: 0.0, policy=Spy())
+    for name in ("a", "b"):
+        router.upsert_node(NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", 10.0))
+    turn1 = chain([b"system", b"user"], [800, 100])
+    d = router.choose("m", prefix=turn1)
+    assert d.uncached_tokens == 900
+    router.record(d, Outcome(50, 2.0, 1.0))
+    turn2 = turn1.extended(b"answer", 50).extended(b"user 2", 30)
+    d2 = router.choose("m", prefix=turn2)
+    assert dict(seen[-1]) == {d.signature: 900, **{s: 0 for s, _ in seen[-1]
+                                                    if s != d.signature}}
+    assert d2.prefix == turn2
+    failed = router.choose("m", prefix=chain([b"other"], [10]))
+    router.record(failed, Outcome(0, 1.0, 0.0, "stream"))
+    assert router.prefixes.warm(chain([b"other"], [10])) == {}  # a failure cached nothing
