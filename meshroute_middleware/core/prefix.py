@@ -72,6 +72,14 @@ def chain(keys: Sequence[bytes], tokens: Sequence[int], session: int = 0) -> Pre
     return Prefix(tuple(hashes), tuple(totals), session)
 
 
+def message_key(role: Any, content: Any) -> tuple[bytes, int]:
+    """One message's hash input and estimated tokens."""
+    text = content if isinstance(content, str) else json.dumps(
+        content, sort_keys=True, default=str)
+    return (f"{role}\0{text}".encode("utf-8", "surrogatepass"),
+            len(text) // CHARS_PER_TOKEN + MESSAGE_OVERHEAD)
+
+
 def message_chain(messages: Any, session_id: str | None = None) -> Prefix | None:
     """The chain of a chat body's `messages` (None unless a non-empty list of objects)."""
     if not isinstance(messages, list) or not messages:
@@ -81,12 +89,9 @@ def message_chain(messages: Any, session_id: str | None = None) -> Prefix | None
     for message in messages:
         if not isinstance(message, dict):
             return None
-        role, content = message.get("role"), message.get("content")
-        text = content if isinstance(content, str) else json.dumps(
-            content, sort_keys=True, default=str)
-        data = f"{role}\0{text}".encode("utf-8", "surrogatepass")
-        keys.append(data)
-        tokens.append(len(text) // CHARS_PER_TOKEN + MESSAGE_OVERHEAD)
+        key, n = message_key(message.get("role"), message.get("content"))
+        keys.append(key)
+        tokens.append(n)
     return chain(keys, tokens, session_key(session_id))
 
 
