@@ -96,11 +96,16 @@ def message_chain(messages: Any, session_id: str | None = None) -> Prefix | None
 
 
 class PrefixTable:
-    """Which routes served which prefixes, bounded (LRU over prefix hashes)."""
+    """Which routes served which prefixes, bounded (LRU over prefix hashes).
+
+    A route that served a whole prompt also generated (and cached) its answer, which the
+    next turn repeats as the message after that prompt: that message counts as warm there.
+    """
 
     def __init__(self, capacity: int = TABLE_PREFIXES, sessions: int = SESSIONS) -> None:
         self.capacity = capacity
-        self._by_hash: OrderedDict[int, dict[str, int]] = OrderedDict()
+        # prefix hash -> route -> (tokens through it, whether a whole prompt ended there)
+        self._by_hash: OrderedDict[int, dict[str, tuple[int, bool]]] = OrderedDict()
         self._sessions: OrderedDict[int, tuple[str, int]] = OrderedDict()
         self._session_cap = sessions
 
@@ -112,12 +117,14 @@ class PrefixTable:
         served none are absent); a session hint names the route that served it last."""
         out: dict[str, int] = {}
         by_hash = self._by_hash
-        for i in range(len(prefix.hashes) - 1, -1, -1):
+        last = len(prefix.hashes) - 1
+        for i in range(last, -1, -1):
             routes = by_hash.get(prefix.hashes[i])
             if routes:
-                for signature in routes:
+                for signature, (_, ended) in routes.items():
                     if signature not in out:
-                        out[signature] = prefix.tokens[i]
+                        # the answer it generated, when the prompt goes on past it
+                        out[signature] = prefix.tokens[i + 1 if ended and i < last else i]
         if prefix.session:
             hint = self._sessions.get(prefix.session)
             if hint is not None and hint[0] not in out:
@@ -127,14 +134,18 @@ class PrefixTable:
     def served(self, prefix: Prefix, signature: str) -> None:
         """A route served this prompt: each of its prefixes is warm there now."""
         by_hash = self._by_hash
-        for h, tokens in zip(prefix.hashes, prefix.tokens, strict=True):
+        end = len(prefix.hashes) - 1
+        for k, (h, tokens) in enumerate(zip(prefix.hashes, prefix.tokens, strict=True)):
             routes = by_hash.get(h)
             if routes is None:
                 routes = by_hash[h] = {}
             else:
                 by_hash.move_to_end(h)
-                routes.pop(signature, None)
-            routes[signature] = tokens
+                old = routes.pop(signature, None)
+                if old is not None and old[1] and k < end:
+                    routes[signature] = old  # still where an earlier prompt ended
+                    continue
+            routes[signature] = (tokens, k == end)
             if len(routes) > ROUTES_PER_PREFIX:
                 del routes[next(iter(routes))]
         while len(by_hash) > self.capacity:

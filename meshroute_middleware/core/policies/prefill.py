@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KILO = 1000.0  # the fit's x is in thousands of tokens (a well-conditioned 2x2 system)
-FORGET = 0.97  # each sample's weight shrinks by this per newer sample (~33 samples)
-POOLED_FORGET = 0.99  # the model-wide fit forgets slower (it pools every route)
+# Each sample's weight shrinks by this per newer sample (~200 samples): slow enough to keep
+# the cold samples that tell the slope while a route serves mostly warm turns.
+FORGET = 0.995
+POOLED_FORGET = 0.999  # the model-wide fit forgets slower (it pools every route)
 ROUTE_PRIOR = 2.0  # weight of the pooled fit in a route's fit (samples' worth)
 POOLED_PRIOR = 0.5  # weight of "slope 0, base 0" in the pooled fit
 

@@ -82,6 +82,8 @@ PRIOR_REFIT_LOG = 0.02
 # Answer tokens assumed while a model's answers are unknown (affinity: the time a request
 # spends decoding beside what its prefill costs).
 DEFAULT_ANSWER_TOKENS = 256.0
+# The drift's share on a request that is warm on some route: none (see ThompsonPolicy.choose).
+WARM_DRIFT = 0.0
 
 
 @dataclass(slots=True)
@@ -236,9 +238,14 @@ class ThompsonPolicy:
         lengths = self._lengths.get(arms[0].route.model) if arms else None
         cost = lengths.weight(arms[0].max_tokens) if lengths is not None else 1.0
         answer = 0.0  # > 0: score by expected time, prefill included
+        warm_cost = cost
         if self.affinity and arms and arms[0].prefix is not None:
             expected = lengths.expected(arms[0].max_tokens) if lengths is not None else None
             answer = expected if expected is not None else DEFAULT_ANSWER_TOKENS
+            if any(a.warm_tokens for a in arms):
+                # Re-trying a route costs this request its warm prefix: routes are re-tried
+                # on requests that are cold everywhere (new conversations, one-shots).
+                warm_cost = cost * WARM_DRIFT
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -250,9 +257,11 @@ class ThompsonPolicy:
                     untried, untried_prior = i, arm.prior_tps
                 continue
             known = True
-            score = self.score(arm, belief, now, rng, decisions, drift, cost)
-            if answer and score > 0.0:
-                score = self.with_prefill(arm, score, answer)
+            if answer:
+                score = self.with_prefill(arm, self.draw(arm, belief, now, rng, decisions,
+                                                         drift, warm_cost), answer)
+            else:
+                score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
@@ -263,6 +272,16 @@ class ThompsonPolicy:
               decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
               cost_weight: float = 1.0) -> float:
         """One posterior draw of a request's net goodput on this arm (`gain` × reliability)."""
+        p, s1, j = self.draw(arm, belief, now, rng, decisions, drift_per_decision, cost_weight)
+        n = arm.in_flight
+        if not n:
+            return p * s1
+        return p * gain(s1, j, n)
+
+    def draw(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
+             decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
+             cost_weight: float = 1.0) -> tuple[float, float, int]:
+        """One posterior draw of the arm's reliability, speed alone (s1) and curve."""
         n = arm.in_flight
         curve = belief.curve if belief is not None else None
         if belief is not None and curve is not None and curve.mass > 0.0:
@@ -305,21 +324,27 @@ class ThompsonPolicy:
         else:  # _reliability's mean, without the call (most routes never failed lately)
             a = PRIOR_OK + ok
             p = a / (a + (PRIOR_FAIL + fail))
-        if not n:
-            return p * math.exp(log_s1)
-        return p * gain(math.exp(log_s1), j, n)
+        return p, math.exp(log_s1), j
 
-    def with_prefill(self, arm: Arm, score: float, answer_tokens: float) -> float:
-        """A request's delivered tokens/s on the arm, its expected prefill included: the
-        answer's tokens over (prefill of what the route does not hold + decode at `score`)."""
+    def with_prefill(self, arm: Arm, drawn: tuple[float, float, int],
+                     answer_tokens: float) -> float:
+        """The net goodput of `score` with the request's own speed counting its expected
+        prefill: the answer's tokens over (prefill of what the route does not hold + decode),
+        minus the same share of what its batch neighbours lose."""
+        p, s1, j = drawn
+        n = arm.in_flight
+        net = p * s1 if not n else p * gain(s1, j, n)
         prefix = arm.prefix
         if prefix is None:
-            return score
+            return net
         uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
         prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
         if prefill <= 0.0:
-            return score
-        return answer_tokens / (prefill + answer_tokens / score)
+            return net
+        own = p * s1 * g_at(j, n + 1) if n else p * s1
+        if own <= 0.0:
+            return net
+        return answer_tokens / (prefill + answer_tokens / own) - (own - net)
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:

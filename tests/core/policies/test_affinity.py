@@ -192,7 +192,8 @@ def test_the_router_knows_which_route_served_a_prefix_and_tells_the_policy() -> 
     router.record(d, Outcome(50, 2.0, 1.0))
     turn2 = turn1.extended(b"answer", 50).extended(b"user 2", 30)
     d2 = router.choose("m", prefix=turn2)
-    assert dict(seen[-1]) == {d.signature: 900, **{s: 0 for s, _ in seen[-1]
+    # the prompt it served and the answer it generated
+    assert dict(seen[-1]) == {d.signature: 950, **{s: 0 for s, _ in seen[-1]
                                                     if s != d.signature}}
     assert d2.prefix == turn2
     failed = router.choose("m", prefix=chain([b"other"], [10]))

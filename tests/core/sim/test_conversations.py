@@ -67,7 +67,9 @@ def test_the_table_says_how_much_of_a_prompt_each_route_served() -> None:
     turn2 = turn1.extended(b"a1", 100).extended(b"u2", 40)
     table.served(turn1, "route-a")
     table.served(chain([b"s"], [500]), "route-b")
-    assert table.warm(turn2) == {"route-a": 550, "route-b": 500}
+    # a whole prompt served: the message after it (its answer, in a conversation) is warm too
+    assert table.warm(turn2) == {"route-a": 650, "route-b": 550}
+    assert table.warm(turn1) == {"route-a": 550, "route-b": 550}
     assert table.warm(chain([b"x"], [10])) == {}
 
 
