@@ -84,6 +84,12 @@ PRIOR_REFIT_LOG = 0.02
 DEFAULT_ANSWER_TOKENS = 256.0
 # The drift's share on a request that is warm on some route: none (see ThompsonPolicy.choose).
 WARM_DRIFT = 0.0
+# ... and the share of its batch neighbours' loss it counts (NEIGHBOUR_WEIGHT otherwise):
+# moving a warm conversation costs its prefill, which outweighs a neighbour's few percent.
+# 0.25 measured best of {0, 0.25, 0.5, 0.8, 1} on the conversation scenarios 15-19 (tuning
+# seeds 1-4, docs/benchmarks.md): mean TTFT 1.01-1.02x the oracle's on 15, 16, 18, 19 against
+# 1.03-1.04x at 0.5; 0 queues on a saturated warm node (scenario 17: 4.6x).
+CONVERSATION_NEIGHBOUR_WEIGHT = 0.25
 
 
 @dataclass(slots=True)
@@ -238,7 +244,7 @@ class ThompsonPolicy:
         lengths = self._lengths.get(arms[0].route.model) if arms else None
         cost = lengths.weight(arms[0].max_tokens) if lengths is not None else 1.0
         answer = 0.0  # > 0: score by expected time, prefill included
-        warm_cost = cost
+        warm_cost, weight = cost, NEIGHBOUR_WEIGHT
         if self.affinity and arms and arms[0].prefix is not None:
             expected = lengths.expected(arms[0].max_tokens) if lengths is not None else None
             answer = expected if expected is not None else DEFAULT_ANSWER_TOKENS
@@ -246,6 +252,7 @@ class ThompsonPolicy:
                 # Re-trying a route costs this request its warm prefix: routes are re-tried
                 # on requests that are cold everywhere (new conversations, one-shots).
                 warm_cost = cost * WARM_DRIFT
+                weight = CONVERSATION_NEIGHBOUR_WEIGHT
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -259,7 +266,7 @@ class ThompsonPolicy:
             known = True
             if answer:
                 score = self.with_prefill(arm, self.draw(arm, belief, now, rng, decisions,
-                                                         drift, warm_cost), answer)
+                                                         drift, warm_cost), answer, weight)
             else:
                 score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if score > best_score:
@@ -327,24 +334,21 @@ class ThompsonPolicy:
         return p, math.exp(log_s1), j
 
     def with_prefill(self, arm: Arm, drawn: tuple[float, float, int],
-                     answer_tokens: float) -> float:
+                     answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT) -> float:
         """The net goodput of `score` with the request's own speed counting its expected
         prefill: the answer's tokens over (prefill of what the route does not hold + decode),
         minus the same share of what its batch neighbours lose."""
         p, s1, j = drawn
         n = arm.in_flight
-        net = p * s1 if not n else p * gain(s1, j, n)
-        prefix = arm.prefix
-        if prefix is None:
-            return net
-        uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
-        prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
-        if prefill <= 0.0:
-            return net
         own = p * s1 * g_at(j, n + 1) if n else p * s1
-        if own <= 0.0:
-            return net
-        return answer_tokens / (prefill + answer_tokens / own) - (own - net)
+        lost = (own - p * gain(s1, j, n)) * (weight / NEIGHBOUR_WEIGHT) if n else 0.0
+        prefix = arm.prefix
+        if prefix is not None and own > 0.0:
+            uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
+            prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
+            if prefill > 0.0:
+                own = answer_tokens / (prefill + answer_tokens / own)
+        return own - lost
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:
