@@ -20,7 +20,9 @@ from typing import Any, NamedTuple
 MAX_CHAIN = 256  # hashes kept per prompt: the first MAX_CHAIN - 1 messages and the last
 CHARS_PER_TOKEN = 4  # the usual estimate of an English prompt's tokens
 MESSAGE_OVERHEAD = 4  # tokens of a chat template's framing of one message
-TABLE_PREFIXES = 65536  # prefix hashes the router remembers (LRU), ~100 bytes each
+# Prefixes the router remembers (LRU), ~400 bytes each (measured with tracemalloc): ~6.5 MB,
+# two per conversation and route (its first message and the end of its last prompt).
+TABLE_PREFIXES = 16384
 ROUTES_PER_PREFIX = 8  # routes remembered per prefix (the newest)
 SESSIONS = 16384  # x-session-id hints remembered (LRU)
 
@@ -100,6 +102,9 @@ class PrefixTable:
 
     A route that served a whole prompt also generated (and cached) its answer, which the
     next turn repeats as the message after that prompt: that message counts as warm there.
+    Only a prompt's first message (a shared system prompt) and its end are kept, and serving
+    the next turn drops the end it extends: a conversation costs two entries per route, not
+    one per message (a prompt that branches off mid-way is then matched at its first message).
     """
 
     def __init__(self, capacity: int = TABLE_PREFIXES, sessions: int = SESSIONS) -> None:
@@ -134,18 +139,24 @@ class PrefixTable:
     def served(self, prefix: Prefix, signature: str) -> None:
         """A route served this prompt: each of its prefixes is warm there now."""
         by_hash = self._by_hash
-        end = len(prefix.hashes) - 1
-        for k, (h, tokens) in enumerate(zip(prefix.hashes, prefix.tokens, strict=True)):
+        hashes, end = prefix.hashes, len(prefix.hashes) - 1
+        if not hashes:
+            return
+        for k in range(end - 1, 0, -1):  # the end this prompt extends, if this route has it
+            routes = by_hash.get(hashes[k])
+            if routes is not None and routes.pop(signature, None) is not None:
+                if not routes:
+                    del by_hash[hashes[k]]
+                break
+        for k in (0, end) if end else (0,):
+            h = hashes[k]
             routes = by_hash.get(h)
             if routes is None:
                 routes = by_hash[h] = {}
             else:
                 by_hash.move_to_end(h)
-                old = routes.pop(signature, None)
-                if old is not None and old[1] and k < end:
-                    routes[signature] = old  # still where an earlier prompt ended
-                    continue
-            routes[signature] = (tokens, k == end)
+                routes.pop(signature, None)
+            routes[signature] = (prefix.tokens[k], k == end)
             if len(routes) > ROUTES_PER_PREFIX:
                 del routes[next(iter(routes))]
         while len(by_hash) > self.capacity:

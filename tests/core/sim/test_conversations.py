@@ -209,3 +209,15 @@ def test_old_scenarios_have_no_prefill_and_no_cache() -> None:
 def test_the_oracle_keeps_conversations_warm_on_a_roomy_mesh() -> None:
     trace = Simulator(by_name("15-conv-roomy").scaled(400), "oracle", 1).run()
     assert sum(trace.warm) / len(trace.warm) > 0.85
+
+
+def test_a_long_conversation_costs_the_table_two_entries_per_route() -> None:
+    table = PrefixTable()
+    prompt = chain([b"system"], [500])
+    for k in range(30):
+        prompt = prompt.extended(f"user {k}".encode(), 50)
+        table.served(prompt, "route-a")
+        assert table.warm(prompt.extended(b"answer", 80).extended(b"next", 20)) == {
+            "route-a": prompt.prompt_tokens + 80}
+        prompt = prompt.extended(b"answer", 80)
+    assert len(table) == 2
