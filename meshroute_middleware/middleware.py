@@ -154,7 +154,7 @@ class MeshRouteMiddleware:
                                              self.config.body_timeout_s))
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
-                                                             req.max_tokens)
+                                                             req.max_tokens, req.prefix)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from meshroute_middleware.core.prefix import Prefix, message_chain
+
 from .shard import EmulatorConfig, EmulatorError
 
 # Deterministic filler: the emulator's "generated" text, one word per token.
@@ -37,6 +39,7 @@ class ChatJob:
     include_usage: bool
     prompt_tokens: int
     finish_reason: str
+    prompt: Prefix | None = None  # the messages' hash chain: what a prefix cache matches
 
 
 def _prompt_tokens(messages: list[Any]) -> int:
@@ -84,7 +87,8 @@ def parse_chat(body: Any, config: EmulatorConfig) -> ChatJob:
                    stream=body.get("stream") is True,
                    include_usage=options.get("include_usage") is True,
                    prompt_tokens=_prompt_tokens(messages),
-                   finish_reason="stop" if requested is None else "length")
+                   finish_reason="stop" if requested is None else "length",
+                   prompt=message_chain(messages))
 
 
 def words(n: int) -> Iterator[str]:

@@ -46,6 +46,9 @@ EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
     "stall_share": (float, "share of requests that stall before the first token"),
     "stall_s": (float, "seconds a stalled request stalls"),
     "max_tokens_default": (int, "tokens generated when a request sets no max_tokens"),
+    "prefill_tps": (float, "prompt tokens/s of the whole model (0: prompts cost nothing)"),
+    "cache_tokens": (int, "prefix-cache capacity in tokens, LRU (0: no cache)"),
+    "first_token_s": (float, "base latency before every first token"),
 }
 
 

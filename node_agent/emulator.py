@@ -18,16 +18,19 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from meshroute_middleware.core.contracts.error_body import error_object
+from meshroute_middleware.core.prefix import Prefix
 
 from .chat import ChatJob, ChatRequestError, chunk, completion, parse_chat, usage_chunk, words
 from .hops import (
     HANDSHAKE,
     HOP_PATH,
     PLAN_HEADER,
+    PROMPT_HEADER,
     ROUTE_HEADER,
     HopLink,
     HopOpener,
     PlanHop,
+    decode_prompt,
     parse_plan,
 )
 from .serving import serve_app
@@ -116,22 +119,24 @@ class EmulatedNode:
 
     # -- the chain to the next hop -----------------------------------------------------
     @asynccontextmanager
-    async def _chain(self, plan: list[PlanHop], route: str | None) -> AsyncIterator[
-            HopLink | None]:
+    async def _chain(self, plan: list[PlanHop], route: str | None,
+                     prompt: Prefix | None = None) -> AsyncIterator[HopLink | None]:
         if len(plan) == 1:
             yield None
             return
         assert self._opener is not None, "app lifespan not started"
-        link, close = await self._opener.open(plan[1:], route)
+        link, close = await self._opener.open(plan[1:], route, prompt)
         try:
             yield link
         finally:
             await close()
 
     async def _tokens(self, plan: list[PlanHop], link: HopLink | None, n: int,
-                      fault: str | None) -> AsyncIterator[str]:
+                      fault: str | None, prefill_s: float = 0.0) -> AsyncIterator[str]:
         timer = TokenTimer(self.worker, plan[0].span, self.worker.noise())
         for index, word in enumerate(words(n)):
+            if index == 0 and prefill_s > 0:  # the prompt's uncached part, before any token
+                await anyio.sleep(prefill_s)
             if fault == "stall" and index == 0:
                 await anyio.sleep(self.config.stall_s)
             if fault == "die" and index == max(n // 2, 1):
@@ -169,10 +174,11 @@ class EmulatedNode:
             fault = self.worker.fault()
             if fault == "fail":
                 raise InjectedFault(f"node {self.config.node_id} failed the request (fault)")
-            async with self._chain(plan, route) as link:
+            async with self._chain(plan, route, job.prompt) as link:
                 self._served += 1
                 ident = f"chatcmpl-{self.config.node_id}-{self._served}"
-                tokens = self._tokens(plan, link, job.max_tokens, fault)
+                tokens = self._tokens(plan, link, job.max_tokens, fault,
+                                      self.worker.prefill_s(job.prompt, plan[0].span))
                 if job.stream:
                     await self._stream(job, ident, tokens, out)
                 else:
@@ -180,6 +186,7 @@ class EmulatedNode:
                     body = json.dumps(completion(job, ident, text, int(time.time())))
                     await out.start(200, self._headers(b"application/json"))
                     await out.body(body.encode(), more=False)
+                self.worker.remember(job.prompt, "".join(words(job.max_tokens)))
 
     async def _stream(self, job: ChatJob, ident: str, tokens: AsyncIterator[str],
                       out: _Sender) -> None:
@@ -207,13 +214,17 @@ class EmulatedNode:
         out = _Sender(send)
         try:
             plan = parse_plan(request.headers.get(PLAN_HEADER), self.config, head=False)
+            prompt = decode_prompt(request.headers.get(PROMPT_HEADER))
             async with self.worker.slot():
                 fault = self.worker.fault()
                 if fault == "fail":
                     raise InjectedFault(f"node {self.config.node_id} failed the hop (fault)")
-                async with self._chain(plan, request.headers.get(ROUTE_HEADER)) as link:
+                async with self._chain(plan, request.headers.get(ROUTE_HEADER),
+                                       prompt) as link:
                     await out.start(200, [(b"content-type", b"text/plain")])
-                    await self._relay(receive, out, plan, link, fault)
+                    count = await self._relay(receive, out, plan, link, fault,
+                                              self.worker.prefill_s(prompt, plan[0].span))
+                    self.worker.remember(prompt, "".join(words(count)))
         except EmulatorError as exc:
             await self._fail(exc, out, scope, receive, send)
 
@@ -228,13 +239,14 @@ class EmulatedNode:
         await error_response(failure)(scope, receive, send)
 
     async def _relay(self, receive: Receive, out: _Sender, plan: list[PlanHop],
-                     link: HopLink | None, fault: str | None) -> None:
+                     link: HopLink | None, fault: str | None, prefill_s: float = 0.0) -> int:
+        """Run each token line through this hop; return how many ran."""
         timer = TokenTimer(self.worker, plan[0].span, self.worker.noise())
         count, buffer = 0, b""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return count
             buffer += message.get("body", b"")
             if len(buffer) > 64:
                 raise _Died("hop stream line too long")
@@ -242,6 +254,8 @@ class EmulatedNode:
                 line, buffer = buffer.split(b"\n", 1)
                 if line == HANDSHAKE:
                     continue
+                if count == 0 and prefill_s > 0:  # this hop's layers of the prompt
+                    await anyio.sleep(prefill_s)
                 if fault == "stall" and count == 0:
                     await anyio.sleep(self.config.stall_s)
                 if fault == "die" and count == 1:
@@ -253,7 +267,7 @@ class EmulatedNode:
                 count += 1
             if not message.get("more_body", False):
                 await out.body(b"", more=False)
-                return
+                return count
 
 
 class _AsgiEndpoint:

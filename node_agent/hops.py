@@ -18,16 +18,52 @@ import anyio.abc
 from meshroute_middleware.core.contracts import plan
 from meshroute_middleware.core.contracts.error_body import error_message
 from meshroute_middleware.core.contracts.plan import PLAN_HEADER, ROUTE_HEADER, PlanHop
+from meshroute_middleware.core.prefix import Prefix
 
 from .shard import EmulatorConfig, EmulatorError
 
 HANDSHAKE = b"open"  # the first line upstream sends, so its request leaves at once
 HOP_PATH = "/internal/hop"
+# The prompt's hash chain for the next hop's prefix cache (issue 26): its last entries as
+# "hex hash:cumulative tokens", comma-separated.
+PROMPT_HEADER = "x-meshroute-prompt"
+PROMPT_ENTRIES = 64
+MAX_PROMPT_TOKENS = 10_000_000
 
 __all__ = [
-    "HANDSHAKE", "HOP_PATH", "PLAN_HEADER", "ROUTE_HEADER", "HopError", "HopLink", "HopOpener",
-    "HopPlanError", "PlanHop", "parse_plan",
+    "HANDSHAKE", "HOP_PATH", "PLAN_HEADER", "PROMPT_HEADER", "ROUTE_HEADER", "HopError",
+    "HopLink", "HopOpener", "HopPlanError", "PlanHop", "decode_prompt", "encode_prompt",
+    "parse_plan",
 ]
+
+
+def encode_prompt(prompt: Prefix) -> str:
+    """The header value of a prompt's chain (its last PROMPT_ENTRIES entries)."""
+    pairs = list(zip(prompt.hashes, prompt.tokens, strict=True))[-PROMPT_ENTRIES:]
+    return ",".join(f"{h:x}:{t}" for h, t in pairs)
+
+
+def decode_prompt(raw: str | None) -> Prefix | None:
+    """The chain a prompt header carries; None when absent or malformed (then the hop
+    prefills nothing: a hostile header can only cost its sender)."""
+    if not raw:
+        return None
+    entries = raw.split(",")
+    if len(entries) > PROMPT_ENTRIES:
+        return None
+    hashes, tokens = [], []
+    try:
+        for entry in entries:
+            h, t = entry.split(":")
+            if len(h) > 16:
+                return None
+            hashes.append(int(h, 16))
+            tokens.append(int(t))
+    except ValueError:
+        return None
+    if any(not 0 <= t <= MAX_PROMPT_TOKENS for t in tokens) or tokens != sorted(tokens):
+        return None
+    return Prefix(tuple(hashes), tuple(tokens))
 
 
 class HopPlanError(EmulatorError):
@@ -113,13 +149,16 @@ class HopOpener:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self._session = session
 
-    async def open(self, rest: list[PlanHop], route: str | None) -> tuple[HopLink, Any]:
+    async def open(self, rest: list[PlanHop], route: str | None,
+                   prompt: Prefix | None = None) -> tuple[HopLink, Any]:
         """Open the stream to rest[0]; return the link and a closer to await when done."""
         outbox, inbox = anyio.create_memory_object_stream[bytes](1)
         outbox.send_nowait(HANDSHAKE + b"\n")  # aiohttp holds headers until the first chunk
         headers = {PLAN_HEADER: plan.encode_plan(rest)}
         if route:
             headers[ROUTE_HEADER] = route
+        if prompt is not None and prompt.hashes:
+            headers[PROMPT_HEADER] = encode_prompt(prompt)
         try:
             response = await self._session.post(rest[0].url + HOP_PATH, data=_body(inbox),
                                                 headers=headers)

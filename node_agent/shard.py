@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import anyio
 
 from meshroute_middleware.core.errors import MeshRouteError
+from meshroute_middleware.core.prefix import Prefix, PrefixCache, message_key
 
 # EWMA weight of one token's measured seconds-per-layer in the advertised tps.
 MEASURE_ALPHA = 0.05
@@ -60,6 +61,12 @@ class EmulatorConfig:
     stall_s: float = 30.0
     max_tokens_default: int = 16
     max_tokens_limit: int = 4096
+    # Prefix caching (issue 26): prompt tokens/s of the whole model (this node prefills its
+    # share of the layers; 0: prompts cost nothing, as before), the cache's capacity in
+    # tokens (LRU; 0: none) and a base latency before every first token.
+    prefill_tps: float = 0.0
+    cache_tokens: int = 0
+    first_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.start <= self.end < self.layers:
@@ -69,7 +76,8 @@ class EmulatorConfig:
         if self.tps is not None and self.tps <= 0:
             raise ValueError("tps must be positive")
         if (self.seconds_per_layer < 0 or self.hop_latency_s < 0 or self.noise_sigma < 0
-                or self.slot_slowdown < 0):
+                or self.slot_slowdown < 0 or self.prefill_tps < 0 or self.cache_tokens < 0
+                or self.first_token_s < 0):
             raise ValueError("times and noise must not be negative")
         if self.fail_share + self.die_share + self.stall_share > 1:
             raise ValueError("fault shares add up to more than 1")
@@ -123,6 +131,29 @@ class ShardWorker:
         self.tokens_total = 0
         self.requests_total = 0
         self._layer_s_ewma: float | None = None
+        self.cache = PrefixCache(config.cache_tokens) if config.cache_tokens > 0 else None
+        self.cached_tokens_total = 0  # prompt tokens found in the cache
+        self.prefilled_tokens_total = 0  # prompt tokens prefilled
+
+    def prefill_s(self, prompt: Prefix | None, layers: int) -> float:
+        """Seconds before this hop's first token: the base latency and the prefill of the
+        prompt's tokens not in the cache over `layers` of the model's layers; the prompt
+        (its KV state) is cached from then on."""
+        cfg = self.config
+        if prompt is None or cfg.prefill_tps <= 0:
+            return cfg.first_token_s
+        cached = self.cache.match(prompt) if self.cache is not None else 0
+        uncached = prompt.prompt_tokens - cached
+        self.cached_tokens_total += cached
+        self.prefilled_tokens_total += uncached
+        if self.cache is not None:
+            self.cache.store(prompt)
+        return cfg.first_token_s + uncached * layers / cfg.layers / cfg.prefill_tps
+
+    def remember(self, prompt: Prefix | None, answer: str) -> None:
+        """Cache the prompt with its answer: the next turn of the conversation repeats it."""
+        if prompt is not None and self.cache is not None:
+            self.cache.store(prompt.extended(*message_key("assistant", answer)))
 
     @property
     def queue_depth(self) -> int:

@@ -22,6 +22,7 @@ from .kinds import (
 )
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
+from .prefix import Prefix, PrefixTable
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
 from .topology import ModelTopology, NodeRecord, Topology, parse_networks
@@ -52,6 +53,8 @@ class Decision:
     _open: bool = field(default=False, repr=False)  # counted in flight, not yet ended
     _load0: tuple[float, float] = field(default=(0.0, 0.0), repr=False)  # (area, t) at start
     max_tokens: int | None = None  # the request's bound on its answer, if it set one
+    prefix: Prefix | None = None  # the prompt's message chain, if the request carried one
+    uncached_tokens: int = -1  # of the prompt, on this route as far as the router knows
 
     @property
     def signature(self) -> str:
@@ -88,6 +91,7 @@ class Router:
         self._in_flight: dict[str, int] = {}
         self._load: dict[str, tuple[float, float]] = {}  # sig -> ∫ in_flight dt, as of t
         self._recent: dict[str, deque[str]] = {}  # model -> signatures of recent attempts
+        self.prefixes = PrefixTable()  # which routes served which prompt prefixes
 
     # -- topology -----------------------------------------------------------------
     def upsert_node(self, record: NodeRecord) -> ChangeKind:
@@ -143,9 +147,10 @@ class Router:
                 for r, m in zip(routes, merged, strict=True)]
 
     def choose(self, model: str, pin: Sequence[str] | None = None,
-               max_tokens: int | None = None) -> Decision:
+               max_tokens: int | None = None, prefix: Prefix | None = None) -> Decision:
         """Pick the route for one request (`max_tokens`: the request's bound on its answer,
-        if it sets one); raise UnknownModelError / InvalidPinError / NoRouteError. The
+        if it sets one; `prefix`: its prompt's message chain, which recognises a returning
+        conversation); raise UnknownModelError / InvalidPinError / NoRouteError. The
         decision counts as in flight until `record`."""
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
@@ -158,17 +163,26 @@ class Router:
         if not arms:
             raise NoRouteError(f"no route covers every layer of {model!r}",
                                self.gaps(model))
+        if prefix is not None:
+            warm = self.prefixes.warm(prefix)
+            for arm in arms:
+                arm.prefix, arm.warm_tokens = prefix, warm.get(arm.signature, 0)
         i, mode = self.policy.choose(arms, now, self.rng)
-        route = arms.pop(i).route
-        return self._begin(Decision(model, route, mode, 0, (), arms, max_tokens=max_tokens))
+        chosen = arms.pop(i)
+        return self._begin(Decision(model, chosen.route, mode, 0, (), arms,
+                                    max_tokens=max_tokens, prefix=prefix,
+                                    uncached_tokens=_uncached(prefix, chosen.warm_tokens)))
 
     def fallback(self, decision: Decision) -> Decision | None:
         """The next ranked route after a failed attempt, or None when all are spent."""
         if not decision.ranked:
             return None
         route, rest = decision.ranked[0], decision.ranked[1:]
+        prefix = decision.prefix
+        warm = self.prefixes.warm(prefix).get(route.signature, 0) if prefix else 0
         return self._begin(Decision(decision.model, route, FALLBACK,
-                                    decision.attempt + 1, rest, max_tokens=decision.max_tokens))
+                                    decision.attempt + 1, rest, max_tokens=decision.max_tokens,
+                                    prefix=prefix, uncached_tokens=_uncached(prefix, warm)))
 
     def _begin(self, decision: Decision) -> Decision:
         sig = decision.signature
@@ -218,7 +232,10 @@ class Router:
         sig, model, now = decision.signature, decision.model, self.clock()
         if decision._open:
             outcome = outcome._replace(concurrency=self.concurrency(decision, now),
-                                       max_tokens=decision.max_tokens)
+                                       max_tokens=decision.max_tokens,
+                                       uncached_tokens=decision.uncached_tokens)
+            if decision.prefix is not None and outcome.ok:
+                self.prefixes.served(decision.prefix, sig)
         self.cancel(decision)
         changed_at = self._changed_at(model)
         self.policy.observe(sig, outcome, now)
@@ -295,6 +312,11 @@ class Router:
     def prune(self) -> int:
         """Drop statistics unseen for the prune horizon (24 h)."""
         return self.stats.prune(self.clock())
+
+
+def _uncached(prefix: Prefix | None, warm_tokens: int) -> int:
+    """The prompt's tokens a route is not known to hold (-1 without a prompt)."""
+    return -1 if prefix is None else max(prefix.prompt_tokens - warm_tokens, 0)
 
 
 def _fallback_rank(arm: Arm) -> tuple[int, float]:

@@ -11,6 +11,7 @@ import orjson
 from starlette.types import Message, Receive, Scope
 
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
+from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
 
@@ -32,6 +33,8 @@ class ChatRequest:
     model: str
     pin: list[str] | None
     max_tokens: int | None = None  # the client's bound on the answer: measurements clamp to it
+    # The prompt's chain of message hashes (no text): recognises a returning conversation.
+    prefix: Prefix | None = None
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -139,7 +142,8 @@ def parse_chat(body: bytes) -> ChatRequest:
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
         body = _without_route(body, payload)
-    return ChatRequest(body, model, pin, answer_bound(payload))
+    return ChatRequest(body, model, pin, answer_bound(payload),
+                       message_chain(payload.get("messages")))
 
 
 def answer_bound(payload: dict[str, Any]) -> int | None:

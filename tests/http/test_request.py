@@ -46,3 +46,18 @@ def test_a_huge_bound_is_read_as_the_largest_one_and_forwarded_as_sent(field: st
     assert req.max_tokens == 1 << 20 and req.body == body
     assert parse_chat(b'{"model": "m", "max_tokens": 0}').max_tokens is None
     assert parse_chat(b'{"model": "m", "max_tokens": true}').max_tokens is None
+
+
+def test_the_messages_give_the_prompt_chain_that_a_next_turn_extends() -> None:
+    """Issue 26: the parsed request carries its messages' hash chain (no text) for the
+    router; the next turn of the conversation shares it up to its new messages."""
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    later = [*first, {"role": "assistant", "content": "hello"},
+             {"role": "user", "content": "and now?"}]
+    one = parse_chat(json.dumps({"model": "m", "messages": first}).encode()).prefix
+    two = parse_chat(json.dumps({"model": "m", "messages": later}).encode()).prefix
+    assert one is not None and two is not None
+    assert two.hashes[:2] == one.hashes and len(two.hashes) == 4
+    assert "be brief" not in repr(two)
+    assert parse_chat(b'{"model": "m"}').prefix is None
+    assert parse_chat(b'{"model": "m", "messages": "text"}').prefix is None

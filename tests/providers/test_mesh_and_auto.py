@@ -133,9 +133,10 @@ def test_a_chains_mesh_attempt_hands_the_clients_bound_to_the_mesh_policy(
         seen: list[int | None] = []
         choose = router.choose
 
-        def spy(model: str, pin: Any = None, max_tokens: int | None = None) -> Any:
+        def spy(model: str, pin: Any = None, max_tokens: int | None = None,
+                prefix: Any = None) -> Any:
             seen.append(max_tokens)
-            return choose(model, pin, max_tokens)
+            return choose(model, pin, max_tokens, prefix)
 
         router.choose = spy  # type: ignore[method-assign]
         chained = gw.chat("auto", route=["qwen"], max_completion_tokens=24)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from meshroute_middleware.app.bench.harness import (
+    CONVERSATION_POLICIES,
     FULL_SEEDS,
     POLICIES,
     QUICK_SEEDS,
@@ -21,7 +22,7 @@ from meshroute_middleware.app.bench.harness import (
     report,
     summarize,
 )
-from meshroute_middleware.core.sim.scenarios import SCENARIOS, by_name
+from meshroute_middleware.core.sim.scenarios import CONVERSATION_SCENARIOS, SCENARIOS, by_name
 
 BENCHMARKS = ("learning",)
 # The default policy's constants were tuned on seeds 1-4 of every scenario but the held-out
@@ -41,10 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds never used while tuning the default policy")
     parser.add_argument("--scenario", action="append", metavar="NAME",
                         help="only this scenario (name or number; repeatable)")
+    parser.add_argument("--conversations", action="store_true",
+                        help="the multi-turn scenarios on prefix-caching nodes instead "
+                             "(issue 26; not in the default set)")
     parser.add_argument("--seeds", type=int, default=None,
                         help=f"seeds per (scenario, policy) (default {FULL_SEEDS}; --quick: "
                              f"{QUICK_SEEDS})")
-    parser.add_argument("--policy", action="append", metavar="NAME", choices=POLICIES[1:],
+    parser.add_argument("--policy", action="append", metavar="NAME",
+                        choices=sorted({*POLICIES[1:], *CONVERSATION_POLICIES[1:]}),
                         help="only this policy beside the oracle (repeatable; default: all)")
     parser.add_argument("--workers", type=int, default=0,
                         help="processes (default: 1 with --quick, else the CPU count)")
@@ -52,9 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def learning(quick: bool = False, seed: int = 1, scenarios: list[str] | None = None,
              workers: int = 0, progress: bool = True, seeds: int | None = None,
-             policies: list[str] | None = None) -> Cells:
-    """Run the learning-quality benchmark: per scenario and policy, the averaged results."""
-    chosen = [by_name(n) for n in scenarios] if scenarios else list(SCENARIOS)
+             policies: list[str] | None = None, conversations: bool = False) -> Cells:
+    """Run the learning-quality benchmark: per scenario and policy, the averaged results
+    (`conversations`: the multi-turn scenarios when none is named)."""
+    default = CONVERSATION_SCENARIOS if conversations else SCENARIOS
+    chosen = [by_name(n) for n in scenarios] if scenarios else list(default)
     names = ("oracle", *policies) if policies else POLICIES
     jobs = plan(quick, seed, chosen, names, seeds=seeds)
     if workers <= 0:
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         HELD_OUT_SEED if args.held_out else TUNING_SEED)
     try:
         cells = learning(args.quick, seed, args.scenario, args.workers, seeds=args.seeds,
-                         policies=args.policy)
+                         policies=args.policy, conversations=args.conversations)
     except KeyError as exc:
         print(f"meshroute bench: {exc.args[0]}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from ..kinds import (
     DecisionMode,
     ErrorKind,
 )
+from ..prefix import Prefix
 from ..routes import Route
 from ..stats import UNSAMPLED_VIEW, Curve, MergedRoute, RouteView
 
@@ -37,7 +38,8 @@ class Arm:
     the merged view is computed from `merged` on first access, not up front.
     """
 
-    __slots__ = ("_merged", "_now", "_view", "in_flight", "max_tokens", "route")
+    __slots__ = ("_merged", "_now", "_view", "in_flight", "max_tokens", "prefix", "route",
+                 "warm_tokens")
 
     def __init__(self, route: Route, view: RouteView | None = None, in_flight: int = 0,
                  merged: MergedRoute | None = None, now: float = 0.0,
@@ -51,6 +53,10 @@ class Arm:
         # none: the same for every arm of one decision. A policy may weigh what trying a
         # route costs by it (a short answer on a slower route costs little).
         self.max_tokens = max_tokens
+        # The prompt's message chain when the request carries one (issue 26), and the tokens
+        # of its longest prefix this route served (0: cold, as far as the router knows).
+        self.prefix: Prefix | None = None
+        self.warm_tokens = 0
 
     @property
     def view(self) -> RouteView:
@@ -112,6 +118,9 @@ class Outcome(NamedTuple):
     error: ErrorKind | Literal[""] = ""  # "" on success
     concurrency: float = 0.0  # the route's mean in-flight count while it ran (Router.record)
     max_tokens: int | None = None  # the request's bound on its answer (Router.record)
+    # The prompt's tokens the route was not known to hold cached (Router.record, when the
+    # request carried a message chain); -1: no prompt known.
+    uncached_tokens: int = -1
 
     @property
     def ok(self) -> bool:

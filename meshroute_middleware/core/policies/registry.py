@@ -7,6 +7,7 @@ from collections.abc import Callable
 from ..config import RouterConfig
 from .adr0021 import Adr0021Policy
 from .base import Policy
+from .cache_rules import CacheAwarePolicy, LeastLoadedPolicy, SessionStickyPolicy
 from .epsilon_greedy import EpsilonGreedyPolicy
 from .freellmapi import ScorePolicy
 from .litellm import LowestLatencyPolicy
@@ -18,6 +19,12 @@ PolicyFactory = Callable[[RouterConfig], Policy]
 POLICIES: dict[str, PolicyFactory] = {
     "adr0021": lambda c: Adr0021Policy(c.explore_share, c.weight_alpha),
     "thompson": lambda c: ThompsonPolicy.from_config(c),
+    # Issue 26's baselines for conversations: today's thompson (blind to prompts) and the
+    # rules of self-hosted routers.
+    "thompson-blind": lambda c: ThompsonPolicy.blind(c),
+    "session-sticky": lambda c: SessionStickyPolicy(),
+    "least-loaded": lambda c: LeastLoadedPolicy(),
+    "sglang-cache": lambda c: CacheAwarePolicy(),
     "epsilon-greedy": lambda c: EpsilonGreedyPolicy(),
     "litellm-latency": lambda c: LowestLatencyPolicy(),
     "petals": lambda c: PetalsPolicy(),

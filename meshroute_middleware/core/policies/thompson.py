@@ -48,6 +48,7 @@ from .base import (
     Outcome,
 )
 from .lengths import AnswerLengths
+from .prefill import KILO, PrefillModel
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -98,6 +99,17 @@ NEIGHBOUR_WEIGHT = 0.5
 # A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
 # at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
 PRIOR_REFIT_LOG = 0.02
+# Answer tokens assumed while a model's answers are unknown (affinity: the time a request
+# spends decoding beside what its prefill costs).
+DEFAULT_ANSWER_TOKENS = 256.0
+# The drift's share on a request that is warm on some route: none (see ThompsonPolicy.choose).
+WARM_DRIFT = 0.0
+# ... and the share of its batch neighbours' loss it counts (NEIGHBOUR_WEIGHT otherwise):
+# moving a warm conversation costs its prefill, which outweighs a neighbour's few percent.
+# 0.25 measured best of {0, 0.25, 0.5, 0.8, 1} on the conversation scenarios 15-19 (tuning
+# seeds 1-4, docs/benchmarks.md): mean TTFT 1.01-1.02x the oracle's on 15, 16, 18, 19 against
+# 1.03-1.04x at 0.5; 0 queues on a saturated warm node (scenario 17: 4.6x).
+CONVERSATION_NEIGHBOUR_WEIGHT = 0.25
 
 
 @dataclass(slots=True)
@@ -202,9 +214,14 @@ class ThompsonPolicy:
     name: ClassVar[str] = "thompson"
 
     def __init__(self, half_life_s: float = HALF_LIFE_S * BELIEF_HALF_LIFE_FACTOR,
-                 min_sample_tokens: int = MIN_SAMPLE_TOKENS) -> None:
+                 min_sample_tokens: int = MIN_SAMPLE_TOKENS, affinity: bool = True) -> None:
         self.half_life_s = half_life_s  # of this policy's own beliefs
         self.min_sample_tokens = min_sample_tokens
+        # Prefix-cache affinity (issue 26): for a request that carries its prompt's message
+        # chain, the route's expected prefill of the uncached part counts against it, and its
+        # speed samples leave the prefill out. False: today's policy, blind to prompts.
+        self.affinity = affinity
+        self._prefill = PrefillModel()
         self._beliefs: dict[str, ArmBelief] = {}
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
@@ -220,6 +237,16 @@ class ThompsonPolicy:
         """The policy for a router config (beliefs forget slower than the shared stats)."""
         return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens)
 
+    @classmethod
+    def blind(cls, config: RouterConfig) -> ThompsonPolicy:
+        """The policy as it was before prefix-cache affinity (a benchmark baseline)."""
+        return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens,
+                   affinity=False)
+
+    def prefill_fit(self, model: str, signature: str) -> tuple[float, float]:
+        """(base seconds, prefill seconds per 1,000 uncached tokens) learned for a route."""
+        return self._prefill.fit(model, signature)
+
     def choose(self, arms: Sequence[Arm], now: float,
                rng: random.Random) -> tuple[int, DecisionMode]:
         """Try an untried arm first (best prior first; "greedy-fallback" while nothing at all
@@ -233,6 +260,16 @@ class ThompsonPolicy:
         drift = DRIFT_VAR_PER_DECISION / max(len(arms) - 1, 1)
         lengths = self._lengths.get(arms[0].route.model) if arms else None
         cost = lengths.weight(arms[0].max_tokens) if lengths is not None else 1.0
+        answer = 0.0  # > 0: score by expected time, prefill included
+        warm_cost, weight = cost, NEIGHBOUR_WEIGHT
+        if self.affinity and arms and arms[0].prefix is not None:
+            expected = lengths.expected(arms[0].max_tokens) if lengths is not None else None
+            answer = expected if expected is not None else DEFAULT_ANSWER_TOKENS
+            if any(a.warm_tokens for a in arms):
+                # Re-trying a route costs this request its warm prefix: routes are re-tried
+                # on requests that are cold everywhere (new conversations, one-shots).
+                warm_cost = cost * WARM_DRIFT
+                weight = CONVERSATION_NEIGHBOUR_WEIGHT
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -244,7 +281,11 @@ class ThompsonPolicy:
                     untried, untried_prior = i, arm.prior_tps
                 continue
             known = True
-            score = self.score(arm, belief, now, rng, decisions, drift, cost)
+            if answer:
+                score = self.with_prefill(arm, self.draw(arm, belief, now, rng, decisions,
+                                                         drift, warm_cost), answer, weight)
+            else:
+                score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
@@ -255,6 +296,16 @@ class ThompsonPolicy:
               decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
               cost_weight: float = 1.0) -> float:
         """One posterior draw of a request's net goodput on this arm (`gain` × reliability)."""
+        p, s1, j = self.draw(arm, belief, now, rng, decisions, drift_per_decision, cost_weight)
+        n = arm.in_flight
+        if not n:
+            return p * s1
+        return p * gain(s1, j, n)
+
+    def draw(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
+             decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
+             cost_weight: float = 1.0) -> tuple[float, float, int]:
+        """One posterior draw of the arm's reliability, speed alone (s1) and curve."""
         n = arm.in_flight
         curve = belief.curve if belief is not None else None
         if belief is not None and curve is not None and curve.mass > 0.0:
@@ -297,9 +348,24 @@ class ThompsonPolicy:
         else:  # _reliability's mean, without the call (most routes never failed lately)
             a = PRIOR_OK + ok
             p = a / (a + (PRIOR_FAIL + fail))
-        if not n:
-            return p * math.exp(log_s1)
-        return p * gain(math.exp(log_s1), j, n)
+        return p, math.exp(log_s1), j
+
+    def with_prefill(self, arm: Arm, drawn: tuple[float, float, int],
+                     answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT) -> float:
+        """The net goodput of `score` with the request's own speed counting its expected
+        prefill: the answer's tokens over (prefill of what the route does not hold + decode),
+        minus the same share of what its batch neighbours lose."""
+        p, s1, j = drawn
+        n = arm.in_flight
+        own = p * s1 * g_at(j, n + 1) if n else p * s1
+        lost = (own - p * gain(s1, j, n)) * (weight / NEIGHBOUR_WEIGHT) if n else 0.0
+        prefix = arm.prefix
+        if prefix is not None and own > 0.0:
+            uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
+            prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
+            if prefill > 0.0:
+                own = answer_tokens / (prefill + answer_tokens / own)
+        return own - lost
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:
@@ -370,6 +436,8 @@ class ThompsonPolicy:
         belief.add_result(outcome.ok)
         belief.result_decision = count
         tps = outcome.tps  # the one tokens/s rule: capped at MAX_TPS, None if unmeasurable
+        if self.affinity and outcome.uncached_tokens >= 0 and outcome.ok:
+            tps = self._without_prefill(belief.model, signature, outcome)
         lengths = self._lengths.get(belief.model)
         if lengths is None:
             lengths = self._lengths[belief.model] = AnswerLengths()
@@ -379,8 +447,21 @@ class ThompsonPolicy:
             belief.curve.add(tps, concurrency)
             belief.decision = count
 
+    def _without_prefill(self, model: str, signature: str, outcome: Outcome) -> float | None:
+        """Learn the route's prefill from this request's first token, and its speed with
+        the prefill part left out, so that a route is not thought slow for having received
+        cold prompts (issue 26): at most what the fit says the uncached tokens cost."""
+        uncached, ttfb = outcome.uncached_tokens, outcome.ttfb_s
+        if not 0.0 <= ttfb <= outcome.seconds:
+            return outcome.tps
+        self._prefill.add(model, signature, uncached, ttfb)
+        base, slope = self._prefill.fit(model, signature)
+        prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
+        return outcome._replace(seconds=outcome.seconds - prefill).tps
+
     def _prune(self, now: float) -> None:
         """Forget the half of the arms updated longest ago."""
         ordered = sorted(self._beliefs, key=lambda s: self._beliefs[s].t)
         for signature in ordered[: len(ordered) // 2]:
             del self._beliefs[signature]
+        self._prefill.forget(set(ordered[: len(ordered) // 2]))

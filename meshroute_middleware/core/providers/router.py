@@ -56,6 +56,7 @@ from .scoring import (
     price_score,
     rate_limit_factor,
     sample_reliability,
+    sample_speed,
     speed_score,
 )
 
@@ -121,7 +122,8 @@ class ProviderRouter:
             st = RouteStats()
         reliability = (expected_reliability(st.ok, st.fail) if rng is None
                        else sample_reliability(st.ok, st.fail, rng))
-        speed = speed_score(st.tokens_per_s, st.ttfb_ms)
+        speed = (speed_score(st.tokens_per_s, st.ttfb_ms) if rng is None
+                 else sample_speed(st.tokens_per_s, st.ttfb_ms, st.ok, rng))
         intelligence = intelligence_score(candidate.tier)
         model = candidate.model
         price = price_score(model.price_in, model.price_out) if model else 1.0

@@ -38,6 +38,13 @@ PRICE_REF_USD_PER_M = 1.0
 # Learned counts are scaled down past this many outcomes, so an old record cannot outvote
 # the last few hundred requests (the seed's counts grow forever).
 RELIABILITY_WINDOW = 200.0
+# Speed is drawn from a Beta posterior around the measured speed score whose weight is
+# SPEED_PRIOR_WEIGHT + the route's successes (at most SPEED_WINDOW): an untried route draws
+# about uniformly around the prior 0.6, so under `fastest` it is tried and learned even
+# beside a measured route that scores higher (issue 26); a measured one draws close to its
+# expected score, which the chain view shows.
+SPEED_PRIOR_WEIGHT = 2.0
+SPEED_WINDOW = 200.0
 EWMA_ALPHA = 0.2  # weight of the newest tps/ttfb sample
 
 
@@ -117,6 +124,15 @@ def speed_score(tokens_per_s: float | None, ttfb_ms: float | None) -> float:
     tps = SPEED_PRIOR if tokens_per_s is None else throughput_score(tokens_per_s)
     first = SPEED_PRIOR if ttfb_ms is None else ttfb_score(ttfb_ms)
     return TPS_WEIGHT * tps + TTFB_WEIGHT * first
+
+
+def sample_speed(tokens_per_s: float | None, ttfb_ms: float | None, successes: float,
+                 rng: random.Random) -> float:
+    """One Thompson draw of the speed score: Beta around `speed_score`, as sure as the
+    successes that measured it."""
+    mean = min(max(speed_score(tokens_per_s, ttfb_ms), 1e-3), 1.0 - 1e-3)
+    weight = SPEED_PRIOR_WEIGHT + min(max(successes, 0.0), SPEED_WINDOW)
+    return rng.betavariate(mean * weight, (1.0 - mean) * weight)
 
 
 def intelligence_score(tier: str) -> float:

@@ -21,9 +21,10 @@ from ..config import RouterConfig
 from ..errors import MeshRouteError
 from ..kinds import ErrorKind
 from ..policies import Outcome
+from ..prefix import Prefix, PrefixCache, chain
 from ..router import Decision, Router
 from ..routes import Route
-from .model import MODEL, Event, NodeSpec, Scenario
+from .model import MODEL, Conversations, Event, NodeSpec, Scenario
 from .oracle import GOOD_WITHIN, OraclePolicy, gain_score
 
 ARRIVE, FINISH, ANNOUNCE, TOKENS = 0, 1, 2, 3
@@ -38,6 +39,7 @@ class NodeState:
     running: set[Request] = field(default_factory=set)  # holding a slot
     queued: int = 0  # waiting requests that need this node
     load_s: float = 0.0  # expected solo service seconds of its running and queued requests
+    cache: PrefixCache | None = None  # its prefix cache, when the spec has one
 
     @property
     def busy(self) -> int:
@@ -70,6 +72,14 @@ class Request:
     updated_s: float = 0.0
     version: int = 0  # bumps on every re-rate; stale FINISH events are skipped
     ttfb_s: float = 0.0
+    # Conversations (issue 26): the prompt's message chain (None: a prompt of no cost, as
+    # before), the answer's key and the conversation's next turn.
+    prompt: Prefix | None = None
+    answer_key: bytes = b""
+    next_turn: Request | None = None
+    prefill_s: tuple[float, ...] = ()  # seconds per uncached prompt token on each hop
+    cached_tokens: int = -1  # the prompt's tokens found cached at its head when it started
+    turn_of: int = 0  # its turn in its conversation (0: the first)
 
     def __hash__(self) -> int:
         return self.index
@@ -84,6 +94,8 @@ class Trace:
     tokens_ok: list[int] = field(default_factory=list)
     failed: list[bool] = field(default_factory=list)
     good: list[bool] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)  # arrival to first token (0: failed)
+    warm: list[bool] = field(default_factory=list)  # half its prompt or more was cached
 
 
 class Simulator:
@@ -100,7 +112,14 @@ class Simulator:
         self.router = Router(config if oracle else replace(config, policy=policy),
                              clock=lambda: self.now, rng=random.Random(seed * 7919 + 17),
                              policy=oracle)
-        self.requests = _draw_requests(scenario, random.Random(seed))
+        self.conversing = scenario.conversations is not None
+        self.requests = (_draw_conversations(scenario, scenario.conversations,
+                                             random.Random(seed))
+                         if scenario.conversations is not None
+                         else _draw_requests(scenario, random.Random(seed)))
+        self._fresh = [r for r in self.requests if r.turn_of == 0] if self.conversing else []
+        self._fresh.reverse()  # popped from the end: first conversation first
+        self._arrived = 0
         self._events = sorted(scenario.events, key=lambda e: e.at_request)
         self._heap: list[tuple[float, int, int, Request | None, int]] = []
         self._seq = 0
@@ -141,6 +160,20 @@ class Simulator:
         if ahead < n.spec.slots:
             return 0.0
         return (ahead + 1 - n.spec.slots) / n.spec.slots * (n.load_s / ahead)
+
+    def prefill_s(self, route: Route, prompt: Prefix | None) -> float:
+        """Seconds the route would spend prefilling this prompt now, caches known."""
+        if prompt is None:
+            return 0.0
+        total = 0.0
+        for hop in route.hops:
+            state = self.nodes[hop.node.node_id]
+            spec = state.spec
+            if spec.prefill_tps > 0:
+                cached = state.cache.match(prompt, touch=False) if state.cache else 0
+                share = (hop.end_layer - hop.start_layer + 1) / spec.layers
+                total += (prompt.prompt_tokens - cached) * share / spec.prefill_tps
+        return total
 
     def can_start(self, node_ids: tuple[str, ...]) -> bool:
         """Whether a request on these nodes would start at once (a free slot, no queue)."""
@@ -190,14 +223,25 @@ class Simulator:
         if req is None:  # closed loop: the next request of the sequence
             if self._next >= len(self.requests):
                 return
-            req = self.requests[self._next]
+            if self.conversing:
+                if not self._fresh:
+                    return
+                req = self._fresh.pop()
+            else:
+                req = self.requests[self._next]
             req.arrival_s = self.now
+        if self.conversing:  # numbered in arrival order (events count arrivals)
+            req.index, req.arrival_s = self._arrived, self.now
+            self._arrived += 1
         self._next = max(self._next, req.index + 1)
         while self._events and self._events[0].at_request <= req.index:
             self._apply(self._events.pop(0))
         self.current = req
         try:
-            decision = self.router.choose(MODEL, max_tokens=req.max_tokens)
+            decision = (self.router.choose(MODEL, max_tokens=req.max_tokens,
+                                           prefix=req.prompt)
+                        if req.prompt is not None
+                        else self.router.choose(MODEL, max_tokens=req.max_tokens))
         except MeshRouteError:
             self._end(req, ok=False)
             return
@@ -209,6 +253,11 @@ class Simulator:
         req.good = self.gain(route, req.tokens) >= max(scores) * (1.0 - GOOD_WITHIN)
         req.compute_s, req.hop_s, req.latency_s, req.fail_p = self.route_truth(route)
         req.decision, req.nodes = decision, route.node_ids
+        if req.prompt is not None:
+            req.prefill_s = tuple(
+                (h.end_layer - h.start_layer + 1) / spec.layers / spec.prefill_tps
+                if (spec := self.nodes[h.node.node_id].spec).prefill_tps > 0 else 0.0
+                for h in route.hops)
         req.service_s = req.tokens * (sum(req.compute_s) + req.hop_s) + req.latency_s
         cut = req.cut_u if req.fail_u < req.fail_p else 1.0
         req.tokens_left = req.tokens * cut
@@ -236,13 +285,27 @@ class Simulator:
                 still.append(req)
         self._waiting = still
         for req in started:
-            req.ttfb_s = self.now - req.arrival_s + req.latency_s
-            if req.latency_s > 0:
-                self._push(self.now + req.latency_s, TOKENS, req)
+            delay = req.latency_s + (self._prefill(req) if req.prompt is not None else 0.0)
+            req.ttfb_s = self.now - req.arrival_s + delay
+            if delay > 0:
+                self._push(self.now + delay, TOKENS, req)
             else:
                 self._begin_tokens(req)
         if started:
             self._rerate({n for r in started for n in r.nodes})
+
+    def _prefill(self, req: Request) -> float:
+        """Seconds to prefill the prompt's uncached tokens on every hop (noise as decode)."""
+        assert req.prompt is not None
+        total = 0.0
+        prompt = req.prompt
+        for k, (node_id, per_token) in enumerate(zip(req.nodes, req.prefill_s, strict=True)):
+            cache = self.nodes[node_id].cache
+            cached = cache.match(prompt) if cache is not None else 0
+            if k == 0:
+                req.cached_tokens = cached
+            total += (prompt.prompt_tokens - cached) * per_token
+        return total * req.noise
 
     def _begin_tokens(self, req: Request) -> None:
         req.updated_s = self.now
@@ -272,6 +335,12 @@ class Simulator:
         req.rate = 0.0
         self._rerate(set(req.nodes))
         ok = req.fail_u >= req.fail_p
+        if ok and req.prompt is not None:  # the prompt and the answer are cached now
+            kept = req.prompt.extended(req.answer_key, req.tokens)
+            for node_id in req.nodes:
+                cache = self.nodes[node_id].cache
+                if cache is not None:
+                    cache.store(kept)
         self._end(req, ok=ok)
         self._start_waiting()
 
@@ -284,7 +353,7 @@ class Simulator:
             self.router.record(req.decision, outcome)
         self.done[req.index] = (self.now, req.tokens if ok else 0, not ok)
         if self.scenario.poisson_rate <= 0:
-            self._push(self.now, ARRIVE, None)
+            self._push(self.now, ARRIVE, req.next_turn if self.conversing else None)
 
     # -- topology -----------------------------------------------------------------------
     def _announce(self) -> None:
@@ -300,9 +369,11 @@ class Simulator:
     def _join(self, spec: NodeSpec) -> None:
         state = self.nodes.get(spec.node_id)
         if state is None:
-            self.nodes[spec.node_id] = NodeState(spec)
+            state = self.nodes[spec.node_id] = NodeState(spec)
         else:
             state.spec, state.present = spec, True
+        # A node that (re)joins starts with an empty prefix cache.
+        state.cache = PrefixCache(spec.cache_tokens) if spec.cache_tokens > 0 else None
         self.router.upsert_node(spec.record(self._advertised(spec)))
 
     def _advertised(self, spec: NodeSpec) -> float:
@@ -321,8 +392,9 @@ class Simulator:
             self._leave(event.node_id)
         elif event.kind in ("slow", "fail"):
             state = self.nodes[event.node_id]
-            if event.kind == "slow":
-                spec = replace(state.spec, s_per_layer=state.spec.s_per_layer * event.factor)
+            if event.kind == "slow":  # prefill slows with decode (the same hardware)
+                spec = replace(state.spec, s_per_layer=state.spec.s_per_layer * event.factor,
+                               prefill_tps=state.spec.prefill_tps / event.factor)
             else:
                 spec = replace(state.spec, fail_rate=event.factor)
             state.spec = spec
@@ -349,8 +421,11 @@ class Simulator:
 
     def _trace(self) -> Trace:
         trace = Trace()
-        for req in self.requests:
+        for req in sorted(self.requests, key=lambda r: r.index):
             finish, tokens, failed = self.done[req.index]
+            trace.ttft_s.append(0.0 if failed else req.ttfb_s)
+            trace.warm.append(req.prompt is not None
+                              and 2 * req.cached_tokens >= req.prompt.prompt_tokens)
             trace.arrival_s.append(req.arrival_s)
             trace.finish_s.append(finish)
             trace.tokens_ok.append(tokens)
@@ -396,6 +471,38 @@ def client_max_tokens(tokens: int, rng: random.Random) -> int | None:
     if u < 2 / 3:
         return FIXED_CAP
     return 1 << max(tokens - 1, 1).bit_length()
+
+
+def _draw_conversations(scenario: Scenario, conv: Conversations,
+                        rng: random.Random) -> list[Request]:
+    """The multi-turn workload: conversations (their turns linked in order) until
+    `scenario.requests` turns; the same random draws per turn as `_draw_requests`."""
+    sigma = scenario.noise_sigma
+    lo, hi = scenario.tokens
+    out: list[Request] = []
+    bounds = random.Random(rng.random())
+    c = 0
+    while len(out) < scenario.requests:
+        one_shot = rng.random() < conv.one_shot
+        turns = 1 if one_shot else rng.randint(*conv.turns)
+        first = rng.randint(*(conv.one_shot_tokens if one_shot else conv.system_tokens))
+        prompt = chain([f"{c}:0".encode()], [first])
+        previous: Request | None = None
+        for k in range(min(turns, scenario.requests - len(out))):
+            if k:
+                prompt = prompt.extended(f"{c}:{k}:user".encode(), rng.randint(*conv.user_tokens))
+            noise = math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2)
+            tokens = rng.randint(lo, hi)
+            req = Request(len(out), tokens, noise, rng.random(), rng.random(), 0.0,
+                          client_max_tokens(tokens, bounds), prompt=prompt,
+                          answer_key=f"{c}:{k}:answer".encode(), turn_of=k)
+            out.append(req)
+            if previous is not None:
+                previous.next_turn = req
+            previous = req
+            prompt = prompt.extended(req.answer_key, tokens)
+        c += 1
+    return out
 
 
 def run(scenario: Scenario, policy: str, seed: int) -> Trace:

@@ -24,6 +24,9 @@ class RunMetrics:
     p95_latency_s: float
     failed_rate: float
     reconverge_requests: float | None  # median over change points; None if never
+    mean_ttft_s: float = 0.0  # arrival to first token, over the successful requests
+    p95_ttft_s: float = 0.0
+    warm_share: float = 0.0  # of the requests with a prompt, those that found half cached
 
 
 def throughput(trace: Trace) -> float:
@@ -63,8 +66,11 @@ def measure(trace: Trace, change_points: Sequence[int]) -> RunMetrics:
     """All metrics of one run."""
     latencies = [f - a for a, f in zip(trace.arrival_s, trace.finish_s, strict=True)]
     failed = sum(trace.failed) / len(trace.failed)
+    # (a trace built by hand may carry no first-token times)
+    ttft = [t for t, f in zip(trace.ttft_s, trace.failed, strict=False) if not f] or [0.0]
     return RunMetrics(throughput(trace), p95(latencies), failed,
-                      reconverge(trace.good, change_points))
+                      reconverge(trace.good, change_points), statistics.fmean(ttft), p95(ttft),
+                      sum(trace.warm) / len(trace.warm) if trace.warm else 0.0)
 
 
 def route_share(requests: Sequence[Request], nodes: tuple[str, ...], start_s: float,

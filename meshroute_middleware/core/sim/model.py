@@ -26,6 +26,11 @@ class NodeSpec:
     # takes (1 + slot_slowdown · (k − 1)) times as long. 0: slots are independent; 1: the
     # node's total throughput stays flat however many run (a serial node in disguise).
     slot_slowdown: float = 0.0
+    # Prefill (issue 26): prompt tokens/s of the whole model (a hop prefills its share of the
+    # layers); 0: prompts cost nothing, as before. Time to first token adds the prompt's
+    # uncached tokens / prefill speed.
+    prefill_tps: float = 0.0
+    cache_tokens: int = 0  # prefix-cache capacity in tokens (LRU); 0: no cache
 
     @property
     def span(self) -> int:
@@ -60,6 +65,14 @@ def whole(node_id: str, tps: float, *, layers: int = 32, slots: int = 4,
                     fail_rate=fail_rate, slot_slowdown=slot_slowdown)
 
 
+def caching(node_id: str, tps: float, *, slots: int = 16, slot_slowdown: float = 0.05,
+            prefill_tps: float = 1000.0, cache_tokens: int = 32_000, layers: int = 32) -> NodeSpec:
+    """A batching server with a prefix cache: prompts prefill at `prefill_tps`, the cached
+    prefix of a prompt is skipped (vLLM automatic prefix caching, SGLang, llama.cpp)."""
+    return replace(whole(node_id, tps, layers=layers, slots=slots, slot_slowdown=slot_slowdown),
+                   prefill_tps=prefill_tps, cache_tokens=cache_tokens)
+
+
 def serial(node_id: str, tps: float) -> NodeSpec:
     """A server that runs one request at a time (llama.cpp without --parallel)."""
     return whole(node_id, tps, slots=1)
@@ -86,6 +99,19 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class Conversations:
+    """A multi-turn workload: each closed-loop client holds one conversation at a time, its
+    next turn sent when the last answer came (the prompt grows by the answer and a new
+    message); a share of the conversations are one-shot prompts."""
+
+    turns: tuple[int, int] = (3, 30)  # turns per conversation, uniform inclusive
+    system_tokens: tuple[int, int] = (200, 1000)  # the first message
+    user_tokens: tuple[int, int] = (20, 300)  # each new message
+    one_shot: float = 0.0  # share of one-turn prompts
+    one_shot_tokens: tuple[int, int] = (200, 2000)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A mesh, its arrival process and its changes; `requests` is the full-run length."""
 
@@ -106,6 +132,7 @@ class Scenario:
     announce_s: float = 0.0  # nodes re-announce their queue depth this often (0: never)
     quick_requests: int = 800
     changes: tuple[int, ...] = field(default=())  # requests where the best route may change
+    conversations: Conversations | None = None  # multi-turn prompts (issue 26); None: none
 
     def change_points(self) -> tuple[int, ...]:
         """Request indices after which convergence is measured: 0 and every event."""

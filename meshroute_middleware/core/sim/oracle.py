@@ -60,6 +60,10 @@ def gain_score(sim: Simulator, route: Route, tokens: int) -> float:
     compute, hop_s, latency_s, fail_p = sim.route_truth(route)
     nodes = route.node_ids
     ok_p = 1.0 - fail_p
+    req = sim.current
+    if sim.conversing and req is not None:
+        # Knowing every cache: the prompt's uncached prefill is paid before any token.
+        latency_s += sim.prefill_s(route, req.prompt)
     if not sim.can_start(nodes):
         wait = max(sim.expected_wait_s(n) for n in nodes)
         per_token = sum(c * sim.nodes[n].spec.slowdown(sim.nodes[n].spec.slots)
@@ -67,7 +71,9 @@ def gain_score(sim: Simulator, route: Route, tokens: int) -> float:
         return TIE_WEIGHT * ok_p * tokens / (wait + latency_s + tokens * per_token)
     extra = frozenset(nodes)
     per_token = sim.per_token_s(nodes, compute, hop_s, extra)
-    gain = ok_p / per_token
+    # Conversations: its own delivered rate, first token included.
+    gain = (ok_p * tokens / (latency_s + tokens * per_token) if sim.conversing
+            else ok_p / per_token)
     for req in {r for n in nodes for r in sim.nodes[n].running}:
         if req.rate <= 0:
             continue

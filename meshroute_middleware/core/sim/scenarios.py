@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .model import Event, NodeSpec, Scenario, batching, serial, whole
+from .model import Conversations, Event, NodeSpec, Scenario, batching, caching, serial, whole
 
 # ADR-0020's mesh: a 40-layer model (Qwen3.6-35B-A3B), a fast GPU node on layers 0-21 and slow
 # CPU nodes on 0-39. Speeds are illustrative; the per-token hop latency is what makes the
@@ -99,9 +99,40 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+# Issue 26: conversations on servers with prefix caches (prefill 1,000 tok/s, as the
+# independent check). Turns of 3-30 grow to several thousand tokens; answers 32-256 tokens.
+# Not in the default set: `meshroute bench learning --conversations` runs them.
+CONVERSE = Conversations()
+MIXED = Conversations(one_shot=0.5)
+ANSWERS = (32, 256)
+EQUAL = (caching("a", 60.0), caching("b", 60.0), caching("c", 60.0))
+# Small batches that slow steeply: eight conversations on one node would saturate it.
+CRAMPED = (caching("fast", 90.0, slots=4, slot_slowdown=0.25),
+           caching("mid", 60.0, slots=8, slot_slowdown=0.1),
+           caching("slow", 30.0, slots=8, slot_slowdown=0.05))
+HETERO = (caching("fast", 90.0), caching("mid", 60.0), caching("slow", 30.0))
+
+CONVERSATION_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("15-conv-roomy", "8 conversations on three equal caching nodes: affinity pays",
+             EQUAL, 2000, clients=8, tokens=ANSWERS, conversations=CONVERSE),
+    Scenario("16-conv-slowdown", "8 conversations; node a slows 5x, then recovers",
+             EQUAL, 2400, clients=8, tokens=ANSWERS, conversations=CONVERSE,
+             events=(Event(800, "slow", "a", factor=5.0),
+                     Event(1600, "slow", "a", factor=1 / 5))),
+    Scenario("17-conv-saturates", "16 conversations; the fast node's small batch saturates",
+             CRAMPED, 2400, clients=16, tokens=ANSWERS, conversations=CONVERSE),
+    Scenario("18-conv-leave", "8 conversations; node a leaves mid-conversation, rejoins cold",
+             EQUAL, 2400, clients=8, tokens=ANSWERS, conversations=CONVERSE,
+             events=(Event(800, "leave", "a"), Event(1600, "join", "a", node=EQUAL[0]))),
+    Scenario("19-conv-mixed", "8 clients, half one-shot prompts, nodes 90/60/30",
+             HETERO, 2000, clients=8, tokens=ANSWERS, conversations=MIXED),
+)
+
+
 def by_name(name: str) -> Scenario:
     """The scenario called `name` (or whose name starts with `name`, e.g. "3")."""
-    for s in SCENARIOS:
+    for s in (*SCENARIOS, *CONVERSATION_SCENARIOS):
         if s.name == name or s.name.split("-")[0] == name:
             return s
-    raise KeyError(f"unknown scenario {name!r}; known: {', '.join(s.name for s in SCENARIOS)}")
+    known = ", ".join(s.name for s in (*SCENARIOS, *CONVERSATION_SCENARIOS))
+    raise KeyError(f"unknown scenario {name!r}; known: {known}")

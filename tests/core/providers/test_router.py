@@ -334,3 +334,28 @@ def test_a_refused_key_leaves_rotation_and_blames_not_the_route(cfg: ProvidersCo
     assert router.clear("fastco/big-model#1") == 1
     back = [router.acquire(big, 100, T0 + 2) for _ in range(2)]
     assert {a.key for a in back if isinstance(a, ChainAttempt)} == {1, 2}
+
+
+def test_under_fastest_an_untried_faster_provider_is_learned(cfg: ProvidersConfig) -> None:
+    """Issue 26: a measured mesh route (50 tok/s) beside an untried provider model that is
+    in truth twice as fast. With the speed a fixed prior 0.6 the provider could never outscore
+    the mesh route's measured 0.72; drawn from a posterior it is tried, learned, and takes
+    most of the traffic within 50 requests. The chain view still shows expected values."""
+    router = ProviderRouter(cfg)
+    truth = {"qwen": (50.0, 500.0), "fastco/big-model": (100.0, 250.0)}
+    for i in range(30):
+        serve(router, "qwen", T0 + i, OutcomeKind.SUCCESS, tokens_per_s=50.0, ttfb_ms=500.0)
+    res = router.resolve("auto:mesh-first", MESH)
+    assert res.strategy == "fastest"
+    shown = {s.candidate.route: s.speed for s in router.rank(res, T0 + 30)}
+    assert shown["fastco/big-model"] == 0.6 and shown["qwen"] > 0.7
+    rng = random.Random(3)
+    chosen = []
+    for k in range(50):
+        now = T0 + 40 + k
+        first = router.rank(res, now, rng)[0].candidate.route
+        chosen.append(first)
+        tps, ttfb = truth[first]
+        serve(router, first, now, OutcomeKind.SUCCESS, tokens_per_s=tps, ttfb_ms=ttfb,
+              used_tokens=50)
+    assert chosen[25:].count("fastco/big-model") >= 18

@@ -65,3 +65,26 @@ def test_policy_flag_runs_only_those_beside_the_oracle(tmp_path: Path) -> None:
                  "--policy", "thompson", "--json", str(out)]) == 0
     cells = json.loads(out.read_text())["scenarios"]["1-two-routes"]
     assert set(cells) == {"oracle", "petals", "thompson", "default"}
+
+
+def test_conversations_flag_runs_the_conversation_scenarios_with_ttft(
+        tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26: `--conversations` runs scenarios 15-19 (not in the default set) against
+    the cache-aware baselines and reports time to first token."""
+    from meshroute_middleware.app.bench.harness import CONVERSATION_POLICIES
+    from meshroute_middleware.core.sim.scenarios import CONVERSATION_SCENARIOS
+
+    out = tmp_path / "conv.json"
+    assert main(["bench", "learning", "--quick", "--conversations", "--scenario", "15",
+                 "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["scenarios"]["15-conv-roomy"]
+    assert set(cells) == {*CONVERSATION_POLICIES, "default"}
+    for cell in cells.values():
+        assert {"mean_ttft_s", "p95_ttft_s", "ttft_of_oracle", "tokens_per_s",
+                "warm_share"} <= set(cell)
+    assert cells["oracle"]["ttft_of_oracle"] == 1.0
+    # affinity pays: the default policy's first tokens come far sooner than blind thompson's
+    assert cells["thompson"]["mean_ttft_s"] < 0.6 * cells["thompson-blind"]["mean_ttft_s"]
+    table = capsys.readouterr().out
+    assert "| 15-conv-roomy | sglang-cache |" in table and "mean TTFT s" in table
+    assert {s.name for s in CONVERSATION_SCENARIOS}.isdisjoint(s.name for s in SCENARIOS)

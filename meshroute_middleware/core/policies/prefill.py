@@ -1,0 +1,98 @@
+"""What a warm prefix saves on a route, learned from the route's own time to first token.
+
+A request that carries its prompt's message chain reports how many prompt tokens the route
+was not known to hold (`Outcome.uncached_tokens`). Time to first token is modelled as
+base + slope × uncached tokens: a decayed least-squares fit per route (recent samples
+weigh most, so a route that slows is followed), shrunk toward the fit pooled over the
+model's routes while a route has few samples. The slope (seconds per uncached prompt token,
+the prefill cost) is learned, never assumed: its prior is 0, "a warm prefix saves nothing",
+until the samples show otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KILO = 1000.0  # the fit's x is in thousands of tokens (a well-conditioned 2x2 system)
+# Each sample's weight shrinks by this per newer sample (~200 samples): slow enough to keep
+# the cold samples that tell the slope while a route serves mostly warm turns.
+FORGET = 0.995
+POOLED_FORGET = 0.999  # the model-wide fit forgets slower (it pools every route)
+ROUTE_PRIOR = 2.0  # weight of the pooled fit in a route's fit (samples' worth)
+POOLED_PRIOR = 0.5  # weight of "slope 0, base 0" in the pooled fit
+
+
+@dataclass(slots=True)
+class PrefillFit:
+    """Decayed sums of (x = uncached kilotokens, y = time to first token)."""
+
+    forget: float = FORGET
+    s0: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, uncached_tokens: int, ttfb_s: float) -> None:
+        """One sample."""
+        x, f = uncached_tokens / KILO, self.forget
+        self.s0 = self.s0 * f + 1.0
+        self.sx = self.sx * f + x
+        self.sy = self.sy * f + ttfb_s
+        self.sxx = self.sxx * f + x * x
+        self.sxy = self.sxy * f + x * ttfb_s
+
+    def solve(self, base0: float, slope0: float, weight: float) -> tuple[float, float]:
+        """(base seconds, seconds per kilotoken), ridge-shrunk toward (base0, slope0) with
+        `weight` samples' worth on each; the slope never below 0."""
+        a00, a01, a11 = self.s0 + weight, self.sx, self.sxx + weight
+        b0 = self.sy + weight * base0
+        b1 = self.sxy + weight * slope0
+        det = a00 * a11 - a01 * a01
+        if det <= 1e-12:
+            return base0, slope0
+        base = (a11 * b0 - a01 * b1) / det
+        slope = (a00 * b1 - a01 * b0) / det
+        if slope < 0.0:  # refit the base alone with no prefill cost
+            return (self.sy + weight * base0) / (self.s0 + weight), 0.0
+        return base, slope
+
+
+class PrefillModel:
+    """Per route and pooled per model: time to first token against uncached tokens."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, PrefillFit] = {}
+        self._pooled: dict[str, PrefillFit] = {}
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+    def add(self, model: str, signature: str, uncached_tokens: int, ttfb_s: float) -> None:
+        """Learn from one request's time to first token."""
+        fit = self._routes.get(signature)
+        if fit is None:
+            fit = self._routes[signature] = PrefillFit()
+        fit.add(uncached_tokens, ttfb_s)
+        pooled = self._pooled.get(model)
+        if pooled is None:
+            pooled = self._pooled[model] = PrefillFit(POOLED_FORGET)
+        pooled.add(uncached_tokens, ttfb_s)
+
+    def fit(self, model: str, signature: str) -> tuple[float, float]:
+        """(base seconds, prefill seconds per kilotoken) of a route."""
+        pooled = self._pooled.get(model)
+        prior = pooled.solve(0.0, 0.0, POOLED_PRIOR) if pooled is not None else (0.0, 0.0)
+        fit = self._routes.get(signature)
+        if fit is None:
+            return prior
+        return fit.solve(prior[0], prior[1], ROUTE_PRIOR)
+
+    def prefill_s(self, model: str, signature: str, uncached_tokens: int) -> float:
+        """Expected seconds a route spends on a prompt's uncached tokens."""
+        return self.fit(model, signature)[1] * uncached_tokens / KILO
+
+    def forget(self, signatures: set[str]) -> None:
+        """Drop the fits of these routes (pruned with their beliefs)."""
+        for signature in signatures:
+            self._routes.pop(signature, None)

@@ -1,0 +1,201 @@
+"""Issue 26: prefix-cache affinity learned by thompson, and the fixed rules beside it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig
+from meshroute_middleware.core.policies.cache_rules import (
+    BALANCE_ABS,
+    CacheAwarePolicy,
+    LeastLoadedPolicy,
+    SessionStickyPolicy,
+)
+from meshroute_middleware.core.policies.prefill import PrefillFit, PrefillModel
+from meshroute_middleware.core.policies.thompson import ThompsonPolicy
+from meshroute_middleware.core.prefix import chain
+from meshroute_middleware.core.routes import Hop, make_route
+from meshroute_middleware.core.sim.engine import Simulator
+from meshroute_middleware.core.sim.metrics import route_share
+from meshroute_middleware.core.sim.scenarios import by_name
+
+
+def arm(name: str, in_flight: int = 0, prior: float = 10.0) -> Arm:
+    node = NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", prior)
+    return Arm(make_route("m", [Hop(node, 0, 31)]), None, in_flight)
+
+
+# -- what a warm prefix saves -------------------------------------------------------------
+def test_the_fit_recovers_base_and_prefill_cost_from_warm_and_cold_samples() -> None:
+    rng = random.Random(4)
+    fit = PrefillFit()
+    for _ in range(300):
+        uncached = rng.choice([100, 300, 2000, 5000])
+        fit.add(uncached, 0.2 + uncached / 1000.0 * rng.lognormvariate(0.0, 0.1))
+    base, slope = fit.solve(0.0, 0.0, 2.0)
+    assert base == pytest.approx(0.2, abs=0.1)
+    assert slope == pytest.approx(1.0, rel=0.1)  # seconds per 1,000 tokens
+
+
+def test_the_slope_is_learned_not_assumed() -> None:
+    model = PrefillModel()
+    assert model.prefill_s("m", "r", 5000) == 0.0  # nothing seen: a warm prefix saves nothing
+    for _ in range(50):  # prompts cost nothing on this route whatever their length
+        model.add("m", "r", 100, 0.3)
+        model.add("m", "r", 5000, 0.3)
+    assert model.prefill_s("m", "r", 5000) == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_route_fed_cold_prompts_is_not_learnt_slower() -> None:
+    # Two routes decoding at the same 50 tok/s: A receives only cold 5,000-token prompts
+    # (5 s of prefill), B warm ones. With affinity the prefill is left out of the speed.
+    def learn(policy: ThompsonPolicy) -> tuple[float, float]:
+        for k in range(200):
+            for sig, uncached in (("m|a", 5000), ("m|b", 200)):
+                ttfb = 0.1 + uncached / 1000.0
+                policy.observe(sig, Outcome(200, ttfb + 4.0, ttfb, uncached_tokens=uncached,
+                                            concurrency=1.0), float(k))
+        a, b = policy.estimate("m|a"), policy.estimate("m|b")
+        assert a is not None and b is not None
+        return a, b
+
+    a, b = learn(ThompsonPolicy())
+    assert a == pytest.approx(b, rel=0.1)
+    blind_a, blind_b = learn(ThompsonPolicy(affinity=False))
+    assert blind_a < 0.6 * blind_b
+
+
+# -- decisions ------------------------------------------------------------------------------
+def test_requests_without_a_prompt_are_decided_as_before() -> None:
+    def decisions(policy: str) -> list[str]:
+        now = [0.0]
+        router = Router(RouterConfig(policy=policy), clock=lambda: now[0],
+                        rng=random.Random(5))
+        for name, tps in (("a", 60.0), ("b", 50.0), ("c", 40.0)):
+            router.upsert_node(NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", tps))
+        speeds = {"a": 60.0, "b": 50.0, "c": 40.0}
+        out = []
+        for k in range(300):
+            d = router.choose("m", max_tokens=256)
+            tps = speeds[d.route.head.node_id] * (1.0 + 0.1 * ((k * 7) % 5 - 2) / 2)
+            now[0] += 1.0
+            router.record(d, Outcome(200, 200 / tps, 0.1))
+            out.append(d.signature)
+        return out
+
+    assert decisions("thompson") == decisions("thompson-blind")
+
+
+def run(scenario: str, policy: str, requests: int, seed: int = 1) -> Simulator:
+    sim = Simulator(by_name(scenario).scaled(requests), policy, seed)
+    sim.run()
+    return sim
+
+
+def test_thompson_learns_to_keep_conversations_on_their_warm_route() -> None:
+    ours = Simulator(by_name("15-conv-roomy").scaled(600), "thompson", 2).run()
+    blind = Simulator(by_name("15-conv-roomy").scaled(600), "thompson-blind", 2).run()
+    ours_warm = sum(ours.warm) / len(ours.warm)
+    blind_warm = sum(blind.warm) / len(blind.warm)
+    assert ours_warm > blind_warm + 0.05
+    assert sum(ours.ttft_s) < 0.6 * sum(blind.ttft_s)
+
+
+def test_affinity_breaks_when_the_warm_node_slows() -> None:
+    # Scenario 16 at 900 turns: node a slows 5x at turn 300 and recovers at 600. Soon after
+    # the slowdown thompson sends it few turns although a third of the conversations are warm
+    # there; session-sticky keeps sending them.
+    def share(policy: str) -> float:
+        sim = run("16-conv-slowdown", policy, 900)
+        t0 = next(r.arrival_s for r in sim.requests if r.index == 400)
+        t1 = next(r.arrival_s for r in sim.requests if r.index == 600)
+        value = route_share(sim.requests, ("a",), t0, t1)
+        assert value is not None
+        return value
+
+    assert share("thompson") < 0.05
+    assert share("session-sticky") > 0.15
+
+
+def test_a_conversation_moves_when_its_warm_route_saturates() -> None:
+    # Scenario 17: 16 conversations, the fast node runs 4 at once and slows steeply beyond:
+    # sticking to it queues (session-sticky), ignoring caches prefills (thompson-blind).
+    def mean_ttft(policy: str) -> float:
+        sim = run("17-conv-saturates", policy, 800)
+        return sum(r.ttfb_s for r in sim.requests) / len(sim.requests)
+
+    ours = mean_ttft("thompson")
+    assert ours < 0.5 * mean_ttft("session-sticky")
+    assert ours < 0.5 * mean_ttft("thompson-blind")
+
+
+# -- the fixed rules ------------------------------------------------------------------------
+def test_session_sticky_keeps_a_conversation_and_moves_only_a_leaving_routes() -> None:
+    policy, rng = SessionStickyPolicy(), random.Random(1)
+    arms = [arm("a"), arm("b"), arm("c")]
+    picks = {}
+    for k in range(60):
+        prompt = chain([f"conv-{k}".encode()], [100])
+        for a in arms:
+            a.prefix = prompt
+        picks[k] = arms[policy.choose(arms, 0.0, rng)[0]].signature
+        later = prompt.extended(b"answer", 50)
+        for a in arms:
+            a.prefix = later
+        assert arms[policy.choose(arms, 0.0, rng)[0]].signature == picks[k]
+    assert len(set(picks.values())) == 3
+    fewer = [a for a in arms if a.signature != "m|a"]
+    for k in range(60):
+        prompt = chain([f"conv-{k}".encode()], [100])
+        for a in fewer:
+            a.prefix = prompt
+        now = fewer[policy.choose(fewer, 0.0, rng)[0]].signature
+        if picks[k] != "m|a":
+            assert now == picks[k]
+
+
+def test_least_loaded_takes_the_fewest_in_flight() -> None:
+    arms = [arm("a", 3), arm("b", 1), arm("c", 2)]
+    assert LeastLoadedPolicy().choose(arms, 0.0, random.Random(0))[0] == 1
+
+
+def test_the_cache_aware_rule_takes_the_warm_route_until_the_load_is_out_of_balance() -> None:
+    policy, rng = CacheAwarePolicy(), random.Random(0)
+    prompt = chain([b"s", b"u"], [1000, 100])
+    arms = [arm("a", 2), arm("b", 0), arm("c", 1)]
+    for a in arms:
+        a.prefix = prompt
+    arms[0].warm_tokens = 1000
+    assert policy.choose(arms, 0.0, rng)[0] == 0
+    arms[0].in_flight = BALANCE_ABS + 1
+    assert policy.choose(arms, 0.0, rng)[0] == 1
+    arms[0].in_flight, arms[0].warm_tokens = 2, 100  # too little of the prompt is warm
+    assert policy.choose(arms, 0.0, rng)[0] == 1
+
+
+def test_the_router_knows_which_route_served_a_prefix_and_tells_the_policy() -> None:
+    seen: list[list[tuple[str, int]]] = []
+
+    class Spy(LeastLoadedPolicy):
+        def choose(self, arms, now, rng):  # type: ignore[no-untyped-def]
+            seen.append([(a.signature, a.warm_tokens) for a in arms])
+            return super().choose(arms, now, rng)
+
+    router = Router(clock=lambda: 0.0, policy=Spy())
+    for name in ("a", "b"):
+        router.upsert_node(NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", 10.0))
+    turn1 = chain([b"system", b"user"], [800, 100])
+    d = router.choose("m", prefix=turn1)
+    assert d.uncached_tokens == 900
+    router.record(d, Outcome(50, 2.0, 1.0))
+    turn2 = turn1.extended(b"answer", 50).extended(b"user 2", 30)
+    d2 = router.choose("m", prefix=turn2)
+    # the prompt it served and the answer it generated
+    assert dict(seen[-1]) == {d.signature: 950, **{s: 0 for s, _ in seen[-1]
+                                                    if s != d.signature}}
+    assert d2.prefix == turn2
+    failed = router.choose("m", prefix=chain([b"other"], [10]))
+    router.record(failed, Outcome(0, 1.0, 0.0, "stream"))
+    assert router.prefixes.warm(chain([b"other"], [10])) == {}  # a failure cached nothing
