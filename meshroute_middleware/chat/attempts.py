@@ -144,14 +144,15 @@ class Attempts:
 
     async def run(self, first: Decision, attempt: RouteAttempt[T],
                   ctx: T) -> tuple[Decision, Failed | None]:
-        """Try `first`, then the ranked fallbacks while attempts fail before their first
-        byte and the deadline allows; return the last decision and, if no route answered,
-        the last failure (TOO_LATE when the deadline ran out between attempts)."""
+        """Try `first` (its caller chose it within the deadline), then the ranked fallbacks
+        while attempts fail before their first byte and the deadline allows; return the last
+        decision and, if no route answered, the last failure (TOO_LATE when the deadline ran
+        out between attempts)."""
         decision = first
         while True:
             self._open.append(decision)
             self.telemetry.decided(decision)
-            if self.too_late():
+            if decision is not first and self.too_late():
                 return decision, TOO_LATE
             measurement = self.measured = Measurement(self.max_tokens)
             failed = await attempt(decision, measurement, ctx)
