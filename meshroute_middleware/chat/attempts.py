@@ -59,7 +59,7 @@ class Exchange:
         self.started = False  # the client got a response start: too late for an error reply
         self.gone = False  # the client disconnected
         self.expired = False  # the watchdog cancelled it at its deadline (annotate mode)
-        self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
+        self.task: asyncio.Task[Any] | None = None  # the task serving it (while watched)
         self.seen = False  # a watchdog sweep has seen it under way
         self.watcher: asyncio.Task[None] | None = None
 
