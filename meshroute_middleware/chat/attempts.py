@@ -59,7 +59,7 @@ class Exchange:
         self.started = False  # the client got a response start: too late for an error reply
         self.gone = False  # the client disconnected
         self.expired = False  # the watchdog cancelled it at its deadline (annotate mode)
-        self.task: asyncio.Task[Any] | None = None  # the task serving it (forward mode)
+        self.task: asyncio.Task[Any] | None = None  # the task serving it (while watched)
         self.seen = False  # a watchdog sweep has seen it under way
         self.watcher: asyncio.Task[None] | None = None
 
@@ -144,14 +144,15 @@ class Attempts:
 
     async def run(self, first: Decision, attempt: RouteAttempt[T],
                   ctx: T) -> tuple[Decision, Failed | None]:
-        """Try `first`, then the ranked fallbacks while attempts fail before their first
-        byte and the deadline allows; return the last decision and, if no route answered,
-        the last failure (TOO_LATE when the deadline ran out between attempts)."""
+        """Try `first` (its caller chose it within the deadline), then the ranked fallbacks
+        while attempts fail before their first byte and the deadline allows; return the last
+        decision and, if no route answered, the last failure (TOO_LATE when the deadline ran
+        out between attempts)."""
         decision = first
         while True:
             self._open.append(decision)
             self.telemetry.decided(decision)
-            if self.too_late():
+            if decision is not first and self.too_late():
                 return decision, TOO_LATE
             measurement = self.measured = Measurement(self.max_tokens)
             failed = await attempt(decision, measurement, ctx)
