@@ -7,7 +7,7 @@ same run, one network namespace.
 (re-runs itself under scripts/isolated when not already inside a namespace of its own: LiteLLM
 runs with no network but loopback, so its backend and the load generator live there too.)
 LiteLLM's proxy comes from its own venv (`benchmarks/litellm-venv` builds it once), started
-as FACTS.md says: `litellm --config cfg.yaml --host 127.0.0.1 --port P --num_workers 1` with
+as measured here: `litellm --config cfg.yaml --host 127.0.0.1 --port P --num_workers 1` with
 LITELLM_MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP=True and LITELLM_OFFLINE_MODE=true, access
 log off (as `meshroute serve --log-level warning` has it). Both gateways get the same two
 `meshroute node --emulate` backends (`fast`: 16 tokens at once; `paced`: --stream-tps tokens/s

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-# FACTS.md: Debian's chromium, headless, no sandbox (containers), a fresh profile each run.
+# Debian's chromium, headless, no sandbox (containers), a fresh profile each run.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--no-first-run", "--no-default-browser-check", "--mute-audio", "--hide-scrollbars")

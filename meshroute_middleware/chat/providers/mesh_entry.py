@@ -34,7 +34,7 @@ class MeshEntry:
         model = got.candidate.route
         bound = answer_bound(cr.payload)
         try:
-            decision = self.router.choose(model, None, bound)
+            decision = self.router.choose(model, None, bound, cr.ex.req.prefix)
         except (UnknownModelError, NoRouteError):
             return self.outcomes.failed(got, "connect", cr.session)
         first = cr.opened[0]
