@@ -3,6 +3,7 @@ origin of its own, sharing what they learn over loopback gossip and the one stat
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -23,6 +24,7 @@ from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import MEMORY, StateStoreError
 from node_agent.serving import ListenError, listen_socket
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 log = logging.getLogger("meshroute.serve")
 PORT_HINT = "choose another port with --port (0: any free port)"
 
@@ -52,8 +54,20 @@ def _free_ports(n: int) -> list[int]:
             sock.close()
 
 
-def _serve_worker(settings: ServeSettings) -> None:
+def _die_with(parent: int) -> None:
+    """End this worker when its supervisor ends, even killed with SIGKILL (which leaves it no
+    chance to stop its workers): Linux's PR_SET_PDEATHSIG sends SIGTERM, the signal a worker
+    stops on. Elsewhere a supervisor killed that way leaves its workers running."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(0)
+
+
+def _serve_worker(settings: ServeSettings, parent: int) -> None:
     """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
+    _die_with(parent)
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
@@ -110,7 +124,7 @@ def run_workers(settings: ServeSettings) -> int:
              ",".join(map(str, gossip_ports)))
     context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
     for cfg in configs:
-        child = context.Process(target=_serve_worker, args=(cfg,), daemon=False)
+        child = context.Process(target=_serve_worker, args=(cfg, os.getpid()), daemon=False)
         child.start()
         children.append(child)
 

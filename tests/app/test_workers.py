@@ -3,7 +3,9 @@ learned statistics over loopback gossip."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -115,3 +117,50 @@ def test_restarted_workers_keep_their_origins_with_a_state_file(tmp_path: Path) 
             assert proc.wait(20) == 0
     first, second = runs
     assert len(first) == 2 and first == second, runs
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited, its parent gone before reaping it
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the supervisor no chance to stop its workers: they end by themselves
+    rather than serve on, orphaned, on the shared port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "meshroute_middleware.app.cli", "serve",
+                             "--workers", "2", "--port", str(port), "--no-mdns",
+                             "--log-level", "warning"], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(proc.pid)) < 2 or not _healthy(port):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    deadline = time.monotonic() + 60
+    try:
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, "workers outlived their supervisor"
+            time.sleep(0.1)
+    finally:  # never leave one serving if the check failed
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
