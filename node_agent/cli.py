@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
+from meshroute_middleware.core.errors import MeshRouteError
 
 from .announcer import NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
@@ -164,7 +165,7 @@ def reachable_url(url: str, interfaces: str) -> str:
     return f"{parts.scheme}://{address}:{parts.port}"
 
 
-class StartError(Exception):
+class StartError(MeshRouteError):
     """The node could not start (its emulator or its mDNS announcement); one line."""
 
 

@@ -11,11 +11,13 @@ from typing import Any
 import anyio
 import uvicorn
 
+from meshroute_middleware.core.errors import MeshRouteError
+
 STARTUP_TIMEOUT_S = 10.0
 BACKLOG = 2048  # uvicorn's default
 
 
-class ListenError(OSError):
+class ListenError(MeshRouteError, OSError):
     """host:port cannot be listened on; the message says why, in one line."""
 
 

@@ -19,6 +19,7 @@ from meshroute_middleware.app.drain import Drain
 from meshroute_middleware.app.edge import edge_protocol
 from meshroute_middleware.app.gateway import Gateway
 from meshroute_middleware.app.gcpace import GC_FULL_AFTER, GcPacer
+from meshroute_middleware.core.errors import MeshRouteError
 from node_agent.serving import one_line
 
 # Once the gateway has drained (app/drain.py), what still runs is cancelled after this long:
@@ -26,7 +27,7 @@ from node_agent.serving import one_line
 SHUTDOWN_GRACE_S = 1
 
 
-class StartupError(Exception):
+class StartupError(MeshRouteError):
     """The gateway could not start; the message says why in one line."""
 
 

@@ -34,6 +34,7 @@ from meshroute_middleware.app.workers import (
     PORT_HINT,
     run_workers,
 )
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.state.store import StateStoreError
 from node_agent.serving import ListenError, listen_socket
 
@@ -42,7 +43,7 @@ __all__ = ["add_arguments", "run"]  # the subcommand's interface (app/cli.py)
 
 
 
-class _Refused(Exception):
+class _Refused(MeshRouteError):
     """A start-up failure, as the one line the command prints."""
 
 

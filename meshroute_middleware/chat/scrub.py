@@ -15,12 +15,14 @@ import zlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from meshroute_middleware.core.errors import MeshRouteError
+
 REDACTED = b"***"
 MAX_DECODED_BYTES = 32 * 1024 * 1024  # a decoded body past this is not relayed (gzip bombs)
 DECODABLE = frozenset({"gzip", "x-gzip", "deflate"})
 
 
-class UndecodableError(ValueError):
+class UndecodableError(MeshRouteError, ValueError):
     """A body in an encoding we cannot read, corrupt, or larger than the bound once decoded."""
 
 

@@ -82,9 +82,12 @@ def _load(port: int, n: int) -> None:
         assert _chat(port) == 200
 
 
-def _metric(port: int, name: str) -> float:
+def _metric(port: int, name: str, missing: float | None = None) -> float:
+    """A metric's value; `missing` when it is not exported (yet), else that fails."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     found = re.search(rf"^{name} (\S+)$", text, re.M)
+    if found is None and missing is not None:
+        return missing
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
 
@@ -106,7 +109,8 @@ def _samples_reach(port: int, n: int) -> None:
 def _saved_since_now(port: int) -> None:
     """Wait until the state file holds everything the tracker learned before this call."""
     now = time.time()
-    _until(lambda: _metric(port, "meshroute_state_current_timestamp_seconds") >= now,
+    # exported once the first save is done
+    _until(lambda: _metric(port, "meshroute_state_current_timestamp_seconds", -1.0) >= now,
            "a save")
 
 

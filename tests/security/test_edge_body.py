@@ -29,7 +29,7 @@ def chat_body(size: int) -> bytes:
 
 
 def request(body: bytes, *, close: bool = True) -> bytes:
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n"
             b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
     return head + (b"connection: close\r\n" if close else b"") + b"\r\n" + body
 
@@ -102,7 +102,7 @@ def test_a_head_alone_over_the_limit_is_still_431() -> None:
     """What the head limit is for stays: 70 KB of header in one write with a small body."""
     with EdgeGateway(max_body_bytes=BODY_LIMIT) as gw:
         body = chat_body(100)
-        data = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nx-pad: "
+        data = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nx-pad: "
                 + b"p" * 70_000 + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
         with socket.create_connection(("127.0.0.1", gw.port), timeout=15) as sock:
             sock.sendall(data)
