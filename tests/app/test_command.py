@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from meshroute_middleware.app.settings import GROUPS, OPTIONS
+from meshroute_middleware.core.policies import POLICIES
 from tests.upstream import FakeChat, ServerThread, free_port, serve_process
 
 STOP_WITHIN_S = 2.0  # Ctrl-C to exit, whatever streams are open (issue 21)
@@ -103,7 +104,8 @@ def test_serve_help_is_grouped_with_defaults_and_variables() -> None:
                   "providers", "policy"):
         assert f"\n{title}:\n" in text
     section = text[text.index("\npolicy:\n"):]
-    assert "--policy {adr0021,thompson,epsilon-greedy" in section  # its choices
+    choices = re.search(r"--policy \{([^}]*)\}", section)  # its choices: every policy's name
+    assert choices is not None and set(choices.group(1).split(",")) == set(POLICIES)
     assert "(default: thompson; env MESHROUTE_POLICY)" in " ".join(section.split())
     flat = " ".join(text.split())
     assert "--port PORT port to listen on (0: any free) (default: 8080; env MESHROUTE_PORT)" \
