@@ -13,7 +13,7 @@ import pytest
 
 from meshroute_middleware.core import NodeRecord
 
-LOOPBACK = "127.0.0.1"  # zeroconf stays on loopback: its default interfaces would multicast off the machine
+LOOPBACK = "127.0.0.1"  # zeroconf on loopback: its default interfaces multicast off the machine
 
 
 # How long a test waits for something that must happen (discovery, a goodbye, a route): a
