@@ -282,7 +282,7 @@ class GossipService:
                 if push.entries or push.changes:
                     await self._request(peer, push, MessageType.ACK, reply_to=reply.nonce)
             if self.providers is not None:  # our reports for theirs, every origin's newest
-                await self._swap_reports(peer, self.providers)
+                await self._swap_reports(peer, reply.sender, self.providers)
         except err.SameOrigin as exc:
             self.counters.exchange_failures += 1
             self.counters.reject(exc.reason)
@@ -301,7 +301,7 @@ class GossipService:
         self.membership.mark_ok(peer)
         return True
 
-    async def _swap_reports(self, peer: Address, providers: ProviderPeers) -> None:
+    async def _swap_reports(self, peer: Address, origin: str, providers: ProviderPeers) -> None:
         """PROVIDER_REPORTS both ways; PROVIDERS (own reports only) with a peer that refused
         it once (one that predates it answers nothing: the exchange fails, counted, once)."""
         if self._legacy.get(peer, -math.inf) > self.clock():
@@ -311,7 +311,7 @@ class GossipService:
             providers.merge_peer(answer.sender, answer.body, self.clock())
             return
         try:
-            reply = await self._request(peer, self._reports(providers),
+            reply = await self._request(peer, self._reports(providers, origin),
                                         MessageType.PROVIDER_REPORTS)
         except err.PeerUnreachable:  # hung up: an older peer refusing an unknown type
             if len(self._legacy) > 1024:
@@ -321,10 +321,12 @@ class GossipService:
         assert isinstance(reply.body, Reports)
         self._merge_reports(providers, reply.sender, reply.body)
 
-    def _reports(self, providers: ProviderPeers) -> Reports:
-        """Our report and, with a secret (others' are taken only then), everyone's we hold."""
+    def _reports(self, providers: ProviderPeers, to: str) -> Reports:
+        """Our report and, with a secret (others' are taken only then), everyone's we hold
+        but the receiver's own (it refuses those)."""
         now = self.clock()
         relayed = providers.relayed(now) if self.codec.authenticated else {}
+        relayed.pop(to, None)
         return bounded_reports(self.origin, providers.report(now), relayed)
 
     def _merge_reports(self, providers: ProviderPeers, sender: str, body: Reports) -> None:
@@ -434,7 +436,7 @@ class GossipService:
             if self.providers is None:
                 return Reports({self.origin: PeerState(self.clock())})
             self._merge_reports(self.providers, message.sender, body)
-            return self._reports(self.providers)
+            return self._reports(self.providers, message.sender)
         if isinstance(body, st.Delta) and body.digest is None:
             self.challenges.redeem(message.reply_to, message.sender, self.clock())
             return Ack(self._apply(body, message.sender).applied)

@@ -117,7 +117,7 @@ class Peers:
     def __init__(self, ttl_s: float = REPORT_TTL_S) -> None:
         self.ttl_s = ttl_s
         self.states: dict[str, PeerState] = {}
-        self._clears: dict[tuple[str, int], float] = {}  # max-register, outlives its report
+        self._clears: dict[tuple[str, int], float] = {}  # of reports aged out (a max-register)
 
     def merge(self, origin: str, state: PeerState, now: float) -> bool:
         """Take `origin`'s report if newer than the one held (and not from the future)."""
@@ -142,24 +142,19 @@ class Peers:
                 out.refuse(STORE_FULL)
             else:
                 self.states[origin] = state
-                self._note_clears(state)
                 out.applied += 1
         return out
 
     def prune(self, now: float) -> list[str]:
         """Age out origins not refreshed for `ttl_s`; the origins dropped."""
         gone = [o for o, s in self.states.items() if s.t < now - self.ttl_s]
-        for origin in gone:
-            del self.states[origin]
-        return gone
-
-    def _note_clears(self, state: PeerState) -> None:
-        """A clear is remembered after its report ages out: what it lifted stays lifted."""
-        for name, at in state.clears.items():
-            self._clears[name] = max(at, self._clears.get(name, at))
+        for origin in gone:  # a clear outlives its report: what it lifted stays lifted
+            for name, at in self.states.pop(origin).clears.items():
+                self._clears[name] = max(at, self._clears.get(name, at))
         if len(self._clears) > MAX_CLEARS:
             kept = sorted(self._clears.items(), key=lambda item: item[1])[-MAX_CLEARS:]
             self._clears = dict(kept)
+        return gone
 
     def stats(self, route: str) -> list[RouteStats]:
         return [s.stats[route] for s in self.states.values() if route in s.stats]
@@ -192,4 +187,8 @@ class Peers:
 
     def clears(self) -> dict[tuple[str, int], float]:
         """The latest clear per (route, key) any origin reported."""
-        return dict(self._clears)
+        out = dict(self._clears)
+        for state in self.states.values():
+            for name, at in state.clears.items():
+                out[name] = max(at, out.get(name, at))
+        return out
