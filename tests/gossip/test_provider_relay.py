@@ -253,3 +253,37 @@ def test_the_merge_is_idempotent_commutative_and_associative(
     assert same(joined(x, y), joined(y, x))
     assert same(joined(x, y, z), joined(z, x, y))
     assert joined(joined(x, y).states, z).states == joined(x, joined(y, z).states).states
+
+
+def line_overshoot(rate_per_s: float, interval_s: float, n: int, limit: int = 60) -> int:
+    """`n` trackers in a line, each taking `rate_per_s` requests for one key with rpm `limit`;
+    every `interval_s` each link swaps reports both ways, the links in order from the far end
+    to the near one (a report crosses one link per round, the slowest case): how many more
+    than `limit` were admitted in the first minute."""
+    cfg = config(rpm=limit)
+    names = [f"t{i}" for i in range(n)]
+    routers = {name: tracker(cfg) for name in names}
+    links = [(names[i], names[i + 1]) for i in range(n - 1)][::-1]
+    admitted, step, t0 = 0, 1.0 / rate_per_s, 1_796_040_000.0
+    next_round, t = t0 + interval_s, t0
+    while t < t0 + 60:
+        for router in routers.values():
+            admitted += take(router, "aco/m", t) is not None
+        t += step
+        if t >= next_round:
+            for x, y in links:
+                for src, dst in ((x, y), (y, x)):
+                    sent = {src: routers[src].report(t), **routers[src].relayed(t)}
+                    routers[dst].merge_reports(src, sent, t, own=dst, relay=True)
+            next_round += interval_s
+    return admitted - limit
+
+
+@pytest.mark.parametrize(("rate", "interval", "n"), [(5.0, 1.0, 3), (20.0, 0.5, 3),
+                                                   (20.0, 1.0, 3), (5.0, 1.0, 4)])
+def test_overshoot_over_a_line_is_bounded_by_the_rounds_a_report_takes(
+        rate: float, interval: float, n: int) -> None:
+    """A report reaches a tracker d hops away within d rounds, so the overshoot is at most
+    every tracker's traffic for as many rounds as it is hops from the farthest one."""
+    hops = sum(max(i, n - 1 - i) for i in range(n))
+    assert 0 <= line_overshoot(rate, interval, n) <= rate * interval * hops
