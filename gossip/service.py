@@ -19,8 +19,9 @@ Provider routes (issue 23): with `providers` set, each exchange ends with a PROV
 request carrying our report and the newest of every origin we hold, answered with the peer's;
 each side keeps the newest per origin (a replayed or reordered report changes nothing, a report
 for our own origin is refused), so reports reach every tracker over any connected peer graph.
-Relayed reports are taken only with a secret, as mesh entries are. A peer that refuses the type
-(one that speaks only PROVIDERS, its own report) is sent PROVIDERS from then on.
+Relayed reports are taken only with a secret, as mesh entries are. A peer that hangs up on the
+type (one that speaks only PROVIDERS, its own report) is sent PROVIDERS at once instead, and for
+LEGACY_RETRY_S, then asked again.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 EXCHANGE_TIMEOUT_S = 2.0  # one exchange; a dead peer costs at most this, in parallel
-LEGACY_RETRY_S = 600.0  # a peer that hung up on PROVIDER_REPORTS is sent PROVIDERS this long
+LEGACY_RETRY_S = 60.0  # a peer that hung up on PROVIDER_REPORTS is sent PROVIDERS this long
 LOG_EVERY_S = 60.0  # at most one log line per refusal reason per this many seconds
 
 
@@ -302,24 +303,26 @@ class GossipService:
         return True
 
     async def _swap_reports(self, peer: Address, origin: str, providers: ProviderPeers) -> None:
-        """PROVIDER_REPORTS both ways; PROVIDERS (own reports only) with a peer that refused
-        it once (one that predates it answers nothing: the exchange fails, counted, once)."""
-        if self._legacy.get(peer, -math.inf) > self.clock():
-            answer = await self._request(peer, providers.report(self.clock()),
-                                         MessageType.PROVIDERS)
-            assert isinstance(answer.body, PeerState)
-            providers.merge_peer(answer.sender, answer.body, self.clock())
-            return
-        try:
-            reply = await self._request(peer, self._reports(providers, origin),
-                                        MessageType.PROVIDER_REPORTS)
-        except err.PeerUnreachable:  # hung up: an older peer refusing an unknown type
-            if len(self._legacy) > 1024:
-                self._legacy.clear()
-            self._legacy[peer] = self.clock() + LEGACY_RETRY_S
-            raise
-        assert isinstance(reply.body, Reports)
-        self._merge_reports(providers, reply.sender, reply.body)
+        """PROVIDER_REPORTS both ways; with a peer that hung up on it (one that predates it
+        refuses the type: unknown_type, no reply), PROVIDERS at once and for LEGACY_RETRY_S."""
+        if self._legacy.get(peer, -math.inf) <= self.clock():
+            try:
+                reply = await self._request(peer, self._reports(providers, origin),
+                                            MessageType.PROVIDER_REPORTS)
+            except err.PeerUnreachable as exc:
+                self.counters.reject(exc.reason)
+                self._log(logging.INFO, "provider_reports", "%s hung up on PROVIDER_REPORTS; "
+                          "sending it PROVIDERS", peer)
+                if len(self._legacy) > 1024:
+                    self._legacy.clear()
+                self._legacy[peer] = self.clock() + LEGACY_RETRY_S
+            else:
+                assert isinstance(reply.body, Reports)
+                self._merge_reports(providers, reply.sender, reply.body)
+                return
+        answer = await self._request(peer, providers.report(self.clock()), MessageType.PROVIDERS)
+        assert isinstance(answer.body, PeerState)
+        providers.merge_peer(answer.sender, answer.body, self.clock())
 
     def _reports(self, providers: ProviderPeers, to: str) -> Reports:
         """Our report and, with a secret (others' are taken only then), everyone's we hold

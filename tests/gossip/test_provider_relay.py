@@ -17,7 +17,7 @@ from hypothesis import strategies as hs
 from gossip import errors as err
 from gossip import wire
 from gossip.memory import MemoryNetwork
-from gossip.service import GossipConfig, GossipService
+from gossip.service import LEGACY_RETRY_S, GossipConfig, GossipService
 from gossip.transport import Address
 from gossip.wire import MessageType, Reports, WireCodec
 from meshroute_middleware.core.providers.peers import (
@@ -219,11 +219,15 @@ async def test_a_peer_that_predates_provider_reports_is_sent_its_own_type(
         network._handlers[("B", 1)] = old
         r["B"].gates.rate_limited("aco/m", 1, 120.0, clock())
         clock.advance(1.0)
-        assert not await services["A"].exchange(("B", 1))  # refused once, counted
+        assert await services["A"].exchange(("B", 1))  # refused, counted, PROVIDERS at once
         assert services["A"].counters.rejected.get("unreachable") == 1
-        clock.advance(60.0)
-        assert await services["A"].exchange(("B", 1))  # PROVIDERS from then on
         assert reason(r["A"], "aco/m", clock()) == "cooldown"
+        clock.advance(1.0)
+        assert await services["A"].exchange(("B", 1))  # not asked again for a while
+        assert services["A"].counters.rejected.get("unreachable") == 1
+        clock.advance(LEGACY_RETRY_S)
+        assert await services["A"].exchange(("B", 1))  # asked again, then PROVIDERS again
+        assert services["A"].counters.rejected.get("unreachable") == 2
 
 
 reports = hs.dictionaries(
