@@ -21,9 +21,12 @@ from gossip.service import LEGACY_RETRY_S, GossipConfig, GossipService
 from gossip.transport import Address
 from gossip.wire import MessageType, Reports, WireCodec
 from meshroute_middleware.core.providers.peers import (
+    FUTURE,
+    MAX_ORIGINS,
     NOT_RELAYED,
     OWN_ORIGIN,
     REPORT_TTL_S,
+    STORE_FULL,
     Peers,
     PeerState,
     Usage,
@@ -291,3 +294,13 @@ def test_overshoot_over_a_line_is_bounded_by_the_rounds_a_report_takes(
     every tracker's traffic for as many rounds as it is hops from the farthest one."""
     hops = sum(max(i, n - 1 - i) for i in range(n))
     assert 0 <= line_overshoot(rate, interval, n) <= rate * interval * hops
+
+
+def test_a_full_store_and_future_reports_are_refused_and_counted() -> None:
+    now = 1_000_000.0
+    peers = Peers()
+    many = {f"o{i}": report(now) for i in range(MAX_ORIGINS + 3)}
+    merged = peers.merge_all(many, now, sender="o0", own="C", relay=True)
+    assert merged.applied == MAX_ORIGINS and merged.refused == {STORE_FULL: 3}
+    merged = peers.merge_all({"o0": report(now + 3600)}, now, sender="o0", own="C")
+    assert merged.refused == {FUTURE: 1} and peers.states["o0"].t == now
