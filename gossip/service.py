@@ -15,9 +15,13 @@ only the sender's own entries and relays nothing. A reply must name the request 
 pushed DELTA the reply that asked for it (`wire.Challenges`), so no recorded frame replays, even
 after a restart.
 
-Provider routes (issue 23): with `providers` set, each exchange ends with a PROVIDERS request
-carrying our report, answered with the peer's; each is the sender's own (newest per origin
-wins, so a replayed report changes nothing) and is never relayed (core/providers/peers.py).
+Provider routes (issue 23): with `providers` set, each exchange ends with a PROVIDER_REPORTS
+request carrying our report and the newest of every origin we hold, answered with the peer's;
+each side keeps the newest per origin (a replayed or reordered report changes nothing, a report
+for our own origin is refused), so reports reach every tracker over any connected peer graph.
+Relayed reports are taken only with a secret, as mesh entries are. A peer that hangs up on the
+type (one that speaks only PROVIDERS, its own report) is sent PROVIDERS at once instead, and for
+LEGACY_RETRY_S, then asked again.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import ipaddress
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +40,7 @@ import anyio
 import anyio.abc
 
 from meshroute_middleware.core.errors import MeshRouteError
-from meshroute_middleware.core.providers.peers import PeerState
+from meshroute_middleware.core.providers.peers import Merged, PeerState
 from meshroute_middleware.core.router import Router
 
 from . import errors as err
@@ -50,7 +54,9 @@ from .wire import (
     Challenges,
     Message,
     MessageType,
+    Reports,
     WireCodec,
+    bounded_reports,
     new_nonce,
     sendable,
 )
@@ -58,6 +64,7 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 EXCHANGE_TIMEOUT_S = 2.0  # one exchange; a dead peer costs at most this, in parallel
+LEGACY_RETRY_S = 60.0  # a peer that hung up on PROVIDER_REPORTS is sent PROVIDERS this long
 LOG_EVERY_S = 60.0  # at most one log line per refusal reason per this many seconds
 
 
@@ -66,6 +73,9 @@ class ProviderPeers(Protocol):
 
     def report(self, now: float) -> PeerState: ...
     def merge_peer(self, origin: str, state: PeerState, now: float) -> bool: ...
+    def relayed(self, now: float) -> dict[str, PeerState]: ...
+    def merge_reports(self, sender: str, reports: Mapping[str, PeerState], now: float, *,
+                      own: str, relay: bool) -> Merged: ...
 
 
 class InsecureGossipError(MeshRouteError, ValueError):
@@ -198,6 +208,8 @@ class GossipService:
         self.address: Address | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._busy: set[Address] = set()  # peers with an exchange in flight
+        self._legacy: dict[Address, float] = {}  # peers that hung up on PROVIDER_REPORTS:
+        # sent PROVIDERS until then (a dead peer is not marked old for good)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> GossipService:
@@ -270,11 +282,8 @@ class GossipService:
                 push = self._delta_for(reply.body.digest)
                 if push.entries or push.changes:
                     await self._request(peer, push, MessageType.ACK, reply_to=reply.nonce)
-            if self.providers is not None:  # our report for theirs: the sender's own only
-                answer = await self._request(peer, self.providers.report(self.clock()),
-                                             MessageType.PROVIDERS)
-                assert isinstance(answer.body, PeerState)
-                self.providers.merge_peer(answer.sender, answer.body, self.clock())
+            if self.providers is not None:  # our reports for theirs, every origin's newest
+                await self._swap_reports(peer, reply.sender, self.providers)
         except err.SameOrigin as exc:
             self.counters.exchange_failures += 1
             self.counters.reject(exc.reason)
@@ -293,6 +302,46 @@ class GossipService:
         self.membership.mark_ok(peer)
         return True
 
+    async def _swap_reports(self, peer: Address, origin: str, providers: ProviderPeers) -> None:
+        """PROVIDER_REPORTS both ways; with a peer that hung up on it (one that predates it
+        refuses the type: unknown_type, no reply), PROVIDERS at once and for LEGACY_RETRY_S."""
+        if self._legacy.get(peer, -math.inf) <= self.clock():
+            try:
+                reply = await self._request(peer, self._reports(providers, origin),
+                                            MessageType.PROVIDER_REPORTS)
+            except err.PeerUnreachable as exc:
+                self.counters.reject(exc.reason)
+                self._log(logging.INFO, "provider_reports", "%s hung up on PROVIDER_REPORTS; "
+                          "sending it PROVIDERS", peer)
+                if len(self._legacy) > 1024:
+                    self._legacy.clear()
+                self._legacy[peer] = self.clock() + LEGACY_RETRY_S
+            else:
+                assert isinstance(reply.body, Reports)
+                self._merge_reports(providers, reply.sender, reply.body)
+                return
+        answer = await self._request(peer, providers.report(self.clock()), MessageType.PROVIDERS)
+        assert isinstance(answer.body, PeerState)
+        providers.merge_peer(answer.sender, answer.body, self.clock())
+
+    def _reports(self, providers: ProviderPeers, to: str) -> Reports:
+        """Our report and, with a secret (others' are taken only then), everyone's we hold
+        but the receiver's own (it refuses those)."""
+        now = self.clock()
+        relayed = providers.relayed(now) if self.codec.authenticated else {}
+        relayed.pop(to, None)
+        return bounded_reports(self.origin, providers.report(now), relayed)
+
+    def _merge_reports(self, providers: ProviderPeers, sender: str, body: Reports) -> None:
+        merged = providers.merge_reports(sender, body.by_origin, self.clock(), own=self.origin,
+                                         relay=self.codec.authenticated)
+        self.counters.entries_applied += merged.applied
+        self.counters.entries_ignored += merged.ignored
+        for reason, n in sorted(merged.refused.items()):
+            self.counters.refuse_entries(reason, n)
+            self._log(logging.WARNING, reason, "refused %d provider report(s) from %s (%s)",
+                      n, sender, reason)
+
     def _log(self, level: int, reason: str, text: str, *args: object) -> None:
         """Log one line for `reason` unless one went out less than LOG_EVERY_S ago."""
         held = self._throttle(reason)
@@ -305,7 +354,7 @@ class GossipService:
         return st.make_delta(self.router.stats, self.router.topology, digest, sendable=sendable,
                              relay=self.codec.authenticated, include_digest=include_digest)
 
-    async def _request(self, peer: Address, body: st.Digest | st.Delta | PeerState,
+    async def _request(self, peer: Address, body: st.Digest | st.Delta | PeerState | Reports,
                        expect: MessageType, reply_to: int = 0) -> Message:
         nonce = new_nonce()
         data = self.codec.encode(body, self.clock(), nonce=nonce, reply_to=reply_to)
@@ -355,7 +404,7 @@ class GossipService:
     async def handle(self, data: bytes, sender: Address) -> bytes | None:
         """Answer one inbound frame; refused frames are counted, logged and get no reply
         (except one from our own origin: an empty DELTA tells that initiator to drop us)."""
-        reply: st.Delta | Ack | PeerState
+        reply: st.Delta | Ack | PeerState | Reports
         nonce, reply_to = new_nonce(), 0
         try:
             message = self._decode(data)
@@ -373,7 +422,7 @@ class GossipService:
         self.counters.bytes_sent += len(out)
         return out
 
-    def _answer(self, message: Message, nonce: int) -> st.Delta | Ack | PeerState:
+    def _answer(self, message: Message, nonce: int) -> st.Delta | Ack | PeerState | Reports:
         """The reply to a DIGEST (our delta and digest: a challenge the push must answer) or
         to a pushed DELTA (an ACK, once its challenge is redeemed)."""
         body = message.body
@@ -386,6 +435,11 @@ class GossipService:
                 return PeerState(self.clock())
             self.providers.merge_peer(message.sender, body, self.clock())
             return self.providers.report(self.clock())
+        if isinstance(body, Reports):  # every origin's newest, for ours
+            if self.providers is None:
+                return Reports({self.origin: PeerState(self.clock())})
+            self._merge_reports(self.providers, message.sender, body)
+            return self._reports(self.providers, message.sender)
         if isinstance(body, st.Delta) and body.digest is None:
             self.challenges.redeem(message.reply_to, message.sender, self.clock())
             return Ack(self._apply(body, message.sender).applied)

@@ -38,7 +38,7 @@ import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, TypeVar
 
@@ -81,6 +81,9 @@ class MessageType(IntEnum):
     DELTA = 2  # entries the receiver lacks; as a reply it also carries the sender's digest
     ACK = 3  # reply to a pushed delta: how many entries were applied
     PROVIDERS = 4  # the sender's provider report (issue 23); answered with the receiver's
+    PROVIDER_REPORTS = 5  # every origin's newest provider report the sender holds, relayed;
+    # answered with the receiver's. A new type, not a new PROVIDERS body: a peer that speaks
+    # only 4 refuses 5 cleanly (unknown_type, counted, no reply) and is then sent 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +93,19 @@ class Ack:
     applied: int = 0
 
 
-Body = st.Digest | st.Delta | Ack | PeerState
+@dataclass(frozen=True, slots=True)
+class Reports:
+    """Provider reports by origin (the sender's own among them), newest the sender holds."""
+
+    by_origin: dict[str, PeerState] = field(default_factory=dict)
+
+
+Body = st.Digest | st.Delta | Ack | PeerState | Reports
 _KINDS = frozenset(int(k) for k in MessageType)
 _BODY_TYPE: dict[MessageType, type] = {MessageType.DIGEST: st.Digest,
                                        MessageType.DELTA: st.Delta, MessageType.ACK: Ack,
-                                       MessageType.PROVIDERS: PeerState}
+                                       MessageType.PROVIDERS: PeerState,
+                                       MessageType.PROVIDER_REPORTS: Reports}
 
 
 INVALID_ENTRY = "invalid_entry"  # counter label of an item refused for its values
@@ -158,6 +169,8 @@ def _body_obj(body: Body) -> dict[str, Any]:
         return obj
     if isinstance(body, PeerState):
         return _report_obj(body)
+    if isinstance(body, Reports):
+        return {"v": REPORTS_VERSION, "o": {o: _report_obj(r) for o, r in body.by_origin.items()}}
     return {"n": body.applied}
 
 
@@ -255,6 +268,54 @@ def _report(obj: Any) -> PeerState:
                      _keyed(body.get("x", {}), "clears",
                             lambda at: _number(at, "cleared at", -math.inf), low_key=0),
                      _keyed(body.get("u", {}), "usage", _usage))
+
+
+REPORTS_VERSION = 1  # PROVIDER_REPORTS body shape; another value is refused whole
+MAX_REPORT_ORIGINS = 64  # origins one PROVIDER_REPORTS message may carry
+MAX_REPORT_ITEMS = 8_192  # statistics, cooldowns, revocations, clears and usage, all origins
+
+
+def report_items(r: PeerState) -> int:
+    """How many items a report carries (what MAX_REPORT_ITEMS bounds)."""
+    return len(r.stats) + len(r.cooldowns) + len(r.revoked) + len(r.clears) + len(r.usage)
+
+
+def _reports(obj: Any, refused: _Refused) -> Reports:
+    """Every origin's report, each checked on its own: a bad one is dropped and counted."""
+    body = _map(obj, "reports")
+    version = body.get("v")
+    if not _is_int(version) or version != REPORTS_VERSION:
+        raise err.UnsupportedVersion(f"provider reports version {version!r}, we speak "
+                                     f"{REPORTS_VERSION}")
+    origins = _map(body.get("o"), "reports")
+    if len(origins) > MAX_REPORT_ORIGINS:
+        raise err.OversizedMessage(f"more than {MAX_REPORT_ORIGINS} origins in reports")
+    out: dict[str, PeerState] = {}
+    items = 0
+    for origin, leaf in origins.items():
+        name = _text(origin, "origin", MAX_ID_CHARS)
+        try:
+            report = _report(leaf)
+        except err.MalformedMessage:
+            refused.n += 1
+            continue
+        items += report_items(report)
+        if items > MAX_REPORT_ITEMS:
+            raise err.OversizedMessage(f"more than {MAX_REPORT_ITEMS} items in reports")
+        out[name] = report
+    return Reports(out)
+
+
+def bounded_reports(own: str, mine: PeerState, others: Mapping[str, PeerState]) -> Reports:
+    """What a tracker sends: its own report, then the newest others' while they fit the
+    caps (the rest go to whichever peer relays them next)."""
+    out, items = {own: mine}, report_items(mine)
+    for origin, report in sorted(others.items(), key=lambda o: -o[1].t):
+        if len(out) >= MAX_REPORT_ORIGINS or items + report_items(report) > MAX_REPORT_ITEMS:
+            continue
+        out[origin] = report
+        items += report_items(report)
+    return Reports(out)
 
 
 def _pack(obj: Any) -> bytes:
@@ -444,6 +505,8 @@ def _body(kind: MessageType, obj: Any, refused: _Refused) -> Body:
         return _delta(_map(obj, "delta"), refused)
     if kind is MessageType.PROVIDERS:
         return _report(obj)
+    if kind is MessageType.PROVIDER_REPORTS:
+        return _reports(obj, refused)
     return Ack(_int(_map(obj, "ack").get("n"), "applied", MAX_COUNT))
 
 

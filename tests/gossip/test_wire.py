@@ -37,7 +37,7 @@ def test_round_trip(body: st.Digest | st.Delta | Ack, secret: bytes | None) -> N
 
 def test_message_types_are_append_only() -> None:
     assert {m.name: m.value for m in MessageType} == {"DIGEST": 1, "DELTA": 2, "ACK": 3,
-                                                      "PROVIDERS": 4}
+                                                      "PROVIDERS": 4, "PROVIDER_REPORTS": 5}
 
 
 def test_unsigned_message_is_refused_when_a_secret_is_set() -> None:

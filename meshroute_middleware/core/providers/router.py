@@ -17,7 +17,7 @@ clock and the rng come in on every call. The forward loop of the adapter uses it
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from .keys import (
     Snapshot,
     key_route,
 )
-from .peers import Peers, PeerState, merged_stats
+from .peers import Merged, Peers, PeerState, merged_stats
 from .scoring import (
     STRATEGY_WEIGHTS,
     OutcomeKind,
@@ -310,8 +310,22 @@ class ProviderRouter:
                          state.usage)
 
     def merge_peer(self, origin: str, state: PeerState, now: float) -> bool:
-        """A gossip peer's report (the newest per origin is kept); whether it was taken."""
+        """A gossip peer's own report (the newest per origin is kept); whether it was taken."""
         return self.peers is not None and self.peers.merge(origin, state, now)
+
+    def relayed(self, now: float) -> dict[str, PeerState]:
+        """The newest report of every other origin this tracker holds, to pass on."""
+        if self.peers is None:
+            return {}
+        self.peers.prune(now)
+        return dict(self.peers.states)
+
+    def merge_reports(self, sender: str, reports: Mapping[str, PeerState], now: float, *,
+                      own: str, relay: bool) -> Merged:
+        """A peer's reports, last writer wins per origin (core/providers/peers.py)."""
+        if self.peers is None:
+            return Merged(ignored=len(reports))
+        return self.peers.merge_all(reports, now, sender=sender, own=own, relay=relay)
 
     # -- persistence ----------------------------------------------------------------------
 
