@@ -127,13 +127,10 @@ def came_back(scope: Scope, entry: bytes) -> bool:
 
 
 def add_via(scope: Scope, header: tuple[bytes, bytes]) -> None:
-    """Add this gateway's `(VIA, entry)` header to the request's headers (in place: no copy
-    of the scope is kept alive per stream), so that it is forwarded with the others."""
-    headers = scope.get("headers")
-    if isinstance(headers, list):
-        headers.append(header)
-    else:
-        scope["headers"] = [*(headers or ()), header]
+    """Add this gateway's `(VIA, entry)` header to the request's headers, so that it is
+    forwarded with the others. A new list: the caller's is never changed (one that reuses
+    its scope's headers must not find our marker in its next request)."""
+    scope["headers"] = [*scope.get("headers", ()), header]
 
 
 def is_sse(headers: Iterable[tuple[bytes, bytes]]) -> bool:
