@@ -24,15 +24,16 @@ from ..upstream import FakeChat
 
 pytestmark = pytest.mark.anyio
 HEAD = "http://127.0.0.1:9"
-STREAM_S = 3.0  # the head streams 30 tokens 0.1 s apart
-CUT_BY_S = 2.5  # cut at the 1 s deadline: well before the stream would end
+STREAM_S = 8.0  # the head streams 80 tokens 0.1 s apart
+CUT_BY_S = 5.0  # cut at the 1 s deadline: well before the stream would end (a loaded
+# machine adds to the 1 s, never 4 s more)
 NODE = {"node_id": "n1", "model": "m", "start": 0, "end": 39, "layers": 40, "url": HEAD,
         "tps": 10}
 HI = [{"role": "user", "content": "hi"}]
 
 
 def slow_head() -> FakeChat:
-    return FakeChat("slow", tokens=30, token_delay_s=STREAM_S / 30)
+    return FakeChat("slow", tokens=80, token_delay_s=STREAM_S / 80)
 
 
 PROVIDER = "http://127.0.0.1:1"
@@ -82,7 +83,7 @@ async def test_annotate_mode_cuts_the_apps_stream_at_the_deadline() -> None:
 async def test_annotate_mode_answers_504_when_the_app_says_nothing_by_the_deadline() -> None:
     router = build_router(RouterConfig(explore_share=0.0), seed=1, clock=FakeClock())
     router.upsert_node(parse_node(NODE))
-    mw = MeshRouteMiddleware(slow_head().app(), MiddlewareConfig(  # not streamed: 3 s silent
+    mw = MeshRouteMiddleware(slow_head().app(), MiddlewareConfig(  # not streamed: 8 s silent
         mode="annotate", request_timeout_s=1.0), router=router)
     resp, elapsed = await timed_post(mw, model="m")
     assert elapsed < CUT_BY_S
@@ -107,7 +108,7 @@ async def test_a_chains_mesh_attempt_is_cut_at_the_deadline() -> None:
 
 
 async def test_a_chain_whose_route_gives_nothing_by_the_deadline_is_a_504() -> None:
-    gw = gateway(slow_head(), **chain_settings())  # not streamed: nothing before 3 s
+    gw = gateway(slow_head(), **chain_settings())  # not streamed: nothing before 8 s
     resp, elapsed = await timed_post(gw.app, model="auto", route=["m"])
     assert elapsed < CUT_BY_S
     assert resp.status_code == 504, resp.text
@@ -117,7 +118,7 @@ async def test_a_chain_whose_route_gives_nothing_by_the_deadline_is_a_504() -> N
 
 async def test_a_chains_provider_stream_is_cut_at_the_deadline() -> None:
     provider = FakeProvider(models=("big",),
-                            default=Reply.ok(tokens=30, token_delay_s=STREAM_S / 30))
+                            default=Reply.ok(tokens=80, token_delay_s=STREAM_S / 80))
     gw = gateway(slow_head(), provider, **chain_settings())
     resp, elapsed = await timed_post(gw.app, model="p/big", stream=True)
     assert_cut(resp, elapsed)
