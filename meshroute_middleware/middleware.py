@@ -30,6 +30,7 @@ from meshroute_middleware.chat.attempts import (
     Exchange,
     internal_error,
 )
+from meshroute_middleware.chat.dialect import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.core import (
@@ -126,12 +127,15 @@ class MeshRouteMiddleware:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._lifespan_send(send))
         elif (scope["type"] != "http" or scope["method"] != "POST"
-              or scope["path"] != self.config.path):
+              or (scope["path"] != self.config.path and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)
         else:
             watched = self._requests.watch(send)  # counts the request by its answer
+            dialect = DIALECTS.get(scope["path"]) if scope["path"] != self.config.path else None
+            translation = None if dialect is None else dialect.open(watched)
             try:
-                await self._chat(scope, receive, watched)
+                await self._chat(scope, receive, watched if translation is None
+                                 else translation.send, translation)
             finally:
                 watched.close()
 
@@ -142,7 +146,8 @@ class MeshRouteMiddleware:
             await send(message)
         return _send
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _chat(self, scope: Scope, receive: Receive, send: Send,
+                    translation: Translation | None = None) -> None:
         try:
             if came_back(scope, self._via):
                 raise RequestError(508, "this request already passed through this gateway: "
@@ -150,8 +155,9 @@ class MeshRouteMiddleware:
                                    "loop_detected")
             check_session_id(scope)
             add_via(scope, self._via_header)
-            req = parse_chat(await read_body(scope, receive, self.config.max_body_bytes,
-                                             self.config.body_timeout_s))
+            body = await read_body(scope, receive, self.config.max_body_bytes,
+                                   self.config.body_timeout_s)
+            req = parse_chat(body if translation is None else translation.request(body))
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix)

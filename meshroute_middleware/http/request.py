@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope
 
+from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
@@ -35,6 +36,7 @@ class ChatRequest:
     max_tokens: int | None = None  # the client's bound on the answer: measurements clamp to it
     # The prompt's chain of message hashes (no text): recognises a returning conversation.
     prefix: Prefix | None = None
+    client: Client | None = None  # who sends it, when `[[clients]]` are configured (issue 24)
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
