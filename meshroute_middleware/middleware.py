@@ -30,7 +30,7 @@ from meshroute_middleware.chat.attempts import (
     Exchange,
     internal_error,
 )
-from meshroute_middleware.chat.dialect import DIALECTS, Translation
+from meshroute_middleware.chat.dialects import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.core import (

@@ -32,5 +32,5 @@ class Dialect(Protocol):
         ...
 
 
-# path -> dialect; each dialect's module registers itself here (one line per API).
+# path -> dialect: one line per API, each in a module of this package.
 DIALECTS: dict[str, Dialect] = {}
