@@ -47,16 +47,16 @@ def test_the_middleware_config_holds_no_router_settings_to_ignore() -> None:
         MiddlewareConfig(mode="proxy")  # type: ignore[arg-type]
 
 
-async def test_annotate_with_an_app_failing_on_every_route_is_503_listing_them() -> None:
+async def test_annotate_with_an_app_failing_on_every_route_is_502_listing_them() -> None:
     app = MeshRouteMiddleware(raising_app, MiddlewareConfig(mode="annotate"))
     app.router.upsert_node(node("a"))
     app.router.upsert_node(node("b"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://t") as client:
         resp = await client.post("/v1/chat/completions", json={"model": "m"})
-    assert resp.status_code == 503, resp.text
+    assert resp.status_code == 502, resp.text  # issue 24: the routes failed upstream (was 503)
     err = resp.json()["error"]
-    assert err["code"] == "no_route_available"
+    assert err["code"] == "upstream_failed"
     assert set(err["routes"]) == {"m|a[0-9]", "m|b[0-9]"}
     assert resp.headers["x-meshroute-route"] in err["routes"]
     rows = app.router.routing_table()["models"]["m"]["candidates"]

@@ -117,7 +117,7 @@ CASES = {
     "streaming": ({"model": "m", "stream": True}, 200, None),
     # the 500 head, then the refused connection, then the good one
     "fallback after failed heads": ({"model": "f"}, 200, b"fallback"),
-    "every route failed (503)": ({"model": "x"}, 503, None),
+    "every route failed (502)": ({"model": "x"}, 502, None),
     "a head's 400 relayed": ({"model": "c"}, 400, None),
     "unknown model (404)": ({"model": "nobody"}, 404, None),
     "invalid JSON (400)": (None, 400, None),

@@ -10,8 +10,10 @@ The rules live here once:
   route: the attempt is cancelled, not recorded;
 - anything else is recorded as measured (a client that left mid-way leaves a sample of what
   was delivered until then);
-- when every route failed the client gets 503 (429 when all were rate limited), or 504 when
-  the deadline ran out first, listing, route by route, why each was passed over.
+- when every route failed the client gets the one exhaustion status of every path
+  (core/providers/exhaustion.py: 429 when a route was rate limited, else 502
+  `upstream_failed`), or 504 when the deadline ran out first, listing, route by route, why
+  each was passed over.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from meshroute_middleware.chat.headers import is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
 from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.core.providers.exhaustion import exhaustion_message, exhaustion_status
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import (
     INTERNAL_ERROR,
@@ -36,6 +39,7 @@ from meshroute_middleware.http.errors import (
     ErrorAnswer,
     RoutesFailed,
     RoutesRateLimited,
+    UpstreamFailed,
 )
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry
@@ -115,6 +119,10 @@ class Failed:
 # A failure that is no attempt's: the deadline ran out before the next route was tried.
 TOO_LATE = Failed("timeout", "no answer within the request's deadline")
 
+# The error of each status of the exhaustion rule (http/errors.py's table gives the code).
+_EXHAUSTED: dict[int, type[RoutesFailed]] = {429: RoutesRateLimited, 502: UpstreamFailed,
+                                             503: RoutesFailed}
+
 # One attempt of a path, given its own context (an Exchange, a mitmproxy flow): None once it
 # answered (and was settled), Failed to fall back.
 RouteAttempt = Callable[[Decision, Measurement, T], Awaitable[Failed | None]]
@@ -188,8 +196,8 @@ class Attempts:
             self.router.cancel(decision)
 
     def exhausted(self, failed: Failed) -> ErrorAnswer:
-        """No route answered: why, route by route (504 once the deadline ran out; 429 when
-        every route was rate limited; else 503)."""
+        """No route answered: why, route by route (504 once the deadline ran out, else the
+        one status rule of core/providers/exhaustion.py: 429, 502 or 503)."""
         failures = self.failures or {}
         routes = {sig: f.reason for sig, f in failures.items()}
         if failed is TOO_LATE or self.too_late():
@@ -199,10 +207,9 @@ class Attempts:
             return ErrorAnswer.of(DeadlineExceeded(
                 "no route answered within the request's deadline of "
                 f"{self.timeout_s:g} s", routes))
-        message = f"every route for {self.model!r} failed before its first byte"
-        if failures and all(f.kind == "http_429" for f in failures.values()):
-            return ErrorAnswer.of(RoutesRateLimited(message, routes))
-        return ErrorAnswer.of(RoutesFailed(message, routes))
+        kinds = [f.kind for f in failures.values()]
+        answer = _EXHAUSTED[exhaustion_status(kinds)]
+        return ErrorAnswer.of(answer(exhaustion_message(self.model, kinds), routes))
 
     async def send_exhausted(self, send: Send, last: Decision, failed: Failed) -> None:
         """No route answered: say so, route by route."""

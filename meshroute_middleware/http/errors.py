@@ -18,10 +18,11 @@ from meshroute_middleware.core.errors import (
     UnknownModelError,
 )
 from meshroute_middleware.core.providers.chain import InvalidModelError
+from meshroute_middleware.core.providers.exhaustion import UPSTREAM_FAILED
 from meshroute_middleware.mesh import MeshFullError
 
 __all__ = ["ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer", "RequestError",
-           "RoutesFailed", "RoutesRateLimited", "error_body", "send_error"]
+           "RoutesFailed", "RoutesRateLimited", "UpstreamFailed", "error_body", "send_error"]
 
 INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 
@@ -39,7 +40,11 @@ class RoutesFailed(NoRouteError):
 
 
 class RoutesRateLimited(RoutesFailed):
-    """Every route tried was rate limited."""
+    """A route was passed over for a rate limit: the client should come back later."""
+
+
+class UpstreamFailed(RoutesFailed):
+    """The routes were tried and failed upstream (5xx, connect, timeout, a broken stream)."""
 
 
 class DeadlineExceeded(RoutesFailed):
@@ -57,6 +62,7 @@ ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
     NoRouteError: (503, "no_route_available"),
     RoutesFailed: (503, "no_route_available"),
     RoutesRateLimited: (429, "rate_limited"),
+    UpstreamFailed: (502, UPSTREAM_FAILED),
     DeadlineExceeded: (504, "request_timeout"),
 }
 

@@ -138,8 +138,9 @@ def test_every_route_failing_is_one_openai_error_listing_why(tmp_path: Path) -> 
     with running_mitm(tmp_path, nodes) as mitm:
         with pytest.raises(openai.InternalServerError) as info:
             client(mitm).chat.completions.create(model="m", messages=MESSAGES)
+        assert info.value.status_code == 502  # issue 24: failed upstream (was 503)
         error = info.value.body
-        assert isinstance(error, dict) and error["code"] == "no_route_available"
+        assert isinstance(error, dict) and error["code"] == "upstream_failed"
         assert set(error["routes"]) == {"m|dead[0-39]", "m|busy[0-39]"}
 
 

@@ -98,7 +98,8 @@ def test_a_slow_first_byte_times_out_and_falls_over(
     with gateway(providers_doc(fast, slow), first_byte_timeout_s=0.3) as gw:
         answer = gw.chat("fastco/big-model")
         both = gw.chat("auto", route=["fastco/big-model"])
-    assert answer.status_code == 429
+    assert answer.status_code == 502  # issue 24: timeouts are upstream failures (was 429)
+    assert answer.json()["error"]["code"] == "upstream_failed"
     assert set(reasons(answer).values()) == {"timeout"}
     assert both.status_code == 200
     assert both.headers["x-meshroute-route"] == "slowco/small-model#1"

@@ -89,10 +89,17 @@ def test_every_key_refused_is_exhaustion_then_no_request_is_sent_on_them(
     fast.default = Reply(401)
     with gateway(providers_doc(fast, slow), clock=FakeClock(T0)) as gw:
         refused = gw.chat("fastco/big-model")
-        assert refused.status_code == 429
+        # issue 24: the provider refused the keys; that is no rate limit (was 429)
+        assert refused.status_code == 502 and "retry-after" not in refused.headers
+        assert refused.json()["error"]["code"] == "upstream_failed"
+        assert "refused every key" in refused.json()["error"]["message"]
         assert {r["route"]: r["reason"] for r in refused.json()["error"]["routes"]} == {
             "fastco/big-model#1": "http_401", "fastco/big-model#2": "http_401"}
         again = gw.chat("fastco/big-model")
+        # the same state of the gateway, the same answer: 502, saying the keys were refused
+        assert again.status_code == 502 and "retry-after" not in again.headers
+        assert again.json()["error"]["code"] == "upstream_failed"
+        assert "refused every key" in again.json()["error"]["message"]
         assert {r["route"]: r["reason"] for r in again.json()["error"]["routes"]} == {
             "fastco/big-model#1": "revoked", "fastco/big-model#2": "revoked"}
         assert again.headers["x-meshroute-attempts"] == "0" and len(fast.seen) == 2

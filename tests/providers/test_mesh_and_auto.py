@@ -62,8 +62,8 @@ def test_a_mesh_model_asked_by_name_stays_on_the_mesh_path(
     assert (answer.headers["x-meshroute-attempts"], answer.headers["x-meshroute-tried"]) == (
         "1", "qwen|n1[0-39]")  # with provider routes configured, the mesh path says it too
     assert failed.headers["x-meshroute-tried"] == "qwen|n1[0-39]"
-    assert failed.status_code == 503
-    assert failed.json()["error"]["code"] == "no_route_available"  # today's mesh exhaustion
+    assert failed.status_code == 502  # issue 24: the node's 503 is an upstream failure
+    assert failed.json()["error"]["code"] == "upstream_failed"  # the mesh path's exhaustion
     assert fast.seen == [] and slow.seen == []
 
 

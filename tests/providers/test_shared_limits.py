@@ -94,9 +94,10 @@ def test_a_cooldown_and_a_revocation_hold_in_every_worker_and_a_clear_ends_them(
                    for a in later)
         assert all(int(a.headers["retry-after"]) > 20 for a in later)
 
-        assert chat(url, "authco/small-model").status_code == 429  # 401: the key is revoked
+        assert chat(url, "authco/small-model").status_code == 502  # 401: the key is revoked
         benched = [chat(url, "authco/small-model") for _ in range(8)]
         assert len(auth.seen) == 1  # no worker used the revoked key again
+        assert all(a.status_code == 502 for a in benched)  # refused keys: never a 429
         assert all({r["reason"] for r in a.json()["error"]["routes"]} == {"revoked"}
                    for a in benched)
         auth.default = Reply.ok()  # the operator replaced the key's grant

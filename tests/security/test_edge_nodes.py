@@ -115,7 +115,7 @@ def test_node_networks_refuse_a_node_on_another_address() -> None:
 
 def test_a_redirect_from_a_node_is_never_followed() -> None:
     """A node answering 302 → an internal URL: the gateway does not fetch it; the attempt is
-    a failure ('redirect') and, with no other route, the client gets 503 JSON."""
+    a failure ('redirect') and, with no other route, the client gets 502 JSON."""
     internal = FakeChat("internal")
 
     def redirect(sock: socket.socket, head: bytes) -> None:
@@ -128,8 +128,8 @@ def test_a_redirect_from_a_node_is_never_followed() -> None:
         resp = httpx.post(gw.url + "/v1/chat/completions",
                           json={"model": "m", "messages": [{"role": "user", "content": SECRET}]},
                           timeout=10)
-        assert resp.status_code == 503, resp.text
-        assert resp.json()["error"]["code"] == "no_route_available"
+        assert resp.status_code == 502, resp.text  # issue 24: an upstream failure (was 503)
+        assert resp.json()["error"]["code"] == "upstream_failed"
         assert "from internal" not in resp.text
         assert internal.seen == []  # nobody fetched the internal URL
         assert len(evil.requests) == 1

@@ -186,15 +186,12 @@ class ProviderChat:
                          passed: list[PassedOver]) -> None:
         """Every route was passed over: the ProviderRouter's account of why."""
         exhausted = self.providers.exhausted(res, passed, self.clock())
-        status = exhausted.status
-        if exhausted.mesh_only and status == 503 and passed and all(
-                p.reason == "http_429" for p in passed):
-            status = 429  # a mesh-only chain keeps today's answer: 429 when all were limited
         body = json.dumps(exhausted.error_body()).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode()), *cr.tally.headers(),
                    *((k.lower().encode(), v.encode()) for k, v in exhausted.headers().items())]
         cr.ex.started = True
         send = cr.ex.send
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.start", "status": exhausted.status,
+                    "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,25 +1,41 @@
 """What a request that found no route is told: status, `Retry-After`, and why, route by route.
 
-Status rule (issue 12): 503 when nothing is configured (or no node serves) for the model; 413
-when the request is larger than every candidate's context; otherwise 429 whenever the chain holds
-a provider route, whatever the failures were (as the seed does). A mesh-only chain answers 503
-here and `mesh_only` tells the adapter to keep today's mesh answer instead.
+The status rule (issue 24), one for every path (`exhaustion_status`: the provider chain here,
+the mesh path's `chat.attempts.Attempts.exhausted`, the mitmproxy addon through it):
+- 429 when any route was passed over for a limit, a cooldown, a budget or an upstream 429: the
+  client should wait (`Retry-After`: the soonest known reset);
+- otherwise 502 `upstream_failed` when routes were tried and failed upstream (5xx, connect,
+  timeout, a broken stream, a key refused with 401/403, or a key revoked by such a refusal
+  earlier: the same answer as the request that met the refusal, so a client sees one status
+  for one state of the gateway);
+- otherwise 503: nothing is configured, no route exists, or none could be tried.
+The provider chain answers 413 before this rule when the request is larger than every
+candidate's context, and each path 504 when the request's deadline ran out first.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..contracts.error_body import error_object, error_type
 from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 
 ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
                    "http_403")
 REASONS = GATE_REASONS + ATTEMPT_REASONS
-ERROR_CODE = "routes_exhausted"
+ERROR_CODE = "routes_exhausted"  # the chain's 429, 413 and 503
+UPSTREAM_FAILED = "upstream_failed"  # the code of a 502, on every path
+# Reasons by what they tell the client. LIMITED: wait and retry (429). UPSTREAM: the routes
+# were tried and failed, or their keys were refused (502); the mesh path's error kinds
+# (core/kinds.py) are included. `context` and `client_error` are neither: a route too small
+# for the request, or the request's own fault.
+LIMITED = frozenset({"cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "http_429"})
+KEY_REFUSED = frozenset({"revoked", "http_401", "http_403"})
+UPSTREAM = KEY_REFUSED | {"http_5xx", "timeout", "connect", "stream", "redirect", "app_error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +66,31 @@ def attempt_reason(status: int | None = None, error: str | None = None) -> str:
     raise ValueError(f"not a route failure: status={status!r} error={error!r}")
 
 
+def exhaustion_status(reasons: Iterable[str]) -> int:
+    """The one status rule of a request no route answered: 429 when any route was passed
+    over for a limit, a cooldown, a budget or a 429; else 502 when any failed upstream (or
+    its key was refused); else 503."""
+    seen = set(reasons)
+    if seen & LIMITED:
+        return 429
+    return 502 if seen & UPSTREAM else 503
+
+
+def exhaustion_message(model: str, reasons: Iterable[str]) -> str:
+    """What the client is told of an exhausted request, by the rule's cause."""
+    seen = set(reasons)
+    listed = ", ".join(sorted(seen)) or "no attempt"
+    status = exhaustion_status(seen)
+    if status == 502 and not seen & (UPSTREAM - KEY_REFUSED):
+        return (f"the provider refused every key tried for model {model!r} ({listed}): "
+                "fix the keys, then POST /v1/cooldowns/clear")
+    if status == 502:
+        return f"every route tried for model {model!r} failed upstream ({listed})"
+    if status == 429:
+        return f"every route for model {model!r} is rate limited or cooling down ({listed})"
+    return f"no route for model {model!r} could be tried ({listed})"
+
+
 @dataclass(frozen=True, slots=True)
 class Exhaustion:
     """The answer to a request no route could take."""
@@ -58,16 +99,17 @@ class Exhaustion:
     message: str
     routes: tuple[PassedOver, ...]
     retry_after_s: int | None = None
-    mesh_only: bool = False
+
+    @property
+    def code(self) -> str:
+        return UPSTREAM_FAILED if self.status == 502 else ERROR_CODE
 
     def headers(self) -> dict[str, str]:
         return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
     def error_body(self) -> dict[str, Any]:
-        kind = {429: "rate_limit_error", 413: "invalid_request_error"}.get(self.status,
-                                                                          "server_error")
-        return {"error": {"message": self.message, "type": kind, "code": ERROR_CODE,
-                          "routes": [r.to_dict() for r in self.routes]}}
+        return error_object(self.message, self.code, error_type(self.status),
+                            routes=[r.to_dict() for r in self.routes])
 
 
 def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float) -> Exhaustion:
@@ -82,18 +124,16 @@ def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float)
         firsts.setdefault(p.route, p)
     passed = list(firsts.values())
     if not resolution.candidates:
-        return Exhaustion(503, f"no route is configured for model {model!r}", tuple(passed),
-                          None, not resolution.has_provider)
+        return Exhaustion(503, f"no route is configured for model {model!r}", tuple(passed))
     too_big = {_base(p.route) for p in passed if p.reason == "context"}
     if all(c.route in too_big for c in resolution.candidates):
         return Exhaustion(413, f"the request is larger than the context of every route for "
                                f"model {model!r}", tuple(passed))
+    reasons = [p.reason for p in passed]
+    status = exhaustion_status(reasons)
     resets = [p.until for p in passed if p.until is not None and p.until > now]
-    retry = max(1, math.ceil(min(resets) - now)) if resets else None
-    tried = ", ".join(sorted({p.reason for p in passed})) or "no attempt"
-    status = 429 if resolution.has_provider else 503
-    return Exhaustion(status, f"every route for model {model!r} is exhausted ({tried})",
-                      tuple(passed), retry, not resolution.has_provider)
+    retry = max(1, math.ceil(min(resets) - now)) if resets and status == 429 else None
+    return Exhaustion(status, exhaustion_message(model, reasons), tuple(passed), retry)
 
 
 def soonest_reset(passed: Sequence[PassedOver], now: float) -> float | None:

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import random
+from typing import get_args
 
 import pytest
 
+from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.core.providers.chain import Resolution
 from meshroute_middleware.core.providers.config import ProvidersConfig, parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import (
+    LIMITED,
     REASONS,
+    UPSTREAM,
     Exhaustion,
     PassedOver,
     attempt_reason,
     exhaustion,
+    exhaustion_status,
     soonest_reset,
 )
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -84,22 +89,58 @@ def test_a_mesh_route_fails_over_to_a_provider_and_back(cfg: ProvidersConfig) ->
     assert run(router, "qwen", 10, T0 + 1, {})[0] == "qwen"
 
 
-def test_all_provider_routes_failing_is_429_whatever_the_failures(
+def test_all_provider_routes_failing_upstream_is_502_upstream_failed(
         cfg: ProvidersConfig) -> None:
     router = ProviderRouter(cfg)
     answer = {"slowco/small-model": (OutcomeKind.FAILURE, "http_5xx"),
               "fastco/big-model": (OutcomeKind.FAILURE, "timeout")}
     served, ex, tried = run(router, "auto", 10, T0, answer)
     assert served is None and ex is not None
-    assert ex.status == 429 and not ex.mesh_only
+    assert ex.status == 502  # issue 24: was 429 rate_limit_error, whatever the failures
     assert ex.retry_after_s is None  # nothing said when to come back
     assert [r.route for r in ex.routes] == tried  # in the order they were tried
     assert sorted(r.to_dict().items() for r in ex.routes) == sorted([
         {"route": "fastco/big-model#1", "reason": "timeout", "until": None}.items(),
         {"route": "slowco/small-model#1", "reason": "http_5xx", "until": None}.items()])
     body = ex.error_body()["error"]
-    assert body["code"] == "routes_exhausted" and body["type"] == "rate_limit_error"
+    assert body["code"] == "upstream_failed" and body["type"] == "server_error"
+    assert "failed upstream (http_5xx, timeout)" in body["message"]
     assert ex.headers() == {}
+
+
+@pytest.mark.parametrize(("reasons", "status"), [
+    (["http_5xx"], 502), (["timeout", "connect"], 502), (["stream"], 502),
+    (["http_401", "http_401"], 502), (["revoked", "revoked"], 502), (["http_403"], 502),
+    (["redirect"], 502), (["app_error"], 502), (["http_5xx", "context"], 502),
+    (["http_429"], 429), (["http_5xx", "http_429"], 429), (["revoked", "cooldown"], 429),
+    (["budget", "http_5xx"], 429), (["rpm"], 429), (["tpd", "revoked", "timeout"], 429),
+    (["context", "cooldown"], 429), ([], 503), (["context"], 503), (["client_error"], 503)])
+def test_the_one_status_rule(reasons: list[str], status: int) -> None:
+    assert exhaustion_status(reasons) == status
+
+
+def test_every_reason_and_error_kind_has_a_cause() -> None:
+    """A new pass-over reason or error kind must be placed: limited, upstream, or neither."""
+    known = set(REASONS) | set(get_args(ErrorKind))
+    assert LIMITED | UPSTREAM | {"context", "client_error"} == known
+    assert not LIMITED & UPSTREAM
+
+
+def test_every_key_refused_says_so(cfg: ProvidersConfig) -> None:
+    res = ProviderRouter(cfg).resolve("fastco/big-model", MESH)
+    for reason in ("http_401", "revoked"):
+        ex = exhaustion(res, [PassedOver("fastco/big-model#1", reason),
+                              PassedOver("fastco/big-model#2", reason)], T0)
+        assert ex.status == 502 and ex.code == "upstream_failed"
+        assert "refused every key" in ex.message and ex.retry_after_s is None
+
+
+def test_a_limit_beside_a_failure_is_429_with_the_limits_reset(cfg: ProvidersConfig) -> None:
+    res = ProviderRouter(cfg).resolve("auto", MESH)
+    ex = exhaustion(res, [PassedOver("fastco/big-model#1", "http_5xx"),
+                          PassedOver("slowco/small-model#1", "http_429", T0 + 7.5)], T0)
+    assert (ex.status, ex.retry_after_s, ex.code) == (429, 8, "routes_exhausted")
+    assert ex.error_body()["error"]["type"] == "rate_limit_error"
 
 
 def test_retry_after_is_the_soonest_known_reset(cfg: ProvidersConfig) -> None:
@@ -143,7 +184,7 @@ def test_a_mesh_route_has_no_context_so_no_413(cfg: ProvidersConfig) -> None:
     router = ProviderRouter(cfg)
     _, ex, _ = run(router, "auto:mesh-first", 40_000, T0,
                    {"qwen": (OutcomeKind.FAILURE, "connect")})
-    assert ex is not None and ex.status == 429
+    assert ex is not None and ex.status == 502
 
 
 def test_nothing_configured_is_503() -> None:
@@ -153,10 +194,10 @@ def test_nothing_configured_is_503() -> None:
     assert ex.error_body()["error"]["type"] == "server_error"
 
 
-def test_a_mesh_only_chain_leaves_the_answer_to_the_mesh(cfg: ProvidersConfig) -> None:
+def test_a_mesh_only_chain_follows_the_same_rule(cfg: ProvidersConfig) -> None:
     res = Resolution("qwen", "balanced", ProviderRouter(cfg).resolve("qwen", MESH).candidates)
-    ex = exhaustion(res, [PassedOver("qwen", "connect")], T0)
-    assert ex.status == 503 and ex.mesh_only
+    assert exhaustion(res, [PassedOver("qwen", "connect")], T0).status == 502
+    assert exhaustion(res, [PassedOver("qwen", "http_429")], T0).status == 429
 
 
 @pytest.mark.parametrize(("limits", "reason"), [
