@@ -202,6 +202,27 @@ async def test_every_route_rate_limited_is_429_with_diagnostics() -> None:
         assert all("429" in why for why in err["routes"].values())
 
 
+async def test_a_429_beside_a_500_is_429_on_the_mesh_path() -> None:
+    """issue 24: any route rate limited makes the answer 429 (was 503 unless all were 429)."""
+    mesh = Mesh({1: FakeChat("a", status=429), 2: FakeChat("b", status=500)})
+    mesh.add(node("a", 0, 39, 1), node("b", 0, 39, 2))
+    async with mesh.client() as client:
+        err = assert_openai_error(await client.post("/v1/chat/completions", json=chat()),
+                                  429, "rate_limited")
+        assert set(err["routes"]) == {"m|a[0-39]", "m|b[0-39]"}
+
+
+async def test_every_route_failing_upstream_is_502_on_the_mesh_path() -> None:
+    """issue 24: routes tried and failed upstream are 502 upstream_failed (was 503)."""
+    mesh = Mesh({1: FakeChat("a", status=500)})  # nothing "listens" on port 2
+    mesh.add(node("a", 0, 39, 1), node("dead", 0, 39, 2))
+    async with mesh.client() as client:
+        err = assert_openai_error(await client.post("/v1/chat/completions", json=chat()),
+                                  502, "upstream_failed")
+        assert err["type"] == "server_error" and "failed upstream" in err["message"]
+        assert set(err["routes"]) == {"m|a[0-39]", "m|dead[0-39]"}
+
+
 async def test_a_heads_own_meshroute_headers_never_reach_the_client() -> None:
     mesh = Mesh({1: FakeChat("a", extra_headers={"x-meshroute-route": "forged",
                                                  "x-meshroute-mode": "forged"})})
