@@ -5,8 +5,9 @@
 - `<provider>/<model id>`: that provider model alone (a configured provider name wins over a
   mesh model spelled the same way);
 - `auto`: the active profile's chain, else the global `[routing] chain`;
-- `auto:fast|fastest|speed|smart|smartest|reliable|balanced|cheap|cheapest`: every provider
-  model and every mesh model, ranked by that strategy;
+- `auto:fast|fastest|speed|smart|smartest|reliable|balanced|cheap|cheapest|priority`: every
+  provider model and every mesh model, ranked by that strategy (`priority`: in the config
+  file's order, providers and their models as written, then the mesh models by name);
 - `auto:<profile>`: that profile's chain.
 An unknown `auto:*` raises InvalidModelError (HTTP 400 `invalid_model`); an unknown model
 UnknownModelError (404). Also here: pinning and session stickiness, which reorder a ranking.

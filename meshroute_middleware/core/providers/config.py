@@ -18,7 +18,7 @@ from .scoring import AUTO_ALIASES
 
 TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
 TIERS = ("frontier", "large", "medium", "small")
-STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest")
+STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest", "priority")
 DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
 DEFAULT_MAX_ATTEMPTS = 4  # routes tried per request before answering the exhaustion error
 DEFAULT_TOTAL_BUDGET_S = 120.0  # wall time for all attempts of one request together

@@ -46,6 +46,7 @@ from .keys import (
 )
 from .peers import Merged, Peers, PeerState, merged_stats
 from .scoring import (
+    PRIORITY,
     STRATEGY_WEIGHTS,
     OutcomeKind,
     RouteStats,
@@ -63,10 +64,11 @@ from .scoring import (
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """A candidate with its axes and combined score (sampled when ranking, expected on display)."""
+    """A candidate with its axes and combined score (sampled when ranking, expected on display;
+    None under `priority`, which ranks by the written order)."""
 
     candidate: Candidate
-    score: float
+    score: float | None
     reliability: float
     speed: float
     intelligence: float
@@ -114,7 +116,10 @@ class ProviderRouter:
 
     def score(self, candidate: Candidate, strategy: str, now: float,
               rng: random.Random | None = None) -> Scored:
-        """All axes of one route; reliability is a Thompson draw when `rng` is given."""
+        """All axes of one route; reliability is a Thompson draw when `rng` is given (never
+        under `priority`: its axes are shown, not ranked by, so no draw is spent)."""
+        if strategy == PRIORITY:
+            rng = None
         st = self.stats.get(candidate.route)
         if self.peers is not None:  # trackers gossiping: their experience counts too
             st = merged_stats(st, self.peers.stats(candidate.route), now)
@@ -129,15 +134,21 @@ class ProviderRouter:
         price = price_score(model.price_in, model.price_out) if model else 1.0
         headroom = self._headroom(candidate, now)
         rate_limit = rate_limit_factor(st.penalty_now(now))
-        total = combine(STRATEGY_WEIGHTS[strategy], reliability, speed, intelligence, price,
-                        headroom, rate_limit)
+        total = (None if strategy == PRIORITY else
+                 combine(STRATEGY_WEIGHTS[strategy], reliability, speed, intelligence, price,
+                         headroom, rate_limit))
         return Scored(candidate, total, reliability, speed, intelligence, price, headroom,
                       rate_limit)
 
     def rank(self, res: Resolution, now: float, rng: random.Random | None = None, *,
              pinned: str | None = None, session: str | None = None,
              tokens: int = 0) -> list[Scored]:
-        """The order to try routes in: by score, then the session's route, then the pin first."""
+        """The order to try routes in: by score, then the session's route, then the pin first.
+
+        Under `priority`: the chain's written order, then the pin first; no session reorders
+        it (a session kept on a fallback would keep a paid key before the free one it stands
+        in for). A route that cannot be used is passed over when it is taken (`acquire`).
+        """
         candidates = list(res.candidates)
         if pinned is not None and all(c.route != pinned for c in candidates):
             pair = self.cfg.split_route(pinned)
@@ -145,8 +156,10 @@ class ProviderRouter:
                 raise InvalidPinError(f"pinned route {pinned!r} is not a route of "
                                       f"{res.model!r}")
             candidates.append(provider_candidate(*pair))
-        ranked = sorted((self.score(c, res.strategy, now, rng) for c in candidates),
-                        key=lambda s: -s.score)
+        ranked = [self.score(c, res.strategy, now, rng) for c in candidates]
+        if res.strategy == PRIORITY:
+            return _move_first(ranked, pinned)
+        ranked.sort(key=_by_score)
         sticky = self.sessions.get(session, now)
         if sticky is not None and not self._usable(sticky, ranked, tokens, now):
             sticky = None
@@ -289,14 +302,18 @@ class ProviderRouter:
         return key is None and base in self.stats
 
     def chain_view(self, res: Resolution, now: float) -> dict[str, Any]:
-        """`GET /v1/routing/chain`: the order a request would try now, on expected values."""
+        """`GET /v1/routing/chain`: the order a request would try now, on expected values;
+        `position` is each route's 1-based place in the chain as written (`score` is None
+        under `priority`, which tries routes by it)."""
+        positions = {c.route: i for i, c in enumerate(res.candidates, 1)}
         chain = []
         for s in self.rank(res, now):
             c = s.candidate
             keys = (self.gates.key_states(c.provider, c.model, now)
                     if c.provider is not None and c.model is not None else [])
             chain.append({"route": c.route, "kind": "provider" if c.is_provider else "mesh",
-                          "score": s.score, "reliability": s.reliability, "speed": s.speed,
+                          "position": positions[c.route], "score": s.score,
+                          "reliability": s.reliability, "speed": s.speed,
                           "intelligence": s.intelligence, "price": s.price,
                           "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
         return {"model": res.model, "strategy": res.strategy, "chain": chain}
@@ -378,6 +395,11 @@ def _split_key(route: str | None) -> tuple[str | None, int | None]:
     if sep and tail.isdigit():
         return head, int(tail)
     return route, None
+
+
+def _by_score(s: Scored) -> float:
+    """The sort key of a ranking by score: best first."""
+    return -s.score if s.score is not None else 0.0
 
 
 def _move_first(ranked: list[Scored], route: str | None) -> list[Scored]:

@@ -70,11 +70,17 @@ STRATEGY_WEIGHTS: dict[str, Weights] = {
     "cheapest": Weights(0.2, 0.05, 0.05, 0.7),
 }
 
-# `auto:<alias>` → strategy over every enabled route (issue 12).
+# The strategy without a score (issue 24): the chain's written order, each route passed over
+# while it cannot be used (its gates, a cooldown, its context); outcomes are still recorded.
+PRIORITY = "priority"
+
+# `auto:<alias>` → strategy over every enabled route (issue 12); `auto:priority`: every route
+# in the config file's order (providers as written, each one's models as written, then the
+# mesh models by name).
 AUTO_ALIASES: dict[str, str] = {
     "fast": "fastest", "fastest": "fastest", "speed": "fastest", "smart": "smartest",
     "smartest": "smartest", "reliable": "reliable", "balanced": "balanced",
-    "cheap": "cheapest", "cheapest": "cheapest",
+    "cheap": "cheapest", "cheapest": "cheapest", PRIORITY: PRIORITY,
 }
 
 

@@ -209,8 +209,8 @@ def test_the_chain_view(cfg: ProvidersConfig) -> None:
     assert view["model"] == "auto" and view["strategy"] == "balanced"
     assert [e["route"] for e in view["chain"]] == ["fastco/big-model", "slowco/small-model"]
     big = view["chain"][0]
-    assert set(big) == {"route", "kind", "score", "reliability", "speed", "intelligence",
-                        "price", "headroom", "rate_limit", "keys"}
+    assert set(big) == {"route", "kind", "position", "score", "reliability", "speed",
+                        "intelligence", "price", "headroom", "rate_limit", "keys"}
     assert big["keys"] == [
         {"key": 1, "state": "ready", "until": None, "reason": None, "limits": "local"},
         {"key": 2, "state": "cooldown", "until": T0 + 40, "reason": "cooldown",
