@@ -20,10 +20,12 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "invalid request", 401: "missing or wrong bearer token",
-            404: "not found", 413: "body too large", 429: "every route rate limited",
+            404: "not found", 413: "body too large",
+            429: "a route was rate limited, cooling down or out of budget (Retry-After)",
             500: "internal error (a bug; logged by the server)",
-            502: "the upstream answered an error", 503: "no route available",
-            504: "the upstream timed out"}
+            502: "every route tried failed upstream, or its keys were refused "
+                 "(upstream_failed)",
+            503: "no route available", 504: "the request's deadline ran out"}
     return {str(s): _json(_ERROR, text[s]) for s in statuses}
 
 
