@@ -87,7 +87,8 @@ def exhaustion_message(model: str, reasons: Iterable[str]) -> str:
     if status == 502:
         return f"every route tried for model {model!r} failed upstream ({listed})"
     if status == 429:
-        return f"every route for model {model!r} is rate limited or cooling down ({listed})"
+        return (f"every route for model {model!r} is rate limited, cooling down or out of "
+                f"budget for now ({listed})")
     return f"no route for model {model!r} could be tried ({listed})"
 
 
