@@ -1,5 +1,5 @@
-"""The `meshroute` command: serve, node, bench, demo, mitm, keys; each subcommand's module adds its flags
-and runs it."""
+"""The `meshroute` command: serve, node, bench, demo, mitm, keys; each subcommand's module
+adds its flags and runs it."""
 
 from __future__ import annotations
 
