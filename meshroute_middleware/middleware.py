@@ -159,8 +159,7 @@ class MeshRouteMiddleware:
         except (MissingKeyError, InvalidKeyError) as exc:
             answer = ErrorAnswer.of(exc)
             self.telemetry.reject("http", f"401 {answer.code}", answer.code)
-            log.warning("meshroute: refused a request to %s: 401 %s", scope["path"],
-                        answer.code)
+            self._auth.log_refusal(scope["path"], answer.code)
             await answer.send(send, CHALLENGE)
             return False
         if client is not None:

@@ -3,6 +3,7 @@ key, the key never leaves the gateway, the client reaches the app and the ChatRe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from meshroute_middleware.chat import dialects
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client, key_digest
 from meshroute_middleware.forwarding.memory import ASGIForwarder
+from meshroute_middleware.http.auth import ClientAuth
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
 
 from .upstream import FakeChat
@@ -179,3 +181,34 @@ async def test_every_dialect_path_needs_the_key_before_its_body_is_read(
     resp = await post(app, dialect.path, headers={"x-api-key": KEY})
     assert resp.status_code == 200 and len(dialect.requests) == 1
     assert "x-api-key" not in chat.seen[0]["headers"]
+
+
+def test_refused_keys_log_once_a_second_with_the_count(caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    now = [100.0]
+    auth = ClientAuth((ALICE,), clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="meshroute.middleware"):
+        for _ in range(5):
+            auth.log_refusal("/v1/chat/completions", "invalid_api_key")
+        now[0] += 1.0
+        auth.log_refusal("/v1/chat/completions", "missing_api_key")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "meshroute: refused a request to /v1/chat/completions: 401 invalid_api_key "
+        "(0 more since the last line)",
+        "meshroute: refused a request to /v1/chat/completions: 401 missing_api_key "
+        "(4 more since the last line)"]
+
+
+async def test_a_refusal_is_counted_by_its_code() -> None:
+    app = forwarding(FakeChat("node"))
+    await post(app)
+    await post(app, headers={"x-api-key": "wrong"})
+    assert app.telemetry.rejected_by[("http", "missing_api_key")] == 1
+    assert app.telemetry.rejected_by[("http", "invalid_api_key")] == 1
+
+
+def test_two_clients_with_one_key_are_refused_by_the_middleware_too() -> None:
+    with pytest.raises(ValueError, match="'bob': its key is 'alice''s too"):
+        MeshRouteMiddleware(FakeChat().app(), MiddlewareConfig(
+            clients=(ALICE, Client("bob", ALICE.key_digest))))

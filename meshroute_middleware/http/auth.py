@@ -4,7 +4,9 @@ app ever sees it (whatever `--forward-header` allows). docs/security.md, "Client
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable
 
 from starlette.types import Scope
 
@@ -19,6 +21,9 @@ from meshroute_middleware.core.clients import (
 
 __all__ = ["CHALLENGE", "KEY_HEADERS", "ClientAuth", "client_of"]
 
+log = logging.getLogger("meshroute.middleware")
+LOG_EVERY_S = 1.0  # a flood of refused keys logs one line a second, with the count since
+
 # Where a client's key may come: `Authorization: Bearer <key>` (OpenAI's SDKs) or
 # `x-api-key: <key>` (Anthropic's). Both leave the request once it is authenticated.
 KEY_HEADERS = frozenset({b"authorization", b"x-api-key"})
@@ -30,9 +35,12 @@ MAX_PRESENTED = 4  # keys looked at per request, however many header lines carry
 class ClientAuth:
     """The configured clients, and the one check every inference request passes."""
 
-    def __init__(self, clients: Iterable[Client] = ()) -> None:
+    def __init__(self, clients: Iterable[Client] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.clients = tuple(clients)
         check_distinct(self.clients)
+        self.clock = clock
+        self._logged_at, self._held = -LOG_EVERY_S, 0
 
     @property
     def enabled(self) -> bool:
@@ -59,6 +67,18 @@ class ClientAuth:
         scope["headers"] = [(k, v) for k, v in headers if k not in KEY_HEADERS]
         scope.setdefault("state", {})[CLIENT_STATE] = found
         return found
+
+
+    def log_refusal(self, path: str, code: str) -> None:
+        """Log a 401 by its code (never the key): at most once a second, saying how many
+        there were since (someone guessing keys must not flood the log)."""
+        now = self.clock()
+        if now - self._logged_at < LOG_EVERY_S:
+            self._held += 1
+            return
+        log.warning("meshroute: refused a request to %s: 401 %s (%d more since the last "
+                    "line)", path, code, self._held)
+        self._logged_at, self._held = now, 0
 
 
 def client_of(scope: Scope) -> Client | None:
