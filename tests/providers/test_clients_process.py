@@ -5,6 +5,7 @@ new` output pasted into the config working as it is."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -171,3 +172,28 @@ def test_keys_new_refuses_a_bad_name() -> None:
                            "Not_A_Name"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "[a-z0-9-]+" in proc.stderr
+
+
+@pytest.mark.parametrize(("clients", "env", "says"), [
+    ('[[clients]]\nname = "Alice"\nkey = "env:ALICE_KEY"\n', {},
+     "[[clients]] #1: name must be a string matching [a-z0-9-]+"),
+    ('[[clients]]\nname = "alice"\nkey = "mr-pasted-literal-key"\n', {},
+     "[[clients]] 'alice': key must be 'env:NAME', 'file:PATH' or 'sha256:"),
+    ('[[clients]]\nname = "alice"\nkey = "env:NOT_SET_ANYWHERE"\n', {},
+     "[[clients]] 'alice': env:NOT_SET_ANYWHERE: the environment variable"),
+    ('[[clients]]\nname = "alice"\nkey = "env:ALICE_KEY"\n', {"ALICE_KEY": "k3y-tiny"},
+     "[[clients]] 'alice': env:ALICE_KEY: the key is shorter than 16 characters"),
+])
+def test_a_bad_clients_table_is_one_line_and_exit_2(
+        providers: tuple[FakeProvider, FakeProvider], tmp_path: Path, clients: str,
+        env: dict[str, str], says: str) -> None:
+    fast, slow = providers
+    config = tmp_path / "meshroute.toml"
+    config.write_text(providers_toml(fast, slow) + clients)
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshroute_middleware.app.cli", "serve", "--config",
+         str(config), "--no-mdns", "--state-file", ":memory:", "--port", "0"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **ENV, **env})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert "pasted-literal" not in proc.stderr and "k3y-tiny" not in proc.stderr
