@@ -130,3 +130,23 @@ def test_the_allow_list_matches_the_name_asked_for(patterns: tuple[str, ...], mo
 def test_no_client_may_use_everything() -> None:
     assert may_use(None, "fastco/big-model")
     check_model(None, "auto")
+
+
+def test_find_client_compares_every_digest_whichever_matches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import meshroute_middleware.core.clients as module
+
+    compared: list[bytes] = []
+    real = module.hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        compared.append(a)
+        return real(a, b)
+
+    monkeypatch.setattr(module.hmac, "compare_digest", counting)
+    clients = tuple(Client(f"c{i}", key_digest(f"key-number-{i:04d}-of-ten")) for i in range(10))
+    assert find_client(clients, b"key-number-0000-of-ten") is clients[0]  # the first matches
+    assert compared == [c.key_digest for c in clients]  # and all ten were compared, in order
+    compared.clear()
+    assert find_client(clients, b"no-such-key") is None
+    assert len(compared) == 10
