@@ -212,3 +212,11 @@ def test_two_clients_with_one_key_are_refused_by_the_middleware_too() -> None:
     with pytest.raises(ValueError, match="'bob': its key is 'alice''s too"):
         MeshRouteMiddleware(FakeChat().app(), MiddlewareConfig(
             clients=(ALICE, Client("bob", ALICE.key_digest))))
+
+
+def test_the_openapi_document_says_chat_may_need_a_client_key() -> None:
+    from meshroute_middleware.http.openapi import openapi_document
+
+    chat = openapi_document()["paths"]["/v1/chat/completions"]["post"]
+    assert {"401", "403"} <= set(chat["responses"])
+    assert {"apiKey": []} in chat["security"] and {} in chat["security"]
