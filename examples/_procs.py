@@ -27,12 +27,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http(method: str, url: str, body: Any = None, timeout_s: float = 30.0
-         ) -> tuple[int, dict[str, str], Any]:
+def http(method: str, url: str, body: Any = None, timeout_s: float = 30.0,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
     """(status, headers, parsed JSON body) of one request; HTTP errors are answers too."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"content-type": "application/json"})
+                                     headers={"content-type": "application/json",
+                                              **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")

@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,7 +40,15 @@ from meshroute_middleware.core import (
     RouterConfig,
     UnknownModelError,
 )
+from meshroute_middleware.core.clients import (
+    Client,
+    InvalidKeyError,
+    MissingKeyError,
+    ModelNotAllowedError,
+    check_model,
+)
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
+from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -76,6 +84,8 @@ class MiddlewareConfig:
     # 508); empty: a random one per middleware. Gateways that share a port (--workers)
     # share one, so that a loop through any of them is caught.
     loop_marker: str = ""
+    # who may spend (issue 24): with any client, every inference request needs its key
+    clients: tuple[Client, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in ("forward", "annotate"):
@@ -119,6 +129,7 @@ class MeshRouteMiddleware:
         self.annotate = self.config.mode == "annotate"
         self._via = via_entry(self.config.loop_marker or secrets.token_hex(8))
         self._via_header = (VIA, self._via)
+        self._auth = ClientAuth(self.config.clients)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
                 self.forwarder, forward_headers=allow_list(self.config.forward_headers)))
@@ -133,11 +144,27 @@ class MeshRouteMiddleware:
             watched = self._requests.watch(send)  # counts the request by its answer
             dialect = DIALECTS.get(scope["path"]) if scope["path"] != self.config.path else None
             translation = None if dialect is None else dialect.open(watched)
+            out = watched if translation is None else translation.send
             try:
-                await self._chat(scope, receive, watched if translation is None
-                                 else translation.send, translation)
+                if await self._authenticated(scope, out):  # every inference path, first
+                    await self._chat(scope, receive, out, translation)
             finally:
                 watched.close()
+
+    async def _authenticated(self, scope: Scope, send: Send) -> bool:
+        """Whether the request may go on: its client known (or none configured), its key
+        out of its headers; else its 401 is sent. Called before any body is read."""
+        try:
+            client = self._auth.authenticate(scope)
+        except (MissingKeyError, InvalidKeyError) as exc:
+            answer = ErrorAnswer.of(exc)
+            self.telemetry.reject("http", f"401 {answer.code}", answer.code)
+            self._auth.log_refusal(scope["path"], answer.code)
+            await answer.send(send, CHALLENGE)
+            return False
+        if client is not None:
+            log.debug("client %s: %s", client.name, scope["path"])
+        return True
 
     def _lifespan_send(self, send: Send) -> Send:
         async def _send(message: Message) -> None:
@@ -158,7 +185,10 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
+            req.client = client_of(scope)
             chain = self.providers is not None and self.providers.claims(req.model)
+            if not chain:  # a provider chain checks its model after resolving it (chain.py)
+                check_model(req.client, req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix)
         except RequestError as exc:
@@ -176,7 +206,7 @@ class MeshRouteMiddleware:
             await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
                                  "route").send(send)
             return
-        except (InvalidPinError, NoRouteError) as exc:
+        except (InvalidPinError, NoRouteError, ModelNotAllowedError) as exc:
             await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback

@@ -1,5 +1,5 @@
-"""The `meshroute` command: serve, node, bench, demo; each subcommand's module adds its flags
-and runs it."""
+"""The `meshroute` command: serve, node, bench, demo, mitm, keys; each subcommand's module
+adds its flags and runs it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from importlib import metadata
 from types import ModuleType
 
 import node_agent.cli
-from meshroute_middleware.app import demo, serve
+from meshroute_middleware.app import demo, keys, serve
 from meshroute_middleware.app.bench import cli as bench
 from meshroute_middleware.app.mitm import cli as mitm
 
@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
     "bench": (bench, "run benchmarks (learning quality)"),
     "demo": (demo, "a whole mesh learning live, on this machine"),
     "mitm": (mitm, "route chat traffic passing through mitmproxy (mitmdump options pass on)"),
+    "keys": (keys, "make client keys: `keys new NAME` prints one and its [[clients]] lines"),
 }
 PASS_ON = {"mitm"}  # subcommands whose unknown options belong to the program they run
 

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from gossip.service import GossipConfig
 from meshroute_middleware.app.limits import check_limits_store
 from meshroute_middleware.app.settings import ServeSettings
-from meshroute_middleware.chat.keyring import Secret, resolve_keys
+from meshroute_middleware.chat.keyring import Secret, resolve_clients, resolve_keys
+from meshroute_middleware.core.clients import Client, ClientConfigError
+from meshroute_middleware.http.guard import is_loopback_host
 from node_agent.mdns import parse_interfaces
 
 
@@ -29,31 +31,52 @@ class GatewayConfig:
     gossip: GossipConfig | None  # None: this tracker does not gossip
     # provider keys in `keys` order, resolved at start (issue 12); never printed
     secrets: Mapping[str, tuple[Secret, ...]] = field(default_factory=dict, repr=False)
+    # [[clients]] with their keys read and kept only as digests (issue 24)
+    clients: tuple[Client, ...] = field(default=(), repr=False)
 
     @classmethod
     def build(cls, settings: ServeSettings,
               environ: Mapping[str, str] | None = None) -> GatewayConfig:
         """Check and build what the settings describe; ValueError naming what is wrong.
 
-        `environ` resolves `env:NAME` provider keys (KeyRefError, a ValueError, names the
-        reference and never a value)."""
+        `environ` resolves `env:NAME` provider and client keys (KeyRefError, a ValueError,
+        names the reference and never a value). A listener that would let anyone on the
+        network spend the provider keys is refused (ClientConfigError) unless
+        --anonymous-clients says so."""
         if settings.mdns:
             parse_interfaces(settings.mdns_interfaces)  # refuse a bad value before starting
         gossip = settings.gossip_config()
         tracker_id = settings.tracker_id or new_tracker_id()
         secrets = (resolve_keys(settings.providers, environ or {})
                    if settings.providers is not None else {})
+        clients = resolve_clients(settings.clients, environ or {})
+        if anonymous_exposure(settings, clients) and not settings.anonymous_clients:
+            raise ClientConfigError(
+                f"--host {settings.host} serves provider routes with no [[clients]]: anyone "
+                "who reaches the port could spend the provider keys; add [[clients]] "
+                "(meshroute keys new NAME) or pass --anonymous-clients")
         check_limits_store(settings)  # an unreachable --limits-store: exit 2
-        return cls(settings, tracker_id, gossip, secrets)
+        return cls(settings, tracker_id, gossip, secrets, clients)
+
+
+def anonymous_exposure(settings: ServeSettings, clients: tuple[Client, ...]) -> bool:
+    """Whether anyone who reaches the listener can spend the provider keys: provider routes,
+    no [[clients]], an address that is not loopback."""
+    return (settings.providers is not None and not clients
+            and not is_loopback_host(settings.host))
 
 
 def config_warnings(config: GatewayConfig) -> list[str]:
     """What /v1/routing's config warns about: settings that let strangers steer routing."""
-    gossip = config.gossip
+    gossip, out = config.gossip, []
     if gossip is not None and gossip.secret is None and config.settings.insecure_gossip:
-        return ["insecure-gossip: gossip frames are not authenticated (--insecure-gossip); "
-                "anyone who reaches the gossip port can feed route statistics"]
-    return []
+        out.append("insecure-gossip: gossip frames are not authenticated (--insecure-gossip); "
+                   "anyone who reaches the gossip port can feed route statistics")
+    if anonymous_exposure(config.settings, config.clients):
+        out.append(f"anonymous-clients: chat on {config.settings.host} needs no client key "
+                   "(--anonymous-clients, no [[clients]]); anyone who reaches the port can "
+                   "spend the provider keys")
+    return out
 
 
 def exposure(config: GatewayConfig) -> str:
@@ -81,7 +104,14 @@ def exposure(config: GatewayConfig) -> str:
         else:
             talk = f"gossip: {where}, not authenticated (loopback only)"
         talk += f", peers {', '.join(settings.gossip_peers) or 'from mDNS'}"
-    return f"open: {http}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"
+    if config.clients:
+        chat = f"chat: client keys required ({len(config.clients)} [[clients]])"
+    elif anonymous_exposure(settings, config.clients):
+        chat = ("chat: NO client keys (--anonymous-clients): anyone who reaches the port can "
+                "spend the provider keys")
+    else:
+        chat = "chat: no client keys (no [[clients]])"
+    return f"open: {http}; {chat}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"
 
 
 def workers_base_id(saved: str | None) -> str | None:

@@ -146,7 +146,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     inner.router.lifespan_context = lambda app: _recorded(
         background_services(config, mesh, keeper, clock, providers), failures)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
-    middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
+    middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id),
+                         clients=config.clients)
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
                                            providers=chat),

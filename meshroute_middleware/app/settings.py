@@ -18,6 +18,7 @@ from gossip.peers import parse_address
 from gossip.service import GossipConfig, load_secret
 from meshroute_middleware.app.edge import EdgeLimits
 from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S
+from meshroute_middleware.core.clients import ClientConfigError, ClientTable, parse_clients
 from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.policies import POLICIES
@@ -164,6 +165,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("admin_token", str, ("--admin-token",), ("MESHROUTE_ADMIN_TOKEN",),
            "bearer token required by POST /v1/cooldowns/clear (default: the node token)",
            group=PROVIDERS, secret=True),
+    Option("anonymous_clients", bool, ("--anonymous-clients",),
+           ("MESHROUTE_ANONYMOUS_CLIENTS",),
+           "serve provider routes on a non-loopback address with no [[clients]]: anyone who "
+           "reaches the port can spend the provider keys", group=PROVIDERS),
     Option("workers", int, ("--workers",), ("MESHROUTE_WORKERS",),
            "processes serving the one port, sharing learned statistics over loopback gossip",
            group=LISTENING),
@@ -218,6 +223,8 @@ class ServeSettings:
     state_file: str | None = None  # load_settings: default_state_file() with provider tables
     admin_token: str | None = None
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
+    clients: tuple[ClientTable, ...] = ()  # the file's [[clients]] (keys still references)
+    anonymous_clients: bool = False  # app/config.py: no [[clients]] on a network listener
     workers: int = 1
     gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
     limits_store: str | None = None  # None: "local", "state-file" with --workers N
@@ -371,12 +378,18 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
                             f"got {raw!r}") from None
 
 
-def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig | None]:
-    """The file's options, and its provider tables parsed (None when it has none)."""
+def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig | None,
+                                   tuple[ClientTable, ...]]:
+    """The file's options, its provider tables parsed (None when it has none) and its
+    [[clients]]."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        clients = parse_clients(data.pop("clients")) if "clients" in data else ()
+    except ClientConfigError as exc:
+        raise SettingsError(f"{path}: {exc}") from exc
     tables = {k: data.pop(k) for k in PROVIDER_TABLES if k in data}
     limits = data.pop("limits", {})  # [limits] store = "redis://…"
     if not isinstance(limits, dict) or set(limits) - {"store"}:
@@ -394,7 +407,8 @@ def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig |
     unknown = sorted(set(flat) - set(known))
     if unknown:
         raise SettingsError(f"{path}: unknown option(s) {', '.join(unknown)}")
-    return {k: (_convert(known[k], v, path), path) for k, v in flat.items()}, providers
+    return ({k: (_convert(known[k], v, path), path) for k, v in flat.items()}, providers,
+            clients)
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
@@ -412,9 +426,10 @@ def load_settings(cli: Mapping[str, Any] | None = None,
     cli, environ = dict(cli or {}), dict(environ or {})
     values: dict[str, tuple[Any, str]] = {}  # option -> (value, where it came from)
     config_file = cli.pop("config", None) or environ.get("MESHROUTE_CONFIG")
-    providers = None
+    providers: ProvidersConfig | None = None
+    clients: tuple[ClientTable, ...] = ()
     if config_file:
-        from_file, providers = _from_file(config_file)
+        from_file, providers, clients = _from_file(config_file)
         values.update(from_file)
     values.update(_from_env(environ))
     known = {o.name: o for o in OPTIONS}
@@ -435,7 +450,8 @@ def load_settings(cli: Mapping[str, Any] | None = None,
     serve = {k: v for k, (v, _) in values.items() if k not in router_names}
     if providers is not None and "state_file" not in serve:  # quotas and cooldowns persist
         serve["state_file"] = default_state_file(environ)
-    return replace(ServeSettings(), router=router, providers=providers, **serve)
+    return replace(ServeSettings(), router=router, providers=providers, clients=clients,
+                   **serve)
 
 
 def default_state_file(environ: Mapping[str, str]) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from meshroute_middleware.core.clients import Client, ClientTable, check_distinct
 from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 
@@ -77,6 +78,21 @@ def resolve_keys(cfg: ProvidersConfig, environ: Mapping[str, str],
         except KeyRefError as exc:
             raise KeyRefError(f"[[providers]] {provider.name!r}: {exc}") from None
     return out
+
+
+def resolve_clients(tables: Iterable[ClientTable], environ: Mapping[str, str],
+                    read_text: Callable[[Path], str] | None = None) -> tuple[Client, ...]:
+    """Every `[[clients]]` table with its key read (env:/file:) and kept only as its digest;
+    KeyRefError (a ValueError) names the client and the reference, never a value."""
+    out = []
+    for table in tables:
+        try:
+            key = None if table.hashed else resolve_key(table.key, environ, read_text)
+        except KeyRefError as exc:
+            raise KeyRefError(f"[[clients]] {table.name!r}: {exc}") from None
+        out.append(table.client(None if key is None else key.reveal()))
+    check_distinct(out)
+    return tuple(out)
 
 
 def scrub(text: str, secrets: Iterable[Secret]) -> str:

@@ -9,6 +9,11 @@ from typing import Any
 
 from starlette.types import Send
 
+from meshroute_middleware.core.clients import (
+    InvalidKeyError,
+    MissingKeyError,
+    ModelNotAllowedError,
+)
 from meshroute_middleware.core.contracts.error_body import ERROR_TYPES, error_body, error_type
 from meshroute_middleware.core.errors import (
     InvalidNodeError,
@@ -64,6 +69,9 @@ ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
     RoutesRateLimited: (429, "rate_limited"),
     UpstreamFailed: (502, UPSTREAM_FAILED),
     DeadlineExceeded: (504, "request_timeout"),
+    MissingKeyError: (401, "missing_api_key"),  # [[clients]] (issue 24)
+    InvalidKeyError: (401, "invalid_api_key"),
+    ModelNotAllowedError: (403, "model_not_allowed"),
 }
 
 

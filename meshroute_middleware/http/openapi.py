@@ -20,7 +20,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "invalid request", 401: "missing or wrong bearer token",
-            404: "not found", 413: "body too large",
+            403: "the client may not use this model (model_not_allowed)", 404: "not found",
+            413: "body too large",
             429: "a route was rate limited, cooling down or out of budget (Retry-After)",
             500: "internal error (a bug; logged by the server)",
             502: "every route tried failed upstream, or its keys were refused "
@@ -60,6 +61,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {"post": {
                 "summary": "Route a chat completion (OpenAI-compatible)",
+                "security": [{"bearer": []}, {"apiKey": []}, {}],  # with [[clients]]: one
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/ChatRequest"}}}},
                 "responses": {
@@ -68,7 +70,7 @@ def openapi_document() -> dict[str, Any]:
                                            "an SSE error event)",
                             "content": {"application/json": {"schema": _OBJECT},
                                         "text/event-stream": {"schema": {"type": "string"}}}},
-                    **_errors(400, 404, 413, 429, 500, 502, 503, 504)}}},
+                    **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
             "/v1/models": {"get": {
                 "summary": "Models the router can route",
                 "responses": {"200": _json({"type": "object", "required": ["object", "data"],
@@ -138,8 +140,12 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {"200": _json(_OBJECT, "OpenAPI 3.0 document")}}},
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "--node-token, when set"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "--node-token, when set; on chat, a client key "
+                                          "when [[clients]] are configured"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                           "description": "a client key, when [[clients]] are configured"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {
                     "type": "object", "required": ["message", "type", "code"],

@@ -26,6 +26,8 @@ RUN_BY = {
     "node_agent/run.py": ("tests/examples/test_processes.py", "node_agent/run.py"),
     "gossip/run.py": ("tests/examples/test_processes.py", "gossip/run.py"),
     "providers/try.py": ("tests/examples/test_providers.py", "providers/try.py"),
+    "providers/try_clients.py": ("tests/examples/test_providers.py",
+                                 "providers/try_clients.py"),
     "mitm/run.py": ("tests/mitm/test_example.py", '"mitm" / "run.py"'),
     # started by node_agent/run.py, gossip/run.py and mitm/run.py
     "node_agent/stub_server.py": ("examples/node_agent/run.py", "stub_server.py"),
