@@ -50,6 +50,7 @@ class Gateway:
     providers: ProviderRouter | None = None  # provider routes, when the config has them
     store: StateStore | None = None  # the state file, open while the gateway lives
     keeper: StateKeeper | None = None  # what restores and saves it
+    spend: ClientSpend | None = None  # clients' limits, budgets and usage ledger (issue 24)
     # why the background services could not start, once the lifespan tried (app/run.py)
     startup_failures: list[BaseException] = field(default_factory=list)
 
@@ -160,7 +161,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                            forwarder=forwarder, telemetry=telemetry,
                                            providers=chat, spend=spend),
                        settings.guard(), reject=telemetry.reject)
-    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
+    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, spend,
+                   failures)
 
 
 @contextlib.asynccontextmanager

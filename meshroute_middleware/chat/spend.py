@@ -230,7 +230,10 @@ class Metered:
         if prompt is None:  # no usage: the estimate, when a route answered at all
             prompt = self._prompt_estimate if self._status == 200 else 0
         completion = meter.completion_tokens if meter is not None else 0
-        route = self._route if self._status else NO_ROUTE
+        # a 429 or 5xx is the gateway's own "no route answered" (routes tried are in its
+        # body), whatever x-meshroute-route says was tried last
+        route = NO_ROUTE if not self._status or self._status == 429 or self._status >= 500 \
+            else self._route
         spent = Spent(route, prompt, completion,
                       self._spend.cost(route, prompt, completion), not ok)
         try:
