@@ -25,7 +25,7 @@ CLIENTS = [Client(n, hashlib.sha256(f"key-{n}".encode()).digest()) for n in ("al
 def ledger() -> MemoryLimits:
     """A store holding: alice 2 requests on p/m (day 0) + 1 on mesh-q (day 1); bob 1 on p/m."""
     gates = ClientGates()
-    for client, route, day, spent in [
+    for client, _route, day, spent in [
             ("alice", "p/m", DAY, Spent("p/m", 10, 5, 0.25, False)),
             ("alice", "p/m", DAY, Spent("p/m", 20, 5, 0.5, True)),
             ("alice", "q", DAY + 1, Spent("q", 1, 1, 0.0, False)),
