@@ -62,15 +62,16 @@ def prices_of(cfg: ProvidersConfig | None) -> dict[str, tuple[float, float]]:
             for m in p.models}
 
 
-def ledger_route(header: bytes | None) -> str:
-    """The ledger's route from an answer's `x-meshroute-route`: `provider/model` of a key
-    route (`fastco/big-model#2`), the model of a mesh route signature, else NO_ROUTE."""
+def ledger_route(header: bytes | None) -> tuple[str, bool]:
+    """The ledger's route from an answer's `x-meshroute-route`, and whether it is priced:
+    `provider/model` of a key route (`fastco/big-model#2`, priced), the model of a mesh route
+    signature (free), else NO_ROUTE."""
     if not header:
-        return NO_ROUTE
+        return NO_ROUTE, False
     text = header.decode("latin-1")
     if "|" in text:  # a mesh signature: model|node[a-b]->...
-        return text.partition("|")[0] or NO_ROUTE
-    return text.rpartition("#")[0] or text
+        return text.partition("|")[0] or NO_ROUTE, False
+    return text.rpartition("#")[0] or text, True
 
 
 class ClientRefused(RequestError):
@@ -186,14 +187,14 @@ class Metered:
     `usage` as they pass, and records the request once, when its answer ends or, for an
     answer that never ended, at `close()`."""
 
-    __slots__ = ("_admission", "_client", "_done", "_ended", "_last", "_meter",
+    __slots__ = ("_admission", "_client", "_done", "_ended", "_last", "_meter", "_priced",
                  "_prompt_estimate", "_route", "_send", "_spend", "_status")
 
     def __init__(self, spend: ClientSpend, client: Client, admission: Admission | None,
                  prompt_estimate: int, send: Send) -> None:
         self._spend, self._client, self._admission = spend, client, admission
         self._prompt_estimate, self._send = prompt_estimate, send
-        self._status, self._route = 0, NO_ROUTE
+        self._status, self._route, self._priced = 0, NO_ROUTE, False
         self._meter: TokenMeter | None = None
         self._last = b""
         self._done = self._ended = False
@@ -204,7 +205,8 @@ class Metered:
         if kind == "http.response.start":
             self._status = int(message["status"])
             headers = message.get("headers", ())
-            self._route = ledger_route(next((v for k, v in headers if k == H_ROUTE), None))
+            self._route, self._priced = ledger_route(
+                next((v for k, v in headers if k == H_ROUTE), None))
             self._meter = TokenMeter(streaming=is_sse(headers))
         elif kind == "http.response.body":
             body = message.get("body", b"")
@@ -234,8 +236,8 @@ class Metered:
         # body), whatever x-meshroute-route says was tried last
         route = NO_ROUTE if not self._status or self._status == 429 or self._status >= 500 \
             else self._route
-        spent = Spent(route, prompt, completion,
-                      self._spend.cost(route, prompt, completion), not ok)
+        usd = self._spend.cost(route, prompt, completion) if self._priced else 0.0
+        spent = Spent(route, prompt, completion, usd, not ok)
         try:
             await self._spend.settle(self._client, self._admission, spent, self._status or 499)
         except Exception:  # a bug of ours must not fail the answer already given
