@@ -1,0 +1,68 @@
+"""`meshroute serve --workers 2` with `[[clients]]`: one rpm and one ledger per client across
+the workers (issue 24), with real processes and the official openai client.
+
+LEAD: this test needs branch "clients" (`[[clients]]` parsed into `ServeSettings.clients`, and
+the key checked in the chat path); it skips itself until `ServeSettings` has `clients`. The
+library-level proof of the same rule runs meanwhile in
+tests/state/test_client_limits_shared.py (two processes on one state file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from meshroute_middleware.app.settings import ServeSettings
+
+from ..upstream import serve_process
+from .fake_provider import FakeProvider
+from .gateway import ENV, HI
+from .test_serve_process import config_text
+
+KEY = "alice-secret-key-0123456789"
+ADMIN = "admin-token-for-usage"
+RPM = 3
+
+pytestmark = pytest.mark.skipif(
+    "clients" not in {f.name for f in dataclasses.fields(ServeSettings)},
+    reason="needs [[clients]] parsing (branch clients); the lead connects it on merge")
+
+
+def test_two_workers_hold_one_rpm_and_one_ledger_per_client(
+        providers: tuple[FakeProvider, FakeProvider], tmp_path: Path) -> None:
+    fast, slow = providers
+    config = tmp_path / "meshroute.toml"
+    config.write_text(config_text(fast, slow) + f"""
+
+[[clients]]
+name = "alice"
+key = "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}"
+rpm = {RPM}
+""")
+    log = tmp_path / "log"
+    flags = ["--config", str(config), "--state-file", str(tmp_path / "state.db"),
+             "--workers", "2", "--admin-token", ADMIN, "--log-level", "warning"]
+    with serve_process(flags, log, ENV) as (url, _):
+        codes = []
+        for _ in range(2 * RPM):  # a fresh connection each: the workers share the requests
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+            try:
+                client.chat.completions.create(model="auto", messages=HI)  # type: ignore[arg-type]
+                codes.append(200)
+            except openai.RateLimitError as exc:
+                codes.append(429)
+                assert exc.body["code"] == "client_rate_limited"  # type: ignore[index]
+            finally:
+                client.close()
+        usage = httpx.get(f"{url}/v1/usage", headers={"authorization": f"Bearer {ADMIN}"},
+                          timeout=10).json()["data"]
+    assert codes == [200] * RPM + [429] * RPM, codes
+    assert len(fast.seen) + len(slow.seen) == RPM
+    assert [(r["client"], r["requests"]) for r in usage] == [("alice", RPM)]
+    assert KEY not in log.read_text() and all(
+        KEY not in str(s.headers) for s in fast.seen + slow.seen)
