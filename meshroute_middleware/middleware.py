@@ -33,7 +33,7 @@ from meshroute_middleware.chat.attempts import (
 from meshroute_middleware.chat.dialects import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
-from meshroute_middleware.chat.spend import ClientSpend, Metered
+from meshroute_middleware.chat.spend import ClientSpend, Metered, client_of
 from meshroute_middleware.core import (
     Decision,
     InvalidPinError,
@@ -164,9 +164,10 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
-            if self.spend is not None:  # a client's request: admitted (or 429), then metered
-                send = await self.spend.admit(scope, req, send)
-                metered = send if isinstance(send, Metered) else None
+            client = None if self.spend is None else client_of(scope, req)
+            if client is not None:  # a client's request: admitted (or 429), then metered
+                assert self.spend is not None
+                send = metered = await self.spend.admit(client, req, send)
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix)

@@ -112,12 +112,9 @@ class ClientSpend:
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
 
-    async def admit(self, scope: Scope, req: ChatRequest, send: Send) -> Send:
-        """`send` for a request without a client; for a client's, a metered send once it is
-        admitted (ClientRefused when it is over a limit or a budget)."""
-        client = client_of(scope, req)
-        if client is None:
-            return send
+    async def admit(self, client: Client, req: ChatRequest, send: Send) -> Metered:
+        """`client`'s request admitted: its metered send (ClientRefused when it is over a
+        limit or a budget)."""
         try:
             payload = orjson.loads(req.body)
         except orjson.JSONDecodeError:  # parse_chat read it: never here

@@ -114,3 +114,18 @@ def test_the_ledger_route_of_an_answer(header: bytes | None, route: tuple[str, b
     assert ledger_route(header) == route
 
 
+
+
+async def test_a_store_that_fails_lets_clients_in_and_counts_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryLimits()
+    store.down = True
+    spend = ClientSpend(store, clock=FakeClock(T0))
+    answers = await post(as_bob(mesh_app(spend)), 3)  # over bob's rpm of 2: not enforced
+    assert [a.status_code for a in answers] == [200] * 3
+    assert spend.counters.requests == {("bob", "m", "200"): 3}
+    assert spend.store_failures == 3  # each admission; nothing to settle after them
+    assert sum("not enforced" in r.getMessage() for r in caplog.records) == 1
+    store.down = False
+    await post(as_bob(mesh_app(spend)), 1)
+    assert (await spend.usage_rows())[0]["requests"] == 1

@@ -10,8 +10,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from meshroute_middleware.chat.spend import ClientSpend, Metered
-from meshroute_middleware.core.clients import CLIENT_STATE, Client
+from meshroute_middleware.chat.spend import ClientSpend
+from meshroute_middleware.core.clients import Client
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.state.limits import LimitsStore
@@ -38,14 +38,12 @@ async def spend_all(store: LimitsStore, kind: str) -> tuple[int, int]:
     tokens: (admitted, refused)."""
     spend = ClientSpend(store, clock=lambda: T0)
     admitted = refused = 0
-    scope = {"type": "http", "state": {CLIENT_STATE: CLIENTS[kind]}}
     for _ in range(ATTEMPTS):
         try:
-            send = await spend.admit(scope, ChatRequest(BODY, "m", None), _noop)
+            send = await spend.admit(CLIENTS[kind], ChatRequest(BODY, "m", None), _noop)
         except RequestError:
             refused += 1
             continue
-        assert isinstance(send, Metered)
         admitted += 1
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"x-meshroute-route", b"p/m#1")]})
