@@ -164,9 +164,8 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
-            client = None if self.spend is None else client_of(scope, req)
-            if client is not None:  # a client's request: admitted (or 429), then metered
-                assert self.spend is not None
+            if self.spend is not None and (client := client_of(scope, req)) is not None:
+                # a client's request (issue 24): admitted (or a 429), then metered
                 send = metered = await self.spend.admit(client, req, send)
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
