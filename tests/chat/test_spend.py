@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from typing import Any
 
 import httpx
 import pytest
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.spend import ClientSpend, ledger_route
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
@@ -129,3 +131,41 @@ async def test_a_store_that_fails_lets_clients_in_and_counts_them(
     store.down = False
     await post(as_bob(mesh_app(spend)), 1)
     assert (await spend.usage_rows())[0]["requests"] == 1
+
+
+class _Toy:
+    """A dialect whose answers carry no OpenAI `usage` (as Anthropic's `input_tokens` do not)."""
+
+    path = "/v1/toy"
+
+    def open(self, send: Send) -> Any:
+        toy = self
+
+        class Translation:
+            def __init__(self) -> None:
+                self.send = self._send
+
+            async def _send(self, message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    message = {**message, "body": b'{"toy": true}'}
+                elif message["type"] == "http.response.start":
+                    message = {**message, "headers": [(b"content-type", b"application/json")]}
+                await send(message)
+
+            def request(self, body: bytes) -> bytes:
+                assert toy.path == "/v1/toy"
+                return b'{"model": "m", "messages": []}'
+        return Translation()
+
+
+async def test_a_dialects_request_is_metered_before_its_answer_is_translated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(DIALECTS, "/v1/toy", _Toy())
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_bob(mesh_app(spend))),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/toy", content=b"{}")
+    assert resp.json() == {"toy": True}
+    rows = await spend.usage_rows()
+    assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        ("m", 4, 9)]
