@@ -126,3 +126,17 @@ def test_two_trackers_on_one_redis_hold_one_rpm_and_one_ledger(tmp_path: Path) -
     assert sum(a for a, _ in results) == 25
     assert [(r["client"], r["route"], r["requests"], r["completion_tokens"])
             for r in rows] == [("alice", "p/m", 25, 500)]
+
+
+def test_redis_rows_of_clients_expire_after_their_month_and_the_ledger_stays() -> None:
+    from meshroute_middleware.core.clients_budget import Admission, ClientGates, Spent
+    from meshroute_middleware.state.redis_limits import expiry_s
+
+    gates = ClientGates()
+    admission = gates.admit(CLIENTS["rpm"], 10, T0)
+    assert isinstance(admission, Admission)
+    gates.settle(admission, Spent("p/m", 1, 1, 0.0, False), T0)
+    rows = gates.snapshot(T0)
+    month_end = 1_796_083_200.0  # 2026-12-01 00:00 UTC: T0 is in November
+    assert expiry_s("clients", rows["clients"][0], T0) == month_end - T0
+    assert expiry_s("usage", rows["usage"][0], T0) is None
