@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -43,12 +44,19 @@ def make_client(name: str, **limits: Any) -> Client:
 
 
 def as_client(app: ASGIApp, clients: dict[str, Client]) -> ASGIApp:
-    """Test only: what branch "clients"' authentication does, minus the key check."""
+    """Test only: what branch "clients"' authentication does (the client named by the test
+    header, or whose key digest the bearer key has), without its refusals."""
+    by_digest = {c.key_digest: c for c in clients.values()}
+
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            name = dict(scope["headers"]).get(H_TEST_CLIENT)
-            if name is not None:
-                scope.setdefault("state", {})[CLIENT_STATE] = clients[name.decode()]
+            headers = dict(scope["headers"])
+            name = headers.get(H_TEST_CLIENT)
+            auth = headers.get(b"authorization", b"")
+            found = clients[name.decode()] if name is not None else by_digest.get(
+                hashlib.sha256(auth[7:]).digest()) if auth[:7].lower() == b"bearer " else None
+            if found is not None:
+                scope.setdefault("state", {})[CLIENT_STATE] = found
         await app(scope, receive, send)
     return wrapped
 
@@ -231,4 +239,26 @@ def test_budgets_and_usage_survive_a_restart(providers: tuple[FakeProvider, Fake
     assert rows[0]["requests"] == 2 and rows[0]["prompt_tokens"] == 10
     assert rows[0]["completion_tokens"] == 16
     assert rows[0]["cost_usd"] == pytest.approx((10 * PRICE_IN + 16 * PRICE_OUT) / 1e6)
+    assert len(fast.seen) == 2
+
+
+def test_the_official_openai_client_sees_both_429s_with_their_codes(
+        providers: tuple[FakeProvider, FakeProvider], clock: FakeClock) -> None:
+    fast, slow = providers
+    fast.default = Reply.ok(tokens=8, prompt_tokens=5)
+    clients = [make_client("alice", rpm=1), make_client("bob", daily_tokens=15)]
+    with served(priced_doc(fast, slow), clients, clock) as gw:
+        codes = {}
+        for name in ("alice", "bob"):
+            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=f"key-{name}",
+                                   max_retries=0)
+            client.chat.completions.create(model="fastco/big-model", messages=HI,  # type: ignore[arg-type]
+                                           max_tokens=1)
+            with pytest.raises(openai.RateLimitError) as caught:
+                client.chat.completions.create(model="fastco/big-model",
+                                               messages=HI, max_tokens=1)  # type: ignore[arg-type]
+            codes[name] = (caught.value.code, caught.value.response.headers["retry-after"])
+            client.close()
+    assert codes == {"alice": ("client_rate_limited", "61"),
+                     "bob": ("budget_exceeded", str(math.ceil(MIDNIGHT - T0)))}
     assert len(fast.seen) == 2
