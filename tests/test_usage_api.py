@@ -142,3 +142,14 @@ async def test_a_store_that_fails_is_503() -> None:
         resp = await get(c, ADMIN)
     assert resp.status_code == 503
     assert resp.json()["error"]["code"] == "limits_store_unavailable"
+
+
+def test_the_openapi_document_lists_the_usage_endpoint_and_its_errors() -> None:
+    from meshroute_middleware.http.openapi import openapi_document
+
+    api = UsageAPI(None, CLIENTS)
+    doc = openapi_document()
+    for route in api.routes():
+        assert "get" in doc["paths"][route.path]  # type: ignore[attr-defined]
+    responses = doc["paths"]["/v1/usage"]["get"]["responses"]
+    assert set(responses) == {"200", "400", "401", "403", "503"}
