@@ -66,3 +66,34 @@ rpm = {RPM}
     assert [(r["client"], r["requests"]) for r in usage] == [("alice", RPM)]
     assert KEY not in log.read_text() and all(
         KEY not in str(s.headers) for s in fast.seen + slow.seen)
+
+
+def test_a_clients_daily_budget_and_usage_survive_a_restart(
+        providers: tuple[FakeProvider, FakeProvider], tmp_path: Path) -> None:
+    fast, slow = providers
+    config = tmp_path / "meshroute.toml"
+    # the fake answers 5 + 8 tokens; max_tokens 1 reserves 5 + 1: two answers fit, not three
+    config.write_text(config_text(fast, slow) + f"""
+
+[[clients]]
+name = "alice"
+key = "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}"
+daily_tokens = 30
+""")
+    flags = ["--config", str(config), "--state-file", str(tmp_path / "state.db"),
+             "--admin-token", ADMIN, "--log-level", "warning"]
+    headers = {"authorization": f"Bearer {KEY}"}
+    body = {"model": "fastco/big-model", "messages": HI, "max_tokens": 1}
+    with serve_process(flags, tmp_path / "log", ENV) as (url, _):
+        for _ in range(2):
+            assert httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body,
+                              timeout=30).status_code == 200
+    with serve_process(flags, tmp_path / "log", ENV) as (url, _):  # killed, started again
+        refused = httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body,
+                             timeout=30)
+        usage = httpx.get(f"{url}/v1/usage", headers={"authorization": f"Bearer {ADMIN}"},
+                          timeout=10).json()["data"]
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exceeded"
+    assert [(r["client"], r["requests"], r["prompt_tokens"] + r["completion_tokens"])
+            for r in usage] == [("alice", 2, 26)]
+    assert len(fast.seen) == 2
