@@ -56,7 +56,7 @@ rpm = {RPM}
                 codes.append(200)
             except openai.RateLimitError as exc:
                 codes.append(429)
-                assert exc.body["code"] == "client_rate_limited"  # type: ignore[index]
+                assert exc.code == "client_rate_limited"
             finally:
                 client.close()
         usage = httpx.get(f"{url}/v1/usage", headers={"authorization": f"Bearer {ADMIN}"},
