@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -17,7 +19,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
+from meshroute_middleware.core.clients import Client
+from meshroute_middleware.core.clients_budget import GROUPS, usage_report
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
@@ -25,6 +30,7 @@ from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, error_
 from meshroute_middleware.http.openapi import openapi_document
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 from meshroute_middleware.mesh import Mesh, MeshFullError
+from meshroute_middleware.state.limits import LimitsStoreDown
 from meshroute_middleware.telemetry.events import sse
 from meshroute_middleware.telemetry.metrics import CONTENT_TYPE
 
@@ -382,3 +388,82 @@ class ProviderRoutingAPI:
             await self.refresh(self.clock())
         cleared = self.providers.clear(route, self.clock())  # the time: gossip's clears
         return JSONResponse({"cleared": cleared, "route": route})
+
+
+class UsageAPI:
+    """`GET /v1/usage?client=NAME&since=UNIX&group_by=client|route|day` (issue 24): the usage
+    ledger summed by client, route or UTC day (or a comma list of them), from the UTC day of
+    `since` on. The admin token (`--admin-token`; without one, a loopback client) sees every
+    client; a client's own key (`Authorization: Bearer` or `x-api-key`) sees its own rows
+    only, and naming another client is a 403."""
+
+    def __init__(self, spend: ClientSpend | None, clients: Sequence[Client] = (), *,
+                 admin_token: str | None = None) -> None:
+        self.spend, self.admin_token = spend, admin_token
+        self.clients = tuple(clients)
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/usage", self.usage, methods=["GET"])]
+
+    async def usage(self, request: Request) -> Response:
+        """The ledger's rows for whom the caller may see."""
+        who = self._caller(request)
+        if isinstance(who, Response):
+            return who
+        query = request.query_params
+        client = query.get("client") or None
+        if who is not None:
+            if client is not None and client != who.name:
+                return error_response(403, "a client's key sees its own usage only",
+                                      "forbidden")
+            client = who.name
+        try:
+            since = float(query.get("since") or 0)
+        except ValueError:
+            since = math.nan
+        if not (math.isfinite(since) and since >= 0):
+            return error_response(400, "'since' must be UNIX seconds (a number >= 0)",
+                                  "invalid_since")
+        groups = tuple((query.get("group_by") or "client").split(","))
+        if not groups or any(g not in GROUPS for g in groups) or len(set(groups)) < len(groups):
+            return error_response(400, "'group_by' is client, route or day (or a comma list "
+                                  "of them)", "invalid_group_by")
+        try:
+            rows = [] if self.spend is None else await self.spend.usage_rows()
+        except LimitsStoreDown as exc:
+            return error_response(503, f"the usage ledger is not available: {exc}",
+                                  "limits_store_unavailable")
+        data = usage_report(rows, groups, client=client, since=since)
+        for row in data:
+            if "day" in row:
+                row["date"] = time.strftime("%Y-%m-%d", time.gmtime(row["day"] * 86400))
+        return JSONResponse({"object": "list", "group_by": ",".join(groups), "since": since,
+                             "client": client, "data": data})
+
+    def _caller(self, request: Request) -> Client | Response | None:
+        """The client whose key this is; None for the admin; else the 401 to answer."""
+        given = client_key(request)
+        if given is None:
+            if not self.admin_token and is_loopback_client(request):
+                return None
+            return error_response(401, "/v1/usage needs the admin token or a client's key "
+                                  "(Authorization: Bearer KEY or x-api-key)", "missing_api_key")
+        if self.admin_token and hmac.compare_digest(given.encode(), self.admin_token.encode()):
+            return None
+        digest = hashlib.sha256(given.encode()).digest()
+        found = None
+        for c in self.clients:  # every digest compared: the time says nothing of which
+            if hmac.compare_digest(digest, c.key_digest):
+                found = c
+        if found is not None:
+            return found
+        return error_response(401, "the key is neither the admin token nor a client's",
+                              "invalid_api_key")
+
+
+def client_key(request: Request) -> str | None:
+    """The key a request carries: `Authorization: Bearer KEY`, else `x-api-key`."""
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        return auth[7:].strip()
+    return request.headers.get("x-api-key") or None

@@ -33,7 +33,9 @@ from meshroute_middleware.chat.attempts import (
 from meshroute_middleware.chat.dialects import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
+from meshroute_middleware.chat.spend import ClientSpend, Metered
 from meshroute_middleware.core import (
+    Decision,
     InvalidPinError,
     NoRouteError,
     Router,
@@ -52,6 +54,7 @@ from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
+    ChatRequest,
     check_session_id,
     parse_chat,
     read_body,
@@ -116,9 +119,11 @@ class MeshRouteMiddleware:
     def __init__(self, app: ASGIApp, config: MiddlewareConfig | None = None, *,
                  router: Router | None = None, forwarder: Forwarder | None = None,
                  telemetry: Telemetry | None = None,
-                 providers: ProviderChat | None = None) -> None:
+                 providers: ProviderChat | None = None,
+                 spend: ClientSpend | None = None) -> None:
         self.app = app
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
+        self.spend = spend  # clients' limits, budgets and usage ledger (issue 24)
         self.config = config or MiddlewareConfig()
         self.router = router or build_router()
         self.forwarder = forwarder or AiohttpForwarder()
@@ -175,6 +180,7 @@ class MeshRouteMiddleware:
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send,
                     translation: Translation | None = None) -> None:
+        metered: Metered | None = None
         try:
             if came_back(scope, self._via):
                 raise RequestError(508, "this request already passed through this gateway: "
@@ -185,10 +191,14 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
-            req.client = client_of(scope)
+            req.client = client = client_of(scope)
+            # the allow-list by the name asked for: a mesh model, `provider/model` or a chain
+            # (`auto`, `auto:coding`), before the request spends anything (issue 24)
+            check_model(client, req.model)
+            if self.spend is not None and client is not None:
+                # a client's request: admitted (or a 429), then metered
+                send = metered = await self.spend.admit(client, req, send)
             chain = self.providers is not None and self.providers.claims(req.model)
-            if not chain:  # a provider chain checks its model after resolving it (chain.py)
-                check_model(req.client, req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix)
         except RequestError as exc:
@@ -197,7 +207,7 @@ class MeshRouteMiddleware:
                                                                   "invalid_session_id"):
                     self.telemetry.reject("http", f"{exc.status} {exc.code}: {exc}")
                     log.warning("meshroute: refused a chat request: %s %s", exc.status, exc)
-                await ErrorAnswer.of(exc).send(send)
+                await ErrorAnswer.of(exc).send(send, exc.headers)
             return
         except UnknownModelError as exc:
             if self.annotate and req.pin is None:  # the app may serve it by itself
@@ -213,6 +223,14 @@ class MeshRouteMiddleware:
             log.exception("meshroute: internal error while choosing a route")
             await INTERNAL_ERROR.send(send)
             return
+        try:
+            await self._serve(scope, receive, send, req, decision)
+        finally:
+            if metered is not None:  # recorded once, however its answer ended
+                await metered.close()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
+                     decision: Decision | None) -> None:
         if decision is None:
             assert self.providers is not None
             await self.providers.serve(scope, receive, send, req)

@@ -17,12 +17,13 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, build_api_app
+from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, UsageAPI, build_api_app
 from meshroute_middleware.app.config import GatewayConfig, config_warnings, loop_marker
-from meshroute_middleware.app.limits import gossip_providers, shared_gates
+from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
+from meshroute_middleware.chat.spend import ClientSpend, prices_of
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
@@ -49,6 +50,7 @@ class Gateway:
     providers: ProviderRouter | None = None  # provider routes, when the config has them
     store: StateStore | None = None  # the state file, open while the gateway lives
     keeper: StateKeeper | None = None  # what restores and saves it
+    spend: ClientSpend | None = None  # clients' limits, budgets and usage ledger (issue 24)
     # why the background services could not start, once the lifespan tried (app/run.py)
     startup_failures: list[BaseException] = field(default_factory=list)
 
@@ -139,6 +141,12 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                    refresh=None if gates is None else gates.refresh).routes()
     if gates is not None:
         telemetry.add_collector(gates.metric_families)
+    clients = config.clients  # the `[[clients]]` of the config, their keys as digests
+    spend = ClientSpend(client_store(settings), prices_of(settings.providers),
+                        clock=clock)
+    telemetry.add_collector(spend.counters.families)
+    extra = [*extra, *UsageAPI(spend, clients, admin_token=settings.admin_token
+                               or settings.node_token).routes()]
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers), extra)
@@ -150,9 +158,10 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                          clients=config.clients)
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
-                                           providers=chat),
+                                           providers=chat, spend=spend),
                        settings.guard(), reject=telemetry.reject)
-    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
+    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, spend,
+                   failures)
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core.providers.peers import Peers
 from meshroute_middleware.core.providers.router import ProviderRouter
-from meshroute_middleware.state.limits import LimitsStoreError
+from meshroute_middleware.state.limits import LimitsStore, LimitsStoreError, MemoryLimits
 from meshroute_middleware.state.redis_limits import RedisLimits
 from meshroute_middleware.state.shared_gates import SharedGates
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
@@ -55,3 +55,15 @@ def gossip_providers(providers: ProviderRouter) -> None:
     if not isinstance(providers.gates, SharedGates):
         providers.gates.peers = providers.peers
         providers.gates.mode = "gossip"
+
+
+def client_store(settings: ServeSettings) -> LimitsStore:
+    """Where clients' limits, budgets and usage ledger live (issue 24): Redis with
+    `--limits-store redis://…`, else the state file (shared by the `--workers`, kept across
+    restarts), else this process's memory (`--state-file :memory:`)."""
+    url = settings.limits_store or ""
+    if url.startswith(("redis://", "rediss://")):
+        return RedisLimits(url)
+    if settings.state_file and settings.state_file != MEMORY:
+        return SqliteLimits(settings.state_file).open()
+    return MemoryLimits()

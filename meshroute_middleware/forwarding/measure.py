@@ -2,7 +2,8 @@
 
 A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
 otherwise every `data:` event whose delta carries non-empty content counts as one token
-(OpenAI-compatible servers send one chunk per token).
+(OpenAI-compatible servers send one chunk per token). `usage.prompt_tokens` is read from the
+same places (None when the upstream sent none).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from meshroute_middleware.core.contracts.error_body import sse_error_event
 __all__ = ["TokenMeter", "sse_error_event"]
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
@@ -34,6 +36,7 @@ class TokenMeter:
         self.streaming = streaming
         self.chunks_counted = 0
         self.usage_tokens: int | None = None
+        self.usage_prompt_tokens: int | None = None  # a stream's usage chunk's prompt_tokens
         # a stream: the pending (unfinished) SSE line, as it came, and its length (past
         # _MAX_LINE the rest of the line is skipped); a JSON body: its tail
         self._parts: list[bytes] = [] if streaming else _NO_PARTS
@@ -76,6 +79,9 @@ class TokenMeter:
             match = _COMPLETION_TOKENS.search(line)
             if match:
                 self.usage_tokens = _count(match.group(1))
+            match = _PROMPT_TOKENS.search(line)
+            if match:
+                self.usage_prompt_tokens = _count(match.group(1))
         if _NONEMPTY_CONTENT.search(line):
             self.chunks_counted += 1
 
@@ -83,16 +89,33 @@ class TokenMeter:
     def completion_tokens(self) -> int:
         """Tokens from `usage` when the upstream sent it, else the counted chunks."""
         if self.streaming:
-            if self._parts:
-                self._line_done(b"".join(self._parts))
-                self._parts.clear()
-                self._pending = 0
+            self._flush()
             return self.usage_tokens if self.usage_tokens is not None else self.chunks_counted
+        found = self._last(b'"completion_tokens"', _COMPLETION_TOKENS)
+        return 0 if found is None else found
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """`usage.prompt_tokens` when the upstream sent it, else None."""
+        if self.streaming:
+            self._flush()
+            return self.usage_prompt_tokens
+        return self._last(b'"prompt_tokens"', _PROMPT_TOKENS)
+
+    def _flush(self) -> None:
+        """A stream's last line, ended without a newline, counts too."""
+        if self._parts:
+            self._line_done(b"".join(self._parts))
+            self._parts.clear()
+            self._pending = 0
+
+    def _last(self, name: bytes, pattern: re.Pattern[bytes]) -> int | None:
+        """A JSON body's last count of `name` (usage closes the body), else None."""
         tail = bytes(self._tail[-_MAX_JSON_TAIL:])
-        at = tail.rfind(b'"completion_tokens"')  # the last one: usage closes the body
+        at = tail.rfind(name)
         while at >= 0:
-            match = _COMPLETION_TOKENS.match(tail, at)
+            match = pattern.match(tail, at)
             if match:
                 return _count(match.group(1))
-            at = tail.rfind(b'"completion_tokens"', 0, at)
-        return 0
+            at = tail.rfind(name, 0, at)
+        return None

@@ -35,9 +35,11 @@ INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 class RequestError(MeshRouteError):
     """A client error with its HTTP status and OpenAI error code."""
 
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(self, status: int, message: str, code: str,
+                 headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
         super().__init__(message)
         self.status, self.code = status, code
+        self.headers = list(headers)  # sent with the error (a 429's Retry-After)
 
 
 class RoutesFailed(NoRouteError):

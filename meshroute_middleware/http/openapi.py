@@ -20,7 +20,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "invalid request", 401: "missing or wrong bearer token",
-            403: "the client may not use this model (model_not_allowed)", 404: "not found",
+            403: "not allowed for this key (model_not_allowed; /v1/usage: another client)",
+            404: "not found",
             413: "body too large",
             429: "a route was rate limited, cooling down or out of budget (Retry-After)",
             500: "internal error (a bug; logged by the server)",
@@ -29,6 +30,23 @@ def _errors(*statuses: int) -> dict[str, Any]:
             503: "no route available", 504: "the request's deadline ran out"}
     return {str(s): _json(_ERROR, text[s]) for s in statuses}
 
+
+_USAGE: dict[str, Any] = {
+    "type": "object", "required": ["object", "group_by", "since", "data"],
+    "properties": {
+        "object": {"type": "string"}, "group_by": {"type": "string"},
+        "since": {"type": "number"}, "client": {"type": "string", "nullable": True},
+        "data": {"type": "array", "items": {
+            "type": "object",
+            "required": ["requests", "prompt_tokens", "completion_tokens", "cost_usd",
+                         "errors"],
+            "properties": {
+                "client": {"type": "string"}, "route": {"type": "string"},
+                "day": {"type": "integer"}, "date": {"type": "string"},
+                "requests": {"type": "integer"}, "prompt_tokens": {"type": "integer"},
+                "completion_tokens": {"type": "integer"}, "cost_usd": {"type": "number"},
+                "errors": {"type": "integer"}}}}},
+}
 
 _NODE: dict[str, Any] = {
     "type": "object",
@@ -113,6 +131,22 @@ def openapi_document() -> dict[str, Any]:
                                       "content": {"text/event-stream": {
                                           "schema": {"type": "string"}}}},
                               **_errors(400)}}},
+            "/v1/usage": {"get": {
+                "summary": "The usage ledger: requests, tokens, cost and errors by client, "
+                           "route or UTC day (the admin token sees every client; a client's "
+                           "key its own rows)",
+                "security": [{"bearer": []}, {"apiKey": []}, {}],
+                "parameters": [
+                    {"name": "client", "in": "query", "required": False,
+                     "schema": {"type": "string"}},
+                    {"name": "since", "in": "query", "required": False,
+                     "schema": {"type": "number", "minimum": 0},
+                     "description": "UNIX seconds; rows from its UTC day on"},
+                    {"name": "group_by", "in": "query", "required": False,
+                     "schema": {"type": "string", "default": "client"},
+                     "description": "client, route or day, or a comma list of them"}],
+                "responses": {"200": _json(_USAGE, "ledger rows"),
+                              **_errors(400, 401, 403, 503)}}},
             "/metrics": {"get": {
                 "summary": "Prometheus metrics",
                 "responses": {"200": {"description": "text exposition", "content": {
@@ -143,9 +177,11 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "--node-token, when set; on chat, a client key "
-                                          "when [[clients]] are configured"},
+                                          "when [[clients]] are configured; on /v1/usage "
+                                          "the admin token or a client's key"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key",
-                           "description": "a client key, when [[clients]] are configured"}},
+                           "description": "a client key, when [[clients]] are configured "
+                                          "(chat, /v1/usage)"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {
                     "type": "object", "required": ["message", "type", "code"],

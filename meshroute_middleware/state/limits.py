@@ -25,6 +25,7 @@ from meshroute_middleware.core.providers.keys import (
 )
 
 T = TypeVar("T")
+G = TypeVar("G", bound="Gates")
 TRACKERS_WINDOW_S = 60.0  # trackers that used the store within this share its limits
 
 
@@ -44,10 +45,25 @@ class Outcome(Generic[T]):
     rows: Snapshot
 
 
-def decide(loaded: Snapshot, op: Callable[[KeyGates], T], now: float,
-           first_id: int) -> tuple[T, Snapshot, Snapshot]:
-    """Run `op` on gates holding `loaded`: its result, the rows it changed, all rows after."""
-    gates = KeyGates(first_id=first_id)
+class Gates(Protocol):
+    """What decides on rows: the provider key gates (`KeyGates`) or the clients' gates
+    (`core/clients_budget.ClientGates`)."""
+
+    def restore(self, data: Snapshot) -> None: ...
+
+    def snapshot(self, now: float, *, changed_only: bool = False,
+                 shared: bool = False) -> Snapshot: ...
+
+
+def key_gates(first_id: int) -> KeyGates:
+    return KeyGates(first_id=first_id)
+
+
+def decide(loaded: Snapshot, op: Callable[[G], T], now: float, first_id: int,
+           make: Callable[[int], G]) -> tuple[T, Snapshot, Snapshot]:
+    """Run `op` on gates (`make(first_id)`) holding `loaded`: its result, the rows it changed,
+    all rows after."""
+    gates = make(first_id)
     gates.restore(loaded)
     result = op(gates)
     changed = gates.snapshot(now, changed_only=True, shared=True)
@@ -62,7 +78,7 @@ def decide(loaded: Snapshot, op: Callable[[KeyGates], T], now: float,
 def rows_by_section(rows: dict[RowName, dict[str, Any]]) -> Snapshot:
     out: Snapshot = {s: [] for s in SHARED_SECTIONS}
     for (section, _, _), row in rows.items():
-        out[section].append(row)
+        out.setdefault(section, []).append(row)
     return out
 
 
@@ -92,6 +108,15 @@ class LimitsStore(Protocol):
     async def transact(self, rows: Sequence[RowName], op: Callable[[KeyGates], T],
                        now: float, first_id: int) -> Outcome[T]: ...
 
+    async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
+                            op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
+        """`transact` on other gates than the key gates (the clients')."""
+        ...
+
+    async def scan(self, section: str) -> list[dict[str, Any]]:
+        """Every row of `section` (the usage ledger's, for GET /v1/usage)."""
+        ...
+
     async def heartbeat(self, tracker: str, now: float) -> int:
         """Say `tracker` uses the store now; how many trackers did in the last minute."""
         ...
@@ -109,10 +134,23 @@ class MemoryLimits:
 
     def transact_now(self, rows: Sequence[RowName], op: Callable[[KeyGates], T], now: float,
                      first_id: int) -> Outcome[T]:
+        return self._transact(rows, key_gates, op, now, first_id)
+
+    async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
+                            op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
+        return self._transact(rows, make, op, now, first_id)
+
+    async def scan(self, section: str) -> list[dict[str, Any]]:
+        if self.down:
+            raise LimitsStoreDown("memory store taken away")
+        return [dict(row) for name, row in self.rows.items() if name[0] == section]
+
+    def _transact(self, rows: Sequence[RowName], make: Callable[[int], G],
+                  op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
         if self.down:
             raise LimitsStoreDown("memory store taken away")
         loaded = rows_by_section({r: self.rows[r] for r in rows if r in self.rows})
-        result, changed, after = decide(loaded, op, now, first_id)
+        result, changed, after = decide(loaded, op, now, first_id, make)
         for section, items in changed.items():
             for row in items:
                 self.rows[(section, str(row["name"]), int(row["key"]))] = row

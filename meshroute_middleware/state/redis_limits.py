@@ -33,12 +33,14 @@ from meshroute_middleware.core.providers.keys import (
 )
 from meshroute_middleware.state.limits import (
     TRACKERS_WINDOW_S,
+    G,
     LimitsStoreDown,
     LimitsStoreError,
     Outcome,
     decide,
     decode,
     encode,
+    key_gates,
     rows_by_section,
 )
 
@@ -78,14 +80,26 @@ def expiry_s(section: str, row: dict[str, Any], now: float) -> float | None:
         ends += [float(at) + INFLIGHT_TTL_S for _, _, at in row.get("inflight", ())]
         return max(ends) - now
     if section == "keys":
-        month = int(row["month"])
-        month_end = datetime(month // 12 + (month % 12 == 11), (month + 1) % 12 + 1, 1,
-                             tzinfo=UTC).timestamp() if month >= 0 else now
-        return max(month_end, float(row["cooldown_until"]),
+        return max(_month_end(int(row["month"]), now), float(row["cooldown_until"]),
                    float(row["last_429_at"]) + LADDER_RESET_S, now + 1) - now
+    if section == "clients":  # a client's windows: its month's spend, its day, its minute
+        ends = [_month_end(int(row["month"]), now), (int(row["day"]) + 1) * DAY_S,
+                now + MINUTE_S + 1]
+        ends += [float(at) + INFLIGHT_TTL_S for _, _, at in row.get("inflight", ())]
+        return max(ends) - now
+    if section == "usage":  # the ledger is kept (a few rows per client, route and day)
+        return None
     if section == "revoked":
         return None if int(row["status"]) else 1.0
     return KEEP_CURSOR_S
+
+
+def _month_end(month: int, now: float) -> float:
+    """When the UTC month `month` (year * 12 + month - 1) ends; `now` for none."""
+    if month < 0:
+        return now
+    return datetime(month // 12 + (month % 12 == 11), (month + 1) % 12 + 1, 1,
+                    tzinfo=UTC).timestamp()
 
 
 class RedisLimits:
@@ -124,6 +138,27 @@ class RedisLimits:
 
     async def transact(self, rows: Sequence[RowName], op: Callable[[KeyGates], T],
                        now: float, first_id: int) -> Outcome[T]:
+        return await self.transact_with(rows, key_gates, op, now, first_id)
+
+    async def scan(self, section: str) -> list[dict[str, Any]]:
+        """Every row of `section`: SCAN its keys, then MGET them (rows may move between)."""
+        prefix = f"{PREFIX}{section}:"
+        try:
+            keys = [k async for k in self.client.scan_iter(match=prefix + "*", count=500)]
+            values = await self.client.mget(keys) if keys else []
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise LimitsStoreDown(f"redis {self._where()}: {exc}") from exc
+        out = []
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                continue
+            name, _, pos = (key.decode() if isinstance(key, bytes) else key)[
+                len(prefix):].rpartition(":")
+            out.append(decode((section, name, int(pos)), value))
+        return out
+
+    async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
+                            op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
         names = list(rows)
         keys = [redis_key(r) for r in names]
         index = {r: i for i, r in enumerate(names)}
@@ -132,7 +167,7 @@ class RedisLimits:
                 values = await self.client.mget(keys)
                 loaded = rows_by_section({
                     r: decode(r, v) for r, v in zip(names, values, strict=True) if v})
-                result, changed, after = decide(loaded, op, now, first_id)
+                result, changed, after = decide(loaded, op, now, first_id, make)
                 writes: list[Any] = []
                 for section, items in changed.items():
                     for row in items:

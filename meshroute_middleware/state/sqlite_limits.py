@@ -13,12 +13,14 @@ from typing import Any, TypeVar
 from meshroute_middleware.core.providers.keys import KeyGates, RowName, Snapshot
 from meshroute_middleware.state.limits import (
     TRACKERS_WINDOW_S,
+    G,
     LimitsStoreDown,
     LimitsStoreError,
     Outcome,
     decide,
     decode,
     encode,
+    key_gates,
     rows_by_section,
 )
 
@@ -61,13 +63,33 @@ class SqliteLimits:
 
     def transact_now(self, rows: Sequence[RowName], op: Callable[[KeyGates], T], now: float,
                      first_id: int) -> Outcome[T]:
+        return self._transact(rows, key_gates, op, now, first_id)
+
+    async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
+                            op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
+        return self._transact(rows, make, op, now, first_id)
+
+    async def scan(self, section: str) -> list[dict[str, Any]]:
+        db = self._db
+        if db is None:
+            raise LimitsStoreDown(f"state file {self.path} is not open")
+        try:
+            found = db.execute("SELECT name, key_pos, data FROM route_state WHERE section = ?",
+                               (section,)).fetchall()
+        except sqlite3.Error as exc:
+            raise LimitsStoreDown(f"state file {self.path}: {exc}") from exc
+        return [decode((section, name, key), data) for name, key, data in found]
+
+    def _transact(self, rows: Sequence[RowName], make: Callable[[int], G],
+                  op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
         db = self._db
         if db is None:
             raise LimitsStoreDown(f"state file {self.path} is not open")
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                result, changed, after = decide(self._load(db, rows), op, now, first_id)
+                result, changed, after = decide(self._load(db, rows), op, now, first_id,
+                                                make)
                 db.executemany(
                     "INSERT INTO route_state (section, name, key_pos, data, updated_at) "
                     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (section, name, key_pos) DO UPDATE "
@@ -124,5 +146,5 @@ class SqliteLimits:
             db.execute("DELETE FROM route_state WHERE section IN ('revoked', 'cursor', "
                        "'tracker')")
             db.execute("UPDATE route_state SET data = json_remove(data, '$.inflight') "
-                       "WHERE section = 'windows'")
+                       "WHERE section IN ('windows', 'clients')")
         db.close()

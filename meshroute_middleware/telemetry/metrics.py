@@ -319,3 +319,60 @@ class Telemetry:
         if self._rendered is None or not 0 <= now - self._rendered[0] < max_age_s:
             self._rendered = (now, self.render())
         return self._rendered[1]
+
+
+MAX_CLIENT_SERIES = 4096  # label sets per client family; then the route is counted as `other`
+TOKEN_KINDS = ("prompt", "completion")
+
+
+class ClientCounters:
+    """What each configured client spent (issue 24), counted once per request at its end:
+    `meshroute_client_requests_total{client,route,status}`,
+    `meshroute_client_tokens_total{client,route,kind}` (kind prompt|completion) and
+    `meshroute_client_cost_usd_total{client}`. Clients are configured and routes are the
+    configured provider routes and the mesh's models, so the label sets are bounded; past
+    MAX_CLIENT_SERIES a new route is counted as `other` all the same."""
+
+    __slots__ = ("cost", "requests", "tokens")
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self.tokens: dict[tuple[str, str, str], int] = {}
+        self.cost: dict[str, float] = {}
+
+    def count(self, client: str, route: str, status: int, prompt_tokens: int,
+              completion_tokens: int, cost_usd: float) -> None:
+        """One request of `client` ended with `status` on `route`."""
+        route = self._route(client, route)
+        key = (client, route, str(status))
+        self.requests[key] = self.requests.get(key, 0) + 1
+        for kind, n in zip(TOKEN_KINDS, (prompt_tokens, completion_tokens), strict=True):
+            if n:
+                tk = (client, route, kind)
+                self.tokens[tk] = self.tokens.get(tk, 0) + n
+        self.cost[client] = self.cost.get(client, 0.0) + cost_usd
+
+    def families(self) -> Iterator[Metric]:
+        """The three families, for /metrics."""
+        requests = CounterMetricFamily("meshroute_client_requests",
+                                       "Chat requests of a configured client, by route and "
+                                       "status", labels=["client", "route", "status"])
+        for labels, n in self.requests.items():
+            requests.add_metric(list(labels), n)
+        tokens = CounterMetricFamily("meshroute_client_tokens",
+                                     "Tokens a configured client spent, by route and kind "
+                                     "(prompt|completion)", labels=["client", "route", "kind"])
+        for labels, n in self.tokens.items():
+            tokens.add_metric(list(labels), n)
+        cost = CounterMetricFamily("meshroute_client_cost_usd",
+                                   "USD a configured client spent (provider prices; mesh "
+                                   "routes are free)", labels=["client"])
+        for client, usd in self.cost.items():
+            cost.add_metric([client], usd)
+        yield from (requests, tokens, cost)
+
+    def _route(self, client: str, route: str) -> str:
+        if len(self.requests) < MAX_CLIENT_SERIES or any(
+                k[0] == client and k[1] == route for k in self.requests):
+            return route
+        return OTHER_MODEL

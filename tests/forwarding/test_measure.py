@@ -49,6 +49,28 @@ def test_sse_counts_content_chunks_or_takes_usage(size: int) -> None:
     assert feed(TokenMeter(streaming=True), stream + usage, size) == 30
 
 
+@pytest.mark.parametrize("size", [1, 7, 4096])
+def test_prompt_tokens_from_usage_json_or_stream(size: int) -> None:
+    body = json.dumps({"choices": [{"message": {"content": '"prompt_tokens": 999'}}],
+                       "usage": {"prompt_tokens": 15, "completion_tokens": 42}}).encode()
+    meter = TokenMeter(streaming=False)
+    feed(meter, body, size)
+    assert meter.prompt_tokens == 15
+    stream = (b'data: {"choices": [{"delta": {"content": "prompt_tokens: 3"}}]}\n\n'
+              b'data: {"choices": [], "usage": {"prompt_tokens": 21, '
+              b'"completion_tokens": 30}}\n\ndata: [DONE]\n\n')
+    meter = TokenMeter(streaming=True)
+    assert feed(meter, stream, size) == 30
+    assert meter.prompt_tokens == 21
+
+
+def test_no_usage_no_prompt_tokens() -> None:
+    json_meter, sse_meter = TokenMeter(streaming=False), TokenMeter(streaming=True)
+    json_meter.feed(b'{"choices": []}')
+    sse_meter.feed(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+    assert json_meter.prompt_tokens is None and sse_meter.prompt_tokens is None
+
+
 def _cpu_s(meter: TokenMeter, data: bytes, size: int) -> float:
     """CPU seconds to feed `data` in `size`-byte writes (the best of three runs)."""
     best = float("inf")

@@ -37,7 +37,6 @@ from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.providers.tally import Tally, TallySend, with_tried
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, Router, UnknownModelError
-from meshroute_middleware.core.clients import ModelNotAllowedError, check_model
 from meshroute_middleware.core.providers.chain import Candidate, InvalidModelError, Resolution
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -88,9 +87,7 @@ class ProviderChat:
         tally = Tally([], chain=req.model)
         try:
             res = self.providers.resolve(req.model, self.router.models())
-            # a chain is allowed when the client may use it by name (issue 24)
-            check_model(req.client, req.model)
-        except (InvalidModelError, UnknownModelError, ModelNotAllowedError) as exc:
+        except (InvalidModelError, UnknownModelError) as exc:
             await ErrorAnswer.of(exc).send(send, tally.headers())
             return
         ex = Exchange(scope, receive, TallySend(send, tally), req,

@@ -1,0 +1,249 @@
+"""Per-client limits, budgets and the usage ledger (issue 24), decided on plain rows.
+
+Windows (the provider key gates' own, core/providers/keys.py, reused):
+- `rpm` and `tpm` are SLIDING 60-second windows in 1-second buckets; a request counts when it
+  is admitted, its tokens when they are known (`settle`); until then its estimate counts
+  against `tpm` and `daily_tokens` as "in flight".
+- `daily_tokens` (prompt + completion) is the current UTC day; `monthly_usd` the current UTC
+  calendar month, priced from the provider models' `price_in` / `price_out` (USD per million
+  tokens; mesh routes are free). A budget refuses once what was spent (plus what is in
+  flight) reaches it; the refusal lasts until the window resets.
+
+The ledger: one row per (client, route, UTC day): requests, prompt and completion tokens, USD
+cost and errors. Rows are `Snapshot` rows like the key gates' (state/limits.py stores them):
+section `clients` (name: the client, key 0) and section `usage` (name `<client> <route>`,
+key: the UTC day number). A store loads the rows one decision reads into a fresh
+`ClientGates`, decides here, and writes back the rows it changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clients import Client
+from .providers.keys import (
+    DAY_S,
+    Refusal,
+    RowName,
+    Snapshot,
+    _frees,
+    _month_index,
+    _month_start,
+    _Window,
+)
+
+CLIENTS, USAGE = "clients", "usage"  # the two sections of rows
+SECTIONS = (CLIENTS, USAGE)
+RATE_REASONS = ("rpm", "tpm")  # 429 client_rate_limited; the others: 429 budget_exceeded
+BUDGET_REASONS = ("daily_tokens", "monthly_usd")
+NO_ROUTE = "none"  # the ledger's route of a request no route answered
+MINUTE_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A client's request let in: its estimate counts in flight until settled."""
+
+    id: int
+    client: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What one request used, as its answer said (or as estimated)."""
+
+    route: str  # the ledger's route: `provider/model`, a mesh model, or NO_ROUTE
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    error: bool
+
+
+@dataclass(slots=True)
+class _ClientRow:
+    window: _Window = field(default_factory=_Window)
+    month: int = -1  # year * 12 + month - 1, UTC
+    month_usd: float = 0.0
+
+    def roll(self, now: float) -> None:
+        self.window.roll(now)
+        month = _month_index(now)
+        if month != self.month:
+            self.month, self.month_usd = month, 0.0
+
+
+def day_of(now: float) -> int:
+    """The UTC day number of `now` (the ledger's and the daily budget's day)."""
+    return int(now // DAY_S)
+
+
+def usage_row(client: str, route: str, day: int) -> RowName:
+    return (USAGE, f"{client} {route}", day)
+
+
+def client_row(client: str) -> RowName:
+    return (CLIENTS, client, 0)
+
+
+def cost_usd(prompt_tokens: int, completion_tokens: int,
+             price: tuple[float | None, float | None] | None) -> float:
+    """USD of one answer at (price_in, price_out) per million tokens; None prices are free."""
+    if price is None:
+        return 0.0
+    price_in, price_out = price
+    return (prompt_tokens * (price_in or 0.0) + completion_tokens * (price_out or 0.0)) / 1e6
+
+
+class ClientGates:
+    """The rows of some clients and their ledger; decides who may spend now."""
+
+    def __init__(self, *, first_id: int = 0) -> None:
+        self._clients: dict[str, _ClientRow] = {}
+        self._usage: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self._next_id = first_id
+        self._dirty: set[RowName] = set()
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def check(self, client: Client, tokens: int, now: float) -> Refusal | None:
+        """Why `client` may not send a request of `tokens` (estimate) now; None if it may."""
+        row = self._row(client.name, now)
+        win = row.window
+        pending = sum(n for n, _ in win.inflight.values()) + tokens
+        if client.rpm is not None and sum(win.requests.values()) + 1 > client.rpm:
+            return Refusal("rpm", _frees(win.requests, 1, client.rpm))
+        if client.tpm is not None and sum(win.tokens.values()) + pending > client.tpm:
+            return Refusal("tpm", _frees(win.tokens, pending, client.tpm))
+        if client.daily_tokens is not None and win.day_tokens + pending > client.daily_tokens:
+            return Refusal("daily_tokens", (win.day + 1) * DAY_S)
+        if client.monthly_usd is not None and row.month_usd >= client.monthly_usd:
+            return Refusal("monthly_usd", _month_start(row.month + 1))
+        return None
+
+    def admit(self, client: Client, tokens: int, now: float) -> Admission | Refusal:
+        """`check`, and when it passes, count the request now with `tokens` in flight."""
+        refusal = self.check(client, tokens, now)
+        if refusal is not None:
+            return refusal
+        win = self._row(client.name, now).window
+        self._dirty.add(client_row(client.name))
+        self._next_id += 1
+        second = int(now // 1)
+        win.requests[second] = win.requests.get(second, 0) + 1
+        win.day_requests += 1
+        win.inflight[self._next_id] = (max(0, tokens), now)
+        return Admission(self._next_id, client.name, max(0, tokens))
+
+    # -- recording ------------------------------------------------------------------------
+
+    def settle(self, admission: Admission, spent: Spent, now: float) -> None:
+        """The request ended: its true tokens and cost replace the estimate, and its ledger
+        row counts it. Idempotent (a second settle of one admission changes nothing)."""
+        row = self._row(admission.client, now)
+        win = row.window
+        if win.inflight.pop(admission.id, None) is None:
+            return
+        self._dirty.add(client_row(admission.client))
+        used = max(0, spent.prompt_tokens) + max(0, spent.completion_tokens)
+        if used:
+            second = int(now // 1)
+            win.tokens[second] = win.tokens.get(second, 0) + used
+            win.day_tokens += used
+        row.month_usd += max(0.0, spent.cost_usd)
+        name = usage_row(admission.client, spent.route, day_of(now))
+        ledger = self._usage.setdefault((admission.client, spent.route, name[2]), {
+            "client": admission.client, "route": spent.route, "day": name[2], "requests": 0,
+            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0})
+        ledger["requests"] += 1
+        ledger["prompt_tokens"] += max(0, spent.prompt_tokens)
+        ledger["completion_tokens"] += max(0, spent.completion_tokens)
+        ledger["cost_usd"] += max(0.0, spent.cost_usd)
+        ledger["errors"] += int(spent.error)
+        self._dirty.add(name)
+
+    # -- display --------------------------------------------------------------------------
+
+    def spent(self, client: str, now: float) -> dict[str, float]:
+        """A client's counters now: tokens today (in flight included) and USD this month."""
+        row = self._row(client, now)
+        return {"day_tokens": row.window.day_tokens, "month_usd": row.month_usd,
+                "minute_requests": sum(row.window.requests.values())}
+
+    # -- rows -----------------------------------------------------------------------------
+
+    def snapshot(self, now: float, *, changed_only: bool = False,
+                 shared: bool = True) -> Snapshot:
+        """The rows as plain data (`changed_only`: those changed since the last snapshot)."""
+        dirty, self._dirty = self._dirty, set()
+        clients = []
+        for name, row in self._clients.items():
+            if changed_only and client_row(name) not in dirty:
+                continue
+            row.roll(now)
+            win = row.window
+            clients.append({
+                "name": name, "key": 0, "requests": sorted([b, n] for b, n in
+                                                           win.requests.items()),
+                "tokens": sorted([b, n] for b, n in win.tokens.items()), "day": win.day,
+                "day_requests": win.day_requests, "day_tokens": win.day_tokens,
+                "inflight": [[i, n, at] for i, (n, at) in win.inflight.items()],
+                "month": row.month, "month_usd": row.month_usd})
+        usage = [{**data, "name": f"{client} {route}", "key": day}
+                 for (client, route, day), data in self._usage.items()
+                 if not changed_only or usage_row(client, route, day) in dirty]
+        return {CLIENTS: clients, USAGE: usage}
+
+    def restore(self, data: Snapshot) -> None:
+        """Load rows (each replaces what is held of it)."""
+        for r in data.get(CLIENTS, []):
+            win = _Window({int(b): int(n) for b, n in r["requests"]},
+                          {int(b): int(n) for b, n in r["tokens"]}, int(r["day"]),
+                          int(r["day_requests"]), int(r["day_tokens"]))
+            for i, n, at in r.get("inflight", ()):
+                win.inflight[int(i)] = (int(n), float(at))
+            self._clients[str(r["name"])] = _ClientRow(win, int(r["month"]),
+                                                       float(r["month_usd"]))
+        for r in data.get(USAGE, []):
+            self._usage[(str(r["client"]), str(r["route"]), int(r["day"]))] = {
+                "client": str(r["client"]), "route": str(r["route"]), "day": int(r["day"]),
+                **{k: int(r[k]) for k in ("requests", "prompt_tokens", "completion_tokens",
+                                          "errors")},
+                "cost_usd": float(r["cost_usd"])}
+
+    def _row(self, client: str, now: float) -> _ClientRow:
+        row = self._clients.setdefault(client, _ClientRow())
+        row.roll(now)
+        return row
+
+
+def rows_of_request(client: str, route: str | None, now: float) -> list[RowName]:
+    """The rows a decision on `client`'s request reads: its limits row, and at settlement
+    the ledger row of `route` today."""
+    rows = [client_row(client)]
+    if route is not None:
+        rows.append(usage_row(client, route, day_of(now)))
+    return rows
+
+
+GROUPS = ("client", "route", "day")
+COUNTS = ("requests", "prompt_tokens", "completion_tokens", "cost_usd", "errors")
+
+
+def usage_report(rows: list[dict[str, Any]], group_by: tuple[str, ...], *,
+                 client: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
+    """Ledger rows summed by `group_by` (of GROUPS), of one `client` or all, from the UTC day
+    of `since` on; sorted by the group's values. A `day` is shown as its UTC day number."""
+    first_day = day_of(since)
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        if (client is not None and r["client"] != client) or int(r["day"]) < first_day:
+            continue
+        key = tuple(r[g] for g in group_by)
+        total = out.setdefault(key, {**dict(zip(group_by, key, strict=True)),
+                                     "requests": 0, "prompt_tokens": 0,
+                                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 0})
+        for name in COUNTS:
+            total[name] += r[name]
+    return [out[k] for k in sorted(out)]

@@ -1,0 +1,171 @@
+"""Clients on the mesh path, with the library API: MeshRouteMiddleware(spend=ClientSpend(...))
+admits a client's request before a route is chosen and records it once at its end."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Any
+
+import httpx
+import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from meshroute_middleware.chat.dialects import DIALECTS
+from meshroute_middleware.chat.spend import ClientSpend, ledger_route
+from meshroute_middleware.core import parse_node
+from meshroute_middleware.core.clients import CLIENT_STATE, Client
+from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
+from meshroute_middleware.state.limits import MemoryLimits
+
+from ..conftest import FakeClock
+
+pytestmark = pytest.mark.anyio
+T0 = 1_796_040_000.0
+BOB = Client("bob", hashlib.sha256(b"bob").digest(), rpm=2)
+
+
+async def answering_app(scope: Scope, receive: Receive, send: Send) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body",
+                "body": b'{"usage": {"prompt_tokens": 4, "completion_tokens": 9}}'})
+
+
+def as_bob(app: ASGIApp) -> ASGIApp:
+    """Test only: the client an authenticated request carries (branch "clients" sets it)."""
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("state", {})[CLIENT_STATE] = BOB
+        await app(scope, receive, send)
+    return wrapped
+
+
+def mesh_app(spend: ClientSpend) -> MeshRouteMiddleware:
+    app = MeshRouteMiddleware(answering_app, MiddlewareConfig(mode="annotate"), spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://127.0.0.1:1"}))
+    return app
+
+
+async def post(app: ASGIApp, n: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as client:
+        return [await client.post("/v1/chat/completions", json={"model": "m"})
+                for _ in range(n)]
+
+
+async def test_a_mesh_route_is_free_and_recorded_by_model() -> None:
+    # a price for a provider route named like the mesh model must not apply to the mesh
+    spend = ClientSpend(MemoryLimits(), prices={"m": (100.0, 100.0)}, clock=FakeClock(T0))
+    app = mesh_app(spend)
+    answers = await post(as_bob(app), 2)
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].headers["x-meshroute-route"] == "m|a[0-9]"
+    rows = await spend.usage_rows()
+    assert [(r["client"], r["route"], r["requests"], r["prompt_tokens"],
+             r["completion_tokens"], r["cost_usd"]) for r in rows] == [
+        ("bob", "m", 2, 8, 18, 0.0)]
+
+
+async def test_a_refused_request_never_reaches_the_router() -> None:
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    app = mesh_app(spend)
+    answers = await post(as_bob(app), 3)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].json()["error"]["code"] == "client_rate_limited"
+    assert answers[2].headers["retry-after"] == "61"
+    samples = app.router.routing_table()["models"]["m"]["candidates"][0]["samples"]
+    assert samples == 2
+    assert (await spend.usage_rows())[0]["requests"] == 2
+
+
+async def test_requests_without_a_client_are_not_metered() -> None:
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    answers = await post(mesh_app(spend), 3)
+    assert [a.status_code for a in answers] == [200] * 3
+    assert await spend.usage_rows() == [] and spend.counters.requests == {}
+
+
+async def test_an_answer_that_never_ends_is_recorded_as_an_error() -> None:
+    async def cut_app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'})
+        raise RuntimeError("the app broke mid-stream")
+
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    app = MeshRouteMiddleware(cut_app, MiddlewareConfig(mode="annotate"), spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://127.0.0.1:1"}))
+    with contextlib.suppress(Exception):  # the server aborts the response
+        await post(as_bob(app), 1)
+    rows = await spend.usage_rows()
+    assert [(r["requests"], r["errors"], r["completion_tokens"]) for r in rows] == [(1, 1, 1)]
+
+
+@pytest.mark.parametrize(("header", "route"), [
+    (b"fastco/big-model#2", ("fastco/big-model", True)),
+    (b"m|a[0-9]->b[10-19]", ("m", False)),
+    (None, ("none", False)),
+    (b"", ("none", False)),
+])
+def test_the_ledger_route_of_an_answer(header: bytes | None, route: tuple[str, bool]) -> None:
+    assert ledger_route(header) == route
+
+
+
+
+async def test_a_store_that_fails_lets_clients_in_and_counts_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryLimits()
+    store.down = True
+    spend = ClientSpend(store, clock=FakeClock(T0))
+    answers = await post(as_bob(mesh_app(spend)), 3)  # over bob's rpm of 2: not enforced
+    assert [a.status_code for a in answers] == [200] * 3
+    assert spend.counters.requests == {("bob", "m", "200"): 3}
+    assert spend.store_failures == 3  # each admission; nothing to settle after them
+    assert sum("not enforced" in r.getMessage() for r in caplog.records) == 1
+    store.down = False
+    await post(as_bob(mesh_app(spend)), 1)
+    assert (await spend.usage_rows())[0]["requests"] == 1
+
+
+class _Toy:
+    """A dialect whose answers carry no OpenAI `usage` (as Anthropic's `input_tokens` do not)."""
+
+    path = "/v1/toy"
+
+    def open(self, send: Send) -> Any:
+        toy = self
+
+        class Translation:
+            def __init__(self) -> None:
+                self.send = self._send
+
+            async def _send(self, message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    message = {**message, "body": b'{"toy": true}'}
+                elif message["type"] == "http.response.start":
+                    message = {**message, "headers": [(b"content-type", b"application/json")]}
+                await send(message)
+
+            def request(self, body: bytes) -> bytes:
+                assert toy.path == "/v1/toy"
+                return b'{"model": "m", "messages": []}'
+        return Translation()
+
+
+async def test_a_dialects_request_is_metered_before_its_answer_is_translated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(DIALECTS, "/v1/toy", _Toy())
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_bob(mesh_app(spend))),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/toy", content=b"{}")
+    assert resp.json() == {"toy": True}
+    rows = await spend.usage_rows()
+    assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        ("m", 4, 9)]
