@@ -40,6 +40,7 @@ from meshroute_middleware.core import (
     RouterConfig,
     UnknownModelError,
 )
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
 from meshroute_middleware.http.request import (
@@ -160,7 +161,8 @@ class MeshRouteMiddleware:
             req = parse_chat(body if translation is None else translation.request(body))
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
-                                                             req.max_tokens, req.prefix)
+                                                             req.max_tokens, req.prefix,
+                                                             req.needs)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
@@ -176,7 +178,7 @@ class MeshRouteMiddleware:
             await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
                                  "route").send(send)
             return
-        except (InvalidPinError, NoRouteError) as exc:
+        except (InvalidPinError, NoRouteError, UnsupportedCapabilityError) as exc:
             await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback
