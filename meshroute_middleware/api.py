@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
+from meshroute_middleware.core.capabilities import CAPABILITIES
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
@@ -270,8 +271,11 @@ def provider_models(cfg: ProvidersConfig) -> list[dict[str, Any]]:
         {"id": name, "object": "model", "owned_by": "meshroute", "kind": "chain",
          "chain": list(chain), "strategy": strategy} for name, chain, strategy in chains]
     data += [{"id": f"{p.name}/{m.id}", "object": "model", "owned_by": p.name,
-              "kind": "provider", "tier": m.tier, "context": m.context}
+              "kind": "provider", "tier": m.tier, "context": m.context,
+              "capabilities": [c for c in CAPABILITIES if c in m.capabilities]}
              for p in cfg.providers for m in p.models]
+    data += [{"id": a.pattern, "object": "model", "owned_by": "meshroute", "kind": "alias",
+              "target": a.target, "pattern": a.is_glob} for a in cfg.aliases.entries]
     return data
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.chat.aliasing import answer_model, with_model
 from meshroute_middleware.chat.annotate import AnnotateMode
 from meshroute_middleware.chat.attempts import (
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -40,6 +41,7 @@ from meshroute_middleware.core import (
     RouterConfig,
     UnknownModelError,
 )
+from meshroute_middleware.core.aliases import NO_ALIASES, Aliases
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
@@ -107,8 +109,10 @@ class MeshRouteMiddleware:
     def __init__(self, app: ASGIApp, config: MiddlewareConfig | None = None, *,
                  router: Router | None = None, forwarder: Forwarder | None = None,
                  telemetry: Telemetry | None = None,
-                 providers: ProviderChat | None = None) -> None:
+                 providers: ProviderChat | None = None,
+                 aliases: Aliases = NO_ALIASES) -> None:
         self.app = app
+        self.aliases = aliases  # `[aliases]`: applied to the requested model before routing
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
         self.config = config or MiddlewareConfig()
         self.router = router or build_router()
@@ -159,6 +163,9 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
+            target = self.aliases.resolve(req.model) if self.aliases else None
+            if target is not None:  # the answer names the model the client asked for
+                req, send = with_model(req, target), answer_model(send, req.model)
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix,

@@ -24,6 +24,7 @@ from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
+from meshroute_middleware.core.aliases import NO_ALIASES
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.guard import RequestGuard
@@ -149,7 +150,9 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
-                                           providers=chat),
+                                           providers=chat,
+                                           aliases=settings.providers.aliases
+                                           if settings.providers else NO_ALIASES),
                        settings.guard(), reject=telemetry.reject)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
 

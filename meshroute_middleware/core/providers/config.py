@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..aliases import NO_ALIASES, Aliases, parse_aliases
 from ..capabilities import DEFAULT_CAPS, parse_caps
 from ..errors import MeshRouteError
 from .scoring import AUTO_ALIASES
 
-TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
+TABLES = ("routing", "profiles", "providers", "mesh", "aliases")  # top-level tables owned here
 TIERS = ("frontier", "large", "medium", "small")
 STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest")
 DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
@@ -99,6 +100,7 @@ class ProvidersConfig:
     profiles: tuple[Profile, ...] = ()
     providers: tuple[Provider, ...] = ()
     mesh_tiers: Mapping[str, str] = field(default_factory=dict)
+    aliases: Aliases = NO_ALIASES  # `[aliases]`: requested model names onto routable ones
 
     def provider(self, name: str) -> Provider | None:
         return next((p for p in self.providers if p.name == name), None)
@@ -131,8 +133,14 @@ def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
         raise ProviderConfigError(f"[[providers]]: name {dup[0]!r} is configured twice")
     profiles = tuple(_profile(n, t) for n, t in _table(doc, "profiles", "").items())
     mesh = {str(n): _mesh_tier(n, t) for n, t in _table(doc, "mesh", "").items()}
-    cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh)
+    try:
+        aliases = parse_aliases(_table(doc, "aliases", ""))
+    except ValueError as exc:
+        raise ProviderConfigError(str(exc)) from None
+    cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh,
+                          aliases)
     _check_chains(cfg)
+    _check_aliases(cfg)
     return cfg
 
 
@@ -254,6 +262,19 @@ def _check_chains(cfg: ProvidersConfig) -> None:
     if cfg.routing.profile is not None and cfg.profile(cfg.routing.profile) is None:
         raise ProviderConfigError(f"[routing] profile {cfg.routing.profile!r}: no "
                                   f"[profiles.{cfg.routing.profile}] table")
+
+
+def _check_aliases(cfg: ProvidersConfig) -> None:
+    """An alias onto `auto:NAME` needs that strategy or profile; onto `provider/model`,
+    that provider model (a mesh model's nodes come and go: never checked here)."""
+    for alias in cfg.aliases.entries:
+        where, target = f"[aliases] {alias.pattern!r}", alias.target
+        name = target[5:] if target.startswith("auto:") else None
+        if name is not None and name not in AUTO_ALIASES and cfg.profile(name) is None:
+            raise ProviderConfigError(f"{where}: {target!r} names no strategy and no profile")
+        if cfg.names_provider(target) and cfg.split_route(target) is None:
+            raise ProviderConfigError(f"{where}: {target!r} names provider "
+                                      f"{target.partition('/')[0]!r}, which has no such model")
 
 
 # -- small typed readers ---------------------------------------------------------------------
