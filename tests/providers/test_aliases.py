@@ -106,3 +106,21 @@ def test_v1_models_lists_the_aliases(gw: tuple[Running, FakeChat]) -> None:
                        ("house-model", "fastco/big-model", False)]
     listed: Any = client(running).models.list()
     assert "gpt-5-codex" in {m.id for m in listed}
+
+
+def test_models_retrieve(gw: tuple[Running, FakeChat]) -> None:
+    running, _ = gw
+    c = client(running)
+    for name, kind in [("qwen", "mesh"), ("auto", "chain"), ("auto:fast", "chain"),
+                       ("fastco/big-model", "provider"), ("gpt-5-codex", "alias"),
+                       ("claude-sonnet-4-5", "alias"), ("claude-*", "alias")]:
+        model = c.models.retrieve(name)
+        assert model.id == name and model.object == "model"
+        assert model.model_extra is not None and model.model_extra["kind"] == kind
+    assert c.models.retrieve("claude-sonnet-4-5").model_extra == {"kind": "alias",
+                                                                  "target": "auto:smart"}
+    with pytest.raises(openai.NotFoundError) as info:
+        c.models.retrieve("gpt-4o")
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("auto:nonsense")
