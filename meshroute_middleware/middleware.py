@@ -34,6 +34,7 @@ from meshroute_middleware.chat.attempts import (
 from meshroute_middleware.chat.dialects import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
+from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.core import (
     InvalidPinError,
     NoRouteError,
@@ -110,7 +111,8 @@ class MeshRouteMiddleware:
                  router: Router | None = None, forwarder: Forwarder | None = None,
                  telemetry: Telemetry | None = None,
                  providers: ProviderChat | None = None,
-                 aliases: Aliases = NO_ALIASES) -> None:
+                 aliases: Aliases = NO_ALIASES,
+                 node_keys: NodeSecrets | None = None) -> None:
         self.app = app
         self.aliases = aliases  # `[aliases]`: applied to the requested model before routing
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
@@ -126,7 +128,8 @@ class MeshRouteMiddleware:
         self._via_header = (VIA, self._via)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
-                self.forwarder, forward_headers=allow_list(self.config.forward_headers)))
+                self.forwarder, forward_headers=allow_list(self.config.forward_headers),
+                node_keys=node_keys))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

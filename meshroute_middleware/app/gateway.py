@@ -132,7 +132,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                             request_timeout_s=settings.request_timeout_s, clock=clock,
                             rng=random.Random(settings.seed),
                             acquire=None if gates is None
-                            else functools.partial(gates.acquire, providers))
+                            else functools.partial(gates.acquire, providers),
+                            node_keys=config.node_secrets)
         extra = ProviderRoutingAPI(providers, router, clock=clock,
                                    admin_token=settings.admin_token or settings.node_token,
                                    max_body_bytes=settings.max_body_bytes,
@@ -152,7 +153,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                            forwarder=forwarder, telemetry=telemetry,
                                            providers=chat,
                                            aliases=settings.providers.aliases
-                                           if settings.providers else NO_ALIASES),
+                                           if settings.providers else NO_ALIASES,
+                                           node_keys=config.node_secrets),
                        settings.guard(), reject=telemetry.reject)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
 

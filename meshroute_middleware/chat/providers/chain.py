@@ -29,7 +29,7 @@ from meshroute_middleware.chat.attempts import (
     internal_error,
 )
 from meshroute_middleware.chat.forward import ForwardMode
-from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
@@ -63,7 +63,8 @@ class ProviderChat:
                  timeouts: ForwardTimeouts | None = None,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, acquire: Acquire | None = None) -> None:
+                 rng: random.Random | None = None, acquire: Acquire | None = None,
+                 node_keys: NodeSecrets | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
         self.request_timeout_s = request_timeout_s
@@ -72,7 +73,8 @@ class ProviderChat:
         outcomes = ChainOutcomes(providers, telemetry, clock, router.config.min_sample_tokens)
         self._call = ProviderCall(providers, secrets, forwarder, outcomes,
                                   timeouts or ForwardTimeouts(), clock)
-        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder), outcomes)
+        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder, node_keys=node_keys),
+                               outcomes)
         self._watchdog = Watchdog()
         telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 

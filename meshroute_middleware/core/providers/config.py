@@ -18,7 +18,8 @@ from ..capabilities import DEFAULT_CAPS, parse_caps
 from ..errors import MeshRouteError
 from .scoring import AUTO_ALIASES
 
-TABLES = ("routing", "profiles", "providers", "mesh", "aliases")  # top-level tables owned here
+# top-level tables owned here
+TABLES = ("routing", "profiles", "providers", "mesh", "aliases", "node_keys")
 TIERS = ("frontier", "large", "medium", "small")
 STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest")
 DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
@@ -72,6 +73,16 @@ class Provider:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeKey:
+    """One `[[node_keys]]` entry: a node's own API key (vLLM `--api-key`), sent by the
+    forwarder to that node only, and only while its record points at `url`."""
+
+    node: str  # the node id
+    url: str  # the node's URL as its record gives it (no trailing slash)
+    key: str  # a reference, `env:NAME` or `file:PATH`; never the key itself
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """One `[profiles.NAME]` table: its chain and, optionally, its own strategy."""
 
@@ -101,6 +112,7 @@ class ProvidersConfig:
     providers: tuple[Provider, ...] = ()
     mesh_tiers: Mapping[str, str] = field(default_factory=dict)
     aliases: Aliases = NO_ALIASES  # `[aliases]`: requested model names onto routable ones
+    node_keys: tuple[NodeKey, ...] = ()  # `[[node_keys]]`: nodes' own API keys (references)
 
     def provider(self, name: str) -> Provider | None:
         return next((p for p in self.providers if p.name == name), None)
@@ -137,8 +149,11 @@ def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
         aliases = parse_aliases(_table(doc, "aliases", ""))
     except ValueError as exc:
         raise ProviderConfigError(str(exc)) from None
+    node_keys = tuple(_node_key(i, t) for i, t in enumerate(_list(doc, "node_keys", "")))
+    if len({k.node for k in node_keys}) != len(node_keys):
+        raise ProviderConfigError("[[node_keys]]: a node is listed twice")
     cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh,
-                          aliases)
+                          aliases, node_keys)
     _check_chains(cfg)
     _check_aliases(cfg)
     return cfg
@@ -193,6 +208,20 @@ def _provider(i: int, t: object) -> Provider:
     if len(set(ids)) != len(ids):
         raise ProviderConfigError(f"{where}: a model id is listed twice")
     return Provider(name, base_url.rstrip("/"), _keys(t, where), limits, models)
+
+
+def _node_key(i: int, t: object) -> NodeKey:
+    where = f"[[node_keys]] #{i + 1}"
+    if not isinstance(t, Mapping):
+        raise ProviderConfigError(f"{where} must be a table")
+    _no_unknown(t, where, {"node", "url", "key"})
+    node, url = t.get("node"), t.get("url")
+    if not isinstance(node, str) or not re.fullmatch(r"[A-Za-z0-9._:@/+-]{1,256}", node):
+        raise ProviderConfigError(f"{where}: node must be a node id")
+    if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/?#@]+(/[^\s?#]*)?", url):
+        raise ProviderConfigError(f"{where}: url must be the node's http(s) URL")
+    keys = _keys({"keys": [t.get("key")]}, f"[[node_keys]] {node!r}")
+    return NodeKey(node, url.rstrip("/"), keys[0])
 
 
 def _keys(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
