@@ -37,6 +37,11 @@ class GatewayConfig:
     # nodes' own API keys ([[node_keys]]): node id -> (the URL it is bound to, the key)
     node_secrets: NodeSecrets = field(default_factory=dict, repr=False)
 
+    def every_secret(self) -> tuple[Secret, ...]:
+        """Every key this gateway holds (providers' and nodes'), for the log scrubber."""
+        return (*(s for keys in self.secrets.values() for s in keys),
+                *(key for _, key in self.node_secrets.values()))
+
     @classmethod
     def build(cls, settings: ServeSettings,
               environ: Mapping[str, str] | None = None) -> GatewayConfig:
