@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.chat.aliasing import answer_model, with_model
 from meshroute_middleware.chat.annotate import AnnotateMode
 from meshroute_middleware.chat.attempts import (
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -33,6 +34,7 @@ from meshroute_middleware.chat.attempts import (
 from meshroute_middleware.chat.dialects import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
+from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.spend import ClientSpend, Metered
 from meshroute_middleware.core import (
     Decision,
@@ -42,6 +44,8 @@ from meshroute_middleware.core import (
     RouterConfig,
     UnknownModelError,
 )
+from meshroute_middleware.core.aliases import NO_ALIASES, Aliases
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.clients import (
     Client,
     InvalidKeyError,
@@ -120,8 +124,11 @@ class MeshRouteMiddleware:
                  router: Router | None = None, forwarder: Forwarder | None = None,
                  telemetry: Telemetry | None = None,
                  providers: ProviderChat | None = None,
-                 spend: ClientSpend | None = None) -> None:
+                 spend: ClientSpend | None = None,
+                 aliases: Aliases = NO_ALIASES,
+                 node_keys: NodeSecrets | None = None) -> None:
         self.app = app
+        self.aliases = aliases  # `[aliases]`: applied to the requested model before routing
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
         self.spend = spend  # clients' limits, budgets and usage ledger (issue 24)
         self.config = config or MiddlewareConfig()
@@ -137,7 +144,8 @@ class MeshRouteMiddleware:
         self._auth = ClientAuth(self.config.clients)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
-                self.forwarder, forward_headers=allow_list(self.config.forward_headers)))
+                self.forwarder, forward_headers=allow_list(self.config.forward_headers),
+                node_keys=node_keys))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -191,16 +199,21 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
+            target = self.aliases.resolve(req.model) if self.aliases else None
+            if target is not None:  # the answer names the model the client asked for
+                req, send = with_model(req, target), answer_model(send, req.model)
             req.client = client = client_of(scope)
-            # the allow-list by the name asked for: a mesh model, `provider/model` or a chain
-            # (`auto`, `auto:coding`), before the request spends anything (issue 24)
+            # the allow-list by the name asked for (after `[aliases]`): a mesh model,
+            # `provider/model` or a chain (`auto`, `auto:coding`), before the request spends
+            # anything (issue 24)
             check_model(client, req.model)
             if self.spend is not None and client is not None:
                 # a client's request: admitted (or a 429), then metered
                 send = metered = await self.spend.admit(client, req, send)
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
-                                                             req.max_tokens, req.prefix)
+                                                             req.max_tokens, req.prefix,
+                                                             req.needs)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
@@ -216,7 +229,8 @@ class MeshRouteMiddleware:
             await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
                                  "route").send(send)
             return
-        except (InvalidPinError, NoRouteError, ModelNotAllowedError) as exc:
+        except (InvalidPinError, NoRouteError, ModelNotAllowedError,
+                UnsupportedCapabilityError) as exc:
             await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback

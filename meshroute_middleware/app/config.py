@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from gossip.service import GossipConfig
 from meshroute_middleware.app.limits import check_limits_store
 from meshroute_middleware.app.settings import ServeSettings
-from meshroute_middleware.chat.keyring import Secret, resolve_clients, resolve_keys
+from meshroute_middleware.chat.keyring import (
+    NodeSecrets,
+    Secret,
+    resolve_clients,
+    resolve_keys,
+    resolve_node_keys,
+)
 from meshroute_middleware.core.clients import Client, ClientConfigError
 from meshroute_middleware.http.guard import is_loopback_host
 from node_agent.mdns import parse_interfaces
@@ -33,6 +39,13 @@ class GatewayConfig:
     secrets: Mapping[str, tuple[Secret, ...]] = field(default_factory=dict, repr=False)
     # [[clients]] with their keys read and kept only as digests (issue 24)
     clients: tuple[Client, ...] = field(default=(), repr=False)
+    # nodes' own API keys ([[node_keys]]): node id -> (the URL it is bound to, the key)
+    node_secrets: NodeSecrets = field(default_factory=dict, repr=False)
+
+    def every_secret(self) -> tuple[Secret, ...]:
+        """Every key this gateway holds (providers' and nodes'), for the log scrubber."""
+        return (*(s for keys in self.secrets.values() for s in keys),
+                *(key for _, key in self.node_secrets.values()))
 
     @classmethod
     def build(cls, settings: ServeSettings,
@@ -55,8 +68,10 @@ class GatewayConfig:
                 f"--host {settings.host} serves provider routes with no [[clients]]: anyone "
                 "who reaches the port could spend the provider keys; add [[clients]] "
                 "(meshroute keys new NAME) or pass --anonymous-clients")
+        node_secrets = (resolve_node_keys(settings.providers, environ or {})
+                        if settings.providers is not None else {})
         check_limits_store(settings)  # an unreachable --limits-store: exit 2
-        return cls(settings, tracker_id, gossip, secrets, clients)
+        return cls(settings, tracker_id, gossip, secrets, clients, node_secrets)
 
 
 def anonymous_exposure(settings: ServeSettings, clients: tuple[Client, ...]) -> bool:

@@ -25,6 +25,7 @@ from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.chat.spend import ClientSpend, prices_of
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
+from meshroute_middleware.core.aliases import NO_ALIASES
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.guard import RequestGuard
@@ -133,7 +134,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                             request_timeout_s=settings.request_timeout_s, clock=clock,
                             rng=random.Random(settings.seed),
                             acquire=None if gates is None
-                            else functools.partial(gates.acquire, providers))
+                            else functools.partial(gates.acquire, providers),
+                            node_keys=config.node_secrets)
         extra = ProviderRoutingAPI(providers, router, clock=clock,
                                    admin_token=settings.admin_token or settings.node_token,
                                    max_body_bytes=settings.max_body_bytes,
@@ -158,7 +160,10 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                          clients=config.clients)
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
-                                           providers=chat, spend=spend),
+                                           providers=chat, spend=spend,
+                                           aliases=settings.providers.aliases
+                                           if settings.providers else NO_ALIASES,
+                                           node_keys=config.node_secrets),
                        settings.guard(), reject=telemetry.reject)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, spend,
                    failures)

@@ -29,7 +29,7 @@ from meshroute_middleware.chat.attempts import (
     internal_error,
 )
 from meshroute_middleware.chat.forward import ForwardMode
-from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
@@ -37,6 +37,7 @@ from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.providers.tally import Tally, TallySend, with_tried
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, Router, UnknownModelError
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.providers.chain import Candidate, InvalidModelError, Resolution
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -62,7 +63,8 @@ class ProviderChat:
                  timeouts: ForwardTimeouts | None = None,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, acquire: Acquire | None = None) -> None:
+                 rng: random.Random | None = None, acquire: Acquire | None = None,
+                 node_keys: NodeSecrets | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
         self.request_timeout_s = request_timeout_s
@@ -71,7 +73,8 @@ class ProviderChat:
         outcomes = ChainOutcomes(providers, telemetry, clock, router.config.min_sample_tokens)
         self._call = ProviderCall(providers, secrets, forwarder, outcomes,
                                   timeouts or ForwardTimeouts(), clock)
-        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder), outcomes)
+        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder, node_keys=node_keys),
+                               outcomes)
         self._watchdog = Watchdog()
         telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 
@@ -102,7 +105,7 @@ class ProviderChat:
             if not ex.gone:
                 raise
             task.uncancel()  # the client left; nothing more to send
-        except (InvalidPinError, RequestError) as exc:
+        except (InvalidPinError, RequestError, UnsupportedCapabilityError) as exc:
             await ErrorAnswer.of(exc).send(send, tally.headers())
         except Exception:  # a bug of ours: a JSON error, never a traceback
             if not await internal_error(ex, "routing over providers", tally.headers()):
@@ -125,11 +128,13 @@ class ProviderChat:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
                           header(ex.scope, H_SESSION), self.clock(), tally, opened)
-        passed: list[PassedOver] = []
+        needs, serves = ex.req.needs, self.router.serves
+        passed = self.providers.incapable(res, needs, serves)  # none capable: 400 here
         for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
             run: list[PassedOver] = []
             ranked = self.providers.rank(res, self.clock(), self.rng, pinned=pin,
-                                         session=cr.session, tokens=cr.context_need)
+                                         session=cr.session, tokens=cr.context_need,
+                                         needs=needs, mesh_serves=serves)
             for scored in ranked:
                 if await self._candidate(cr, scored.candidate, run) or ex.started:
                     return

@@ -14,6 +14,7 @@ from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.chat.providers.tally import TallySend
 from meshroute_middleware.core import NoRouteError, Router, UnknownModelError
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt
 from meshroute_middleware.core.providers.scoring import OutcomeKind
@@ -34,7 +35,10 @@ class MeshEntry:
         model = got.candidate.route
         bound = answer_bound(cr.payload)
         try:
-            decision = self.router.choose(model, None, bound, cr.ex.req.prefix)
+            decision = self.router.choose(model, None, bound, cr.ex.req.prefix,
+                                          cr.ex.req.needs)
+        except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
+            return PassedOver(model, "capability")
         except (UnknownModelError, NoRouteError):
             return self.outcomes.failed(got, "connect", cr.session)
         first = cr.opened[0]

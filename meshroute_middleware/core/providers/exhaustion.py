@@ -25,7 +25,7 @@ from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 
 ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
-                   "http_403")
+                   "http_403", "capability")  # capability: lacks what the request needs
 REASONS = GATE_REASONS + ATTEMPT_REASONS
 ERROR_CODE = "routes_exhausted"  # the chain's 429, 413 and 503
 UPSTREAM_FAILED = "upstream_failed"  # the code of a 502, on every path

@@ -51,7 +51,7 @@ def run(router: ProviderRouter, model: str, tokens: int, now: float,
 def test_every_reason_is_known() -> None:
     assert set(REASONS) == {"cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "revoked",
                             "http_429", "http_5xx", "timeout", "connect", "context", "http_401",
-                            "http_403"}
+                            "http_403", "capability"}
     with pytest.raises(ValueError):
         PassedOver("x", "broken")
 
@@ -114,7 +114,8 @@ def test_all_provider_routes_failing_upstream_is_502_upstream_failed(
     (["redirect"], 502), (["app_error"], 502), (["http_5xx", "context"], 502),
     (["http_429"], 429), (["http_5xx", "http_429"], 429), (["revoked", "cooldown"], 429),
     (["budget", "http_5xx"], 429), (["rpm"], 429), (["tpd", "revoked", "timeout"], 429),
-    (["context", "cooldown"], 429), ([], 503), (["context"], 503), (["client_error"], 503)])
+    (["context", "cooldown"], 429), ([], 503), (["context"], 503), (["client_error"], 503),
+    (["capability", "http_5xx"], 502), (["capability"], 503)])
 def test_the_one_status_rule(reasons: list[str], status: int) -> None:
     assert exhaustion_status(reasons) == status
 
@@ -122,7 +123,7 @@ def test_the_one_status_rule(reasons: list[str], status: int) -> None:
 def test_every_reason_and_error_kind_has_a_cause() -> None:
     """A new pass-over reason or error kind must be placed: limited, upstream, or neither."""
     known = set(REASONS) | set(get_args(ErrorKind))
-    assert LIMITED | UPSTREAM | {"context", "client_error"} == known
+    assert LIMITED | UPSTREAM | {"context", "client_error", "capability"} == known
     assert not LIMITED & UPSTREAM
 
 
