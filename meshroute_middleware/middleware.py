@@ -30,7 +30,7 @@ from meshroute_middleware.chat.attempts import (
     Exchange,
     internal_error,
 )
-from meshroute_middleware.chat.dialects import DIALECTS, Translation
+from meshroute_middleware.chat.dialects import DIALECTS, Local, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.core import (
@@ -158,6 +158,10 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = parse_chat(body if translation is None else translation.request(body))
+            req.translation = translation
+            if isinstance(translation, Local):  # answered by the dialect, routed nowhere
+                await translation.answer()
+                return
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix)

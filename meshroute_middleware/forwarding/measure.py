@@ -2,7 +2,9 @@
 
 A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
 otherwise every `data:` event whose delta carries non-empty content counts as one token
-(OpenAI-compatible servers send one chunk per token).
+(OpenAI-compatible servers send one chunk per token). Anthropic's Messages answers (a route
+with `api = "anthropic"`) count the same way: `usage.output_tokens` (a stream's last
+`message_delta` carries the total), else one per `text_delta` / `input_json_delta` event.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from meshroute_middleware.core.contracts.error_body import sse_error_event
 
 __all__ = ["TokenMeter", "sse_error_event"]
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"type"\s*:\s*"(?:text|input_json)_delta"')
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
 _NO_PARTS: list[bytes] = []  # shared, never appended to: a JSON meter keeps no line
@@ -89,10 +91,11 @@ class TokenMeter:
                 self._pending = 0
             return self.usage_tokens if self.usage_tokens is not None else self.chunks_counted
         tail = bytes(self._tail[-_MAX_JSON_TAIL:])
-        at = tail.rfind(b'"completion_tokens"')  # the last one: usage closes the body
-        while at >= 0:
-            match = _COMPLETION_TOKENS.match(tail, at)
-            if match:
-                return _count(match.group(1))
-            at = tail.rfind(b'"completion_tokens"', 0, at)
+        for name in (b'"completion_tokens"', b'"output_tokens"'):
+            at = tail.rfind(name)  # the last one: usage closes the body
+            while at >= 0:
+                match = _COMPLETION_TOKENS.match(tail, at)
+                if match:
+                    return _count(match.group(1))
+                at = tail.rfind(name, 0, at)
         return 0

@@ -2,6 +2,9 @@
 
 The body carries the upstream's own model id, the headers `Authorization: Bearer <key>` and
 the client's `accept`, no other header of the client's (its Authorization least of all).
+A provider model with `api = "anthropic"` gets a /v1/messages request untranslated instead:
+`{base_url}/messages`, `x-api-key: <key>`, the client's `anthropic-version` (else
+ANTHROPIC_VERSION) and `anthropic-beta`; its answer is relayed as it is, and measured.
 Nothing reaches the client before the first content byte of an answer: until then a failure
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
@@ -18,11 +21,14 @@ import re
 import time
 from collections.abc import Callable, Mapping
 
+from meshroute_middleware.chat.dialects import Native
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
+from meshroute_middleware.core.contracts.anthropic import ANTHROPIC_VERSION, sse_error
+from meshroute_middleware.core.providers.chain import Candidate
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -39,10 +45,16 @@ from meshroute_middleware.http.errors import error_body
 log = logging.getLogger("meshroute.providers")
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
 MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
-_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]')
+# the first content of a stream: chat completions' text, Messages' first content delta
+_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]|event: content_block_delta')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
-_CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens", re.I)
-_PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id"})
+_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')  # Messages' usage
+_OUTPUT_TOKENS = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
+_CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens"
+                              rb"|prompt is too long", re.I)
+_PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id",
+                      b"request-id"})
+_ANTHROPIC_HEADERS = (b"anthropic-version", b"anthropic-beta")
 _REASONS = frozenset({"http_429", "http_5xx", "timeout", "connect"})  # else: http_5xx
 
 
@@ -66,13 +78,22 @@ class ProviderCall:
         c = got.candidate
         assert c.provider is not None and got.key is not None
         secret = self.secrets[c.provider.name][got.key - 1]
-        body = json.dumps({**{k: v for k, v in cr.payload.items() if k != "route"},
+        native = native_of(cr, c)
+        payload = cr.payload if native is None else json.loads(native.body)
+        body = json.dumps({**{k: v for k, v in payload.items() if k != "route"},
                            "model": c.upstream_model}).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"authorization", b"Bearer " + secret.reveal().encode())]
+        if native is None:
+            headers = [(b"content-type", b"application/json"),
+                       (b"authorization", b"Bearer " + secret.reveal().encode())]
+            url = c.provider.base_url.rstrip("/") + "/chat/completions"
+        else:
+            headers = [(b"content-type", b"application/json"),
+                       (b"x-api-key", secret.reveal().encode()),
+                       (b"anthropic-version", ANTHROPIC_VERSION.encode())]
+            headers = _anthropic_headers(cr, headers)
+            url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        url = c.provider.base_url.rstrip("/") + "/chat/completions"
         self.outcomes.begin(got, cr.tally.chain, len(cr.tally.tried) - 1)
         try:
             return await self._attempt(cr, got, url, body, headers)
@@ -81,6 +102,12 @@ class ProviderCall:
             raise
         finally:
             self.outcomes.end(got)
+
+    @staticmethod
+    def speaks(cr: ChainRequest, c: Candidate) -> bool:
+        """Whether candidate `c` can take this request: a provider model with
+        `api = "anthropic"` takes /v1/messages requests only (no translation the other way)."""
+        return c.model is None or c.model.api == "openai" or native_of(cr, c) is not None
 
     def _budget(self, cr: ChainRequest) -> float:
         return min(self.timeouts.first_byte_s, cr.time_to_deadline(),
@@ -137,7 +164,7 @@ class ProviderCall:
             return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
                                         session=cr.session)
         self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, session=cr.session)
-        await self._answer(cr, upstream, got.route, self._scrubber.scrub(body))
+        await self._answer(cr, upstream, got, self._scrubber.scrub(body))
         return None
 
     async def _whole(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
@@ -157,7 +184,7 @@ class ProviderCall:
                              completion_tokens=meter.completion_tokens,
                              tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds),
                              ttfb_ms=seconds * 1000, session=cr.session)
-        await self._answer(cr, upstream, got.route, self._scrubber.scrub(body))
+        await self._answer(cr, upstream, got, self._scrubber.scrub(body))
         return None
 
     async def _stream(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
@@ -180,6 +207,9 @@ class ProviderCall:
             if not held:
                 return self.outcomes.failed(got, "connect", cr.session)
         first_at = time.perf_counter()
+        native = native_of(cr, got.candidate)
+        if native is not None:
+            native.relay()
         meter = TokenMeter(streaming=True)
         tail = b""
         ex, deadline = cr.ex, cr.deadline
@@ -210,9 +240,9 @@ class ProviderCall:
                 if not timer.expired():
                     raise  # the client's connection, not the deadline (OSError, below)
                 error = "timeout"
-            end = scrub.flush() + (b"" if error is None else sse_error_event(
+            end = scrub.flush() + (b"" if error is None else _broken(
                 "the provider failed mid-stream; partial response" if error == "connect"
-                else "the request's deadline ran out; partial response"))
+                else "the request's deadline ran out; partial response", native is not None))
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
         except OSError:
             ex.gone = True
@@ -225,9 +255,12 @@ class ProviderCall:
                              ttfb_ms=(first_at - sent) * 1000, session=cr.session)
         return None
 
-    async def _answer(self, cr: ChainRequest, upstream: UpstreamResponse, route: str,
+    async def _answer(self, cr: ChainRequest, upstream: UpstreamResponse, got: ChainAttempt,
                       body: bytes) -> None:
-        cr.tally.route = route
+        cr.tally.route = got.route
+        native = native_of(cr, got.candidate)
+        if native is not None:
+            native.relay()
         headers = [(k, v) for k, v in self._scrubber.headers(_passed_on(upstream.headers))
                    if k != b"content-length"]
         headers += [(b"content-length", str(len(body)).encode()), *cr.tally.headers()]
@@ -247,6 +280,33 @@ def _passed_on(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 
 
 def total_tokens(body: bytes) -> int | None:
-    """`usage.total_tokens` of an answer (the last one: usage closes a body or a stream)."""
-    found = _TOTAL_TOKENS.findall(body[-65536:])
-    return int(found[-1]) if found else None
+    """`usage.total_tokens` of an answer (the last one: usage closes a body or a stream), or
+    the last `input_tokens` + `output_tokens` of a Messages answer."""
+    tail = body[-65536:]
+    found = _TOTAL_TOKENS.findall(tail)
+    if found:
+        return int(found[-1])
+    given, made = _INPUT_TOKENS.findall(tail), _OUTPUT_TOKENS.findall(tail)
+    return int(given[-1]) + int(made[-1]) if given and made else None
+
+
+def native_of(cr: ChainRequest, c: Candidate) -> Native | None:
+    """The request's translation when candidate `c` speaks the client's API itself."""
+    translation = cr.ex.req.translation
+    if (c.model is None or c.model.api == "openai" or not isinstance(translation, Native)
+            or translation.api != c.model.api):
+        return None
+    return translation
+
+
+def _anthropic_headers(cr: ChainRequest,
+                       headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` with the client's own anthropic-version and anthropic-beta, where sent."""
+    theirs = {k: v for k, v in cr.ex.scope.get("headers", ()) if k in _ANTHROPIC_HEADERS}
+    kept = [(k, theirs.pop(k) if k in theirs else v) for k, v in headers]
+    return kept + list(theirs.items())
+
+
+def _broken(message: str, native: bool) -> bytes:
+    """The event that ends a stream cut mid-way, in the client's API."""
+    return sse_error(502, message) if native else sse_error_event(message)

@@ -18,6 +18,7 @@ from .scoring import AUTO_ALIASES
 
 TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
 TIERS = ("frontier", "large", "medium", "small")
+APIS = ("openai", "anthropic")  # the API a provider model speaks (issue 25)
 STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest")
 DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
 DEFAULT_MAX_ATTEMPTS = 4  # routes tried per request before answering the exhaustion error
@@ -42,6 +43,9 @@ class ProviderModel:
     price_in: float = 0.0  # USD per million input tokens
     price_out: float = 0.0  # USD per million output tokens
     monthly_tokens: int | None = None  # free-tier budget per key behind the headroom factor
+    # "openai": POST {base_url}/chat/completions; "anthropic": POST {base_url}/messages, which
+    # takes /v1/messages requests untranslated (and no chat-completions request)
+    api: str = "openai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +209,8 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     here = f"{where} models[{j}]"
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{here} must be a table")
-    _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens"})
+    _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens",
+                          "api"})
     model_id = t.get("id")
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ProviderConfigError(f"{here}: id must be a non-empty string")
@@ -216,7 +221,8 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     return ProviderModel(model_id, tier, _opt_int(t, "context", here),
                          _number(t, "price_in", here, 0.0, low=0.0),
                          _number(t, "price_out", here, 0.0, low=0.0),
-                         _opt_int(t, "monthly_tokens", here))
+                         _opt_int(t, "monthly_tokens", here),
+                         _choice(t, "api", APIS, here, "openai") or "openai")
 
 
 def _mesh_tier(name: object, t: object) -> str:
