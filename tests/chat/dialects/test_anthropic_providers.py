@@ -1,0 +1,262 @@
+"""/v1/messages with the official anthropic client over provider routes (fake providers on
+loopback ports), with a fallback in the middle: the first route answers 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from meshroute_middleware.core.providers.tokens import estimate
+
+from ...providers.fake_anthropic import FakeAnthropic
+from ...providers.fake_provider import FakeProvider, Reply
+from ...providers.gateway import ENV, Running, gateway, providers_doc
+
+HI = [{"role": "user", "content": "hi"}]
+WEATHER = {"name": "weather", "description": "the weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}
+FALLBACK = "fastco/big-model#1,slowco/small-model#1"
+
+
+def events(gw: Running, wanted: int) -> list[dict[str, Any]]:
+    """The first `wanted` events of /v1/routing/events."""
+    out: list[dict[str, Any]] = []
+    with httpx.stream("GET", f"{gw.url}/v1/routing/events", timeout=10) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                if len(out) == wanted:
+                    break
+    return out
+
+
+def client(gw: Running) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def gw(providers: tuple[FakeProvider, FakeProvider]) -> Any:
+    fast, slow = providers
+    with gateway(providers_doc(fast, slow)) as running:
+        yield running
+
+
+def test_a_message_after_a_fallback(gw: Running,
+                                    providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    fast.push(Reply.error(500))
+    raw = client(gw).messages.with_raw_response.create(
+        model="auto", max_tokens=64, system="be brief", messages=HI)
+    msg = raw.parse()
+    assert raw.headers["x-meshroute-tried"] == FALLBACK
+    assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant"
+    assert msg.model == "auto"  # the model the client asked for
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == "t0 t1 t2 t3 t4 t5 t6 t7"  # type: ignore[union-attr]
+    assert msg.stop_reason == "end_turn"
+    assert (msg.usage.input_tokens, msg.usage.output_tokens) == (5, 8)
+    sent = slow.seen[-1].body
+    assert sent["messages"] == [{"role": "system", "content": "be brief"}, *HI]
+    assert sent["max_tokens"] == 64 and sent["model"] == "small-model"
+
+
+def test_a_stream_after_a_fallback(gw: Running,
+                                   providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    fast.push(Reply.error(500))
+    with client(gw).messages.stream(model="auto", max_tokens=64, messages=HI) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    for kind in ("text", "input_json"):  # the SDK's own derived events
+        kinds = [k for k in kinds if k != kind]
+    assert kinds == ["message_start", "content_block_start",
+                     *["content_block_delta"] * 8, "content_block_stop", "message_delta",
+                     "message_stop"]
+    assert final.content[0].text == "t0 t1 t2 t3 t4 t5 t6 t7 "  # type: ignore[union-attr]
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 8
+    assert slow.seen[-1].body["stream_options"] == {"include_usage": True}
+    with httpx.stream("POST", f"{gw.url}/v1/messages", timeout=10, json={
+            "model": "auto", "max_tokens": 8, "stream": True, "messages": HI}) as resp:
+        names = [line[7:] for line in resp.iter_lines() if line.startswith("event: ")]
+        assert resp.headers["content-type"].startswith("text/event-stream")
+    assert names[:2] == ["message_start", "ping"] and names[-1] == "message_stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_use_round_trip(gw: Running, providers: tuple[FakeProvider, FakeProvider],
+                               stream: bool) -> None:
+    fast, slow = providers
+    fast.push(Reply.error(500), Reply.error(500))
+    asked: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
+    api = client(gw).messages
+    if stream:
+        with api.stream(model="auto", max_tokens=64, messages=asked, tools=[WEATHER]) as s:
+            first = s.get_final_message()
+    else:
+        first = api.create(model="auto", max_tokens=64, messages=asked, tools=[WEATHER])
+    assert first.stop_reason == "tool_use"
+    use = first.content[-1]
+    assert use.type == "tool_use" and use.name == "weather" and use.input == {"city": "mesh"}
+    offered = slow.seen[-1].body["tools"]
+    assert offered == [{"type": "function", "function": {
+        "name": "weather", "description": WEATHER["description"],
+        "parameters": WEATHER["input_schema"]}}]
+    asked += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                            "content": "18 degrees"}]}]
+    answer = api.create(model="auto", max_tokens=64, messages=asked, tools=[WEATHER])
+    assert answer.stop_reason == "end_turn" and answer.content[0].type == "text"
+    sent = slow.seen[-1].body["messages"]
+    assert sent[1]["tool_calls"][0]["id"] == use.id
+    assert json.loads(sent[1]["tool_calls"][0]["function"]["arguments"]) == {"city": "mesh"}
+    assert sent[2] == {"role": "tool", "tool_call_id": use.id, "content": "18 degrees"}
+
+
+def test_an_image_reaches_the_route_as_an_image_url_part(
+        gw: Running, providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    fast.push(Reply.error(500))
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n a tiny picture").decode()
+    msg = client(gw).messages.create(model="auto", max_tokens=16, messages=[{
+        "role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": png}},
+            {"type": "text", "text": "what is it?"}]}])
+    assert msg.content[0].type == "text"
+    assert slow.seen[-1].body["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+        {"type": "text", "text": "what is it?"}]
+
+
+def test_count_tokens_is_answered_locally(gw: Running,
+                                          providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    messages = [{"role": "user", "content": "how many tokens are in this sentence?"}]
+    counted = client(gw).messages.count_tokens(model="auto", system="be brief",
+                                               messages=messages)
+    expected = estimate({"messages": [{"role": "system", "content": "be brief"}, *messages]})
+    assert counted.input_tokens == expected.prompt > 0
+    assert fast.seen == [] and slow.seen == []  # routed nowhere
+    with pytest.raises(anthropic.BadRequestError):
+        client(gw).messages.count_tokens(model="auto", messages=[])
+
+
+def test_errors_in_anthropic_shape(gw: Running,
+                                   providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    api = client(gw).messages
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        api.create(model="auto", max_tokens=0, messages=HI)
+    assert bad.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "max_tokens: a positive integer is required"}}
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        api.create(model="no-such-model", max_tokens=8, messages=HI)
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    fast.default = slow.default = Reply.rate_limited("7")
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        api.create(model="auto", max_tokens=8, messages=HI)
+    assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert limited.value.response.headers["retry-after"] == "7"
+    assert "x-meshroute-tried" in limited.value.response.headers
+    not_json = httpx.post(f"{gw.url}/v1/messages", content=b"{not json", timeout=10)
+    assert not_json.status_code == 400
+    assert not_json.json()["type"] == "error"
+    assert not_json.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_too_large_is_refused_before_it_is_read_in_anthropic_shape(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    with (gateway(providers_doc(fast, slow), max_body_bytes=2048) as gw,
+          pytest.raises(anthropic.RequestTooLargeError) as big):
+            client(gw).messages.create(model="auto", max_tokens=8,
+                                       messages=[{"role": "user", "content": "x" * 4096}])
+    assert big.value.status_code == 413
+    assert big.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+
+
+@pytest.fixture
+def claude() -> Any:
+    fake = FakeAnthropic()
+    with fake.serve():
+        yield fake
+
+
+def native_doc(claude: FakeAnthropic, fast: FakeProvider,
+               slow: FakeProvider) -> dict[str, Any]:
+    doc = providers_doc(fast, slow, chain=("claudeco/claude-real", "slowco/small-model"))
+    doc["providers"].append({"name": "claudeco", "base_url": claude.base_url,
+                             "keys": ["env:SLOW_A"],
+                             "models": [{"id": "claude-real", "tier": "frontier",
+                                         "api": "anthropic"}]})
+    return doc
+
+
+def test_an_anthropic_provider_gets_the_request_untranslated(
+        claude: FakeAnthropic, providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    body = {"model": "auto", "max_tokens": 32, "system": [{"type": "text", "text": "brief"}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}],
+            "top_k": 3}
+    with gateway(native_doc(claude, fast, slow)) as gw:
+        answer = httpx.post(f"{gw.url}/v1/messages", json=body, timeout=10,
+                            headers={"anthropic-version": "2023-06-01",
+                                     "anthropic-beta": "tools-2024-05-16",
+                                     "x-api-key": "the-clients-own-key"})
+        with client(gw).messages.stream(**{k: v for k, v in body.items() if k != "top_k"}) \
+                as stream:
+            text = stream.get_final_text()
+            final = stream.get_final_message()
+        outcomes = [e for e in events(gw, 4) if e["type"] == "outcome"]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == "msg_fake"  # relayed as it came
+    assert answer.headers["x-meshroute-route"] == "claudeco/claude-real#1"
+    seen = claude.seen[0]
+    assert seen["body"] == {**body, "model": "claude-real"}  # untranslated
+    assert seen["headers"]["x-api-key"] == ENV["SLOW_A"]  # the provider's key, not the client's
+    assert "authorization" not in seen["headers"]
+    assert seen["headers"]["anthropic-version"] == "2023-06-01"
+    assert seen["headers"]["anthropic-beta"] == "tools-2024-05-16"
+    assert claude.seen[1]["headers"]["anthropic-version"]  # the SDK's own, or ours
+    assert text == "hello from claude " and final.usage.output_tokens == 4
+    assert slow.seen == []
+    # measured from Anthropic's usage: output_tokens of the message and of the stream
+    assert [(e["signature"], e["ok"], e["completion_tokens"]) for e in outcomes] == [
+        ("claudeco/claude-real#1", True, 4)] * 2
+
+
+def test_an_anthropic_provider_that_fails_falls_back_to_a_translated_route(
+        claude: FakeAnthropic, providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    claude.status = 529
+    with gateway(native_doc(claude, fast, slow)) as gw:
+        raw = client(gw).messages.with_raw_response.create(model="auto", max_tokens=8,
+                                                            messages=HI)
+    assert raw.headers["x-meshroute-tried"] == "claudeco/claude-real#1,slowco/small-model#1"
+    msg = raw.parse()
+    assert msg.content[0].text == "t0 t1 t2 t3 t4 t5 t6 t7"  # type: ignore[union-attr]
+    assert msg.model == "auto"
+
+
+def test_a_chat_request_passes_an_anthropic_model_over_for_capability(
+        claude: FakeAnthropic, providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    doc = native_doc(claude, fast, slow)
+    with gateway(doc) as gw:
+        answer = gw.chat("auto")
+    doc["routing"]["chain"] = ["claudeco/claude-real"]
+    with gateway(doc) as gw:
+        alone = gw.chat("auto")
+    assert answer.status_code == 200
+    assert answer.headers["x-meshroute-route"] == "slowco/small-model#1"
+    assert claude.seen == []
+    assert alone.status_code == 429  # the chain's exhaustion, naming the reason
+    assert alone.json()["error"]["routes"] == [
+        {"route": "claudeco/claude-real", "reason": "capability", "until": None}]
