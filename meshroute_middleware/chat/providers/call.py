@@ -2,9 +2,11 @@
 
 The body carries the upstream's own model id, the headers `Authorization: Bearer <key>` and
 the client's `accept`, no other header of the client's (its Authorization least of all).
-A provider model with `api = "anthropic"` gets a /v1/messages request untranslated instead:
-`{base_url}/messages`, `x-api-key: <key>`, the client's `anthropic-version` (else
-ANTHROPIC_VERSION) and `anthropic-beta`; its answer is relayed as it is, and measured.
+A provider model with `api = "anthropic"` is called at `{base_url}/messages` instead, with
+`x-api-key: <key>`, the client's `anthropic-version` (else ANTHROPIC_VERSION) and
+`anthropic-beta`: a /v1/messages request goes untranslated and its answer is relayed as it is;
+any other request goes translated to Messages and its answer comes back as chat completions
+(core/contracts/anthropic_chat.py). Either way it is measured on the bytes the route sent.
 Nothing reaches the client before the first content byte of an answer: until then a failure
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
@@ -28,6 +30,12 @@ from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
 from meshroute_middleware.core.contracts.anthropic import ANTHROPIC_VERSION, sse_error
+from meshroute_middleware.core.contracts.anthropic_chat import (
+    ChatStream,
+    chat_completion,
+    chat_error,
+    messages_request,
+)
 from meshroute_middleware.core.providers.chain import Candidate
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
@@ -79,10 +87,12 @@ class ProviderCall:
         assert c.provider is not None and got.key is not None
         secret = self.secrets[c.provider.name][got.key - 1]
         native = native_of(cr, c)
-        payload = cr.payload if native is None else json.loads(native.body)
+        payload = (cr.payload if native is None else json.loads(native.body))
+        if reverse(cr, c):
+            payload = messages_request(payload, c.upstream_model)
         body = json.dumps({**{k: v for k, v in payload.items() if k != "route"},
                            "model": c.upstream_model}).encode()
-        if native is None:
+        if c.model is None or c.model.api == "openai":
             headers = [(b"content-type", b"application/json"),
                        (b"authorization", b"Bearer " + secret.reveal().encode())]
             url = c.provider.base_url.rstrip("/") + "/chat/completions"
@@ -102,12 +112,6 @@ class ProviderCall:
             raise
         finally:
             self.outcomes.end(got)
-
-    @staticmethod
-    def speaks(cr: ChainRequest, c: Candidate) -> bool:
-        """Whether candidate `c` can take this request: a provider model with
-        `api = "anthropic"` takes /v1/messages requests only (no translation the other way)."""
-        return c.model is None or c.model.api == "openai" or native_of(cr, c) is not None
 
     def _budget(self, cr: ChainRequest) -> float:
         return min(self.timeouts.first_byte_s, cr.time_to_deadline(),
@@ -163,6 +167,8 @@ class ProviderCall:
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
             return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
                                         session=cr.session)
+        if reverse(cr, got.candidate):
+            body = chat_error(upstream.status, body)
         self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, session=cr.session)
         await self._answer(cr, upstream, got, self._scrubber.scrub(body))
         return None
@@ -179,12 +185,19 @@ class ProviderCall:
         done = time.perf_counter()
         meter = TokenMeter(streaming=False)
         meter.feed(body)
+        answer = body
+        if reverse(cr, got.candidate):
+            try:
+                answer = json.dumps(chat_completion(json.loads(body),
+                                                    got.candidate.upstream_model)).encode()
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                return self.outcomes.failed(got, "connect", cr.session)
         seconds = max(done - sent, 1e-6)
         self.outcomes.record(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
                              completion_tokens=meter.completion_tokens,
                              tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds),
                              ttfb_ms=seconds * 1000, session=cr.session)
-        await self._answer(cr, upstream, got, self._scrubber.scrub(body))
+        await self._answer(cr, upstream, got, self._scrubber.scrub(answer))
         return None
 
     async def _stream(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
@@ -211,6 +224,10 @@ class ProviderCall:
         if native is not None:
             native.relay()
         meter = TokenMeter(streaming=True)
+        options = cr.payload.get("stream_options")
+        chat = (ChatStream(got.candidate.upstream_model, isinstance(options, dict)
+                           and options.get("include_usage") is True)
+                if reverse(cr, got.candidate) else None)
         tail = b""
         ex, deadline = cr.ex, cr.deadline
         cr.tally.route = got.route
@@ -227,7 +244,8 @@ class ProviderCall:
                     while chunk:
                         meter.feed(chunk)
                         tail = (tail + chunk)[-4096:]
-                        await ex.send({"type": "http.response.body", "body": scrub.feed(chunk),
+                        out = chunk if chat is None else chat.feed(chunk)
+                        await ex.send({"type": "http.response.body", "body": scrub.feed(out),
                                        "more_body": True})
                         try:
                             chunk = await chunks.__anext__()
@@ -240,7 +258,8 @@ class ProviderCall:
                 if not timer.expired():
                     raise  # the client's connection, not the deadline (OSError, below)
                 error = "timeout"
-            end = scrub.flush() + (b"" if error is None else _broken(
+            last = b"" if chat is None or error is not None else scrub.feed(chat.close())
+            end = last + scrub.flush() + (b"" if error is None else _broken(
                 "the provider failed mid-stream; partial response" if error == "connect"
                 else "the request's deadline ran out; partial response", native is not None))
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
@@ -288,6 +307,11 @@ def total_tokens(body: bytes) -> int | None:
         return int(found[-1])
     given, made = _INPUT_TOKENS.findall(tail), _OUTPUT_TOKENS.findall(tail)
     return int(given[-1]) + int(made[-1]) if given and made else None
+
+
+def reverse(cr: ChainRequest, c: Candidate) -> bool:
+    """Whether candidate `c` speaks Messages and the request must be translated to it."""
+    return c.model is not None and c.model.api == "anthropic" and native_of(cr, c) is None
 
 
 def native_of(cr: ChainRequest, c: Candidate) -> Native | None:

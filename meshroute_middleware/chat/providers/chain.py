@@ -152,9 +152,6 @@ class ProviderChat:
         tried = cr.tally.tried
         while (self.providers.may_attempt(len(tried), cr.started, self.clock())
                and not cr.opened[0].too_late()):
-            if not self._call.speaks(cr, c):  # a Messages-only model, a chat request
-                passed.append(PassedOver(c.route, "capability"))
-                return False
             got = (self.providers.acquire(c, cr.reserve, self.clock(),
                                           context_tokens=cr.context_need)
                    if self.acquire is None

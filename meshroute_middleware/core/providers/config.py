@@ -44,7 +44,7 @@ class ProviderModel:
     price_out: float = 0.0  # USD per million output tokens
     monthly_tokens: int | None = None  # free-tier budget per key behind the headroom factor
     # "openai": POST {base_url}/chat/completions; "anthropic": POST {base_url}/messages, which
-    # takes /v1/messages requests untranslated (and no chat-completions request)
+    # takes /v1/messages requests untranslated and chat requests translated (docs/apis.md)
     api: str = "openai"
 
 

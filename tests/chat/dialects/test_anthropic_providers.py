@@ -9,6 +9,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from meshroute_middleware.core.providers.tokens import estimate
@@ -245,18 +246,32 @@ def test_an_anthropic_provider_that_fails_falls_back_to_a_translated_route(
     assert msg.model == "auto"
 
 
-def test_a_chat_request_passes_an_anthropic_model_over_for_capability(
+def test_a_chat_request_reaches_an_anthropic_model_translated_to_messages(
         claude: FakeAnthropic, providers: tuple[FakeProvider, FakeProvider]) -> None:
     fast, slow = providers
-    doc = native_doc(claude, fast, slow)
-    with gateway(doc) as gw:
-        answer = gw.chat("auto")
-    doc["routing"]["chain"] = ["claudeco/claude-real"]
-    with gateway(doc) as gw:
-        alone = gw.chat("auto")
-    assert answer.status_code == 200
-    assert answer.headers["x-meshroute-route"] == "slowco/small-model#1"
-    assert claude.seen == []
-    assert alone.status_code == 429  # the chain's exhaustion, naming the reason
-    assert alone.json()["error"]["routes"] == [
-        {"route": "claudeco/claude-real", "reason": "capability", "until": None}]
+    chat = openai.OpenAI  # the chat-completions client, against the same gateway
+    with gateway(native_doc(claude, fast, slow)) as gw:
+        api = chat(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0).chat.completions
+        raw = api.with_raw_response.create(model="auto", max_tokens=20, stop=["END"],
+                                           messages=[{"role": "system", "content": "brief"},
+                                                     {"role": "user", "content": "hi"}])
+        stream = api.create(model="auto", stream=True, stream_options={"include_usage": True},
+                            messages=[{"role": "user", "content": "hi"}])
+        chunks = list(stream)
+        outcomes = [e for e in events(gw, 4) if e["type"] == "outcome"]
+    answer = raw.parse()
+    assert raw.headers["x-meshroute-route"] == "claudeco/claude-real#1"
+    assert answer.choices[0].message.content == "hello from claude"
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.completion_tokens == 4
+    assert claude.seen[0]["body"] == {
+        "model": "claude-real", "system": "brief", "max_tokens": 20,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "stop_sequences": ["END"]}
+    assert claude.seen[0]["headers"]["x-api-key"] == ENV["SLOW_A"]
+    assert claude.seen[1]["body"]["max_tokens"] == 4096  # Messages requires one
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        "hello from claude "
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert [(e["ok"], e["completion_tokens"]) for e in outcomes] == [(True, 4)] * 2
+    assert slow.seen == []
