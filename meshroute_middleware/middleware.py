@@ -126,6 +126,9 @@ class MeshRouteMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._lifespan_send(send))
+        elif scope["type"] == "http" and scope["method"] != "POST" and scope["path"] in DIALECTS:
+            # the app answers another method (405), in the dialect's error shape
+            await self.app(scope, receive, DIALECTS[scope["path"]].open(send).send)
         elif (scope["type"] != "http" or scope["method"] != "POST"
               or (scope["path"] != self.config.path and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)

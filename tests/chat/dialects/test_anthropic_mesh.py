@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -118,3 +119,21 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_error_event() -> None:
     assert texts == list(words(8))[:4]  # the part before the node died, then the error
     assert broken.value.body["type"] == "error"  # type: ignore[index]
     assert broken.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
+def test_refusals_before_the_chat_path_are_in_anthropic_shape(
+        mesh: anthropic.Anthropic) -> None:
+    url = str(mesh.base_url).rstrip("/")
+    body = {"model": MODEL, "max_tokens": 2, "messages": HI}
+    foreign = httpx.post(f"{url}/v1/messages", json=body, headers={"origin": "http://evil.test"})
+    assert foreign.status_code == 403
+    assert foreign.json()["type"] == "error"
+    assert foreign.json()["error"]["type"] == "permission_error"
+    wrong_method = httpx.get(f"{url}/v1/messages")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+    assert wrong_method.json()["type"] == "error"
+    # like chat completions, any content type is taken (the Origin rule guards browsers)
+    plain = httpx.post(f"{url}/v1/messages", content=json.dumps(body),
+                       headers={"content-type": "text/plain"})
+    assert plain.status_code == 200 and plain.json()["type"] == "message"
