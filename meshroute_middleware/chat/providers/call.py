@@ -29,7 +29,11 @@ from meshroute_middleware.chat.keyring import Secret
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
-from meshroute_middleware.core.contracts.anthropic import ANTHROPIC_VERSION, sse_error
+from meshroute_middleware.core.contracts.anthropic import (
+    ANTHROPIC_VERSION,
+    error_object,
+    sse_error,
+)
 from meshroute_middleware.core.contracts.anthropic_chat import (
     ChatStream,
     chat_completion,
@@ -53,8 +57,9 @@ from meshroute_middleware.http.errors import error_body
 log = logging.getLogger("meshroute.providers")
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
 MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
-# the first content of a stream: chat completions' text, Messages' first content delta
-_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]|event: content_block_delta')
+# the first content of a stream: chat completions' text or tool call, Messages' first delta
+_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{|data: \[DONE\]'
+                      rb'|event: content_block_delta')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')  # Messages' usage
 _OUTPUT_TOKENS = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
@@ -162,8 +167,10 @@ class ProviderCall:
         except (ForwardError, TimeoutError):
             body = b""
         except UndecodableError as exc:  # never relayed as it came: our own error instead
-            body = error_body(upstream.status, f"the provider's error answer could not be "
-                              f"read: {exc}", "upstream_undecodable")
+            text = f"the provider's error answer could not be read: {exc}"
+            body = (error_body(upstream.status, text, "upstream_undecodable")
+                    if native_of(cr, got.candidate) is None
+                    else json.dumps(error_object(upstream.status, text)).encode())
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
             return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
                                         session=cr.session)
