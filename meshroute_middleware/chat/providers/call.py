@@ -23,24 +23,24 @@ import re
 import time
 from collections.abc import Callable, Mapping
 
-from meshroute_middleware.chat.dialects import Native
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.providers.messages_api import (
+    broken_event,
+    messages_error,
+    messages_headers,
+    native_of,
+    request_payload,
+    reverse,
+)
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
-from meshroute_middleware.core.contracts.anthropic import (
-    ANTHROPIC_VERSION,
-    error_object,
-    sse_error,
-)
 from meshroute_middleware.core.contracts.anthropic_chat import (
     ChatStream,
     chat_completion,
     chat_error,
-    messages_request,
 )
-from meshroute_middleware.core.providers.chain import Candidate
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -51,7 +51,7 @@ from meshroute_middleware.forwarding.client import (
     ForwardTimeouts,
     UpstreamResponse,
 )
-from meshroute_middleware.forwarding.measure import TokenMeter, sse_error_event
+from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import error_body
 
 log = logging.getLogger("meshroute.providers")
@@ -67,7 +67,6 @@ _CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many toke
                               rb"|prompt is too long", re.I)
 _PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id",
                       b"request-id"})
-_ANTHROPIC_HEADERS = (b"anthropic-version", b"anthropic-beta")
 _REASONS = frozenset({"http_429", "http_5xx", "timeout", "connect"})  # else: http_5xx
 
 
@@ -91,10 +90,7 @@ class ProviderCall:
         c = got.candidate
         assert c.provider is not None and got.key is not None
         secret = self.secrets[c.provider.name][got.key - 1]
-        native = native_of(cr, c)
-        payload = (cr.payload if native is None else json.loads(native.body))
-        if reverse(cr, c):
-            payload = messages_request(payload, c.upstream_model)
+        payload = request_payload(cr, c)
         body = json.dumps({**{k: v for k, v in payload.items() if k != "route"},
                            "model": c.upstream_model}).encode()
         if c.model is None or c.model.api == "openai":
@@ -102,10 +98,7 @@ class ProviderCall:
                        (b"authorization", b"Bearer " + secret.reveal().encode())]
             url = c.provider.base_url.rstrip("/") + "/chat/completions"
         else:
-            headers = [(b"content-type", b"application/json"),
-                       (b"x-api-key", secret.reveal().encode()),
-                       (b"anthropic-version", ANTHROPIC_VERSION.encode())]
-            headers = _anthropic_headers(cr, headers)
+            headers = messages_headers(cr, secret.reveal())
             url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
@@ -170,7 +163,7 @@ class ProviderCall:
             text = f"the provider's error answer could not be read: {exc}"
             body = (error_body(upstream.status, text, "upstream_undecodable")
                     if native_of(cr, got.candidate) is None
-                    else json.dumps(error_object(upstream.status, text)).encode())
+                    else messages_error(upstream.status, text))
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
             return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
                                         session=cr.session)
@@ -266,7 +259,7 @@ class ProviderCall:
                     raise  # the client's connection, not the deadline (OSError, below)
                 error = "timeout"
             last = b"" if chat is None or error is not None else scrub.feed(chat.close())
-            end = last + scrub.flush() + (b"" if error is None else _broken(
+            end = last + scrub.flush() + (b"" if error is None else broken_event(
                 "the provider failed mid-stream; partial response" if error == "connect"
                 else "the request's deadline ran out; partial response", native is not None))
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
@@ -314,30 +307,3 @@ def total_tokens(body: bytes) -> int | None:
         return int(found[-1])
     given, made = _INPUT_TOKENS.findall(tail), _OUTPUT_TOKENS.findall(tail)
     return int(given[-1]) + int(made[-1]) if given and made else None
-
-
-def reverse(cr: ChainRequest, c: Candidate) -> bool:
-    """Whether candidate `c` speaks Messages and the request must be translated to it."""
-    return c.model is not None and c.model.api == "anthropic" and native_of(cr, c) is None
-
-
-def native_of(cr: ChainRequest, c: Candidate) -> Native | None:
-    """The request's translation when candidate `c` speaks the client's API itself."""
-    translation = cr.ex.req.translation
-    if (c.model is None or c.model.api == "openai" or not isinstance(translation, Native)
-            or translation.api != c.model.api):
-        return None
-    return translation
-
-
-def _anthropic_headers(cr: ChainRequest,
-                       headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """`headers` with the client's own anthropic-version and anthropic-beta, where sent."""
-    theirs = {k: v for k, v in cr.ex.scope.get("headers", ()) if k in _ANTHROPIC_HEADERS}
-    kept = [(k, theirs.pop(k) if k in theirs else v) for k, v in headers]
-    return kept + list(theirs.items())
-
-
-def _broken(message: str, native: bool) -> bytes:
-    """The event that ends a stream cut mid-way, in the client's API."""
-    return sse_error(502, message) if native else sse_error_event(message)
