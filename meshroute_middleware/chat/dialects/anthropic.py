@@ -36,6 +36,7 @@ __all__ = ["COUNT_TOKENS", "COUNT_TOKENS_PATH", "MESSAGES", "MESSAGES_PATH",
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 _DROPPED = frozenset({b"content-length", b"content-type", b"content-encoding"})
+MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a JSON answer held to translate it (as call.py holds)
 
 
 def message_id() -> str:
@@ -57,6 +58,7 @@ class MessagesTranslation:
         self._native = False
         self._start: Message | None = None  # a JSON answer's start, held until its body ends
         self._held: list[bytes] = []
+        self._held_bytes = 0  # past MAX_ANSWER_BYTES the rest is dropped: a 502 instead
         self._stream: MessageStream | None = None
         self.send: Send = self._send  # the client's send for an OpenAI-shaped answer
 
@@ -107,12 +109,19 @@ class MessagesTranslation:
                 await self._client({"type": "http.response.body", "body": out,
                                     "more_body": more})
             return
-        self._held.append(chunk)
+        self._held_bytes += len(chunk)
+        if self._held_bytes <= MAX_ANSWER_BYTES:
+            self._held.append(chunk)
+        else:
+            self._held.clear()
         if more or self._start is None:
             return
         start, body = self._start, b"".join(self._held)
         self._held.clear()
-        status, answer = self._translated(int(start["status"]), body)
+        status, answer = (self._translated(int(start["status"]), body)
+                          if self._held_bytes <= MAX_ANSWER_BYTES else
+                          (502, json.dumps(error_object(502, "the route's answer is larger "
+                                                        "than meshroute holds")).encode()))
         kept = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in _DROPPED]
         await self._client({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"),
