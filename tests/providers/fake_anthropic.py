@@ -2,7 +2,8 @@
 
 Serves `POST /v1/messages` as Anthropic does: a `message`, or its SSE events when streamed;
 `status` answers that error instead (Anthropic's error shape). Each request is kept in `seen`
-(headers and body), so a test can check what reached it untranslated.
+(headers and body), so a test can check what reached it untranslated. Offered tools, and not
+answering a tool's result, it calls the first tool (its required arguments "mesh").
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ class FakeAnthropic:
             return JSONResponse({"type": "error", "error": {
                 "type": "overloaded_error", "message": "fake anthropic is overloaded"}},
                 status_code=self.status)
+        call = _tool_use(body)
         message = {"id": "msg_fake", "type": "message", "role": "assistant",
-                   "model": body["model"], "content": [{"type": "text", "text": self.text}],
-                   "stop_reason": "end_turn", "stop_sequence": None,
+                   "model": body["model"],
+                   "content": [{"type": "text", "text": self.text}] if call is None else [call],
+                   "stop_reason": "end_turn" if call is None else "tool_use",
+                   "stop_sequence": None,
                    "usage": {"input_tokens": self.input_tokens,
                              "output_tokens": self.output_tokens}}
         if body.get("stream"):
@@ -62,18 +66,35 @@ class FakeAnthropic:
         start = {**message, "content": [], "stop_reason": None,
                  "usage": {"input_tokens": self.input_tokens, "output_tokens": 1}}
         yield _event("message_start", {"type": "message_start", "message": start})
+        block = message["content"][0]
+        opened = {**block, "input": {}} if block["type"] == "tool_use" else {"type": "text",
+                                                                               "text": ""}
         yield _event("content_block_start", {"type": "content_block_start", "index": 0,
-                                             "content_block": {"type": "text", "text": ""}})
-        for word in self.text.split(" "):
+                                             "content_block": opened})
+        deltas = ([{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+                  if block["type"] == "tool_use" else
+                  [{"type": "text_delta", "text": w + " "} for w in self.text.split(" ")])
+        for delta in deltas:
             yield _event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                 "delta": {"type": "text_delta",
-                                                           "text": word + " "}})
+                                                 "delta": delta})
         yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
         yield _event("message_delta", {"type": "message_delta",
-                                       "delta": {"stop_reason": "end_turn",
+                                       "delta": {"stop_reason": message["stop_reason"],
                                                  "stop_sequence": None},
                                        "usage": {"output_tokens": self.output_tokens}})
         yield _event("message_stop", {"type": "message_stop"})
+
+
+def _tool_use(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool_use block the fake answers with, or None (text)."""
+    last = body["messages"][-1]["content"]
+    answered = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
+    if not body.get("tools") or answered:
+        return None
+    tool = body["tools"][0]
+    required = tool.get("input_schema", {}).get("required", [])
+    return {"type": "tool_use", "id": "toolu_fake", "name": tool["name"],
+            "input": {k: "mesh" for k in required}}
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:

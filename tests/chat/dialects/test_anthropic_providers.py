@@ -275,3 +275,43 @@ def test_a_chat_request_reaches_an_anthropic_model_translated_to_messages(
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     assert [(e["ok"], e["completion_tokens"]) for e in outcomes] == [(True, 4)] * 2
     assert slow.seen == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_tool_round_trip_over_an_anthropic_model(
+        claude: FakeAnthropic, providers: tuple[FakeProvider, FakeProvider],
+        stream: bool) -> None:
+    fast, slow = providers
+    tools: list[Any] = [{"type": "function", "function": {
+        "name": "weather", "parameters": WEATHER["input_schema"]}}]
+    asked: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
+    with gateway(native_doc(claude, fast, slow)) as gw:
+        api = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused",
+                            max_retries=0).chat.completions
+        if stream:
+            parts = list(api.create(model="auto", messages=asked, tools=tools, stream=True))
+            calls = [c.choices[0].delta.tool_calls for c in parts
+                     if c.choices and c.choices[0].delta.tool_calls]
+            call_id, name = calls[0][0].id, calls[0][0].function.name  # type: ignore[union-attr]
+            arguments = "".join(c[0].function.arguments or "" for c in calls)  # type: ignore[union-attr]
+            assert parts[-1].choices[0].finish_reason == "tool_calls"
+        else:
+            first = api.create(model="auto", messages=asked, tools=tools)
+            assert first.choices[0].finish_reason == "tool_calls"
+            call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+            call_id, name, arguments = call.id, call.function.name, call.function.arguments  # type: ignore[union-attr]
+        assert (call_id, name, json.loads(arguments)) == ("toolu_fake", "weather",
+                                                          {"city": "mesh"})
+        asked += [{"role": "assistant", "content": None, "tool_calls": [
+                      {"id": call_id, "type": "function",
+                       "function": {"name": name, "arguments": arguments}}]},
+                  {"role": "tool", "tool_call_id": call_id, "content": "18 degrees"}]
+        answer = api.create(model="auto", messages=asked, tools=tools)
+    assert answer.choices[0].message.content == "hello from claude"
+    assert claude.seen[-1]["body"]["messages"][1:] == [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_fake",
+                                           "name": "weather", "input": {"city": "mesh"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_fake",
+                                      "content": "18 degrees"}]}]
+    assert claude.seen[0]["body"]["tools"] == [{"name": "weather",
+                                                "input_schema": WEATHER["input_schema"]}]
