@@ -234,14 +234,14 @@ class ChatStream:
             message = event.get("message")
             message = message if isinstance(message, Mapping) else {}
             self._id = f"chatcmpl-{message.get('id', '')}"
-            self._usage.update(message.get("usage") or {})
+            self._count(message.get("usage"))
             return self._chunk({"role": "assistant", "content": ""})
         if kind == "content_block_start":
             return self._block(event)
         if kind == "content_block_delta":
             return self._delta(event)
         if kind == "message_delta":
-            self._usage.update(event.get("usage") or {})
+            self._count(event.get("usage"))
             delta = event.get("delta")
             reason = delta.get("stop_reason") if isinstance(delta, Mapping) else None
             return self._chunk({}, FINISH_REASONS.get(str(reason), "stop"))
@@ -259,6 +259,11 @@ class ChatStream:
             return sse_error_event(message if isinstance(message, str) else
                                    "the route failed mid-stream")
         return b""  # ping and what comes later
+
+    def _count(self, usage: object) -> None:
+        """Keep a usage's counts (a stream's later ones are its totals)."""
+        if isinstance(usage, Mapping):
+            self._usage.update(usage)
 
     def _block(self, event: Mapping[str, Any]) -> bytes:
         block = event.get("content_block")

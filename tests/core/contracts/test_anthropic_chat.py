@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from meshroute_middleware.core.contracts.anthropic import chat_request
@@ -155,3 +155,36 @@ def test_a_messages_stream_that_errs_or_stops_short_ends_with_an_openai_error() 
         == "busy"
     short = ChatStream("claude", include_usage=False)
     assert "error" in chunks(short.feed(STREAM[:300]) + short.close())[-1]
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["type", "message", "usage", "index", "content_block", "delta", "text", "id", "name",
+         "partial_json", "stop_reason", "error", "input_tokens", "output_tokens", "role",
+         "content", "tool_calls", "function", "arguments", "tools", "tool_choice", "messages",
+         "stop", "image_url", "url", "parameters", "tool_call_id"]), inner, max_size=5),
+    max_leaves=16)
+KINDS = st.sampled_from(["message_start", "content_block_start", "content_block_delta",
+                         "message_delta", "message_stop", "error", "ping"])
+
+
+@given(st.lists(st.tuples(KINDS, st.dictionaries(st.sampled_from(
+    ["message", "usage", "index", "content_block", "delta", "error"]), JSONISH, max_size=3)),
+    max_size=6))
+@example([("message_start", {"message": {"usage": [1, 2]}}),
+          ("message_delta", {"usage": "many"})])
+def test_whatever_a_messages_route_streams_the_translation_never_raises(
+        events: list[tuple[str, dict[str, Any]]]) -> None:
+    stream = ChatStream("claude", include_usage=True)
+    raw = b"".join(_event(kind, {**data, "type": kind}) for kind, data in events)
+    for chunk in chunks(stream.feed(raw) + stream.close()):
+        assert chunk == "[DONE]" or isinstance(chunk, dict)
+
+
+@given(JSONISH)
+def test_whatever_a_chat_client_or_a_route_sends_the_translations_never_raise(
+        value: object) -> None:
+    if isinstance(value, dict):
+        json.dumps(messages_request(value, "claude"))
+        assert chat_completion(value, "claude")["object"] == "chat.completion"

@@ -123,3 +123,27 @@ def test_lines_hold_only_the_unfinished_line() -> None:
     assert list(lines.feed(b"data: a")) == []
     assert list(lines.feed(b"b\ndata: c\n\nda")) == [b"data: ab", b"data: c", b""]
     assert lines.rest() == b"da"
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["choices", "delta", "content", "tool_calls", "index", "id", "function", "name",
+         "arguments", "finish_reason", "usage", "error", "message", "prompt_tokens",
+         "completion_tokens", "stop_reason"]), inner, max_size=4), max_leaves=16)
+
+
+@given(st.lists(JSONISH, max_size=6))
+def test_whatever_a_route_streams_the_translation_never_raises(chunks: list[object]) -> None:
+    stream = MessageStream(ASKED, "msg_1")
+    raw = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    events(stream.feed(raw) + stream.close())  # well-formed events, whatever came
+
+
+@given(JSONISH)
+def test_whatever_a_route_answers_the_message_is_well_formed(answer: object) -> None:
+    from meshroute_middleware.core.contracts.anthropic import message
+    if isinstance(answer, dict):
+        out = message(answer, ASKED, "msg_1")
+        assert out["type"] == "message" and isinstance(out["content"], list)
+        assert isinstance(out["usage"]["input_tokens"], int)
