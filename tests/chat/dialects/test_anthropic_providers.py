@@ -17,6 +17,7 @@ from meshroute_middleware.core.providers.tokens import estimate
 from ...providers.fake_anthropic import FakeAnthropic
 from ...providers.fake_provider import FakeProvider, Reply
 from ...providers.gateway import ENV, Running, gateway, providers_doc
+from ...upstream import FakeChat, ServerThread
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {"name": "weather", "description": "the weather in a city",
@@ -315,3 +316,24 @@ def test_a_chat_tool_round_trip_over_an_anthropic_model(
                                       "content": "18 degrees"}]}]
     assert claude.seen[0]["body"]["tools"] == [{"name": "weather",
                                                 "input_schema": WEATHER["input_schema"]}]
+
+
+def test_a_chain_of_a_mesh_model_and_a_provider(
+        providers: tuple[FakeProvider, FakeProvider]) -> None:
+    fast, slow = providers
+    node = FakeChat("n1", tokens=4)
+    doc = providers_doc(fast, slow, chain=("qwen", "slowco/small-model"),
+                        mesh={"qwen": {"tier": "large"}})
+    with ServerThread(node.app()) as head, gateway(doc) as gw:
+        httpx.post(f"{gw.url}/v1/nodes", json={
+            "node_id": "n1", "model": "qwen", "start": 0, "end": 39, "layers": 40,
+            "url": head.url, "tps": 10}).raise_for_status()
+        api = client(gw).messages
+        mesh = api.with_raw_response.create(model="auto", max_tokens=8, messages=HI)
+        node.status = 500
+        over = api.with_raw_response.create(model="auto", max_tokens=8, messages=HI)
+    assert mesh.headers["x-meshroute-route"] == "qwen|n1[0-39]"
+    assert mesh.parse().content[0].text == "from n1"  # type: ignore[union-attr]
+    assert node.seen[0]["body"]["messages"] == HI  # the mesh head got chat completions
+    assert over.headers["x-meshroute-tried"] == "qwen,slowco/small-model#1"
+    assert over.parse().content[0].text == "t0 t1 t2 t3 t4 t5 t6 t7"  # type: ignore[union-attr]
