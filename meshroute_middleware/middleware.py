@@ -165,6 +165,9 @@ class MeshRouteMiddleware:
             if isinstance(translation, Local):  # answered by the dialect, routed nowhere
                 await translation.answer()
                 return
+            if translation is not None:  # an app that serves it (annotate) gets a chat request
+                scope = {**scope, "path": self.config.path,
+                         "raw_path": self.config.path.encode()}
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix)

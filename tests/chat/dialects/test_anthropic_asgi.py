@@ -1,6 +1,7 @@
 """The answers the chat path gives before any route is chosen, on /v1/messages, at the ASGI
-level: each in Anthropic's shape (a loop's 508, a slow body's 408), and a request as Claude
-Code sends it translated without a refusal."""
+level: each in Anthropic's shape (a loop's 508, a slow body's 408), a request as Claude Code
+sends it translated without a refusal, and annotate mode (the wrapped app serves the chat
+request)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from meshroute_middleware.chat.dialects.anthropic import MESSAGES_PATH
+from meshroute_middleware.core import parse_node
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
 
 
@@ -88,3 +95,32 @@ def test_a_claude_code_turn_reaches_the_routing_step() -> None:
     assert status == 404  # translated and parsed: refused only for want of a route
     assert body["error"] == {"type": "not_found_error", "message":
                              "model 'claude-sonnet-4-5' is not served by any known route"}
+
+
+def test_in_annotate_mode_the_app_serves_a_chat_request_and_the_client_gets_a_message() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def chat(request: Request) -> Response:
+        seen.append({"path": request.url.path, "body": await request.json(),
+                     "plan": request.headers.get("x-meshroute-plan")})
+        return JSONResponse({"choices": [{"message": {"content": "served by the app"},
+                                          "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    middleware = MeshRouteMiddleware(app, MiddlewareConfig(mode="annotate"))
+    middleware.router.upsert_node(parse_node({
+        "node_id": "a", "model": "m", "start": 0, "end": 9, "layers": 10,
+        "url": "http://127.0.0.1:1", "tps": 10.0}))
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=middleware),
+                                     base_url="http://t") as client:
+            return await client.post(MESSAGES_PATH, json={
+                "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    resp = asyncio.run(run())
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["content"] == [{"type": "text", "text": "served by the app"}]
+    assert resp.json()["usage"] == {"input_tokens": 3, "output_tokens": 4}
+    assert seen[0]["path"] == "/v1/chat/completions" and seen[0]["plan"]
+    assert seen[0]["body"]["messages"] == [{"role": "user", "content": "hi"}]
