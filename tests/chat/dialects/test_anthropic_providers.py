@@ -330,10 +330,15 @@ def test_a_chain_of_a_mesh_model_and_a_provider(
             "url": head.url, "tps": 10}).raise_for_status()
         api = client(gw).messages
         mesh = api.with_raw_response.create(model="auto", max_tokens=8, messages=HI)
+        api.create(model="auto", max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/gif",
+                                         "data": "R0lGODlh"}}]}])
         node.status = 500
         over = api.with_raw_response.create(model="auto", max_tokens=8, messages=HI)
     assert mesh.headers["x-meshroute-route"] == "qwen|n1[0-39]"
     assert mesh.parse().content[0].text == "from n1"  # type: ignore[union-attr]
     assert node.seen[0]["body"]["messages"] == HI  # the mesh head got chat completions
+    assert node.seen[1]["body"]["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": "data:image/gif;base64,R0lGODlh"}}]
     assert over.headers["x-meshroute-tried"] == "qwen,slowco/small-model#1"
     assert over.parse().content[0].text == "t0 t1 t2 t3 t4 t5 t6 t7"  # type: ignore[union-attr]
