@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import CAPABILITIES
@@ -92,6 +93,8 @@ class GatewayAPI:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
+            # the other APIs over the chat path (chat/dialects), for the 405 of other methods
+            *(Route(path, self.chat_unrouted, methods=["POST"]) for path in DIALECTS),
             # one route per path, so that a 405's Allow header lists every method
             Route("/v1/nodes", self.nodes, methods=["GET", "POST"]),
             Route("/v1/nodes/{node_id:path}", self.delete_node, methods=["DELETE"]),

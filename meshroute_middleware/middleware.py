@@ -31,7 +31,7 @@ from meshroute_middleware.chat.attempts import (
     Exchange,
     internal_error,
 )
-from meshroute_middleware.chat.dialects import DIALECTS, Translation
+from meshroute_middleware.chat.dialects import DIALECTS, Local, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.chat.keyring import NodeSecrets
@@ -150,6 +150,9 @@ class MeshRouteMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._lifespan_send(send))
+        elif scope["type"] == "http" and scope["method"] != "POST" and scope["path"] in DIALECTS:
+            # the app answers another method (405), in the dialect's error shape
+            await self.app(scope, receive, DIALECTS[scope["path"]].open(send).send)
         elif (scope["type"] != "http" or scope["method"] != "POST"
               or (scope["path"] != self.config.path and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)
@@ -207,9 +210,16 @@ class MeshRouteMiddleware:
             # `provider/model` or a chain (`auto`, `auto:coding`), before the request spends
             # anything (issue 24)
             check_model(client, req.model)
+            req.translation = translation
+            if isinstance(translation, Local):  # answered by the dialect, routed nowhere
+                await translation.answer()
+                return
             if self.spend is not None and client is not None:
                 # a client's request: admitted (or a 429), then metered
                 send = metered = await self.spend.admit(client, req, send)
+            if translation is not None:  # an app that serves it (annotate) gets a chat request
+                scope = {**scope, "path": self.config.path,
+                         "raw_path": self.config.path.encode()}
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix,

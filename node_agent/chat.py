@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ class ChatJob:
     prompt_tokens: int
     finish_reason: str
     prompt: Prefix | None = None  # the messages' hash chain: what a prefix cache matches
+    tool: dict[str, Any] | None = None  # the tool call to answer with (`tool_call`)
 
 
 def _prompt_tokens(messages: list[Any]) -> int:
@@ -88,7 +90,7 @@ def parse_chat(body: Any, config: EmulatorConfig) -> ChatJob:
                    include_usage=options.get("include_usage") is True,
                    prompt_tokens=_prompt_tokens(messages),
                    finish_reason="stop" if requested is None else "length",
-                   prompt=message_chain(messages))
+                   prompt=message_chain(messages), tool=tool_call(body))
 
 
 def words(n: int) -> Iterator[str]:
@@ -129,3 +131,44 @@ def usage_chunk(job: ChatJob, ident: str, created: int) -> dict[str, Any]:
     """The last chunk when stream_options.include_usage: no choices, the usage."""
     return {"id": ident, "object": "chat.completion.chunk", "created": created,
             "model": job.model, "choices": [], "usage": usage(job)}
+
+
+def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The call an emulated node answers with when the request offers tools and its last
+    message is no tool's result: the first function tool, each required argument "mesh"."""
+    tools, messages = body.get("tools"), body.get("messages")
+    if not isinstance(tools, list) or not tools or not isinstance(messages, list):
+        return None
+    last = messages[-1] if messages else None
+    if isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    function = tools[0].get("function") if isinstance(tools[0], dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ChatRequestError("tools[0] must be a function tool with a name")
+    schema = function.get("parameters")
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    arguments = {str(name): "mesh" for name in required if isinstance(name, str)}
+    return {"id": f"call_{len(messages)}", "type": "function",
+            "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+
+
+def tool_completion(job: ChatJob, ident: str, created: int) -> dict[str, Any]:
+    """A non-streamed chat.completion whose answer is `job.tool`."""
+    out = completion(job, ident, "", created)
+    out["choices"][0].update(finish_reason="tool_calls", message={
+        "role": "assistant", "content": None, "tool_calls": [job.tool]})
+    return out
+
+
+def tool_chunks(job: ChatJob, ident: str, created: int) -> Iterator[dict[str, Any]]:
+    """The chunks that stream `job.tool`: its name first, its arguments in two halves."""
+    assert job.tool is not None
+    arguments = job.tool["function"]["arguments"]
+    half = len(arguments) // 2
+    yield chunk(job, ident, created, {"role": "assistant", "content": None, "tool_calls": [
+        {"index": 0, "id": job.tool["id"], "type": "function",
+         "function": {"name": job.tool["function"]["name"], "arguments": ""}}]}, None)
+    for part in (arguments[:half], arguments[half:]):
+        yield chunk(job, ident, created,
+                    {"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, None)
+    yield chunk(job, ident, created, {}, "tool_calls")

@@ -20,7 +20,17 @@ from starlette.types import Receive, Scope, Send
 from meshroute_middleware.core.contracts.error_body import error_object
 from meshroute_middleware.core.prefix import Prefix
 
-from .chat import ChatJob, ChatRequestError, chunk, completion, parse_chat, usage_chunk, words
+from .chat import (
+    ChatJob,
+    ChatRequestError,
+    chunk,
+    completion,
+    parse_chat,
+    tool_chunks,
+    tool_completion,
+    usage_chunk,
+    words,
+)
 from .hops import (
     HANDSHAKE,
     HOP_PATH,
@@ -179,7 +189,9 @@ class EmulatedNode:
                 ident = f"chatcmpl-{self.config.node_id}-{self._served}"
                 tokens = self._tokens(plan, link, job.max_tokens, fault,
                                       self.worker.prefill_s(job.prompt, plan[0].span))
-                if job.stream:
+                if job.tool is not None:
+                    await self._tool_call(job, ident, tokens, out)
+                elif job.stream:
                     await self._stream(job, ident, tokens, out)
                 else:
                     text = "".join([w async for w in tokens])
@@ -198,6 +210,24 @@ class EmulatedNode:
             await out.body(_sse(chunk(job, ident, created, delta, None)))
             first = False
         await out.body(_sse(chunk(job, ident, created, {}, job.finish_reason)))
+        if job.include_usage:
+            await out.body(_sse(usage_chunk(job, ident, created)))
+        await out.body(b"data: [DONE]\n\n", more=False)
+
+    async def _tool_call(self, job: ChatJob, ident: str, tokens: AsyncIterator[str],
+                         out: _Sender) -> None:
+        """Answer with `job.tool` once the tokens (the hops' work) are done."""
+        async for _ in tokens:
+            pass
+        created = int(time.time())
+        if not job.stream:
+            body = json.dumps(tool_completion(job, ident, created)).encode()
+            await out.start(200, self._headers(b"application/json"))
+            await out.body(body, more=False)
+            return
+        await out.start(200, self._headers(b"text/event-stream"))
+        for part in tool_chunks(job, ident, created):
+            await out.body(_sse(part))
         if job.include_usage:
             await out.body(_sse(usage_chunk(job, ident, created)))
         await out.body(b"data: [DONE]\n\n", more=False)

@@ -2,8 +2,11 @@
 
 A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
 otherwise every `data:` event whose delta carries non-empty content counts as one token
-(OpenAI-compatible servers send one chunk per token). `usage.prompt_tokens` is read from the
-same places (None when the upstream sent none).
+(OpenAI-compatible servers send one chunk per token). Anthropic's Messages answers (a route
+with `api = "anthropic"`) count the same way: `usage.output_tokens` (a stream's last
+`message_delta` carries the total), else one per `text_delta` / `input_json_delta` event.
+`usage.prompt_tokens` (Anthropic: `input_tokens`) is read from the same places (None when the
+upstream sent none).
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from meshroute_middleware.core.contracts.error_body import sse_error_event
 
 __all__ = ["TokenMeter", "sse_error_event"]
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"type"\s*:\s*"(?:text|input_json)_delta"')
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
 _NO_PARTS: list[bytes] = []  # shared, never appended to: a JSON meter keeps no line
@@ -91,7 +94,7 @@ class TokenMeter:
         if self.streaming:
             self._flush()
             return self.usage_tokens if self.usage_tokens is not None else self.chunks_counted
-        found = self._last(b'"completion_tokens"', _COMPLETION_TOKENS)
+        found = self._last((b'"completion_tokens"', b'"output_tokens"'), _COMPLETION_TOKENS)
         return 0 if found is None else found
 
     @property
@@ -100,7 +103,7 @@ class TokenMeter:
         if self.streaming:
             self._flush()
             return self.usage_prompt_tokens
-        return self._last(b'"prompt_tokens"', _PROMPT_TOKENS)
+        return self._last((b'"prompt_tokens"', b'"input_tokens"'), _PROMPT_TOKENS)
 
     def _flush(self) -> None:
         """A stream's last line, ended without a newline, counts too."""
@@ -109,13 +112,15 @@ class TokenMeter:
             self._parts.clear()
             self._pending = 0
 
-    def _last(self, name: bytes, pattern: re.Pattern[bytes]) -> int | None:
-        """A JSON body's last count of `name` (usage closes the body), else None."""
+    def _last(self, names: tuple[bytes, ...], pattern: re.Pattern[bytes]) -> int | None:
+        """A JSON body's last count under the first of `names` it holds (usage closes the
+        body), else None."""
         tail = bytes(self._tail[-_MAX_JSON_TAIL:])
-        at = tail.rfind(name)
-        while at >= 0:
-            match = pattern.match(tail, at)
-            if match:
-                return _count(match.group(1))
-            at = tail.rfind(name, 0, at)
+        for name in names:
+            at = tail.rfind(name)
+            while at >= 0:
+                match = pattern.match(tail, at)
+                if match:
+                    return _count(match.group(1))
+                at = tail.rfind(name, 0, at)
         return None

@@ -10,9 +10,11 @@ rebinding could make the gateway do (docs/security.md, "Browsers and DNS rebindi
   other than the gateway's own (`http://<Host>`) or one of `allowed_origins` is refused with
   403 `origin_not_allowed`. A browser sends Origin on every cross-origin POST, `no-cors`
   included; non-browser clients send none.
-- `Content-Type`: an unsafe request other than chat that carries a Content-Type that is not
+- `Content-Type`: an unsafe request other than chat (chat completions and the other APIs of
+  chat/dialects) that carries a Content-Type that is not
   JSON is refused with 403 `invalid_content_type` (a page can send text/plain, a form's
   urlencoded or multipart body without any preflight, never application/json).
+A refusal on a dialect's path (`/v1/messages`) leaves in that API's error shape.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.http.errors import send_error
 
 log = logging.getLogger("meshroute.guard")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-CHAT_PATHS = frozenset({"/v1/chat/completions"})
+CHAT_PATHS = frozenset({"/v1/chat/completions", *DIALECTS})  # the other APIs are chat too
 UNSPECIFIED = frozenset({"", "0.0.0.0", "::"})
 LOG_EVERY_S = 1.0
 HOST_CACHE = 256  # distinct (Host, local address) verdicts kept; a flood of names resets it
@@ -194,6 +197,9 @@ class RequestGuard:
             self._logged_at, self._held = now, 0
         else:
             self._held += 1
+        dialect = DIALECTS.get(scope["path"]) if scope["method"] == "POST" else None
+        if dialect is not None:  # refused in its API's shape (Anthropic's on /v1/messages)
+            send = dialect.open(send).send
         await send_error(send, refusal.status, refusal.message, refusal.code)
 
     def refusal(self, scope: Scope) -> Refusal | None:

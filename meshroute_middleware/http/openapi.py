@@ -49,6 +49,13 @@ _USAGE: dict[str, Any] = {
                 "errors": {"type": "integer"}}}}},
 }
 
+def _anthropic_errors(*statuses: int) -> dict[str, Any]:
+    """Errors of the Messages endpoints: Anthropic's shape (docs/apis.md)."""
+    ref = {"$ref": "#/components/schemas/AnthropicError"}
+    return {str(s): _json(ref, f"{d['description']} (Anthropic's error shape)")
+            for s, d in ((s, _errors(s)[str(s)]) for s in statuses)}
+
+
 _NODE: dict[str, Any] = {
     "type": "object",
     "required": ["node_id", "model", "start", "end", "layers", "url"],
@@ -94,6 +101,26 @@ def openapi_document() -> dict[str, Any]:
                             "content": {"application/json": {"schema": _OBJECT},
                                         "text/event-stream": {"schema": {"type": "string"}}}},
                     **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
+            "/v1/messages": {"post": {
+                "summary": "Anthropic Messages, over the chat path (docs/apis.md)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/MessagesRequest"}}}},
+                "responses": {
+                    "200": {"description": "a `message`, or its SSE events when stream is "
+                                           "true (a stream that breaks ends with an `error` "
+                                           "event)",
+                            "content": {"application/json": {"schema": _OBJECT},
+                                        "text/event-stream": {"schema": {"type": "string"}}}},
+                    **_anthropic_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
+            "/v1/messages/count_tokens": {"post": {
+                "summary": "The prompt's token estimate, answered locally",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/MessagesRequest"}}}},
+                "responses": {
+                    "200": _json({"type": "object", "required": ["input_tokens"],
+                                  "properties": {"input_tokens": {"type": "integer"}}},
+                                 "the estimate"),
+                    **_anthropic_errors(400, 401, 413)}}},
             "/v1/models": {"get": {
                 "summary": "Models the router can route",
                 "responses": {"200": _json({"type": "object", "required": ["object", "data"],
@@ -199,6 +226,20 @@ def openapi_document() -> dict[str, Any]:
                     "type": "object", "required": ["message", "type", "code"],
                     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                                    "code": {"type": "string"}}}}},
+                "AnthropicError": {
+                    "type": "object", "required": ["type", "error"], "properties": {
+                        "type": {"type": "string", "enum": ["error"]},
+                        "error": {"type": "object", "required": ["type", "message"],
+                                  "properties": {"type": {"type": "string"},
+                                                 "message": {"type": "string"}}}}},
+                "MessagesRequest": {
+                    "type": "object", "required": ["model", "messages"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "max_tokens": {"type": "integer", "minimum": 1},
+                        "system": {"type": "string"},
+                        "messages": {"type": "array", "items": _OBJECT},
+                        "stream": {"type": "boolean"}}},
                 "Node": _NODE,
                 "ChatRequest": {
                     "type": "object", "required": ["model"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Message, Receive, Scope
@@ -16,6 +16,9 @@ from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
+
+if TYPE_CHECKING:
+    from meshroute_middleware.chat.dialects import Translation
 
 __all__ = ["ChatRequest", "RequestError", "answer_bound", "loads", "parse_chat", "read_body",
            "replay"]
@@ -39,6 +42,8 @@ class ChatRequest:
     prefix: Prefix | None = None
     client: Client | None = None  # who sends it, when `[[clients]]` are configured (issue 24)
     needs: frozenset[str] = NO_NEEDS  # capabilities only some routes have (issue 25)
+    # the API the client spoke, when not chat completions (chat/dialects: issue 25)
+    translation: Translation | None = None
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,

@@ -105,3 +105,30 @@ def test_a_line_past_the_limit_is_skipped_to_its_end() -> None:
     huge = b'data: {"choices":[{"delta":{"content":"' + b"z" * (1024 * 1024 + 10) + b'"}}]}\n'
     ok = b'data: {"choices":[{"delta":{"content":"a"}}]}\n'
     assert feed(TokenMeter(streaming=True), ok + huge + ok, 4096) == 2
+
+
+def test_a_messages_answer_counts_its_output_tokens() -> None:
+    body = json.dumps({"type": "message", "content": [{"type": "text", "text": "hi"}],
+                       "usage": {"input_tokens": 30, "output_tokens": 11}}).encode()
+    assert feed(TokenMeter(streaming=False), body, 5) == 11
+
+
+def _event(name: str, data: dict[str, object]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.mark.parametrize("usage", [True, False])
+def test_a_messages_stream_counts_its_last_usage_or_its_deltas(usage: bool) -> None:
+    start = {"type": "message_start", "message": {"content": [], "usage": {
+        "input_tokens": 30, "output_tokens": 1}}}
+    deltas = [_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                             "delta": {"type": "text_delta", "text": w}})
+              for w in ("a", "b", "c")]
+    deltas.append(_event("content_block_delta", {
+        "type": "content_block_delta", "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": "{}"}}))
+    end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+           **({"usage": {"output_tokens": 9}} if usage else {})}
+    body = _event("message_start", start if usage else {"type": "message_start"}) + b"".join(
+        deltas) + _event("message_delta", end)
+    assert feed(TokenMeter(streaming=True), body, 3) == (9 if usage else 4)

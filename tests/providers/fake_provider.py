@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.providers.tool_calls import calls_tool, tool_answer
 from tests.upstream import ServerThread
 
 
@@ -159,6 +160,8 @@ class FakeProvider:
         if body.get("model") not in self.models:
             return _error(404, f"{self.name} has no model {body.get('model')!r}",
                           "invalid_request_error")
+        if calls_tool(body):
+            return tool_answer(self.name, body)
         if stream:
             return StreamingResponse(self._stream(body, reply, echoed),
                                      media_type="text/event-stream", headers=extra)

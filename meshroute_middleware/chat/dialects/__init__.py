@@ -5,7 +5,7 @@ choice, fallback, measurement, limits, client keys and events are never copied."
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from starlette.types import Send
 
@@ -32,5 +32,34 @@ class Dialect(Protocol):
         ...
 
 
-# path -> dialect: one line per API, each in a module of this package.
-DIALECTS: dict[str, Dialect] = {}
+@runtime_checkable
+class Native(Protocol):
+    """A Translation whose API some routes speak themselves (a provider model with
+    `api = "anthropic"`): such a route gets `body` as the client sent it, and after `relay()`
+    `send` passes the route's answers on as they are."""
+
+    api: str  # the API's name, as a provider model's `api` spells it
+    body: bytes  # the client's request body, as sent (set by `request`)
+
+    def relay(self) -> None:
+        """The answers from now on are already in this API's shape."""
+        ...
+
+
+@runtime_checkable
+class Local(Protocol):
+    """A Translation that answers the request itself (count_tokens): nothing is routed."""
+
+    async def answer(self) -> None:
+        """Send the answer, computed from the request given to `request`."""
+        ...
+
+
+# path -> dialect: one line per API, each in a module of this package (imported last: the
+# modules implement the protocols above).
+from meshroute_middleware.chat.dialects import anthropic  # noqa: E402
+
+DIALECTS: dict[str, Dialect] = {
+    anthropic.MESSAGES_PATH: anthropic.MESSAGES,
+    anthropic.COUNT_TOKENS_PATH: anthropic.COUNT_TOKENS,
+}

@@ -2,6 +2,11 @@
 
 The body carries the upstream's own model id, the headers `Authorization: Bearer <key>` and
 the client's `accept`, no other header of the client's (its Authorization least of all).
+A provider model with `api = "anthropic"` is called at `{base_url}/messages` instead, with
+`x-api-key: <key>`, the client's `anthropic-version` (else ANTHROPIC_VERSION) and
+`anthropic-beta`: a /v1/messages request goes untranslated and its answer is relayed as it is;
+any other request goes translated to Messages and its answer comes back as chat completions
+(core/contracts/anthropic_chat.py). Either way it is measured on the bytes the route sent.
 Nothing reaches the client before the first content byte of an answer: until then a failure
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
@@ -20,9 +25,22 @@ from collections.abc import Callable, Mapping
 
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.providers.messages_api import (
+    broken_event,
+    messages_error,
+    messages_headers,
+    native_of,
+    request_payload,
+    reverse,
+)
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
+from meshroute_middleware.core.contracts.anthropic_chat import (
+    ChatStream,
+    chat_completion,
+    chat_error,
+)
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -33,16 +51,22 @@ from meshroute_middleware.forwarding.client import (
     ForwardTimeouts,
     UpstreamResponse,
 )
-from meshroute_middleware.forwarding.measure import TokenMeter, sse_error_event
+from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import error_body
 
 log = logging.getLogger("meshroute.providers")
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
 MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
-_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]')
+# the first content of a stream: chat completions' text or tool call, Messages' first delta
+_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{|data: \[DONE\]'
+                      rb'|event: content_block_delta')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
-_CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens", re.I)
-_PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id"})
+_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')  # Messages' usage
+_OUTPUT_TOKENS = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
+_CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens"
+                              rb"|prompt is too long", re.I)
+_PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id",
+                      b"request-id"})
 _REASONS = frozenset({"http_429", "http_5xx", "timeout", "connect"})  # else: http_5xx
 
 
@@ -66,13 +90,18 @@ class ProviderCall:
         c = got.candidate
         assert c.provider is not None and got.key is not None
         secret = self.secrets[c.provider.name][got.key - 1]
-        body = json.dumps({**{k: v for k, v in cr.payload.items() if k != "route"},
+        payload = request_payload(cr, c)
+        body = json.dumps({**{k: v for k, v in payload.items() if k != "route"},
                            "model": c.upstream_model}).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"authorization", b"Bearer " + secret.reveal().encode())]
+        if c.model is None or c.model.api == "openai":
+            headers = [(b"content-type", b"application/json"),
+                       (b"authorization", b"Bearer " + secret.reveal().encode())]
+            url = c.provider.base_url.rstrip("/") + "/chat/completions"
+        else:
+            headers = messages_headers(cr, secret.reveal())
+            url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        url = c.provider.base_url.rstrip("/") + "/chat/completions"
         self.outcomes.begin(got, cr.tally.chain, len(cr.tally.tried) - 1)
         try:
             return await self._attempt(cr, got, url, body, headers)
@@ -131,13 +160,17 @@ class ProviderCall:
         except (ForwardError, TimeoutError):
             body = b""
         except UndecodableError as exc:  # never relayed as it came: our own error instead
-            body = error_body(upstream.status, f"the provider's error answer could not be "
-                              f"read: {exc}", "upstream_undecodable")
+            text = f"the provider's error answer could not be read: {exc}"
+            body = (error_body(upstream.status, text, "upstream_undecodable")
+                    if native_of(cr, got.candidate) is None
+                    else messages_error(upstream.status, text))
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
             return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
                                         session=cr.session)
+        if reverse(cr, got.candidate):
+            body = chat_error(upstream.status, body)
         self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, session=cr.session)
-        await self._answer(cr, upstream, got.route, self._scrubber.scrub(body))
+        await self._answer(cr, upstream, got, self._scrubber.scrub(body))
         return None
 
     async def _whole(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
@@ -152,12 +185,19 @@ class ProviderCall:
         done = time.perf_counter()
         meter = TokenMeter(streaming=False)
         meter.feed(body)
+        answer = body
+        if reverse(cr, got.candidate):
+            try:
+                answer = json.dumps(chat_completion(json.loads(body),
+                                                    got.candidate.upstream_model)).encode()
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                return self.outcomes.failed(got, "connect", cr.session)
         seconds = max(done - sent, 1e-6)
         self.outcomes.record(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
                              completion_tokens=meter.completion_tokens,
                              tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds),
                              ttfb_ms=seconds * 1000, session=cr.session)
-        await self._answer(cr, upstream, got.route, self._scrubber.scrub(body))
+        await self._answer(cr, upstream, got, self._scrubber.scrub(answer))
         return None
 
     async def _stream(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
@@ -180,7 +220,14 @@ class ProviderCall:
             if not held:
                 return self.outcomes.failed(got, "connect", cr.session)
         first_at = time.perf_counter()
+        native = native_of(cr, got.candidate)
+        if native is not None:
+            native.relay()
         meter = TokenMeter(streaming=True)
+        options = cr.payload.get("stream_options")
+        chat = (ChatStream(got.candidate.upstream_model, isinstance(options, dict)
+                           and options.get("include_usage") is True)
+                if reverse(cr, got.candidate) else None)
         tail = b""
         ex, deadline = cr.ex, cr.deadline
         cr.tally.route = got.route
@@ -197,7 +244,8 @@ class ProviderCall:
                     while chunk:
                         meter.feed(chunk)
                         tail = (tail + chunk)[-4096:]
-                        await ex.send({"type": "http.response.body", "body": scrub.feed(chunk),
+                        out = chunk if chat is None else chat.feed(chunk)
+                        await ex.send({"type": "http.response.body", "body": scrub.feed(out),
                                        "more_body": True})
                         try:
                             chunk = await chunks.__anext__()
@@ -210,9 +258,10 @@ class ProviderCall:
                 if not timer.expired():
                     raise  # the client's connection, not the deadline (OSError, below)
                 error = "timeout"
-            end = scrub.flush() + (b"" if error is None else sse_error_event(
+            last = b"" if chat is None or error is not None else scrub.feed(chat.close())
+            end = last + scrub.flush() + (b"" if error is None else broken_event(
                 "the provider failed mid-stream; partial response" if error == "connect"
-                else "the request's deadline ran out; partial response"))
+                else "the request's deadline ran out; partial response", native is not None))
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
         except OSError:
             ex.gone = True
@@ -225,9 +274,12 @@ class ProviderCall:
                              ttfb_ms=(first_at - sent) * 1000, session=cr.session)
         return None
 
-    async def _answer(self, cr: ChainRequest, upstream: UpstreamResponse, route: str,
+    async def _answer(self, cr: ChainRequest, upstream: UpstreamResponse, got: ChainAttempt,
                       body: bytes) -> None:
-        cr.tally.route = route
+        cr.tally.route = got.route
+        native = native_of(cr, got.candidate)
+        if native is not None:
+            native.relay()
         headers = [(k, v) for k, v in self._scrubber.headers(_passed_on(upstream.headers))
                    if k != b"content-length"]
         headers += [(b"content-length", str(len(body)).encode()), *cr.tally.headers()]
@@ -247,6 +299,11 @@ def _passed_on(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 
 
 def total_tokens(body: bytes) -> int | None:
-    """`usage.total_tokens` of an answer (the last one: usage closes a body or a stream)."""
-    found = _TOTAL_TOKENS.findall(body[-65536:])
-    return int(found[-1]) if found else None
+    """`usage.total_tokens` of an answer (the last one: usage closes a body or a stream), or
+    the last `input_tokens` + `output_tokens` of a Messages answer."""
+    tail = body[-65536:]
+    found = _TOTAL_TOKENS.findall(tail)
+    if found:
+        return int(found[-1])
+    given, made = _INPUT_TOKENS.findall(tail), _OUTPUT_TOKENS.findall(tail)
+    return int(given[-1]) + int(made[-1]) if given and made else None

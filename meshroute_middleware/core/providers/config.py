@@ -21,6 +21,7 @@ from .scoring import AUTO_ALIASES
 # top-level tables owned here
 TABLES = ("routing", "profiles", "providers", "mesh", "aliases", "node_keys")
 TIERS = ("frontier", "large", "medium", "small")
+APIS = ("openai", "anthropic")  # the API a provider model speaks (issue 25)
 STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest", "priority")
 DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
 DEFAULT_MAX_ATTEMPTS = 4  # routes tried per request before answering the exhaustion error
@@ -46,6 +47,9 @@ class ProviderModel:
     price_out: float = 0.0  # USD per million output tokens
     monthly_tokens: int | None = None  # free-tier budget per key behind the headroom factor
     capabilities: frozenset[str] = DEFAULT_CAPS  # what it serves beyond plain chat
+    # "openai": POST {base_url}/chat/completions; "anthropic": POST {base_url}/messages, which
+    # takes /v1/messages requests untranslated and chat requests translated (docs/apis.md)
+    api: str = "openai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +249,7 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{here} must be a table")
     _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens",
-                          "capabilities"})
+                          "capabilities", "api"})
     model_id = t.get("id")
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ProviderConfigError(f"{here}: id must be a non-empty string")
@@ -256,7 +260,8 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     return ProviderModel(model_id, tier, _opt_int(t, "context", here),
                          _number(t, "price_in", here, 0.0, low=0.0),
                          _number(t, "price_out", here, 0.0, low=0.0),
-                         _opt_int(t, "monthly_tokens", here), _capabilities(t, here))
+                         _opt_int(t, "monthly_tokens", here), _capabilities(t, here),
+                         _choice(t, "api", APIS, here, "openai") or "openai")
 
 
 def _capabilities(t: Mapping[str, Any], where: str) -> frozenset[str]:

@@ -180,3 +180,21 @@ def test_a_profile_may_carry_its_own_strategy() -> None:
     doc["profiles"] = {"quick": {"chain": ["qwen"], "strategy": "fastest"}}
     profile = parse_providers_config(doc).profile("quick")
     assert profile is not None and profile.strategy == "fastest"
+
+
+@pytest.mark.parametrize(("api", "parsed"), [(None, "openai"), ("openai", "openai"),
+                                             ("anthropic", "anthropic")])
+def test_a_model_names_the_api_it_speaks(api: str | None, parsed: str) -> None:
+    doc = copy.deepcopy(minimal())
+    if api is not None:  # unset: chat completions, as before
+        _set(doc, "providers.0.models.0.api", api)
+    assert parse_providers_config(doc).providers[0].models[0].api == parsed
+
+
+@pytest.mark.parametrize("api", ["gemini", 1, ""])
+def test_an_unknown_api_is_refused(api: Any) -> None:
+    doc = copy.deepcopy(minimal())
+    _set(doc, "providers.0.models.0.api", api)
+    with pytest.raises(ProviderConfigError) as info:
+        parse_providers_config(doc)
+    assert "model 'big-model': api must be one of openai | anthropic" in str(info.value)
