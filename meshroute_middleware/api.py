@@ -70,9 +70,11 @@ class GatewayAPI:
     def __init__(self, mesh: Mesh, node_token: str | None = None, *,
                  warnings: Sequence[str] = (), cache_s: float = CACHE_S,
                  clock: Callable[[], float] = time.monotonic,
-                 providers: ProviderRouter | None = None) -> None:
+                 providers: ProviderRouter | None = None,
+                 embeddings_router: Router | None = None) -> None:
         self.mesh, self.node_token = mesh, node_token
         self.providers = providers
+        self.embeddings_router = embeddings_router  # embeddings' statistics, shown apart
         self.router, self.telemetry = mesh.router, mesh.telemetry
         self.warnings = list(warnings)
         self.cache_s, self.clock = cache_s, clock
@@ -194,6 +196,8 @@ class GatewayAPI:
         if cached is not None and now - cached[0] < self.cache_s:
             return cached[1]
         table = self.router.routing_table(model)
+        if self.embeddings_router is not None:
+            table["embeddings"] = embeddings_table(self.embeddings_router, model)
         if self.warnings:
             table["config"]["warnings"] = self.warnings
         if self.telemetry.requests is not None:
@@ -382,3 +386,18 @@ class ProviderRoutingAPI:
             await self.refresh(self.clock())
         cleared = self.providers.clear(route, self.clock())  # the time: gossip's clears
         return JSONResponse({"cleared": cleared, "route": route})
+
+
+def embeddings_table(router: Router, model: str | None) -> dict[str, Any]:
+    """The embeddings statistics of the models with embeddings traffic (`tps` there is inputs
+    per second, also as `inputs_per_s`; `ttfb_ms`, the whole answer's latency, also as
+    `latency_ms`: an embeddings answer comes in one piece)."""
+    out: dict[str, Any] = {}
+    for name, entry in router.routing_table(model)["models"].items():
+        rows = entry["candidates"]
+        if not any(r["successes"] or r["failures"] or r["in_flight"] for r in rows):
+            continue  # no embeddings traffic: chat's table says all there is
+        for row in rows:
+            row["inputs_per_s"], row["latency_ms"] = row["tps"], row["ttfb_ms"]
+        out[name] = entry
+    return {"unit": "inputs_per_s", "models": out}

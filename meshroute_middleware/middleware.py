@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,10 +42,12 @@ from meshroute_middleware.core import (
 )
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
+from meshroute_middleware.http.inference import PARSERS
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
+    PATHS,
+    RequestKind,
     check_session_id,
-    parse_chat,
     read_body,
     replay,
 )
@@ -96,21 +98,38 @@ def build_router(config: RouterConfig | None = None, *, seed: int | None = None,
     return Router(config, clock=clock, rng=random.Random(seed), origin=origin)
 
 
+def build_embeddings_router(router: Router, *, seed: int | None = None) -> Router:
+    """The Router of embeddings requests: `router`'s topology (the same nodes, always), its
+    own statistics and policy, so that inputs/s never mix with chat's tokens/s; one input is
+    a sample (docs/architecture.md)."""
+    return Router(replace(router.config, min_sample_tokens=1), clock=router.clock,
+                  rng=random.Random(seed), origin=router.stats.origin,
+                  topology=router.topology)
+
+
 class MeshRouteMiddleware:
     """Pure ASGI middleware in front of any chat server (starlette style).
 
     Without a `router`, it routes with a `build_router()` of its own (`.router`, to add
-    nodes to); without a `forwarder`, it forwards with an `AiohttpForwarder()`.
+    nodes to); without a `forwarder`, it forwards with an `AiohttpForwarder()`. Embeddings
+    are routed by `embeddings_router` (default: `build_embeddings_router(router)`), chat and
+    completions by `router`.
     """
 
     def __init__(self, app: ASGIApp, config: MiddlewareConfig | None = None, *,
                  router: Router | None = None, forwarder: Forwarder | None = None,
                  telemetry: Telemetry | None = None,
-                 providers: ProviderChat | None = None) -> None:
+                 providers: ProviderChat | None = None,
+                 embeddings_router: Router | None = None) -> None:
         self.app = app
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
         self.config = config or MiddlewareConfig()
         self.router = router or build_router()
+        self.embeddings_router = embeddings_router or build_embeddings_router(self.router)
+        # the routed endpoints, by path: one branch of __call__ serves them all (and the
+        # dialects' paths), so what guards one guards every one
+        self._kinds: dict[str, RequestKind] = {
+            **{p: k for k, p in PATHS.items() if k != "chat"}, self.config.path: "chat"}
         self.forwarder = forwarder or AiohttpForwarder()
         self.telemetry = telemetry or Telemetry(self.router)
         if self.telemetry.requests is None:
@@ -127,15 +146,16 @@ class MeshRouteMiddleware:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._lifespan_send(send))
         elif (scope["type"] != "http" or scope["method"] != "POST"
-              or (scope["path"] != self.config.path and scope["path"] not in DIALECTS)):
+              or (scope["path"] not in self._kinds and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)
         else:
             watched = self._requests.watch(send)  # counts the request by its answer
-            dialect = DIALECTS.get(scope["path"]) if scope["path"] != self.config.path else None
+            kind = self._kinds.get(scope["path"])
+            dialect = DIALECTS.get(scope["path"]) if kind is None else None
             translation = None if dialect is None else dialect.open(watched)
             try:
                 await self._chat(scope, receive, watched if translation is None
-                                 else translation.send, translation)
+                                 else translation.send, translation, kind or "chat")
             finally:
                 watched.close()
 
@@ -146,8 +166,12 @@ class MeshRouteMiddleware:
             await send(message)
         return _send
 
+    def router_for(self, kind: RequestKind) -> Router:
+        """The Router whose statistics a kind of request reads and writes."""
+        return self.embeddings_router if kind == "embeddings" else self.router
+
     async def _chat(self, scope: Scope, receive: Receive, send: Send,
-                    translation: Translation | None = None) -> None:
+                    translation: Translation | None = None, kind: RequestKind = "chat") -> None:
         try:
             if came_back(scope, self._via):
                 raise RequestError(508, "this request already passed through this gateway: "
@@ -157,10 +181,11 @@ class MeshRouteMiddleware:
             add_via(scope, self._via_header)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
-            req = parse_chat(body if translation is None else translation.request(body))
+            req = PARSERS[kind](body if translation is None else translation.request(body))
             chain = self.providers is not None and self.providers.claims(req.model)
-            decision = None if chain else self.router.choose(req.model, req.pin,
-                                                             req.max_tokens, req.prefix)
+            router = self.router_for(kind)
+            decision = None if chain else router.choose(req.model, req.pin,
+                                                        req.max_tokens, req.prefix)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
@@ -187,8 +212,8 @@ class MeshRouteMiddleware:
             assert self.providers is not None
             await self.providers.serve(scope, receive, send, req)
             return
-        attempts = Attempts(self.router, self.telemetry, req.model, req.max_tokens,
-                            self.config.request_timeout_s)
+        attempts = Attempts(router, self.telemetry, req.model, req.max_tokens,
+                            self.config.request_timeout_s, kind=kind, inputs=req.inputs)
         if self.providers is not None:  # with provider routes, every answer says what it tried
             send = self.providers.with_tried(send, attempts)
         ex = Exchange(scope, receive, send, req, attempts)

@@ -28,7 +28,11 @@ from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.guard import RequestGuard
 from meshroute_middleware.mesh import Listening, Mesh, load_nodes_file
-from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
+from meshroute_middleware.middleware import (
+    MeshRouteMiddleware,
+    build_embeddings_router,
+    build_router,
+)
 from meshroute_middleware.state.keeper import StateKeeper
 from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
@@ -51,6 +55,8 @@ class Gateway:
     keeper: StateKeeper | None = None  # what restores and saves it
     # why the background services could not start, once the lifespan tried (app/run.py)
     startup_failures: list[BaseException] = field(default_factory=list)
+    # embeddings' own statistics over `router`'s topology (middleware.build_embeddings_router)
+    embeddings_router: Router | None = None
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -107,6 +113,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         config = replace(config, tracker_id=store.meta("tracker_id") or config.tracker_id)
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
+    embeddings = build_embeddings_router(router, seed=settings.seed)
     telemetry = Telemetry(router)
     mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
@@ -131,7 +138,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                             request_timeout_s=settings.request_timeout_s, clock=clock,
                             rng=random.Random(settings.seed),
                             acquire=None if gates is None
-                            else functools.partial(gates.acquire, providers))
+                            else functools.partial(gates.acquire, providers),
+                            embeddings_router=embeddings)
         extra = ProviderRoutingAPI(providers, router, clock=clock,
                                    admin_token=settings.admin_token or settings.node_token,
                                    max_body_bytes=settings.max_body_bytes,
@@ -141,7 +149,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         telemetry.add_collector(gates.metric_families)
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
-                                                providers=providers), extra)
+                                                providers=providers,
+                                                embeddings_router=embeddings), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
         background_services(config, mesh, keeper, clock, providers), failures)
@@ -149,9 +158,10 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
-                                           providers=chat),
+                                           providers=chat, embeddings_router=embeddings),
                        settings.guard(), reject=telemetry.reject)
-    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures)
+    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures,
+                   embeddings)
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,9 @@
 
 A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
 otherwise every `data:` event whose delta carries non-empty content counts as one token
-(OpenAI-compatible servers send one chunk per token).
+(OpenAI-compatible servers send one chunk per token). A completions stream carries its tokens
+as `choices[].text`: its meter looks for non-empty `"text"` instead, picked once per meter, so
+chat's scan is the same one regex as before.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ __all__ = ["TokenMeter", "sse_error_event"]
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
+_NONEMPTY_TEXT = re.compile(rb'"text"\s*:\s*"(?!")')  # completions' choices[].text
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
 _NO_PARTS: list[bytes] = []  # shared, never appended to: a JSON meter keeps no line
@@ -30,8 +33,9 @@ def _count(digits: bytes) -> int:
 class TokenMeter:
     """Feed it response chunks; it tells how many completion tokens went by."""
 
-    def __init__(self, streaming: bool) -> None:
+    def __init__(self, streaming: bool, *, text: bool = False) -> None:
         self.streaming = streaming
+        self._token = _NONEMPTY_TEXT if text else _NONEMPTY_CONTENT  # what one token is
         self.chunks_counted = 0
         self.usage_tokens: int | None = None
         # a stream: the pending (unfinished) SSE line, as it came, and its length (past
@@ -76,7 +80,7 @@ class TokenMeter:
             match = _COMPLETION_TOKENS.search(line)
             if match:
                 self.usage_tokens = _count(match.group(1))
-        if _NONEMPTY_CONTENT.search(line):
+        if self._token.search(line):
             self.chunks_counted += 1
 
     @property

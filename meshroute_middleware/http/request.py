@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from starlette.types import Message, Receive, Scope
@@ -16,9 +16,15 @@ from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
 
-__all__ = ["ChatRequest", "RequestError", "answer_bound", "loads", "parse_chat", "read_body",
-           "replay"]
+__all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
+           "loads", "parse_chat", "parse_common", "read_body", "replay"]
 
+# The routed endpoints (issue 25): each kind's path, the same on the gateway, on a node and,
+# without its `/v1`, below a provider's base URL.
+RequestKind = Literal["chat", "embeddings", "completions"]
+CHAT_PATH = "/v1/chat/completions"
+PATHS: dict[RequestKind, str] = {"chat": CHAT_PATH, "embeddings": "/v1/embeddings",
+                                 "completions": "/v1/completions"}
 MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
 # library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
@@ -37,6 +43,13 @@ class ChatRequest:
     # The prompt's chain of message hashes (no text): recognises a returning conversation.
     prefix: Prefix | None = None
     client: Client | None = None  # who sends it, when `[[clients]]` are configured (issue 24)
+    kind: RequestKind = "chat"  # which endpoint: its upstream path (PATHS), its statistics
+    inputs: int | None = None  # embeddings: how many inputs (what its samples count)
+
+    @property
+    def path(self) -> str:
+        """The path a node serves this kind of request at (a provider's: without `/v1`)."""
+        return PATHS[self.kind]
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -121,6 +134,15 @@ def check_session_id(scope: Scope) -> None:
 
 def parse_chat(body: bytes) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
+    payload, model, pin, body = parse_common(body)
+    return ChatRequest(body, model, pin, answer_bound(payload),
+                       message_chain(payload.get("messages")))
+
+
+def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, bytes]:
+    """What every routed request is checked for (chat, embeddings, completions): a JSON
+    object, not too deep, a `model`, an optional pin (`route`, stripped from the body);
+    (payload, model, pin, body to forward) or RequestError(400)."""
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -144,8 +166,7 @@ def parse_chat(body: bytes) -> ChatRequest:
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
         body = _without_route(body, payload)
-    return ChatRequest(body, model, pin, answer_bound(payload),
-                       message_chain(payload.get("messages")))
+    return payload, model, pin, body
 
 
 def answer_bound(payload: dict[str, Any]) -> int | None:

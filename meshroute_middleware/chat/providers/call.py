@@ -1,4 +1,5 @@
-"""A provider attempt: one POST of `{base_url}/chat/completions` with one key.
+"""A provider attempt: one POST of `{base_url}/chat/completions` (`/embeddings`,
+`/completions`: the request kind's path) with one key.
 
 The body carries the upstream's own model id, the headers `Authorization: Bearer <key>` and
 the client's `accept`, no other header of the client's (its Authorization least of all).
@@ -39,7 +40,8 @@ from meshroute_middleware.http.errors import error_body
 log = logging.getLogger("meshroute.providers")
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
 MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
-_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|data: \[DONE\]')
+# the first content of a stream: a chat delta's `content`, a completions choice's `text`
+_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")|data: \[DONE\]')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _CONTEXT_REFUSAL = re.compile(rb"context[_ ]length|maximum context|too many tokens", re.I)
 _PASS_ON = frozenset({b"content-type", b"openai-processing-ms", b"x-request-id"})
@@ -72,7 +74,7 @@ class ProviderCall:
                    (b"authorization", b"Bearer " + secret.reveal().encode())]
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        url = c.provider.base_url.rstrip("/") + "/chat/completions"
+        url = c.provider.base_url.rstrip("/") + cr.ex.req.path.removeprefix("/v1")
         self.outcomes.begin(got, cr.tally.chain, len(cr.tally.tried) - 1)
         try:
             return await self._attempt(cr, got, url, body, headers)
@@ -153,10 +155,14 @@ class ProviderCall:
         meter = TokenMeter(streaming=False)
         meter.feed(body)
         seconds = max(done - sent, 1e-6)
+        # an embeddings answer says nothing of a route's chat speed: reliability only
+        # (docs/architecture.md, "Statistics per request kind")
+        timed = cr.ex.req.kind != "embeddings"
         self.outcomes.record(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
                              completion_tokens=meter.completion_tokens,
-                             tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds),
-                             ttfb_ms=seconds * 1000, session=cr.session)
+                             tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds)
+                             if timed else None,
+                             ttfb_ms=seconds * 1000 if timed else None, session=cr.session)
         await self._answer(cr, upstream, got.route, self._scrubber.scrub(body))
         return None
 
@@ -180,7 +186,7 @@ class ProviderCall:
             if not held:
                 return self.outcomes.failed(got, "connect", cr.session)
         first_at = time.perf_counter()
-        meter = TokenMeter(streaming=True)
+        meter = TokenMeter(streaming=True, text=cr.ex.req.kind == "completions")
         tail = b""
         ex, deadline = cr.ex, cr.deadline
         cr.tally.route = got.route

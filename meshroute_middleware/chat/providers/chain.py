@@ -62,7 +62,8 @@ class ProviderChat:
                  timeouts: ForwardTimeouts | None = None,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, acquire: Acquire | None = None) -> None:
+                 rng: random.Random | None = None, acquire: Acquire | None = None,
+                 embeddings_router: Router | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
         self.request_timeout_s = request_timeout_s
@@ -71,7 +72,8 @@ class ProviderChat:
         outcomes = ChainOutcomes(providers, telemetry, clock, router.config.min_sample_tokens)
         self._call = ProviderCall(providers, secrets, forwarder, outcomes,
                                   timeouts or ForwardTimeouts(), clock)
-        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder), outcomes)
+        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder), outcomes,
+                               embeddings_router)
         self._watchdog = Watchdog()
         telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 

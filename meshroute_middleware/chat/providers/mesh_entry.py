@@ -25,27 +25,30 @@ class MeshEntry:
     """Runs a chain's mesh entries."""
 
     def __init__(self, router: Router, telemetry: Telemetry, forward: ForwardMode,
-                 outcomes: ChainOutcomes) -> None:
+                 outcomes: ChainOutcomes, embeddings_router: Router | None = None) -> None:
         self.router, self.telemetry, self.forward = router, telemetry, forward
         self.outcomes = outcomes
+        self.embeddings_router = embeddings_router or router  # embeddings' own statistics
 
     async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
         """The mesh model's attempts; None once answered, else why it was passed over."""
         model = got.candidate.route
         bound = answer_bound(cr.payload)
+        kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
+        router = self.embeddings_router if kind == "embeddings" else self.router
         try:
-            decision = self.router.choose(model, None, bound, cr.ex.req.prefix)
+            decision = router.choose(model, None, bound, cr.ex.req.prefix)
         except (UnknownModelError, NoRouteError):
             return self.outcomes.failed(got, "connect", cr.session)
         first = cr.opened[0]
-        attempts = Attempts(self.router, self.telemetry, model, bound, first.timeout_s,
-                            deadline=first.deadline)
+        attempts = Attempts(router, self.telemetry, model, bound, first.timeout_s,
+                            deadline=first.deadline, kind=kind, inputs=inputs)
         cr.opened.append(attempts)
         ex = cr.ex
         ex.attempts = attempts
         ex.req = ChatRequest(json.dumps({**{k: v for k, v in cr.payload.items()
                                             if k != "route"}, "model": model}).encode(),
-                             model, None, bound)
+                             model, None, bound, kind=kind, inputs=inputs)
         send = ex.send
         assert isinstance(send, TallySend)
         sent = time.perf_counter()
@@ -61,6 +64,9 @@ class MeshEntry:
         end = m.last if m is not None and m.last is not None else now
         tokens = m.meter.completion_tokens if m is not None and m.meter is not None else 0
         seconds = max(end - sent, 1e-6)  # forwarding to the last byte
+        if kind == "embeddings":  # measured by the embeddings Router: reliability only here
+            self.outcomes.record(got, OutcomeKind.SUCCESS, session=cr.session)
+            return None
         self.outcomes.record(got, OutcomeKind.SUCCESS,
                              tokens_per_s=self.outcomes.tps(tokens, seconds),
                              ttfb_ms=(first_at - sent) * 1000, session=cr.session)
