@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .capabilities import NO_NEEDS, UnsupportedCapabilityError
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
 from .kinds import (
@@ -90,6 +91,8 @@ class Router:
         self.stats = RouteStatsStore(origin, self.config.half_life_s, self.config.prune_after_s)
         self.policy = policy or make_policy(self.config)
         self._cache: dict[str, tuple[int, tuple[Route, ...]]] = {}
+        # (model, needs) -> the candidates over the nodes having `needs`, per topology version
+        self._needs_cache: dict[tuple[str, frozenset[str]], tuple[int, tuple[Route, ...]]] = {}
         self._in_flight: dict[str, int] = {}
         self._load: dict[str, tuple[float, float]] = {}  # sig -> ∫ in_flight dt, as of t
         self._recent: dict[str, deque[str]] = {}  # model -> signatures of recent attempts
@@ -107,25 +110,48 @@ class Router:
         if known is not None and self.topology.model(known.model) is None:
             self._cache.pop(known.model, None)
             self._recent.pop(known.model, None)
+            for key in [k for k in self._needs_cache if k[0] == known.model]:
+                del self._needs_cache[key]
         return removed
 
     def models(self) -> list[str]:
         """Models with at least one node."""
         return self.topology.models()
 
-    def candidates(self, model: str) -> tuple[Route, ...]:
-        """The enumerated candidates of a model, cached per topology version."""
+    def candidates(self, model: str, needs: frozenset[str] = NO_NEEDS) -> tuple[Route, ...]:
+        """The enumerated candidates of a model (with `needs`: over the nodes that have those
+        capabilities), cached per topology version."""
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
             return ()
-        return self._candidates(model, topo)
+        return self._candidates(model, topo, needs)
 
-    def _candidates(self, model: str, topo: ModelTopology) -> tuple[Route, ...]:
+    def serves(self, model: str, needs: frozenset[str]) -> bool:
+        """Whether some route of `model` has every capability in `needs`."""
+        return bool(self.candidates(model, needs))
+
+    def _candidates(self, model: str, topo: ModelTopology,
+                    needs: frozenset[str] = NO_NEEDS) -> tuple[Route, ...]:
+        if needs:
+            return self._candidates_with(model, topo, needs)
         cached = self._cache.get(model)
         if cached is not None and cached[0] == topo.version:
             return cached[1]
         routes = enumerate_routes(model, list(topo.nodes.values()), self.config.max_candidates)
         self._cache[model] = (topo.version, routes)
+        return routes
+
+    def _candidates_with(self, model: str, topo: ModelTopology,
+                         needs: frozenset[str]) -> tuple[Route, ...]:
+        """Routes whose every hop has `needs`: enumerated over those nodes alone, since the
+        greedy completion of all nodes may pick a hop without them where one with them exists."""
+        key = (model, needs)
+        cached = self._needs_cache.get(key)
+        if cached is not None and cached[0] == topo.version:
+            return cached[1]
+        routes = enumerate_routes(model, list(topo.nodes.values()), self.config.max_candidates,
+                                  needs)
+        self._needs_cache[key] = (topo.version, routes)
         return routes
 
     def _changed_at(self, model: str) -> float:
@@ -141,28 +167,34 @@ class Router:
         return self._arms(model, topo, self.clock() if now is None else now)
 
     def _arms(self, model: str, topo: ModelTopology, now: float,
-              max_tokens: int | None = None) -> list[Arm]:
-        routes = self._candidates(model, topo)
+              max_tokens: int | None = None, needs: frozenset[str] = NO_NEEDS) -> list[Arm]:
+        routes = self._candidates(model, topo, needs)
         merged = self.stats.merged_many(model, [r.signature for r in routes], topo.changed_at)
         flying = self._in_flight
         return [Arm(r, None, flying.get(r.signature, 0), m, now, max_tokens)
                 for r, m in zip(routes, merged, strict=True)]
 
     def choose(self, model: str, pin: Sequence[str] | None = None,
-               max_tokens: int | None = None, prefix: Prefix | None = None) -> Decision:
+               max_tokens: int | None = None, prefix: Prefix | None = None,
+               needs: frozenset[str] = NO_NEEDS) -> Decision:
         """Pick the route for one request (`max_tokens`: the request's bound on its answer,
         if it sets one; `prefix`: its prompt's message chain, which recognises a returning
-        conversation); raise UnknownModelError / InvalidPinError / NoRouteError. The
-        decision counts as in flight until `record`."""
+        conversation; `needs`: the capabilities it needs, which only routes having them are
+        candidates for); raise UnknownModelError / InvalidPinError / NoRouteError /
+        UnsupportedCapabilityError. The decision counts as in flight until `record`."""
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
             raise UnknownModelError(f"no node serves model {model!r}")
         if pin is not None:
             route = pinned_route(model, pin, topo.nodes)
+            if not needs <= route.caps:
+                raise UnsupportedCapabilityError(model, needs - route.caps)
             return self._begin(Decision(model, route, PINNED))
         now = self.clock()
-        arms = self._arms(model, topo, now, max_tokens)
+        arms = self._arms(model, topo, now, max_tokens, needs)
         if not arms:
+            if needs and self._candidates(model, topo):
+                raise UnsupportedCapabilityError(model, self._missing(model, topo, needs))
             raise NoRouteError(f"no route covers every layer of {model!r}",
                                self.gaps(model))
         if prefix is not None:
@@ -174,6 +206,12 @@ class Router:
         return self._begin(Decision(model, chosen.route, mode, 0, (), arms,
                                     max_tokens=max_tokens, prefix=prefix,
                                     uncached_tokens=_uncached(prefix, chosen.warm_tokens)))
+
+    def _missing(self, model: str, topo: ModelTopology,
+                 needs: frozenset[str]) -> frozenset[str]:
+        """Which of `needs` no route has (all of them when only their combination is missing)."""
+        missing = frozenset(c for c in needs if not self._candidates(model, topo, frozenset({c})))
+        return missing or needs
 
     def fallback(self, decision: Decision) -> Decision | None:
         """The next ranked route after a failed attempt, or None when all are spent."""

@@ -40,6 +40,7 @@ class Route:
     hops: tuple[Hop, ...]
     signature: str
     prior_tps: float
+    caps: frozenset[str] = frozenset()  # what every hop serves (core/capabilities.py)
 
     @property
     def head(self) -> NodeRecord:
@@ -67,9 +68,19 @@ def signature_of(model: str, hops: Sequence[Hop]) -> str:
 
 
 def make_route(model: str, hops: Sequence[Hop]) -> Route:
-    """Build a route; its prior is the bottleneck hop's effective throughput."""
+    """Build a route; its prior is the bottleneck hop's effective throughput, its
+    capabilities those every hop has."""
     prior = min(h.node.effective_tps for h in hops)
-    return Route(model, tuple(hops), signature_of(model, hops), prior)
+    return Route(model, tuple(hops), signature_of(model, hops), prior, route_caps(hops))
+
+
+def route_caps(hops: Sequence[Hop]) -> frozenset[str]:
+    """What a chain serves: the capabilities every one of its hops has."""
+    caps = hops[0].node.caps
+    for hop in hops[1:]:
+        if hop.node.caps is not caps:
+            caps = caps & hop.node.caps
+    return caps
 
 
 class _NextHopIndex:
@@ -139,9 +150,13 @@ class _Tails:
 
 
 def enumerate_routes(
-    model: str, nodes: Sequence[NodeRecord], max_candidates: int = MAX_CANDIDATES
+    model: str, nodes: Sequence[NodeRecord], max_candidates: int = MAX_CANDIDATES,
+    needs: frozenset[str] = frozenset(),
 ) -> tuple[Route, ...]:
-    """One candidate per distinct head, greedily completed; best `max_candidates` by prior."""
+    """One candidate per distinct head, greedily completed; best `max_candidates` by prior.
+    With `needs`, over the nodes that have those capabilities only (every hop must)."""
+    if needs:
+        nodes = [n for n in nodes if needs <= n.caps]
     if not nodes:
         return ()
     last = _layer_count(nodes) - 1

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .capabilities import CAPABILITIES, DEFAULT_CAPS, parse_caps
 from .contracts.limits import MAX_ID_CHARS, MAX_TPS
 from .errors import InvalidNodeError
 from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
@@ -47,6 +48,7 @@ class NodeRecord:
     queue: int = 0
     rep: float = 1.0
     seen_at: float = 0.0
+    caps: frozenset[str] = DEFAULT_CAPS  # what it serves beyond plain chat (capabilities.py)
 
     @property
     def effective_tps(self) -> float:
@@ -59,6 +61,7 @@ class NodeRecord:
             "node_id": self.node_id, "model": self.model, "start": self.start,
             "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
             "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
+            "caps": [c for c in CAPABILITIES if c in self.caps],
         }
 
 
@@ -179,7 +182,19 @@ def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
     rep = _as_float(data, "rep", 1.0)
     if not 0 <= rep <= 1:
         raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
-    return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now)
+    return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now,
+                      _caps(data))
+
+
+def _caps(data: Mapping[str, Any]) -> frozenset[str]:
+    """The node's declared capabilities (a list, or the TXT record's comma-separated text);
+    DEFAULT_CAPS when it declares none."""
+    if "caps" not in data or data["caps"] is None:
+        return DEFAULT_CAPS
+    try:
+        return parse_caps(data["caps"], "'caps'")
+    except ValueError as exc:
+        raise InvalidNodeError(str(exc)) from None
 
 
 @dataclass(slots=True)

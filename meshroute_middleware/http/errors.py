@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.types import Send
 
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.contracts.error_body import ERROR_TYPES, error_body, error_type
 from meshroute_middleware.core.errors import (
     InvalidNodeError,
@@ -53,6 +54,7 @@ ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
     MeshFullError: (409, "too_many_nodes"),
     InvalidModelError: (400, "invalid_model"),
     InvalidPinError: (400, "invalid_route"),
+    UnsupportedCapabilityError: (400, "unsupported_capability"),
     UnknownModelError: (404, "model_not_found"),
     NoRouteError: (503, "no_route_available"),
     RoutesFailed: (503, "no_route_available"),

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..capabilities import DEFAULT_CAPS, parse_caps
 from ..errors import MeshRouteError
 from .scoring import AUTO_ALIASES
 
@@ -42,6 +43,7 @@ class ProviderModel:
     price_in: float = 0.0  # USD per million input tokens
     price_out: float = 0.0  # USD per million output tokens
     monthly_tokens: int | None = None  # free-tier budget per key behind the headroom factor
+    capabilities: frozenset[str] = DEFAULT_CAPS  # what it serves beyond plain chat
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +207,8 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     here = f"{where} models[{j}]"
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{here} must be a table")
-    _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens"})
+    _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens",
+                          "capabilities"})
     model_id = t.get("id")
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ProviderConfigError(f"{here}: id must be a non-empty string")
@@ -216,7 +219,20 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     return ProviderModel(model_id, tier, _opt_int(t, "context", here),
                          _number(t, "price_in", here, 0.0, low=0.0),
                          _number(t, "price_out", here, 0.0, low=0.0),
-                         _opt_int(t, "monthly_tokens", here))
+                         _opt_int(t, "monthly_tokens", here), _capabilities(t, here))
+
+
+def _capabilities(t: Mapping[str, Any], where: str) -> frozenset[str]:
+    """`capabilities = [...]` of a provider model; DEFAULT_CAPS when it says none."""
+    if "capabilities" not in t:
+        return DEFAULT_CAPS
+    value = t["capabilities"]
+    if not isinstance(value, list):
+        raise ProviderConfigError(f"{where}: capabilities must be a list of names")
+    try:
+        return parse_caps(value, f"{where}: capabilities")
+    except ValueError as exc:
+        raise ProviderConfigError(str(exc)) from None
 
 
 def _mesh_tier(name: object, t: object) -> str:

@@ -17,7 +17,7 @@ from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 
 ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
-                   "http_403")
+                   "http_403", "capability")  # capability: lacks what the request needs
 REASONS = GATE_REASONS + ATTEMPT_REASONS
 ERROR_CODE = "routes_exhausted"
 

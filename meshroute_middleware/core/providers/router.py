@@ -17,10 +17,11 @@ clock and the rng come in on every call. The forward loop of the adapter uses it
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..capabilities import NO_NEEDS, UnsupportedCapabilityError
 from ..errors import InvalidPinError, MeshRouteError
 from .chain import (
     Candidate,
@@ -59,6 +60,8 @@ from .scoring import (
     sample_speed,
     speed_score,
 )
+
+MeshServes = Callable[[str, frozenset[str]], bool]  # whether a mesh model has a route with them
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,20 @@ class ProviderRouter:
 
     # -- ranking --------------------------------------------------------------------------
 
+    def incapable(self, res: Resolution, needs: frozenset[str],
+                  mesh_serves: MeshServes | None = None) -> list[PassedOver]:
+        """The candidates passed over for reason `capability` (lacking some of `needs`);
+        UnsupportedCapabilityError when that is every candidate."""
+        if not needs or not res.candidates:
+            return []
+        passed = [PassedOver(c.route, "capability") for c in res.candidates
+                  if not has_caps(c, needs, mesh_serves)]
+        if len(passed) == len(res.candidates):
+            have = frozenset().union(*(c.model.capabilities for c in res.candidates
+                                       if c.model is not None))
+            raise UnsupportedCapabilityError(res.model, (needs - have) or needs)
+        return passed
+
     def score(self, candidate: Candidate, strategy: str, now: float,
               rng: random.Random | None = None) -> Scored:
         """All axes of one route; reliability is a Thompson draw when `rng` is given."""
@@ -136,8 +153,11 @@ class ProviderRouter:
 
     def rank(self, res: Resolution, now: float, rng: random.Random | None = None, *,
              pinned: str | None = None, session: str | None = None,
-             tokens: int = 0) -> list[Scored]:
-        """The order to try routes in: by score, then the session's route, then the pin first."""
+             tokens: int = 0, needs: frozenset[str] = NO_NEEDS,
+             mesh_serves: MeshServes | None = None) -> list[Scored]:
+        """The order to try routes in: by score, then the session's route, then the pin first.
+        With `needs`, only the routes having those capabilities (`mesh_serves` says it for a
+        mesh model; without it a mesh model's own router decides)."""
         candidates = list(res.candidates)
         if pinned is not None and all(c.route != pinned for c in candidates):
             pair = self.cfg.split_route(pinned)
@@ -145,6 +165,11 @@ class ProviderRouter:
                 raise InvalidPinError(f"pinned route {pinned!r} is not a route of "
                                       f"{res.model!r}")
             candidates.append(provider_candidate(*pair))
+        if needs:
+            pin = next((c for c in candidates if c.route == pinned), None)
+            if pin is not None and not has_caps(pin, needs, mesh_serves):
+                raise UnsupportedCapabilityError(pinned or res.model, needs)
+            candidates = [c for c in candidates if has_caps(c, needs, mesh_serves)]
         ranked = sorted((self.score(c, res.strategy, now, rng) for c in candidates),
                         key=lambda s: -s.score)
         sticky = self.sessions.get(session, now)
@@ -368,6 +393,17 @@ class ProviderRouter:
             return True
         return any(self.gates.check(c.provider, c.model, k, tokens, now) is None
                    for k in range(1, len(c.provider.keys) + 1))
+
+
+def has_caps(candidate: Candidate, needs: frozenset[str],
+             mesh_serves: MeshServes | None = None) -> bool:
+    """Whether a route has every capability in `needs` (a provider model: as configured; a
+    mesh model: as `mesh_serves` says, assumed when it is not given)."""
+    if not needs:
+        return True
+    if candidate.model is not None:
+        return needs <= candidate.model.capabilities
+    return mesh_serves is None or mesh_serves(candidate.route, needs)
 
 
 def _split_key(route: str | None) -> tuple[str | None, int | None]:
