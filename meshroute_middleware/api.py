@@ -22,6 +22,7 @@ from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, error_body
+from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.openapi import openapi_document
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 from meshroute_middleware.mesh import Mesh, MeshFullError
@@ -389,15 +390,18 @@ class ProviderRoutingAPI:
 
 
 def embeddings_table(router: Router, model: str | None) -> dict[str, Any]:
-    """The embeddings statistics of the models with embeddings traffic (`tps` there is inputs
-    per second, also as `inputs_per_s`; `ttfb_ms`, the whole answer's latency, also as
-    `latency_ms`: an embeddings answer comes in one piece)."""
+    """The embeddings statistics of the models with embeddings traffic, over their routes
+    that declare `embeddings`: `tps` there is inputs per second (also as `inputs_per_s`),
+    `ttfb_ms` the whole answer's latency (also as `latency_ms`: it comes in one piece)."""
     out: dict[str, Any] = {}
     for name, entry in router.routing_table(model)["models"].items():
-        rows = entry["candidates"]
+        capable = {r.signature for r in router.candidates(name, NEEDS["embeddings"])}
+        rows = [r for r in entry["candidates"] if r["signature"] in capable]
         if not any(r["successes"] or r["failures"] or r["in_flight"] for r in rows):
             continue  # no embeddings traffic: chat's table says all there is
+        total = sum(r["share"] for r in rows)
         for row in rows:
             row["inputs_per_s"], row["latency_ms"] = row["tps"], row["ttfb_ms"]
-        out[name] = entry
+            row["share"] = row["share"] / total if total > 0 else 0.0
+        out[name] = {**entry, "candidates": rows}
     return {"unit": "inputs_per_s", "models": out}

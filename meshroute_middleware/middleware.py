@@ -40,9 +40,10 @@ from meshroute_middleware.core import (
     RouterConfig,
     UnknownModelError,
 )
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
-from meshroute_middleware.http.inference import PARSERS
+from meshroute_middleware.http.inference import NEEDS, PARSERS
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
     PATHS,
@@ -184,8 +185,8 @@ class MeshRouteMiddleware:
             req = PARSERS[kind](body if translation is None else translation.request(body))
             chain = self.providers is not None and self.providers.claims(req.model)
             router = self.router_for(kind)
-            decision = None if chain else router.choose(req.model, req.pin,
-                                                        req.max_tokens, req.prefix)
+            decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
+                                                        req.prefix, needs=NEEDS[kind])
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
@@ -201,7 +202,7 @@ class MeshRouteMiddleware:
             await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
                                  "route").send(send)
             return
-        except (InvalidPinError, NoRouteError) as exc:
+        except (InvalidPinError, NoRouteError, UnsupportedCapabilityError) as exc:
             await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback

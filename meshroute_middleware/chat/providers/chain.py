@@ -37,12 +37,14 @@ from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.providers.tally import Tally, TallySend, with_tried
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, Router, UnknownModelError
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.providers.chain import Candidate, InvalidModelError, Resolution
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardTimeouts
 from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, RequestError
+from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_key_families
 
@@ -104,7 +106,7 @@ class ProviderChat:
             if not ex.gone:
                 raise
             task.uncancel()  # the client left; nothing more to send
-        except (InvalidPinError, RequestError) as exc:
+        except (InvalidPinError, RequestError, UnsupportedCapabilityError) as exc:
             await ErrorAnswer.of(exc).send(send, tally.headers())
         except Exception:  # a bug of ours: a JSON error, never a traceback
             if not await internal_error(ex, "routing over providers", tally.headers()):
@@ -127,11 +129,13 @@ class ProviderChat:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
                           header(ex.scope, H_SESSION), self.clock(), tally, opened)
-        passed: list[PassedOver] = []
+        needs = NEEDS[ex.req.kind]  # embeddings, completions: only routes declaring them
+        passed: list[PassedOver] = self.providers.incapable(res, needs, self.router.serves)
         for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
             run: list[PassedOver] = []
             ranked = self.providers.rank(res, self.clock(), self.rng, pinned=pin,
-                                         session=cr.session, tokens=cr.context_need)
+                                         session=cr.session, tokens=cr.context_need,
+                                         needs=needs, mesh_serves=self.router.serves)
             for scored in ranked:
                 if await self._candidate(cr, scored.candidate, run) or ex.started:
                     return

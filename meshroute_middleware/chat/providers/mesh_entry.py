@@ -14,9 +14,11 @@ from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.chat.providers.tally import TallySend
 from meshroute_middleware.core import NoRouteError, Router, UnknownModelError
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt
 from meshroute_middleware.core.providers.scoring import OutcomeKind
+from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.request import ChatRequest, answer_bound
 from meshroute_middleware.telemetry.metrics import Telemetry
 
@@ -37,8 +39,8 @@ class MeshEntry:
         kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
         router = self.embeddings_router if kind == "embeddings" else self.router
         try:
-            decision = router.choose(model, None, bound, cr.ex.req.prefix)
-        except (UnknownModelError, NoRouteError):
+            decision = router.choose(model, None, bound, cr.ex.req.prefix, needs=NEEDS[kind])
+        except (UnknownModelError, NoRouteError, UnsupportedCapabilityError):
             return self.outcomes.failed(got, "connect", cr.session)
         first = cr.opened[0]
         attempts = Attempts(router, self.telemetry, model, bound, first.timeout_s,
