@@ -86,6 +86,9 @@ class GatewayAPI:
         return [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
+            # the other routed paths: so that another method there is a 405, not a 404
+            Route("/v1/embeddings", self.chat_unrouted, methods=["POST"]),
+            Route("/v1/completions", self.chat_unrouted, methods=["POST"]),
             # one route per path, so that a 405's Allow header lists every method
             Route("/v1/nodes", self.nodes, methods=["GET", "POST"]),
             Route("/v1/nodes/{node_id:path}", self.delete_node, methods=["DELETE"]),

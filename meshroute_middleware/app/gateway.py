@@ -153,7 +153,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                                 embeddings_router=embeddings), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
-        background_services(config, mesh, keeper, clock, providers), failures)
+        background_services(config, mesh, keeper, clock, providers, embeddings), failures)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
