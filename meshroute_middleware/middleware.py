@@ -202,7 +202,14 @@ class MeshRouteMiddleware:
             await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
                                  "route").send(send)
             return
-        except (InvalidPinError, NoRouteError, UnsupportedCapabilityError) as exc:
+        except UnsupportedCapabilityError as exc:
+            if self.annotate and req.pin is None and kind != "chat":
+                # no node declares it: the app serves its own /v1/embeddings as before
+                await self.app(scope, replay(req.body, receive), send)
+                return
+            await ErrorAnswer.of(exc).send(send)
+            return
+        except (InvalidPinError, NoRouteError) as exc:
             await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback

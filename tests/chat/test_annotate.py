@@ -163,3 +163,23 @@ async def test_annotate_serves_embeddings_with_their_own_statistics() -> None:
     assert mw.embeddings_router.topology is mw.router.topology  # the same nodes, always
     chat = mw.router.routing_table("m")["models"]["m"]["candidates"]
     assert all(r["successes"] == 0 and r["failures"] == 0 for r in chat)
+
+
+async def test_annotate_leaves_embeddings_to_the_app_when_no_node_declares_them() -> None:
+    """Before embeddings were routed the app answered them itself; it still does when no
+    node of the model declares `embeddings`."""
+    async def embeddings(request: Request) -> Response:
+        return JSONResponse({"object": "list", "served_by": "app",
+                             "plan": request.headers.get("x-meshroute-plan")})
+
+    app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+    mw = wrap(app)  # nodes a and b declare nothing
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/embeddings", json={"model": "m", "input": "x"})
+        pinned = await client.post("/v1/embeddings",
+                                   json={"model": "m", "input": "x", "route": ["a"]})
+    assert resp.status_code == 200 and resp.json() == {"object": "list", "served_by": "app",
+                                                       "plan": None}
+    assert pinned.status_code == 400
+    assert pinned.json()["error"]["code"] == "unsupported_capability"
