@@ -18,9 +18,11 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
+from meshroute_middleware.core.capabilities import CAPABILITIES
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
+from meshroute_middleware.core.providers.scoring import AUTO_ALIASES
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, error_body
 from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.openapi import openapi_document
@@ -85,6 +87,7 @@ class GatewayAPI:
         """The routes, for a Starlette app."""
         return [
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
             # the other routed paths: so that another method there is a 405, not a 404
             Route("/v1/embeddings", self.chat_unrouted, methods=["POST"]),
@@ -103,7 +106,22 @@ class GatewayAPI:
     async def models(self, request: Request) -> Response:
         """Every model the gateway can route, OpenAI list shape: the mesh models (`kind`
         mesh, with their node count), then, with provider routes, the chains a client may ask
-        for (`auto`, `auto:<profile>`; kind chain) and the provider models (kind provider)."""
+        for (`auto`, `auto:<profile>`; kind chain), the provider models (kind provider) and
+        the aliases (kind alias)."""
+        return JSONResponse({"object": "list", "data": self._models()})
+
+    async def model(self, request: Request) -> Response:
+        """`GET /v1/models/{id}` (`client.models.retrieve`): one model as /v1/models lists it,
+        or a name an alias or an `auto:<strategy>` accepts; 404 model_not_found otherwise."""
+        model_id = request.path_params["model_id"]
+        row = next((m for m in self._models() if m["id"] == model_id), None)
+        if row is None and self.providers is not None:
+            row = routable_model(self.providers.cfg, model_id)
+        if row is None:
+            return answer(ErrorAnswer.of(UnknownModelError(f"no model {model_id[:200]!r}")))
+        return JSONResponse({"created": 0, **row})
+
+    def _models(self) -> list[dict[str, Any]]:
         per_model: dict[str, int] = {}
         for node in self.mesh.nodes():
             per_model[node.model] = per_model.get(node.model, 0) + 1
@@ -111,7 +129,7 @@ class GatewayAPI:
                  "nodes": n} for m, n in sorted(per_model.items())]
         if self.providers is not None:
             data += provider_models(self.providers.cfg)
-        return JSONResponse({"object": "list", "data": data})
+        return data
 
     async def chat_unrouted(self, request: Request) -> Response:
         """Only reached without MeshRouteMiddleware in front (it serves POSTs here)."""
@@ -278,9 +296,26 @@ def provider_models(cfg: ProvidersConfig) -> list[dict[str, Any]]:
         {"id": name, "object": "model", "owned_by": "meshroute", "kind": "chain",
          "chain": list(chain), "strategy": strategy} for name, chain, strategy in chains]
     data += [{"id": f"{p.name}/{m.id}", "object": "model", "owned_by": p.name,
-              "kind": "provider", "tier": m.tier, "context": m.context}
+              "kind": "provider", "tier": m.tier, "context": m.context,
+              "capabilities": [c for c in CAPABILITIES if c in m.capabilities]}
              for p in cfg.providers for m in p.models]
+    data += [{"id": a.pattern, "object": "model", "owned_by": "meshroute", "kind": "alias",
+              "target": a.target, "pattern": a.is_glob} for a in cfg.aliases.entries]
     return data
+
+
+def routable_model(cfg: ProvidersConfig, model: str) -> dict[str, Any] | None:
+    """The model object of a name /v1/models does not list but a request may use: one an
+    alias pattern matches, or an `auto:<strategy>`."""
+    target = cfg.aliases.resolve(model)
+    if target is not None:
+        return {"id": model, "object": "model", "owned_by": "meshroute", "kind": "alias",
+                "target": target}
+    strategy = AUTO_ALIASES.get(model[5:]) if model.startswith("auto:") else None
+    if strategy is not None:
+        return {"id": model, "object": "model", "owned_by": "meshroute", "kind": "chain",
+                "strategy": strategy}
+    return None
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.chat.aliasing import answer_model, with_model
 from meshroute_middleware.chat.annotate import AnnotateMode
 from meshroute_middleware.chat.attempts import (
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -33,6 +34,7 @@ from meshroute_middleware.chat.attempts import (
 from meshroute_middleware.chat.dialects import DIALECTS, Translation
 from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
+from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.core import (
     InvalidPinError,
     NoRouteError,
@@ -40,10 +42,11 @@ from meshroute_middleware.core import (
     RouterConfig,
     UnknownModelError,
 )
+from meshroute_middleware.core.aliases import NO_ALIASES, Aliases
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
-from meshroute_middleware.http.inference import NEEDS, PARSERS
+from meshroute_middleware.http.inference import PARSERS
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
     PATHS,
@@ -121,8 +124,11 @@ class MeshRouteMiddleware:
                  router: Router | None = None, forwarder: Forwarder | None = None,
                  telemetry: Telemetry | None = None,
                  providers: ProviderChat | None = None,
+                 aliases: Aliases = NO_ALIASES,
+                 node_keys: NodeSecrets | None = None,
                  embeddings_router: Router | None = None) -> None:
         self.app = app
+        self.aliases = aliases  # `[aliases]`: applied to the requested model before routing
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
         self.config = config or MiddlewareConfig()
         self.router = router or build_router()
@@ -141,7 +147,8 @@ class MeshRouteMiddleware:
         self._via_header = (VIA, self._via)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
-                self.forwarder, forward_headers=allow_list(self.config.forward_headers)))
+                self.forwarder, forward_headers=allow_list(self.config.forward_headers),
+                node_keys=node_keys))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -183,10 +190,13 @@ class MeshRouteMiddleware:
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = PARSERS[kind](body if translation is None else translation.request(body))
+            target = self.aliases.resolve(req.model) if self.aliases else None
+            if target is not None:  # the answer names the model the client asked for
+                req, send = with_model(req, target), answer_model(send, req.model)
             chain = self.providers is not None and self.providers.claims(req.model)
             router = self.router_for(kind)
             decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
-                                                        req.prefix, needs=NEEDS[kind])
+                                                        req.prefix, req.needs)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",

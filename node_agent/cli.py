@@ -10,13 +10,14 @@ import socket
 import sys
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
+from meshroute_middleware.core.capabilities import CAPABILITIES, parse_caps
 from meshroute_middleware.core.errors import MeshRouteError
 
 from .announcer import NodeAnnouncer
@@ -33,6 +34,7 @@ ENV: dict[str, tuple[str, type]] = {
     "mdns_interfaces": ("MESHROUTE_MDNS_INTERFACES", str),
     "mesh_secret": ("MESHROUTE_MESH_SECRET", str),
     "load_from": ("MESHROUTE_NODE_LOAD_FROM", str),
+    "caps": ("MESHROUTE_NODE_CAPS", str), "api_key_env": ("MESHROUTE_NODE_API_KEY_ENV", str),
 }
 EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
     "seconds_per_layer": (float, "seconds of compute per layer per token"),
@@ -72,6 +74,11 @@ class NodeSettings:
     port: int
     knobs: dict[str, Any]
     load_from: str = "auto"  # where a real server's live load is read (node_agent/load.py)
+    caps: frozenset[str] | None = None  # --caps; None: none declared (the defaults hold)
+    # --api-key-env: the variable holding the fronted server's own key (vLLM --api-key),
+    # sent on this agent's own probes of it; the tracker's forwarder is given it by the
+    # tracker's own [[node_keys]] (docs/security.md): it never travels in a record.
+    api_key: str | None = field(default=None, repr=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-from", choices=LOAD_SOURCES,
                         help="read the fronted server's live queue and speed from its metrics "
                              "(default auto: vLLM, llama.cpp or TGI, whichever answers)")
+    parser.add_argument("--caps", help="what the node serves beyond plain chat, comma-separated "
+                                       f"({', '.join(CAPABILITIES)}; default: tools,json_schema)")
+    parser.add_argument("--api-key-env", help="environment variable holding the fronted "
+                                              "server's own API key (vLLM --api-key)")
     parser.add_argument("--emulate", action="store_true", help="also serve an emulated node")
     parser.add_argument("--host", default="127.0.0.1", help="emulator listen address")
     parser.add_argument("--port", type=int, default=0, help="emulator port (0: any free)")
@@ -112,11 +123,12 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
             except ValueError:
                 raise ValueError(f"{var} must be {kind.__name__}, got {environ[var]!r}") from None
     emulate = bool(values.get("emulate"))
-    layers = values.get("layers") or (32 if emulate else None)
+    whole = not emulate and values.get("layers") is None and values.get("shard") is None
+    layers = values.get("layers") or (32 if emulate else 1 if whole else None)
     if values.get("model") is None and not emulate:
         raise ValueError("--model is required (or --emulate)")
-    if layers is None or (values.get("shard") is None and not emulate):
-        raise ValueError("--layers and --shard are required without --emulate")
+    if layers is None or (values.get("shard") is None and not emulate and not whole):
+        raise ValueError("--layers and --shard go together (neither: a whole-model server)")
     start, end = _shard(values["shard"]) if values.get("shard") else (0, layers - 1)
     if values.get("url") is None and not emulate:
         raise ValueError("--url is required without --emulate")
@@ -132,7 +144,19 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
         mesh_secret=values.get("mesh_secret"), emulate=emulate,
         host=values.get("host") or "127.0.0.1", port=int(values.get("port") or 0),
         knobs={k: values[k] for k in EMULATOR_KNOBS if values.get(k) is not None},
-        load_from=load_from)
+        load_from=load_from,
+        caps=None if values.get("caps") is None else parse_caps(values["caps"], "--caps"),
+        api_key=_api_key(values.get("api_key_env"), environ))
+
+
+def _api_key(name: str | None, environ: Mapping[str, str]) -> str | None:
+    """The key held by the variable --api-key-env names; ValueError (naming the variable,
+    never a value) when it is unset."""
+    if name is None:
+        return None
+    if not environ.get(name, "").strip():
+        raise ValueError(f"--api-key-env {name}: the environment variable is not set or empty")
+    return environ[name].strip()
 
 
 def default_node_id(s: NodeSettings, where: str) -> str:
@@ -152,7 +176,8 @@ def node_record(s: NodeSettings, url: str, node_id: str | None, tps: float) -> N
     where = urlsplit(url).netloc
     return parse_node({"node_id": node_id or s.node_id or default_node_id(s, where),
                        "model": s.model, "start": s.start, "end": s.end, "layers": s.layers,
-                       "url": url, "tps": tps})
+                       "url": url, "tps": tps,
+                       "caps": None if s.caps is None else sorted(s.caps)})
 
 
 def reachable_url(url: str, interfaces: str) -> str:
@@ -204,7 +229,7 @@ async def _serve(s: NodeSettings) -> int:
                     tg.start_soon(announcer.follow,
                                   lambda: (emulated.queue_depth, emulated.measured_tps))
                 elif s.load_from != "none":  # a real server: its own metrics are the prior
-                    reader = LoadReader(url, s.load_from, tps)
+                    reader = LoadReader(url, s.load_from, tps, api_key=s.api_key)
                     tg.start_soon(reader.run)
                     tg.start_soon(announcer.follow, reader.announcement)
                 async for signum in signals:

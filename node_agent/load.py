@@ -175,7 +175,7 @@ class LoadReader:
     node announces: (queue, tokens/s), the speed falling back to the configured figure."""
 
     def __init__(self, url: str, source: str, default_tps: float,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, *, api_key: str | None = None) -> None:
         if source not in LOAD_SOURCES:
             raise ValueError(f"--load-from must be one of {', '.join(LOAD_SOURCES)}")
         self.base = server_base(url)
@@ -185,6 +185,8 @@ class LoadReader:
         self.latest: ServerLoad | None = None
         self._tps = default_tps
         self._before: Metrics | None = None
+        # the server's own key (--api-key-env): llama.cpp guards /metrics and /slots with it
+        self._headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
 
     def announcement(self) -> tuple[int, float]:
         """(queue, tokens/s) to announce now."""
@@ -237,7 +239,8 @@ class LoadReader:
     async def _get(self, session: aiohttp.ClientSession, path: str) -> str | None:
         try:
             timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-            async with session.get(self.base + path, timeout=timeout) as resp:
+            async with session.get(self.base + path, timeout=timeout,
+                                   headers=self._headers) as resp:
                 if resp.status != 200:
                     return None
                 body = await resp.content.read(MAX_PAGE_BYTES)

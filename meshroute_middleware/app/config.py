@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from gossip.service import GossipConfig
 from meshroute_middleware.app.limits import check_limits_store
 from meshroute_middleware.app.settings import ServeSettings
-from meshroute_middleware.chat.keyring import Secret, resolve_keys
+from meshroute_middleware.chat.keyring import (
+    NodeSecrets,
+    Secret,
+    resolve_keys,
+    resolve_node_keys,
+)
 from node_agent.mdns import parse_interfaces
 
 
@@ -29,6 +34,13 @@ class GatewayConfig:
     gossip: GossipConfig | None  # None: this tracker does not gossip
     # provider keys in `keys` order, resolved at start (issue 12); never printed
     secrets: Mapping[str, tuple[Secret, ...]] = field(default_factory=dict, repr=False)
+    # nodes' own API keys ([[node_keys]]): node id -> (the URL it is bound to, the key)
+    node_secrets: NodeSecrets = field(default_factory=dict, repr=False)
+
+    def every_secret(self) -> tuple[Secret, ...]:
+        """Every key this gateway holds (providers' and nodes'), for the log scrubber."""
+        return (*(s for keys in self.secrets.values() for s in keys),
+                *(key for _, key in self.node_secrets.values()))
 
     @classmethod
     def build(cls, settings: ServeSettings,
@@ -43,8 +55,10 @@ class GatewayConfig:
         tracker_id = settings.tracker_id or new_tracker_id()
         secrets = (resolve_keys(settings.providers, environ or {})
                    if settings.providers is not None else {})
+        node_secrets = (resolve_node_keys(settings.providers, environ or {})
+                        if settings.providers is not None else {})
         check_limits_store(settings)  # an unreachable --limits-store: exit 2
-        return cls(settings, tracker_id, gossip, secrets)
+        return cls(settings, tracker_id, gossip, secrets, node_secrets)
 
 
 def config_warnings(config: GatewayConfig) -> list[str]:

@@ -24,6 +24,7 @@ from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
+from meshroute_middleware.core.aliases import NO_ALIASES
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.guard import RequestGuard
@@ -139,6 +140,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                             rng=random.Random(settings.seed),
                             acquire=None if gates is None
                             else functools.partial(gates.acquire, providers),
+                            node_keys=config.node_secrets,
                             embeddings_router=embeddings)
         extra = ProviderRoutingAPI(providers, router, clock=clock,
                                    admin_token=settings.admin_token or settings.node_token,
@@ -158,7 +160,11 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id))
     app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
                                            forwarder=forwarder, telemetry=telemetry,
-                                           providers=chat, embeddings_router=embeddings),
+                                           providers=chat,
+                                           aliases=settings.providers.aliases
+                                           if settings.providers else NO_ALIASES,
+                                           node_keys=config.node_secrets,
+                                           embeddings_router=embeddings),
                        settings.guard(), reject=telemetry.reject)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, failures,
                    embeddings)

@@ -62,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
     settings = gateway.config.settings
-    configure_logging(settings.log_level,
-                      tuple(s for keys in gateway.config.secrets.values() for s in keys))
+    configure_logging(settings.log_level, gateway.config.every_secret())
     if gateway.providers is not None:
         cfg = gateway.providers.cfg
         log.info("%d provider(s), %d key(s)", len(cfg.providers),

@@ -71,7 +71,7 @@ def _serve_worker(settings: ServeSettings, parent: int) -> None:
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
-                          tuple(s for keys in gateway.config.secrets.values() for s in keys))
+                          gateway.config.every_secret())
         sock = listen_socket(settings.host, settings.port, reuse_port=True)
         serve_gateway(gateway, sock, relayed=True)
     except (StartupError, ListenError, StateStoreError, ValueError) as exc:

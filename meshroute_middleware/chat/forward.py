@@ -15,7 +15,8 @@ import time
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement
-from meshroute_middleware.chat.headers import forwardable, from_node, plan_headers
+from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
+from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision
 from meshroute_middleware.core.kinds import ErrorKind
@@ -32,9 +33,11 @@ class ForwardMode:
     under way (waiting for a head's first byte included) and so the upstream request."""
 
     def __init__(self, forwarder: Forwarder, *,
-                 forward_headers: frozenset[bytes] = frozenset()) -> None:
+                 forward_headers: frozenset[bytes] = frozenset(),
+                 node_keys: NodeSecrets | None = None) -> None:
         self.forwarder = forwarder
         self.forward_headers = forward_headers  # credentials the operator lets through
+        self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
         self._watchdog = Watchdog()
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
@@ -59,13 +62,25 @@ class ForwardMode:
             async with asyncio.timeout_at(ex.attempts.deadline):
                 upstream = await self.forwarder.open(
                     decision.route.head.url + ex.req.path, ex.req.body,
-                    forwardable(ex.scope, self.forward_headers) + plan_headers(decision))
+                    self._headers(decision, ex))
         except ForwardError as exc:
             return Failed(exc.kind, str(exc))
         except TimeoutError:
             return Failed("timeout", "no answer within the request's deadline")
         await self._relay(decision, measurement, upstream, ex, ex.attempts)
         return None
+
+    def _headers(self, decision: Decision, ex: Exchange) -> Headers:
+        """What the head receives: the client's forwardable headers and the plan; with a
+        `[[node_keys]]` key for this head at this URL, its own bearer key in place of any
+        authorization the client's headers carried."""
+        headers = forwardable(ex.scope, self.forward_headers) + plan_headers(decision)
+        head = decision.route.head
+        bound = self.node_keys.get(head.node_id) if self.node_keys else None
+        if bound is None or bound[0] != head.url:
+            return headers
+        return [*(h for h in headers if h[0] != b"authorization"),
+                (b"authorization", b"Bearer " + bound[1].reveal().encode())]
 
     async def _relay(self, decision: Decision, m: Measurement, upstream: UpstreamResponse,
                      ex: Exchange, attempts: Attempts) -> None:

@@ -66,6 +66,22 @@ def resolve_key(ref: str, environ: Mapping[str, str],
                       f"{len(ref)} characters)")
 
 
+NodeSecrets = Mapping[str, tuple[str, Secret]]  # node id -> (the URL it may go to, its key)
+
+
+def resolve_node_keys(cfg: ProvidersConfig, environ: Mapping[str, str],
+                      read_text: Callable[[Path], str] | None = None) -> dict[str, tuple[str,
+                                                                                     Secret]]:
+    """Every `[[node_keys]]` entry's key, by node id, with the URL it is bound to."""
+    out: dict[str, tuple[str, Secret]] = {}
+    for entry in cfg.node_keys:
+        try:
+            out[entry.node] = (entry.url, resolve_key(entry.key, environ, read_text))
+        except KeyRefError as exc:
+            raise KeyRefError(f"[[node_keys]] {entry.node!r}: {exc}") from None
+    return out
+
+
 def resolve_keys(cfg: ProvidersConfig, environ: Mapping[str, str],
                  read_text: Callable[[Path], str] | None = None) -> dict[str, tuple[Secret, ...]]:
     """Every provider's keys, in `keys` order (position 1 is the first)."""

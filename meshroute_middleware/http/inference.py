@@ -18,8 +18,8 @@ from meshroute_middleware.http.request import (
 )
 
 MAX_INPUTS = 2048  # inputs of one embeddings request (OpenAI's limit)
-# What a kind needs of a route (the capability names of issue 25); chat's own needs (vision,
-# tools, ...) come from its body.
+# What a kind needs of a route (the capability names of issue 25), set as the request's
+# `needs`; chat's (vision, tools, ...) come from its body (request.request_needs).
 NEEDS: dict[RequestKind, frozenset[str]] = {
     "chat": frozenset(), "embeddings": frozenset({"embeddings"}),
     "completions": frozenset({"completions"})}
@@ -61,7 +61,8 @@ def parse_embeddings(body: bytes) -> ChatRequest:
     if payload.get("encoding_format", "float") not in ("float", "base64"):
         raise RequestError(400, "'encoding_format' must be 'float' or 'base64'",
                            "invalid_encoding_format")
-    return ChatRequest(body, model, pin, kind="embeddings", inputs=inputs)
+    return ChatRequest(body, model, pin, needs=NEEDS["embeddings"], kind="embeddings",
+                       inputs=inputs)
 
 
 def parse_completion(body: bytes) -> ChatRequest:
@@ -80,7 +81,8 @@ def parse_completion(body: bytes) -> ChatRequest:
         raise RequestError(400, "'stream' must be true or false", "invalid_stream")
     prefix = (message_chain([{"role": "user", "content": prompt}])
               if isinstance(prompt, str) else None)
-    return ChatRequest(body, model, pin, answer_bound(payload), prefix, kind="completions")
+    return ChatRequest(body, model, pin, answer_bound(payload), prefix,
+                       needs=NEEDS["completions"], kind="completions")
 
 
 PARSERS: dict[RequestKind, Callable[[bytes], ChatRequest]] = {

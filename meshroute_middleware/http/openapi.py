@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshroute_middleware.core.capabilities import CAPABILITIES
 from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS
 
 __all__ = ["openapi_document"]
@@ -43,6 +44,10 @@ _NODE: dict[str, Any] = {
         "tps": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
         "queue": {"type": "integer", "minimum": 0},
         "rep": {"type": "number", "minimum": 0, "maximum": 1},
+        "caps": {"type": "array", "maxItems": 5, "uniqueItems": True,
+                 "items": {"type": "string", "enum": list(CAPABILITIES)},
+                 "description": "what it serves beyond plain chat; absent: tools and "
+                                "json_schema"},
     },
 }
 
@@ -93,6 +98,13 @@ def openapi_document() -> dict[str, Any]:
                                             "properties": {"object": {"type": "string"},
                                                            "data": {"type": "array"}}},
                                            "OpenAI model list")}}},
+            "/v1/models/{model_id}": {"get": {
+                "summary": "One model, as /v1/models lists it, or a name an alias accepts",
+                "parameters": [{"name": "model_id", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": _json({"type": "object",
+                                            "required": ["id", "object", "owned_by"]},
+                                           "OpenAI model object"), **_errors(404)}}},
             "/v1/nodes": {
                 "get": {"summary": "The topology's node records",
                         "responses": {"200": _json({"type": "object", "required": ["nodes"],

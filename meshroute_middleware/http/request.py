@@ -10,6 +10,7 @@ from typing import Any, Literal
 import orjson
 from starlette.types import Message, Receive, Scope
 
+from meshroute_middleware.core.capabilities import JSON_SCHEMA, NO_NEEDS, TOOLS, VISION
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
 from meshroute_middleware.core.prefix import Prefix, message_chain
@@ -43,6 +44,7 @@ class ChatRequest:
     # The prompt's chain of message hashes (no text): recognises a returning conversation.
     prefix: Prefix | None = None
     client: Client | None = None  # who sends it, when `[[clients]]` are configured (issue 24)
+    needs: frozenset[str] = NO_NEEDS  # capabilities only some routes have (issue 25)
     kind: RequestKind = "chat"  # which endpoint: its upstream path (PATHS), its statistics
     inputs: int | None = None  # embeddings: how many inputs (what its samples count)
 
@@ -136,7 +138,7 @@ def parse_chat(body: bytes) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
     payload, model, pin, body = parse_common(body)
     return ChatRequest(body, model, pin, answer_bound(payload),
-                       message_chain(payload.get("messages")))
+                       message_chain(payload.get("messages")), needs=request_needs(body, payload))
 
 
 def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, bytes]:
@@ -167,6 +169,37 @@ def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, by
                                "invalid_route")
         body = _without_route(body, payload)
     return payload, model, pin, body
+
+
+def request_needs(body: bytes, payload: dict[str, Any]) -> frozenset[str]:
+    """The capabilities a chat request needs: `vision` for an `image_url` content part,
+    `tools` for non-empty `tools` or `functions`, `json_schema` for a `json_schema` response
+    format. The fields are read only when their names occur in the bytes (a substring search:
+    plain requests pay next to nothing); a name spelled with JSON escapes only misleads the
+    routing of its sender's own request."""
+    needs: list[str] = []
+    if b"image_url" in body and _has_image(payload.get("messages")):
+        needs.append(VISION)
+    if (b'"tools"' in body or b'"functions"' in body) and (
+            payload.get("tools") or payload.get("functions")):
+        needs.append(TOOLS)
+    if b"json_schema" in body:
+        form = payload.get("response_format")
+        if isinstance(form, dict) and form.get("type") == "json_schema":
+            needs.append(JSON_SCHEMA)
+    return frozenset(needs) if needs else NO_NEEDS
+
+
+def _has_image(messages: object) -> bool:
+    """Whether any message's content holds an `image_url` part."""
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+                isinstance(part, dict) and part.get("type") == "image_url" for part in content):
+            return True
+    return False
 
 
 def answer_bound(payload: dict[str, Any]) -> int | None:

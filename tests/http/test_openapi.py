@@ -49,7 +49,8 @@ def test_the_document_lists_every_route() -> None:
     doc = openapi_document()
     for route in api.routes():
         assert isinstance(route, Route)
-        path = route.path.replace("{node_id:path}", "{node_id}")
+        path = route.path.replace("{node_id:path}", "{node_id}").replace(
+            "{model_id:path}", "{model_id}")
         for method in route.methods or ():
             if method != "HEAD":
                 assert method.lower() in doc["paths"][path], (method, path)

@@ -61,3 +61,21 @@ def test_the_messages_give_the_prompt_chain_that_a_next_turn_extends() -> None:
     assert "be brief" not in repr(two)
     assert parse_chat(b'{"model": "m"}').prefix is None
     assert parse_chat(b'{"model": "m", "messages": "text"}').prefix is None
+
+
+@pytest.mark.parametrize(("extra", "needs"), [
+    ({}, set()),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x"},
+        {"type": "image_url", "image_url": {"url": "http://i/x.png"}}]}]}, {"vision"}),
+    ({"messages": [{"role": "user", "content": "describe image_url please"}]}, set()),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"tools"}),
+    ({"tools": []}, set()),
+    ({"functions": [{"name": "f"}]}, {"tools"}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     {"json_schema"}),
+    ({"response_format": {"type": "json_object"}, "note": "json_schema"}, set()),
+])
+def test_what_a_request_needs(extra: dict[str, object], needs: set[str]) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    assert parse_chat(json.dumps(body).encode()).needs == needs

@@ -41,10 +41,13 @@ class Node:
     url: str = ""
     model: str = "m"
     layers: int = 40
+    caps: list[str] | None = None  # None: none declared (the defaults)
 
     def record(self) -> dict[str, Any]:
+        caps = {} if self.caps is None else {"caps": self.caps}
         return {"node_id": self.node_id, "model": self.model, "start": self.start,
-                "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps}
+                "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
+                **caps}
 
 
 @dataclass

@@ -274,3 +274,23 @@ def test_a_bug_of_ours_is_a_json_500_and_leaves_nothing_in_flight(tmp_path: Path
         assert mitm.addon.router is not None
         assert in_flight(mitm.addon.router, "m|head[0-39]") == 0
         assert mitm.addon.telemetry is not None and mitm.addon.telemetry.in_flight == 0
+
+
+def test_a_vision_request_goes_to_the_route_that_sees(tmp_path: Path) -> None:
+    """Issue 25 in the addon too: capabilities filter its routes as the gateway's."""
+    plain, eyes = FakeChat("plain", tokens=3), FakeChat("eyes", tokens=3)
+    nodes = [Node("plain", tps=500, app=plain.app(), caps=[]),
+             Node("eyes", tps=1, app=eyes.app(), caps=["vision"])]
+    image = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    with running_mitm(tmp_path, nodes) as mitm:
+        for _ in range(3):
+            raw = client(mitm).chat.completions.with_raw_response.create(
+                model="m", messages=image)  # type: ignore[arg-type]
+            assert raw.headers["x-meshroute-route"] == "m|eyes[0-39]"
+        assert plain.seen == []
+        with pytest.raises(openai.BadRequestError) as info:
+            client(mitm).chat.completions.create(
+                model="m", messages=MESSAGES, response_format={  # type: ignore[arg-type]
+                    "type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
+        assert info.value.code == "unsupported_capability"

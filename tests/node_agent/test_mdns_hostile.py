@@ -159,3 +159,25 @@ def test_an_escape_sequence_in_an_announced_url_is_refused_and_never_logged_raw(
           >= 1, "the record is refused")
     assert "esc" not in node_ids(url)
     assert "\x1b" not in log.read_text()
+
+
+@pytest.mark.parametrize("caps", ["vision,\x1b[31mroot", "telepathy", "vision," * 40])
+def test_hostile_caps_in_a_txt_record_are_refused_counted_and_logged_escaped(
+        gateway: Gateway, caps: str) -> None:
+    """Issue 25: `caps` is read like every TXT field: bounded, known names only."""
+    url, log = gateway.url, gateway.log
+    good = NodeRecord("capsy", "m", 0, 0, 1, "http://127.0.0.1:9")
+    props = {**encode_record(good), "caps": caps}
+    if gateway.secret:  # signed as the mesh's members sign: the content is what is refused
+        from meshroute_middleware.core.contracts.txt import sign
+        props = {k: v for k, v in props.items() if k != "sig"}
+        props["sig"] = sign(props, gateway.secret[1])
+    txt = b"".join(bytes([len(p)]) + p for p in
+                   (f"{k}={v}".encode()[:255] for k, v in props.items()))
+    before = metric(url, "meshroute_rejected_total", source="mdns", reason="bad_record")
+    send_response("capsy." + NODE_SERVICE, NODE_SERVICE, txt)
+    until(lambda: metric(url, "meshroute_rejected_total", source="mdns", reason="bad_record")
+          > before, "the record is refused and counted")
+    assert "capsy" not in node_ids(url)
+    text = log.read_text()
+    assert "\x1b" not in text and "capsy" in text

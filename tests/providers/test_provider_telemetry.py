@@ -110,4 +110,5 @@ def test_models_lists_the_chains_and_provider_models_beside_the_mesh_models(
     assert rows["auto:budget"]["strategy"] == "cheapest"
     assert rows["fastco/big-model"] == {"id": "fastco/big-model", "object": "model",
                                         "owned_by": "fastco", "kind": "provider",
-                                        "tier": "large", "context": 4096}
+                                        "tier": "large", "context": 4096,
+                                        "capabilities": ["tools", "json_schema"]}

@@ -68,6 +68,7 @@ from meshroute_middleware.core import (
     Router,
     UnknownModelError,
 )
+from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.forwarding.client import (
     AiohttpForwarder,
     Forwarder,
@@ -212,18 +213,19 @@ class MeshRouteAddon:
                 raise RequestError(413, "request body exceeds the limit of "
                                    f"{self.settings.max_body_bytes} bytes", "request_too_large")
             req = parse_chat(body)
-            decision = self._decide(req.model, req.pin, req.max_tokens)
-        except (RequestError, NoRouteError) as exc:
+            decision = self._decide(req.model, req.pin, req.max_tokens, req.needs)
+        except (RequestError, NoRouteError, UnsupportedCapabilityError) as exc:
             answer_error(flow, ErrorAnswer.of(exc))
             return
         except _PassThrough:
             return
         await self._open(flow, req, decision)
 
-    def _decide(self, model: str, pin: list[str] | None, max_tokens: int | None) -> Decision:
+    def _decide(self, model: str, pin: list[str] | None, max_tokens: int | None,
+                needs: frozenset[str] = frozenset()) -> Decision:
         assert self.router is not None
         try:
-            return self.router.choose(model, pin, max_tokens)
+            return self.router.choose(model, pin, max_tokens, needs=needs)
         except UnknownModelError as exc:
             if pin is None:
                 raise _PassThrough from exc  # not the mesh's model: the named upstream's

@@ -29,7 +29,7 @@ from meshroute_middleware.chat.attempts import (
     internal_error,
 )
 from meshroute_middleware.chat.forward import ForwardMode
-from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
@@ -44,7 +44,6 @@ from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRou
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardTimeouts
 from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, RequestError
-from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_key_families
 
@@ -65,6 +64,7 @@ class ProviderChat:
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, acquire: Acquire | None = None,
+                 node_keys: NodeSecrets | None = None,
                  embeddings_router: Router | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
@@ -74,8 +74,8 @@ class ProviderChat:
         outcomes = ChainOutcomes(providers, telemetry, clock, router.config.min_sample_tokens)
         self._call = ProviderCall(providers, secrets, forwarder, outcomes,
                                   timeouts or ForwardTimeouts(), clock)
-        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder), outcomes,
-                               embeddings_router)
+        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder, node_keys=node_keys),
+                               outcomes, embeddings_router)
         self._watchdog = Watchdog()
         telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 
@@ -129,13 +129,13 @@ class ProviderChat:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
                           header(ex.scope, H_SESSION), self.clock(), tally, opened)
-        needs = NEEDS[ex.req.kind]  # embeddings, completions: only routes declaring them
-        passed: list[PassedOver] = self.providers.incapable(res, needs, self.router.serves)
+        needs, serves = ex.req.needs, self.router.serves
+        passed = self.providers.incapable(res, needs, serves)  # none capable: 400 here
         for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
             run: list[PassedOver] = []
             ranked = self.providers.rank(res, self.clock(), self.rng, pinned=pin,
                                          session=cr.session, tokens=cr.context_need,
-                                         needs=needs, mesh_serves=self.router.serves)
+                                         needs=needs, mesh_serves=serves)
             for scored in ranked:
                 if await self._candidate(cr, scored.candidate, run) or ex.started:
                     return

@@ -18,7 +18,6 @@ from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt
 from meshroute_middleware.core.providers.scoring import OutcomeKind
-from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.request import ChatRequest, answer_bound
 from meshroute_middleware.telemetry.metrics import Telemetry
 
@@ -39,8 +38,10 @@ class MeshEntry:
         kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
         router = self.embeddings_router if kind == "embeddings" else self.router
         try:
-            decision = router.choose(model, None, bound, cr.ex.req.prefix, needs=NEEDS[kind])
-        except (UnknownModelError, NoRouteError, UnsupportedCapabilityError):
+            decision = router.choose(model, None, bound, cr.ex.req.prefix, cr.ex.req.needs)
+        except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
+            return PassedOver(model, "capability")
+        except (UnknownModelError, NoRouteError):
             return self.outcomes.failed(got, "connect", cr.session)
         first = cr.opened[0]
         attempts = Attempts(router, self.telemetry, model, bound, first.timeout_s,

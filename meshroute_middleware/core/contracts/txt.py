@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
+from ..capabilities import format_caps
 from ..errors import InvalidNodeError, MeshRouteError
 from ..topology import NodeRecord, parse_node
 from .limits import MAX_ID_CHARS
@@ -38,6 +39,10 @@ NODE_KEYS: Final[Mapping[str, str]] = {
     "id": "node_id", "m": "model", "s": "start", "e": "end", "l": "layers",
     "u": "url", "t": "tps", "q": "queue", "r": "rep",
 }
+# The node's capabilities, comma-separated (`vision,tools`; empty: plain chat only; absent: a
+# node from before capabilities, core/capabilities.DEFAULT_CAPS). parse_node bounds its length
+# and refuses any name it does not know.
+CAPS_KEY: Final = "caps"
 # Tracker record: its id, HTTP port (optional) and gossip port.
 TRACKER_ID_KEY, TRACKER_HTTP_KEY, TRACKER_GOSSIP_KEY = "id", "hp", "gp"
 
@@ -142,6 +147,7 @@ def encode_node(record: NodeRecord, secret: str | None = None) -> dict[str, str]
     for short, name in NODE_KEYS.items():
         value = fields[name]
         props[short] = _fmt_float(value) if isinstance(value, float) else str(value)
+    props[CAPS_KEY] = format_caps(record.caps)
     try:
         return _seal(props, secret)
     except TxtError as exc:
@@ -156,6 +162,8 @@ def decode_node(props: TxtProperties, *, secret: str | None = None,
     except TxtError as exc:
         raise InvalidNodeError(str(exc)) from None
     fields = {name: text[short] for short, name in NODE_KEYS.items() if short in text}
+    if CAPS_KEY in text:
+        fields["caps"] = text[CAPS_KEY]
     return parse_node(fields, now=now)
 
 

@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..aliases import NO_ALIASES, Aliases, parse_aliases
 from ..capabilities import DEFAULT_CAPS, parse_caps
 from ..errors import MeshRouteError
 from .scoring import AUTO_ALIASES
 
-TABLES = ("routing", "profiles", "providers", "mesh")  # top-level tables this module owns
+# top-level tables owned here
+TABLES = ("routing", "profiles", "providers", "mesh", "aliases", "node_keys")
 TIERS = ("frontier", "large", "medium", "small")
 STRATEGIES = ("balanced", "fastest", "reliable", "smartest", "cheapest")
 DEFAULT_MESH_TIER = "medium"  # issue 12: a mesh model's tier unless [mesh.MODEL] says
@@ -71,6 +73,16 @@ class Provider:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeKey:
+    """One `[[node_keys]]` entry: a node's own API key (vLLM `--api-key`), sent by the
+    forwarder to that node only, and only while its record points at `url`."""
+
+    node: str  # the node id
+    url: str  # the node's URL as its record gives it (no trailing slash)
+    key: str  # a reference, `env:NAME` or `file:PATH`; never the key itself
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """One `[profiles.NAME]` table: its chain and, optionally, its own strategy."""
 
@@ -99,6 +111,8 @@ class ProvidersConfig:
     profiles: tuple[Profile, ...] = ()
     providers: tuple[Provider, ...] = ()
     mesh_tiers: Mapping[str, str] = field(default_factory=dict)
+    aliases: Aliases = NO_ALIASES  # `[aliases]`: requested model names onto routable ones
+    node_keys: tuple[NodeKey, ...] = ()  # `[[node_keys]]`: nodes' own API keys (references)
 
     def provider(self, name: str) -> Provider | None:
         return next((p for p in self.providers if p.name == name), None)
@@ -131,8 +145,17 @@ def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
         raise ProviderConfigError(f"[[providers]]: name {dup[0]!r} is configured twice")
     profiles = tuple(_profile(n, t) for n, t in _table(doc, "profiles", "").items())
     mesh = {str(n): _mesh_tier(n, t) for n, t in _table(doc, "mesh", "").items()}
-    cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh)
+    try:
+        aliases = parse_aliases(_table(doc, "aliases", ""))
+    except ValueError as exc:
+        raise ProviderConfigError(str(exc)) from None
+    node_keys = tuple(_node_key(i, t) for i, t in enumerate(_list(doc, "node_keys", "")))
+    if len({k.node for k in node_keys}) != len(node_keys):
+        raise ProviderConfigError("[[node_keys]]: a node is listed twice")
+    cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh,
+                          aliases, node_keys)
     _check_chains(cfg)
+    _check_aliases(cfg)
     return cfg
 
 
@@ -185,6 +208,20 @@ def _provider(i: int, t: object) -> Provider:
     if len(set(ids)) != len(ids):
         raise ProviderConfigError(f"{where}: a model id is listed twice")
     return Provider(name, base_url.rstrip("/"), _keys(t, where), limits, models)
+
+
+def _node_key(i: int, t: object) -> NodeKey:
+    where = f"[[node_keys]] #{i + 1}"
+    if not isinstance(t, Mapping):
+        raise ProviderConfigError(f"{where} must be a table")
+    _no_unknown(t, where, {"node", "url", "key"})
+    node, url = t.get("node"), t.get("url")
+    if not isinstance(node, str) or not re.fullmatch(r"[A-Za-z0-9._:@/+-]{1,256}", node):
+        raise ProviderConfigError(f"{where}: node must be a node id")
+    if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/?#@]+(/[^\s?#]*)?", url):
+        raise ProviderConfigError(f"{where}: url must be the node's http(s) URL")
+    keys = _keys({"keys": [t.get("key")]}, f"[[node_keys]] {node!r}")
+    return NodeKey(node, url.rstrip("/"), keys[0])
 
 
 def _keys(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
@@ -254,6 +291,19 @@ def _check_chains(cfg: ProvidersConfig) -> None:
     if cfg.routing.profile is not None and cfg.profile(cfg.routing.profile) is None:
         raise ProviderConfigError(f"[routing] profile {cfg.routing.profile!r}: no "
                                   f"[profiles.{cfg.routing.profile}] table")
+
+
+def _check_aliases(cfg: ProvidersConfig) -> None:
+    """An alias onto `auto:NAME` needs that strategy or profile; onto `provider/model`,
+    that provider model (a mesh model's nodes come and go: never checked here)."""
+    for alias in cfg.aliases.entries:
+        where, target = f"[aliases] {alias.pattern!r}", alias.target
+        name = target[5:] if target.startswith("auto:") else None
+        if name is not None and name not in AUTO_ALIASES and cfg.profile(name) is None:
+            raise ProviderConfigError(f"{where}: {target!r} names no strategy and no profile")
+        if cfg.names_provider(target) and cfg.split_route(target) is None:
+            raise ProviderConfigError(f"{where}: {target!r} names provider "
+                                      f"{target.partition('/')[0]!r}, which has no such model")
 
 
 # -- small typed readers ---------------------------------------------------------------------

@@ -79,3 +79,24 @@ def test_node_errors_stay_invalid_node_errors() -> None:
         decode_node({**encode_node(NODE), "v": "9"})
     with pytest.raises(InvalidNodeError, match="255"):
         encode_node(NodeRecord("n", "m", 0, 0, 1, "http://h/" + "p" * 300))
+
+
+def test_caps_round_trip_and_an_old_record_without_them_gets_the_defaults() -> None:
+    from dataclasses import replace
+
+    from meshroute_middleware.core.capabilities import DEFAULT_CAPS
+    seeing = replace(NODE, caps=frozenset({"vision", "tools"}))
+    props = encode_node(seeing, "s")
+    assert props["caps"] == "vision,tools"
+    assert decode_node(props, secret="s").caps == {"vision", "tools"}
+    plain = encode_node(replace(NODE, caps=frozenset()))
+    assert plain["caps"] == "" and decode_node(plain).caps == frozenset()
+    old = {k: v for k, v in encode_node(NODE).items() if k != "caps"}
+    assert decode_node(old).caps == DEFAULT_CAPS
+
+
+@pytest.mark.parametrize("caps", ["vision,root", "vision,\x1b[2J", "x" * 200,
+                                  "vision,vision,vision,vision,vision,vision", "tools;rm"])
+def test_hostile_caps_in_a_txt_record_are_refused(caps: str) -> None:
+    with pytest.raises(InvalidNodeError, match="caps"):
+        decode_node({**encode_node(NODE), "caps": caps})
