@@ -74,10 +74,12 @@ class GatewayAPI:
                  warnings: Sequence[str] = (), cache_s: float = CACHE_S,
                  clock: Callable[[], float] = time.monotonic,
                  providers: ProviderRouter | None = None,
-                 embeddings_router: Router | None = None) -> None:
+                 embeddings_router: Router | None = None,
+                 embeddings_providers: ProviderRouter | None = None) -> None:
         self.mesh, self.node_token = mesh, node_token
         self.providers = providers
-        self.embeddings_router = embeddings_router  # embeddings' statistics, shown apart
+        # embeddings' statistics (mesh routes, provider routes), shown apart from chat's
+        self.embeddings_router, self.embeddings_providers = embeddings_router, embeddings_providers
         self.router, self.telemetry = mesh.router, mesh.telemetry
         self.warnings = list(warnings)
         self.cache_s, self.clock = cache_s, clock
@@ -219,7 +221,8 @@ class GatewayAPI:
             return cached[1]
         table = self.router.routing_table(model)
         if self.embeddings_router is not None:
-            table["embeddings"] = embeddings_table(self.embeddings_router, model)
+            table["embeddings"] = embeddings_table(self.embeddings_router, model,
+                                                   self.embeddings_providers)
         if self.warnings:
             table["config"]["warnings"] = self.warnings
         if self.telemetry.requests is not None:
@@ -427,7 +430,8 @@ class ProviderRoutingAPI:
         return JSONResponse({"cleared": cleared, "route": route})
 
 
-def embeddings_table(router: Router, model: str | None) -> dict[str, Any]:
+def embeddings_table(router: Router, model: str | None,
+                     providers: ProviderRouter | None = None) -> dict[str, Any]:
     """The embeddings statistics of the models with embeddings traffic, over their routes
     that declare `embeddings`: `tps` there is inputs per second (also as `inputs_per_s`),
     `ttfb_ms` the whole answer's latency (also as `latency_ms`: it comes in one piece)."""
@@ -442,4 +446,10 @@ def embeddings_table(router: Router, model: str | None) -> dict[str, Any]:
             row["inputs_per_s"], row["latency_ms"] = row["tps"], row["ttfb_ms"]
             row["share"] = row["share"] / total if total > 0 else 0.0
         out[name] = {**entry, "candidates": rows}
-    return {"unit": "inputs_per_s", "models": out}
+    table: dict[str, Any] = {"unit": "inputs_per_s", "models": out}
+    if providers is not None and model is None:  # provider routes: by route, as measured
+        table["providers"] = {
+            route: {"inputs_per_s": st.tokens_per_s, "latency_ms": st.ttfb_ms,
+                    "successes": st.ok, "failures": st.fail}
+            for route, st in sorted(providers.stats.items())}
+    return table

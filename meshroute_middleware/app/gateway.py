@@ -152,7 +152,9 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers,
-                                                embeddings_router=embeddings), extra)
+                                                embeddings_router=embeddings,
+                                                embeddings_providers=None if chat is None
+                                                else chat.embeddings_providers), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
         background_services(config, mesh, keeper, clock, providers, embeddings), failures)

@@ -61,7 +61,8 @@ def test_embeddings_fall_back_to_the_next_provider_declaring_them(
         raw = _client(gw).embeddings.with_raw_response.create(
             model="auto", input=["one", "two"], encoding_format="float")
         again = _client(gw).embeddings.create(model="slowco/small-model", input="x")
-        stats = gw.gateway.providers.stats if gw.gateway.providers else {}
+        chat_stats = dict(gw.gateway.providers.stats) if gw.gateway.providers else {}
+        table = httpx.get(gw.url + "/v1/routing").json()
     got = raw.parse()
     assert raw.headers["x-meshroute-tried"] == "fastco/big-model#1,slowco/small-model#1"
     assert raw.headers["x-meshroute-route"] == "slowco/small-model#1"
@@ -71,9 +72,14 @@ def test_embeddings_fall_back_to_the_next_provider_declaring_them(
     assert [s.path for s in three["slow"].seen] == ["/v1/embeddings"] * 2
     assert three["slow"].seen[0].model == "small-model"  # the upstream's own model id
     assert three["plain"].seen == []  # never sent what it did not declare
-    slow = stats["slowco/small-model"]
-    # reliability learned; chat's speed axes untouched by embeddings answers
-    assert slow.ok == 2 and slow.tokens_per_s is None and slow.ttfb_ms is None
+    # measured in the embeddings' own provider statistics: inputs/s and latency ...
+    measured = table["embeddings"]["providers"]
+    assert measured["slowco/small-model"]["successes"] == 2
+    assert measured["slowco/small-model"]["inputs_per_s"] > 0
+    assert measured["slowco/small-model"]["latency_ms"] > 0
+    assert measured["fastco/big-model"]["failures"] == 1
+    # ... and none of it in chat's: its ranking and speed axes untouched
+    assert "slowco/small-model" not in chat_stats and "fastco/big-model" not in chat_stats
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -136,3 +142,6 @@ def test_a_chains_mesh_entry_serves_embeddings_with_their_own_statistics(
     assert plain.worker.requests_total == 0 and three["slow"].seen == []
     assert table["embeddings"]["models"]["qwen"]["candidates"][0]["samples"] == 1
     assert all(r["successes"] == 0 for r in table["models"]["qwen"]["candidates"])
+    # the chain's view of its mesh entry: in the embeddings' provider statistics alone
+    assert table["embeddings"]["providers"]["qwen"]["inputs_per_s"] > 0
+    assert "qwen" not in (gw.gateway.providers.stats if gw.gateway.providers else {})

@@ -155,14 +155,14 @@ class ProviderCall:
         meter = TokenMeter(streaming=False)
         meter.feed(body)
         seconds = max(done - sent, 1e-6)
-        # an embeddings answer says nothing of a route's chat speed: reliability only
-        # (docs/architecture.md, "Statistics per request kind")
-        timed = cr.ex.req.kind != "embeddings"
+        # an embeddings answer is measured in inputs/s, recorded in the embeddings lane's
+        # own statistics (docs/architecture.md, "Statistics per request kind")
+        inputs = cr.ex.req.inputs
+        done_units = meter.completion_tokens if inputs is None else inputs
         self.outcomes.record(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
-                             completion_tokens=meter.completion_tokens,
-                             tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds)
-                             if timed else None,
-                             ttfb_ms=seconds * 1000 if timed else None, session=cr.session)
+                             completion_tokens=done_units,
+                             tokens_per_s=self.outcomes.tps(done_units, seconds),
+                             ttfb_ms=seconds * 1000, session=cr.session)
         await self._answer(cr, upstream, got.route, self._scrubber.scrub(body))
         return None
 

@@ -26,17 +26,16 @@ class MeshEntry:
     """Runs a chain's mesh entries."""
 
     def __init__(self, router: Router, telemetry: Telemetry, forward: ForwardMode,
-                 outcomes: ChainOutcomes, embeddings_router: Router | None = None) -> None:
+                 outcomes: ChainOutcomes) -> None:
         self.router, self.telemetry, self.forward = router, telemetry, forward
         self.outcomes = outcomes
-        self.embeddings_router = embeddings_router or router  # embeddings' own statistics
 
     async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
         """The mesh model's attempts; None once answered, else why it was passed over."""
         model = got.candidate.route
         bound = answer_bound(cr.payload)
         kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
-        router = self.embeddings_router if kind == "embeddings" else self.router
+        router = self.router  # the kind's: an embeddings lane has the embeddings Router
         try:
             decision = router.choose(model, None, bound, cr.ex.req.prefix, cr.ex.req.needs)
         except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
@@ -66,10 +65,9 @@ class MeshEntry:
         first_at = m.first if m is not None and m.first is not None else now
         end = m.last if m is not None and m.last is not None else now
         tokens = m.meter.completion_tokens if m is not None and m.meter is not None else 0
+        if kind == "embeddings" and m is not None:
+            tokens = m.outcome().completion_tokens  # its inputs, once answered whole
         seconds = max(end - sent, 1e-6)  # forwarding to the last byte
-        if kind == "embeddings":  # measured by the embeddings Router: reliability only here
-            self.outcomes.record(got, OutcomeKind.SUCCESS, session=cr.session)
-            return None
         self.outcomes.record(got, OutcomeKind.SUCCESS,
                              tokens_per_s=self.outcomes.tps(tokens, seconds),
                              ttfb_ms=(first_at - sent) * 1000, session=cr.session)
