@@ -131,8 +131,8 @@ class Attempts:
     """The attempts of one chat request, from the first decision to the last, within one
     deadline (a loop time: `asyncio.timeout_at(attempts.deadline)` bounds each wait)."""
 
-    __slots__ = ("_now", "_open", "deadline", "failures", "inputs", "max_tokens", "measured",
-                 "model", "router", "telemetry", "text", "timeout_s")
+    __slots__ = ("_now", "_open", "deadline", "failures", "inputs", "kind", "max_tokens",
+                 "measured", "model", "router", "telemetry", "text", "timeout_s")
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str,
                  max_tokens: int | None = None, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -142,6 +142,7 @@ class Attempts:
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         # what each attempt measures (Measurement): an embeddings request's inputs, a
         # completions stream's `text` tokens; `router` holds the kind's own statistics
+        self.kind = kind
         self.inputs = inputs if kind == "embeddings" else None
         self.text = kind == "completions"
         self._now = asyncio.get_running_loop().time  # the loop looked up once per request
@@ -183,7 +184,7 @@ class Attempts:
     def record(self, decision: Decision, outcome: Outcome) -> None:
         """Record a finished attempt and tell the world."""
         result = self.router.record(decision, outcome)
-        self.telemetry.finished(decision, outcome, result)
+        self.telemetry.finished(decision, outcome, result, self.kind)
 
     def settle(self, decision: Decision, measurement: Measurement,
                error: ErrorKind | Literal[""] = "", *,

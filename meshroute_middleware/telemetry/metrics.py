@@ -211,6 +211,10 @@ def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
             "tps": tps, "error": outcome.error or None}
 
 
+def _embeddings_outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
+    return {**_outcome_fields(event), "kind": "embeddings"}
+
+
 class Telemetry:
     """Events and metrics of one gateway; its own registry, so several can live in a process."""
 
@@ -264,11 +268,17 @@ class Telemetry:
         _bump(self.decisions, (decision.model, decision.mode))
         self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
 
-    def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
-        """An attempt ended; `result` is what the router made of it."""
+    def finished(self, decision: Decision, outcome: Outcome, result: str,
+                 kind: str = "chat") -> None:
+        """An attempt ended; `result` is what the router made of it. An embeddings attempt's
+        event says `kind: "embeddings"` (its `tps` is inputs per second)."""
         _bump(self.outcomes, (decision.model, result))
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
+        if kind == "embeddings":
+            self.events.publish_lazy("outcome", _embeddings_outcome_fields,
+                                     (_selected(decision), outcome, result))
+            return
         self.events.publish_lazy("outcome", _outcome_fields,
                                  (_selected(decision), outcome, result))
 

@@ -84,6 +84,13 @@ def test_embeddings_fall_back_past_a_500_and_skip_a_route_without_the_capability
     assert rows["good"]["inputs_per_s"] > 0 and rows["good"]["latency_ms"] is not None
     chat_rows = table["models"][MODEL]["candidates"]
     assert all(r["successes"] == 0 and r["failures"] == 0 for r in chat_rows)
+    # its events say so: the dashboard charts no inputs/s as tok/s
+    outcomes = [e for e in mesh["gateway"].telemetry.events.history(0)
+                if e["type"] == "outcome"]
+    assert outcomes and all(e["kind"] == "embeddings" for e in outcomes)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    chat = [e for e in mesh["gateway"].telemetry.events.history(0) if e["type"] == "outcome"]
+    assert "kind" not in chat[-1]
 
 
 def test_embeddings_statistics_leave_chat_tokens_per_s_alone(mesh: dict[str, Any]) -> None:
