@@ -211,6 +211,10 @@ def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
             "tps": tps, "error": outcome.error or None}
 
 
+def _embeddings_provider_outcome_fields(event: ProviderFinished) -> Payload:
+    return {**_provider_outcome_fields(event), "kind": "embeddings"}
+
+
 def _embeddings_outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
     return {**_outcome_fields(event), "kind": "embeddings"}
 
@@ -291,7 +295,7 @@ class Telemetry:
 
     def provider_finished(self, chain: str, route: str, key_route: str, attempt: int,
                           outcome: Outcome, result: str,
-                          cooldown_until: float | None = None) -> None:
+                          cooldown_until: float | None = None, kind: str = "chat") -> None:
         """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
         reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
         own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
@@ -299,7 +303,8 @@ class Telemetry:
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy(
-            "outcome", _provider_outcome_fields,
+            "outcome", _provider_outcome_fields if kind != "embeddings"
+            else _embeddings_provider_outcome_fields,
             (_provider_selected(route, key_route, attempt), chain, outcome, result,
              cooldown_until))
 

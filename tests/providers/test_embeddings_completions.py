@@ -63,6 +63,9 @@ def test_embeddings_fall_back_to_the_next_provider_declaring_them(
         again = _client(gw).embeddings.create(model="slowco/small-model", input="x")
         chat_stats = dict(gw.gateway.providers.stats) if gw.gateway.providers else {}
         table = httpx.get(gw.url + "/v1/routing").json()
+        events = [e for e in gw.gateway.telemetry.events.history(0) if e["type"] == "outcome"]
+    assert {e["signature"] for e in events} == {"fastco/big-model#1", "slowco/small-model#1"}
+    assert all(e["kind"] == "embeddings" for e in events)  # tps there is inputs/s
     got = raw.parse()
     assert raw.headers["x-meshroute-tried"] == "fastco/big-model#1,slowco/small-model#1"
     assert raw.headers["x-meshroute-route"] == "slowco/small-model#1"

@@ -84,9 +84,9 @@ class ProviderChat:
         self.rng = rng or random.Random()
         forward = ForwardMode(forwarder, node_keys=node_keys)
 
-        def lane(ranking: ProviderRouter, mesh_router: Router) -> _Lane:
+        def lane(ranking: ProviderRouter, mesh_router: Router, kind: str = "chat") -> _Lane:
             outcomes = ChainOutcomes(ranking, telemetry, clock,
-                                     mesh_router.config.min_sample_tokens)
+                                     mesh_router.config.min_sample_tokens, kind)
             return _Lane(ranking, ProviderCall(ranking, secrets, forwarder, outcomes,
                                                timeouts or ForwardTimeouts(), clock),
                          MeshEntry(mesh_router, telemetry, forward, outcomes))
@@ -98,7 +98,7 @@ class ProviderChat:
         chat = lane(providers, router)
         self._lanes = {"chat": chat, "completions": chat,
                        "embeddings": lane(self.embeddings_providers,
-                                          embeddings_router or router)}
+                                          embeddings_router or router, "embeddings")}
         self._watchdog = Watchdog()
         telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 
