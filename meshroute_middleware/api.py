@@ -123,12 +123,18 @@ class GatewayAPI:
             return answer(ErrorAnswer.of(UnknownModelError(f"no model {model_id[:200]!r}")))
         return JSONResponse({"created": 0, **row})
 
+    def _mesh_caps(self, model: str) -> list[str]:
+        """The capabilities some route of a mesh model has (each: a route whose every hop has
+        it)."""
+        return [c for c in CAPABILITIES if self.router.serves(model, frozenset({c}))]
+
     def _models(self) -> list[dict[str, Any]]:
         per_model: dict[str, int] = {}
         for node in self.mesh.nodes():
             per_model[node.model] = per_model.get(node.model, 0) + 1
         data = [{"id": m, "object": "model", "owned_by": "meshroute", "kind": "mesh",
-                 "nodes": n} for m, n in sorted(per_model.items())]
+                 "nodes": n, "capabilities": self._mesh_caps(m)}
+                for m, n in sorted(per_model.items())]
         if self.providers is not None:
             data += provider_models(self.providers.cfg)
         return data

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .capabilities import NO_NEEDS, UnsupportedCapabilityError
+from .capabilities import CAPABILITIES, NO_NEEDS, UnsupportedCapabilityError
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
 from .kinds import (
@@ -384,6 +384,7 @@ def _row(arm: Arm, best_tps: float, share: float, estimate: float | None) -> dic
         "hops": [{"node_id": h.node.node_id, "start_layer": h.start_layer,
                   "end_layer": h.end_layer} for h in arm.route.hops],
         "head": arm.route.head.node_id,
+        "caps": [c for c in CAPABILITIES if c in arm.route.caps],  # what every hop serves
         "tps": v.tps,
         "prior_tps": arm.prior_tps,
         "estimate_tps": estimate,

@@ -46,7 +46,7 @@ def test_claude_codes_model_names_resolve_onto_the_smart_chain(
     raw = client(running).chat.completions.with_raw_response.create(model=asked, messages=HI)
     completion = raw.parse()
     assert completion.model == asked  # the model the client asked for
-    assert raw.headers["content-length"] == str(len(raw.content))
+    assert json.loads(raw.content)["model"] == asked
     assert raw.headers["x-meshroute-tried"].split("#")[0] in {"fastco/big-model",
                                                                "slowco/small-model", "qwen"}
     assert asked not in [s.model for s in fast.seen + slow.seen]  # upstreams get their own id
@@ -124,3 +124,32 @@ def test_models_retrieve(gw: tuple[Running, FakeChat]) -> None:
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("auto:nonsense")
+
+
+class _Toy:
+    """A dialect of two fields, `m` and `q`, whose answers pass on as they are."""
+
+    path = "/v1/toy"
+
+    def open(self, send: Any) -> Any:
+        class Translation:
+            def __init__(self) -> None:
+                self.send = send
+
+            def request(self, body: bytes) -> bytes:
+                doc = json.loads(body)
+                return json.dumps({"model": doc["m"], "messages": [
+                    {"role": "user", "content": doc["q"]}]}).encode()
+        return Translation()
+
+
+def test_a_dialects_model_is_aliased_too(gw: tuple[Running, FakeChat],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshroute_middleware.chat.dialects import DIALECTS
+    monkeypatch.setitem(DIALECTS, _Toy.path, _Toy())  # type: ignore[arg-type]
+    running, node = gw
+    answer = httpx.post(running.url + _Toy.path, json={"m": "claude-haiku-4-5", "q": "hi"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-meshroute-route"] == "qwen|n1[0-39]"
+    assert node.seen[-1]["body"]["model"] == "qwen"
+    assert answer.json()["model"] == "claude-haiku-4-5"  # what the translation is handed

@@ -58,6 +58,21 @@ def test_a_request_skips_the_faster_route_without_the_capability(
     assert plain.headers["x-meshroute-route"] == "m|plain[0-39]"  # the fast one otherwise
 
 
+def test_routes_and_models_show_their_capabilities(mesh: dict[str, Any]) -> None:
+    rows = httpx.get(mesh["url"] + "/v1/routing", params={"model": "m"}).json()
+    caps = {r["head"]: r["caps"] for r in rows["models"]["m"]["candidates"]}
+    assert caps == {"plain": [], "eyes": ["vision", "tools", "json_schema"]}
+    models = {m["id"]: m for m in httpx.get(mesh["url"] + "/v1/models").json()["data"]}
+    assert models["m"]["capabilities"] == ["vision", "tools", "json_schema"]
+    assert models["n"]["capabilities"] == ["tools"]
+    assert mesh["client"].models.retrieve("n").model_extra["capabilities"] == ["tools"]
+    refused = httpx.post(mesh["url"] + "/v1/nodes", json={
+        "node_id": "odd", "model": "m", "start": 0, "end": 39, "layers": 40,
+        "url": "http://127.0.0.1:9", "caps": ["vision", "mind-reading"]})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_node"
+    assert "mind-reading" in refused.json()["error"]["message"]
+
+
 def test_no_route_with_the_capability_is_a_400_naming_it(mesh: dict[str, Any]) -> None:
     client = mesh["client"]
     with pytest.raises(openai.BadRequestError) as info:
