@@ -148,3 +148,18 @@ def test_a_chains_mesh_entry_serves_embeddings_with_their_own_statistics(
     # the chain's view of its mesh entry: in the embeddings' provider statistics alone
     assert table["embeddings"]["providers"]["qwen"]["inputs_per_s"] > 0
     assert "qwen" not in (gw.gateway.providers.stats if gw.gateway.providers else {})
+
+
+def test_an_alias_maps_an_openai_embedding_model_name_onto_a_provider_model(
+        three: dict[str, FakeProvider]) -> None:
+    """A RAG pipeline asks for OpenAI's model names; `[aliases]` maps them, and the answer
+    names the model asked for."""
+    doc = _doc(three)
+    doc["aliases"] = {"text-embedding-3-*": "slowco/small-model"}
+    with gateway(doc) as gw:
+        raw = _client(gw).embeddings.with_raw_response.create(
+            model="text-embedding-3-small", input="hi", encoding_format="float")
+    got = raw.parse()
+    assert got.model == "text-embedding-3-small"
+    assert got.data[0].embedding == vector("hi", 8)
+    assert [s.model for s in three["slow"].seen] == ["small-model"]
