@@ -67,7 +67,9 @@ class _Lane:
 
 
 class ProviderChat:
-    """Serves chat requests whose model names a provider route, `auto` or `auto:*`."""
+    """Serves chat (and completions, embeddings) requests whose model names a provider
+    route, `auto` or `auto:*`; embeddings' mesh entries run `embeddings_router` (the
+    middleware's, `build_embeddings_router`)."""
 
     def __init__(self, providers: ProviderRouter, secrets: Mapping[str, tuple[Secret, ...]],
                  forwarder: Forwarder, router: Router, telemetry: Telemetry, *,
