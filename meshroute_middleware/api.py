@@ -442,7 +442,10 @@ def embeddings_table(router: Router, model: str | None,
     that declare `embeddings`: `tps` there is inputs per second (also as `inputs_per_s`),
     `ttfb_ms` the whole answer's latency (also as `latency_ms`: it comes in one piece)."""
     out: dict[str, Any] = {}
-    for name, entry in router.routing_table(model)["models"].items():
+    # only the models embeddings were sent to: a table per model costs (shares are sampled)
+    measured = {key[0] for key, _ in router.stats} if model is None else {model}
+    for name in sorted(m for m in measured if router.topology.model(m) is not None):
+        entry = router.routing_table(name)["models"][name]
         capable = {r.signature for r in router.candidates(name, NEEDS["embeddings"])}
         rows = [r for r in entry["candidates"] if r["signature"] in capable]
         if not any(r["successes"] or r["failures"] or r["in_flight"] for r in rows):
