@@ -30,6 +30,7 @@ from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import AUTO_ALIASES
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, error_body
+from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.openapi import openapi_document
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 from meshroute_middleware.mesh import Mesh, MeshFullError
@@ -79,9 +80,13 @@ class GatewayAPI:
     def __init__(self, mesh: Mesh, node_token: str | None = None, *,
                  warnings: Sequence[str] = (), cache_s: float = CACHE_S,
                  clock: Callable[[], float] = time.monotonic,
-                 providers: ProviderRouter | None = None) -> None:
+                 providers: ProviderRouter | None = None,
+                 embeddings_router: Router | None = None,
+                 embeddings_providers: ProviderRouter | None = None) -> None:
         self.mesh, self.node_token = mesh, node_token
         self.providers = providers
+        # embeddings' statistics (mesh routes, provider routes), shown apart from chat's
+        self.embeddings_router, self.embeddings_providers = embeddings_router, embeddings_providers
         self.router, self.telemetry = mesh.router, mesh.telemetry
         self.warnings = list(warnings)
         self.cache_s, self.clock = cache_s, clock
@@ -95,6 +100,9 @@ class GatewayAPI:
             Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
             # the other APIs over the chat path (chat/dialects), for the 405 of other methods
             *(Route(path, self.chat_unrouted, methods=["POST"]) for path in DIALECTS),
+            # the other routed paths: so that another method there is a 405, not a 404
+            Route("/v1/embeddings", self.chat_unrouted, methods=["POST"]),
+            Route("/v1/completions", self.chat_unrouted, methods=["POST"]),
             # one route per path, so that a 405's Allow header lists every method
             Route("/v1/nodes", self.nodes, methods=["GET", "POST"]),
             Route("/v1/nodes/{node_id:path}", self.delete_node, methods=["DELETE"]),
@@ -227,6 +235,9 @@ class GatewayAPI:
         if cached is not None and now - cached[0] < self.cache_s:
             return cached[1]
         table = self.router.routing_table(model)
+        if self.embeddings_router is not None:
+            table["embeddings"] = embeddings_table(self.embeddings_router, model,
+                                                   self.embeddings_providers)
         if self.warnings:
             table["config"]["warnings"] = self.warnings
         if self.telemetry.requests is not None:
@@ -511,3 +522,29 @@ def client_key(request: Request) -> str | None:
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return auth[7:].strip()
     return request.headers.get("x-api-key") or None
+def embeddings_table(router: Router, model: str | None,
+                     providers: ProviderRouter | None = None) -> dict[str, Any]:
+    """The embeddings statistics of the models with embeddings traffic, over their routes
+    that declare `embeddings`: `tps` there is inputs per second (also as `inputs_per_s`),
+    `ttfb_ms` the whole answer's latency (also as `latency_ms`: it comes in one piece)."""
+    out: dict[str, Any] = {}
+    # only the models embeddings were sent to: a table per model costs (shares are sampled)
+    measured = {key[0] for key, _ in router.stats} if model is None else {model}
+    for name in sorted(m for m in measured if router.topology.model(m) is not None):
+        entry = router.routing_table(name)["models"][name]
+        capable = {r.signature for r in router.candidates(name, NEEDS["embeddings"])}
+        rows = [r for r in entry["candidates"] if r["signature"] in capable]
+        if not any(r["successes"] or r["failures"] or r["in_flight"] for r in rows):
+            continue  # no embeddings traffic: chat's table says all there is
+        total = sum(r["share"] for r in rows)
+        for row in rows:
+            row["inputs_per_s"], row["latency_ms"] = row["tps"], row["ttfb_ms"]
+            row["share"] = row["share"] / total if total > 0 else 0.0
+        out[name] = {**entry, "candidates": rows}
+    table: dict[str, Any] = {"unit": "inputs_per_s", "models": out}
+    if providers is not None and model is None:  # provider routes: by route, as measured
+        table["providers"] = {
+            route: {"inputs_per_s": st.tokens_per_s, "latency_ms": st.ttfb_ms,
+                    "successes": st.ok, "failures": st.fail}
+            for route, st in sorted(providers.stats.items())}
+    return table

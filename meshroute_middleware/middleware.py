@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,7 +37,6 @@ from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_bac
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.spend import ClientSpend, Metered
 from meshroute_middleware.core import (
-    Decision,
     InvalidPinError,
     NoRouteError,
     Router,
@@ -56,11 +55,12 @@ from meshroute_middleware.core.clients import (
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
+from meshroute_middleware.http.inference import PARSERS
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
-    ChatRequest,
+    PATHS,
+    RequestKind,
     check_session_id,
-    parse_chat,
     read_body,
     replay,
 )
@@ -113,11 +113,22 @@ def build_router(config: RouterConfig | None = None, *, seed: int | None = None,
     return Router(config, clock=clock, rng=random.Random(seed), origin=origin)
 
 
+def build_embeddings_router(router: Router, *, seed: int | None = None) -> Router:
+    """The Router of embeddings requests: `router`'s topology (the same nodes, always), its
+    own statistics and policy, so that inputs/s never mix with chat's tokens/s; one input is
+    a sample (docs/architecture.md)."""
+    return Router(replace(router.config, min_sample_tokens=1), clock=router.clock,
+                  rng=random.Random(seed), origin=router.stats.origin,
+                  topology=router.topology)
+
+
 class MeshRouteMiddleware:
     """Pure ASGI middleware in front of any chat server (starlette style).
 
     Without a `router`, it routes with a `build_router()` of its own (`.router`, to add
-    nodes to); without a `forwarder`, it forwards with an `AiohttpForwarder()`.
+    nodes to); without a `forwarder`, it forwards with an `AiohttpForwarder()`. Embeddings
+    are routed by `embeddings_router` (default: `build_embeddings_router(router)`), chat and
+    completions by `router`.
     """
 
     def __init__(self, app: ASGIApp, config: MiddlewareConfig | None = None, *,
@@ -126,13 +137,19 @@ class MeshRouteMiddleware:
                  providers: ProviderChat | None = None,
                  spend: ClientSpend | None = None,
                  aliases: Aliases = NO_ALIASES,
-                 node_keys: NodeSecrets | None = None) -> None:
+                 node_keys: NodeSecrets | None = None,
+                 embeddings_router: Router | None = None) -> None:
         self.app = app
         self.aliases = aliases  # `[aliases]`: applied to the requested model before routing
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
         self.spend = spend  # clients' limits, budgets and usage ledger (issue 24)
         self.config = config or MiddlewareConfig()
         self.router = router or build_router()
+        self.embeddings_router = embeddings_router or build_embeddings_router(self.router)
+        # the routed endpoints, by path: one branch of __call__ serves them all (and the
+        # dialects' paths), so what guards one guards every one
+        self._kinds: dict[str, RequestKind] = {
+            **{p: k for k, p in PATHS.items() if k != "chat"}, self.config.path: "chat"}
         self.forwarder = forwarder or AiohttpForwarder()
         self.telemetry = telemetry or Telemetry(self.router)
         if self.telemetry.requests is None:
@@ -154,16 +171,17 @@ class MeshRouteMiddleware:
             # the app answers another method (405), in the dialect's error shape
             await self.app(scope, receive, DIALECTS[scope["path"]].open(send).send)
         elif (scope["type"] != "http" or scope["method"] != "POST"
-              or (scope["path"] != self.config.path and scope["path"] not in DIALECTS)):
+              or (scope["path"] not in self._kinds and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)
         else:
             watched = self._requests.watch(send)  # counts the request by its answer
-            dialect = DIALECTS.get(scope["path"]) if scope["path"] != self.config.path else None
+            kind = self._kinds.get(scope["path"])
+            dialect = DIALECTS.get(scope["path"]) if kind is None else None
             translation = None if dialect is None else dialect.open(watched)
             out = watched if translation is None else translation.send
             try:
                 if await self._authenticated(scope, out):  # every inference path, first
-                    await self._chat(scope, receive, out, translation)
+                    await self._chat(scope, receive, out, translation, kind or "chat")
             finally:
                 watched.close()
 
@@ -189,8 +207,12 @@ class MeshRouteMiddleware:
             await send(message)
         return _send
 
+    def router_for(self, kind: RequestKind) -> Router:
+        """The Router whose statistics a kind of request reads and writes."""
+        return self.embeddings_router if kind == "embeddings" else self.router
+
     async def _chat(self, scope: Scope, receive: Receive, send: Send,
-                    translation: Translation | None = None) -> None:
+                    translation: Translation | None = None, kind: RequestKind = "chat") -> None:
         metered: Metered | None = None
         try:
             if came_back(scope, self._via):
@@ -201,7 +223,7 @@ class MeshRouteMiddleware:
             add_via(scope, self._via_header)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
-            req = parse_chat(body if translation is None else translation.request(body))
+            req = PARSERS[kind](body if translation is None else translation.request(body))
             target = self.aliases.resolve(req.model) if self.aliases else None
             if target is not None:  # the answer names the model the client asked for
                 req, send = with_model(req, target), answer_model(send, req.model)
@@ -221,9 +243,9 @@ class MeshRouteMiddleware:
                 scope = {**scope, "path": self.config.path,
                          "raw_path": self.config.path.encode()}
             chain = self.providers is not None and self.providers.claims(req.model)
-            decision = None if chain else self.router.choose(req.model, req.pin,
-                                                             req.max_tokens, req.prefix,
-                                                             req.needs)
+            router = self.router_for(kind)
+            decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
+                                                        req.prefix, req.needs)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
@@ -239,37 +261,40 @@ class MeshRouteMiddleware:
             await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
                                  "route").send(send)
             return
-        except (InvalidPinError, NoRouteError, ModelNotAllowedError,
-                UnsupportedCapabilityError) as exc:
+        except UnsupportedCapabilityError as exc:
+            if self.annotate and req.pin is None and kind != "chat":
+                # no node declares it: the app serves its own /v1/embeddings as before
+                await self.app(scope, replay(req.body, receive), send)
+                return
+            await ErrorAnswer.of(exc).send(send)
+            return
+        except (InvalidPinError, NoRouteError, ModelNotAllowedError) as exc:
             await ErrorAnswer.of(exc).send(send)
             return
         except Exception:  # a bug of ours while choosing: a JSON error, never a traceback
             log.exception("meshroute: internal error while choosing a route")
             await INTERNAL_ERROR.send(send)
             return
+        # served here, not in a coroutine of its own: one object less per open stream
         try:
-            await self._serve(scope, receive, send, req, decision)
+            if decision is None:
+                assert self.providers is not None
+                await self.providers.serve(scope, receive, send, req)
+                return
+            attempts = Attempts(router, self.telemetry, req.model, req.max_tokens,
+                                self.config.request_timeout_s, kind=kind, inputs=req.inputs)
+            if self.providers is not None:  # with provider routes, every answer says what
+                send = self.providers.with_tried(send, attempts)  # it tried
+            ex = Exchange(scope, receive, send, req, attempts)
+            self.telemetry.in_flight += 1
+            try:
+                await self._mode.serve(ex, decision)
+            except Exception:  # a bug of ours: no traceback, no hung request for the client
+                if not await internal_error(ex, "routing a chat request"):
+                    raise
+            finally:
+                self.telemetry.in_flight -= 1
+                attempts.close()
         finally:
             if metered is not None:  # recorded once, however its answer ended
                 await metered.close()
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, req: ChatRequest,
-                     decision: Decision | None) -> None:
-        if decision is None:
-            assert self.providers is not None
-            await self.providers.serve(scope, receive, send, req)
-            return
-        attempts = Attempts(self.router, self.telemetry, req.model, req.max_tokens,
-                            self.config.request_timeout_s)
-        if self.providers is not None:  # with provider routes, every answer says what it tried
-            send = self.providers.with_tried(send, attempts)
-        ex = Exchange(scope, receive, send, req, attempts)
-        self.telemetry.in_flight += 1
-        try:
-            await self._mode.serve(ex, decision)
-        except Exception:  # a bug of ours: no traceback, no hung request for the client
-            if not await internal_error(ex, "routing a chat request"):
-                raise
-        finally:
-            self.telemetry.in_flight -= 1
-            attempts.close()

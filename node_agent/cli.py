@@ -52,6 +52,7 @@ EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
     "prefill_tps": (float, "prompt tokens/s of the whole model (0: prompts cost nothing)"),
     "cache_tokens": (int, "prefix-cache capacity in tokens, LRU (0: no cache)"),
     "first_token_s": (float, "base latency before every first token"),
+    "embedding_dim": (int, "length of the vectors /v1/embeddings answers (default 64)"),
 }
 
 

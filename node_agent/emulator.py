@@ -23,14 +23,14 @@ from meshroute_middleware.core.prefix import Prefix
 from .chat import (
     ChatJob,
     ChatRequestError,
-    chunk,
-    completion,
     parse_chat,
     tool_chunks,
     tool_completion,
     usage_chunk,
     words,
 )
+from .completions import CHAT, COMPLETIONS, Shape, parse_completion
+from .embeddings import embeddings_answer, parse_embeddings
 from .hops import (
     HANDSHAKE,
     HOP_PATH,
@@ -97,9 +97,12 @@ class EmulatedNode:
         return self.worker.measured_tps
 
     def app(self) -> Starlette:
-        """The Starlette app: chat completions, models, the internal hop, status."""
+        """The Starlette app: chat completions, completions, embeddings, models, the internal
+        hop, status."""
         routes = [
             Route("/v1/chat/completions", _AsgiEndpoint(self.chat), methods=["POST"]),
+            Route("/v1/completions", _AsgiEndpoint(self.completions), methods=["POST"]),
+            Route("/v1/embeddings", _AsgiEndpoint(self.embeddings), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route(HOP_PATH, _AsgiEndpoint(self.hop), methods=["POST"]),
             Route("/internal/status", self.status, methods=["GET"]),
@@ -159,9 +162,18 @@ class EmulatedNode:
     # -- POST /v1/chat/completions -----------------------------------------------------
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The OpenAI-compatible chat endpoint; the head of the request's plan."""
+        await self._generate(scope, receive, send, parse_chat, CHAT)
+
+    async def completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/completions: generated as chat is, answered as `text_completion`."""
+        await self._generate(scope, receive, send, parse_completion, COMPLETIONS)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send,
+                        parse: Callable[[Any, EmulatorConfig], ChatJob], shape: Shape) -> None:
+        """Parse, then run a generation request over its plan, answered in `shape`."""
         request = Request(scope, receive)
         try:
-            job = parse_chat(await _read_body(request), self.config)
+            job = parse(await _read_body(request), self.config)
             plan = parse_plan(request.headers.get(PLAN_HEADER), self.config, head=True)
         except EmulatorError as exc:
             await error_response(exc)(scope, receive, send)
@@ -172,46 +184,45 @@ class EmulatedNode:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
             try:
-                await self._run_chat(job, plan, route, out)
+                await self._run_chat(job, plan, route, out, shape)
             except EmulatorError as exc:
                 failure = exc
             tg.cancel_scope.cancel()
         await self._fail(failure, out, scope, receive, send)
 
     async def _run_chat(self, job: ChatJob, plan: list[PlanHop], route: str | None,
-                        out: _Sender) -> None:
+                        out: _Sender, shape: Shape = CHAT) -> None:
         async with self.worker.slot():
             fault = self.worker.fault()
             if fault == "fail":
                 raise InjectedFault(f"node {self.config.node_id} failed the request (fault)")
             async with self._chain(plan, route, job.prompt) as link:
                 self._served += 1
-                ident = f"chatcmpl-{self.config.node_id}-{self._served}"
+                ident = f"{shape.prefix}-{self.config.node_id}-{self._served}"
                 tokens = self._tokens(plan, link, job.max_tokens, fault,
                                       self.worker.prefill_s(job.prompt, plan[0].span))
                 if job.tool is not None:
                     await self._tool_call(job, ident, tokens, out)
                 elif job.stream:
-                    await self._stream(job, ident, tokens, out)
+                    await self._stream(job, ident, tokens, out, shape)
                 else:
                     text = "".join([w async for w in tokens])
-                    body = json.dumps(completion(job, ident, text, int(time.time())))
+                    body = json.dumps(shape.whole(job, ident, text, int(time.time())))
                     await out.start(200, self._headers(b"application/json"))
                     await out.body(body.encode(), more=False)
                 self.worker.remember(job.prompt, "".join(words(job.max_tokens)))
 
     async def _stream(self, job: ChatJob, ident: str, tokens: AsyncIterator[str],
-                      out: _Sender) -> None:
+                      out: _Sender, shape: Shape = CHAT) -> None:
         created = int(time.time())
         await out.start(200, self._headers(b"text/event-stream"))
         first = True
         async for word in tokens:
-            delta = {"role": "assistant", "content": word} if first else {"content": word}
-            await out.body(_sse(chunk(job, ident, created, delta, None)))
+            await out.body(_sse(shape.token(job, ident, created, word, first)))
             first = False
-        await out.body(_sse(chunk(job, ident, created, {}, job.finish_reason)))
+        await out.body(_sse(shape.finish(job, ident, created)))
         if job.include_usage:
-            await out.body(_sse(usage_chunk(job, ident, created)))
+            await out.body(_sse(shape.usage(job, ident, created)))
         await out.body(b"data: [DONE]\n\n", more=False)
 
     async def _tool_call(self, job: ChatJob, ident: str, tokens: AsyncIterator[str],
@@ -231,6 +242,38 @@ class EmulatedNode:
         if job.include_usage:
             await out.body(_sse(usage_chunk(job, ident, created)))
         await out.body(b"data: [DONE]\n\n", more=False)
+
+    # -- POST /v1/embeddings -----------------------------------------------------------
+    async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Deterministic vectors, one per input; each input is one pass over the plan's
+        hops (a slot held on each), so inputs/s follows the node's speed and faults."""
+        request = Request(scope, receive)
+        try:
+            job = parse_embeddings(await _read_body(request), self.config)
+            plan = parse_plan(request.headers.get(PLAN_HEADER), self.config, head=True)
+        except EmulatorError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        out = _Sender(send)
+        failure: EmulatorError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+            try:
+                async with self.worker.slot():
+                    fault = self.worker.fault()
+                    if fault == "fail":
+                        raise InjectedFault(f"node {self.config.node_id} failed the request "
+                                            "(fault)")
+                    async with self._chain(plan, request.headers.get(ROUTE_HEADER)) as link:
+                        async for _ in self._tokens(plan, link, len(job.inputs), fault):
+                            pass  # a death before the answer starts is a 500
+                        body = json.dumps(embeddings_answer(job)).encode()
+                        await out.start(200, self._headers(b"application/json"))
+                        await out.body(body, more=False)
+            except EmulatorError as exc:
+                failure = exc
+            tg.cancel_scope.cancel()
+        await self._fail(failure, out, scope, receive, send)
 
     def _headers(self, content_type: bytes) -> list[tuple[bytes, bytes]]:
         # No x-meshroute-route echo: the gateway sets that header on what the client sees.

@@ -67,6 +67,8 @@ class EmulatorConfig:
     prefill_tps: float = 0.0
     cache_tokens: int = 0
     first_token_s: float = 0.0
+    # /v1/embeddings: the vectors' length (a request's `dimensions` may ask for fewer)
+    embedding_dim: int = 64
 
     def __post_init__(self) -> None:
         if not 0 <= self.start <= self.end < self.layers:
@@ -79,6 +81,8 @@ class EmulatorConfig:
                 or self.slot_slowdown < 0 or self.prefill_tps < 0 or self.cache_tokens < 0
                 or self.first_token_s < 0):
             raise ValueError("times and noise must not be negative")
+        if not 1 <= self.embedding_dim <= 4096:
+            raise ValueError("embedding_dim must be in 1..4096")
         if self.fail_share + self.die_share + self.stall_share > 1:
             raise ValueError("fault shares add up to more than 1")
 

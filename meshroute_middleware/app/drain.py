@@ -18,12 +18,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from meshroute_middleware.chat.forward import CHAT_PATH
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.request import PATHS
 from meshroute_middleware.telemetry.events import EventBus
 
+ROUTED_PATHS = frozenset(PATHS.values())  # chat, embeddings, completions
 SHUTTING_DOWN = "the gateway is shutting down"
 
 
@@ -52,8 +53,9 @@ class _Open:
 class Drain:
     """Ends open chat requests and event streams when the server stops (`drain`)."""
 
-    def __init__(self, app: ASGIApp, events: EventBus, path: str = CHAT_PATH) -> None:
-        self.app, self.events, self.path = app, events, path
+    def __init__(self, app: ASGIApp, events: EventBus,
+                 paths: frozenset[str] = ROUTED_PATHS) -> None:
+        self.app, self.events, self.paths = app, events, paths
         self.draining = False
         self._open: dict[asyncio.Task[Any], _Open] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -61,7 +63,7 @@ class Drain:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, _quiet_startup_failure(send))
-        elif scope["type"] != "http" or scope["path"] != self.path:
+        elif scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
         elif self.draining:
             await send_error(send, 503, SHUTTING_DOWN, "shutting_down")

@@ -30,7 +30,11 @@ from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.guard import RequestGuard
 from meshroute_middleware.mesh import Listening, Mesh, load_nodes_file
-from meshroute_middleware.middleware import MeshRouteMiddleware, build_router
+from meshroute_middleware.middleware import (
+    MeshRouteMiddleware,
+    build_embeddings_router,
+    build_router,
+)
 from meshroute_middleware.state.keeper import StateKeeper
 from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
@@ -54,6 +58,8 @@ class Gateway:
     spend: ClientSpend | None = None  # clients' limits, budgets and usage ledger (issue 24)
     # why the background services could not start, once the lifespan tried (app/run.py)
     startup_failures: list[BaseException] = field(default_factory=list)
+    # embeddings' own statistics over `router`'s topology (middleware.build_embeddings_router)
+    embeddings_router: Router | None = None
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -110,6 +116,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         config = replace(config, tracker_id=store.meta("tracker_id") or config.tracker_id)
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
+    embeddings = build_embeddings_router(router, seed=settings.seed)
     telemetry = Telemetry(router)
     mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
@@ -135,7 +142,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                             rng=random.Random(settings.seed),
                             acquire=None if gates is None
                             else functools.partial(gates.acquire, providers),
-                            node_keys=config.node_secrets)
+                            node_keys=config.node_secrets,
+                            embeddings_router=embeddings)
         extra = ProviderRoutingAPI(providers, router, clock=clock,
                                    admin_token=settings.admin_token or settings.node_token,
                                    max_body_bytes=settings.max_body_bytes,
@@ -151,10 +159,13 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                or settings.node_token).routes()]
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 warnings=config_warnings(config),
-                                                providers=providers), extra)
+                                                providers=providers,
+                                                embeddings_router=embeddings,
+                                                embeddings_providers=None if chat is None
+                                                else chat.embeddings_providers), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
-        background_services(config, mesh, keeper, clock, providers), failures)
+        background_services(config, mesh, keeper, clock, providers, embeddings), failures)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id),
                          clients=config.clients)
@@ -163,10 +174,11 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                            providers=chat, spend=spend,
                                            aliases=settings.providers.aliases
                                            if settings.providers else NO_ALIASES,
-                                           node_keys=config.node_secrets),
+                                           node_keys=config.node_secrets,
+                                           embeddings_router=embeddings),
                        settings.guard(), reject=telemetry.reject)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, spend,
-                   failures)
+                   failures, embeddings)
 
 
 @contextlib.asynccontextmanager

@@ -28,7 +28,8 @@ PRUNE_EVERY_S = 60.0
 async def background_services(config: GatewayConfig, mesh: Mesh,
                               keeper: StateKeeper | None = None,
                               clock: Callable[[], float] = time.time,
-                              providers: ProviderRouter | None = None) -> AsyncIterator[None]:
+                              providers: ProviderRouter | None = None,
+                              embeddings_router: Router | None = None) -> AsyncIterator[None]:
     """Background services of a running gateway, each supervised."""
     settings = config.settings
     log.log(logging.WARNING if config_warnings(config) else logging.INFO, "%s",
@@ -37,7 +38,9 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
     # degraded on /healthz and restarted; it never ends the others.
     supervisor = Supervisor(mesh.telemetry.services)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(supervisor.run, "pruning", lambda: _prune_loop(mesh.router))
+        pruned = (mesh.router,) if embeddings_router is None else (mesh.router,
+                                                                    embeddings_router)
+        tg.start_soon(supervisor.run, "pruning", lambda: _prune_loop(*pruned))
         if keeper is not None:  # the state file: saved while serving, and at shutdown
             tg.start_soon(supervisor.run, "state", lambda: keeper.run(clock))
         gossip = None
@@ -69,9 +72,9 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
         tg.cancel_scope.cancel()
 
 
-async def _prune_loop(router: Router) -> None:
+async def _prune_loop(*routers: Router) -> None:
     while True:
         await anyio.sleep(PRUNE_EVERY_S)
-        dropped = router.prune()
+        dropped = sum(router.prune() for router in routers)
         if dropped:
             log.info("pruned %d route statistics unseen for 24 h", dropped)

@@ -41,7 +41,7 @@ from meshroute_middleware.http.errors import (
     RoutesRateLimited,
     UpstreamFailed,
 )
-from meshroute_middleware.http.request import ChatRequest
+from meshroute_middleware.http.request import ChatRequest, RequestKind
 from meshroute_middleware.telemetry.metrics import Telemetry
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)
@@ -77,12 +77,16 @@ DEFAULT_TOKEN_CEILING = MAX_ANSWER_TOKENS
 class Measurement:
     """Times one attempt and counts the tokens of its answer as they pass; what it reports is
     clamped (docs/security.md): tokens to the request's `max_tokens` (else
-    DEFAULT_TOKEN_CEILING), and tokens/s to limits.MAX_TPS."""
+    DEFAULT_TOKEN_CEILING), and tokens/s to limits.MAX_TPS. An embeddings attempt counts its
+    request's `inputs` instead, once answered whole: its samples are inputs per second."""
 
-    __slots__ = ("ceiling", "first", "last", "meter", "start")
+    __slots__ = ("ceiling", "first", "inputs", "last", "meter", "start", "text")
 
-    def __init__(self, max_tokens: int | None = None) -> None:
+    def __init__(self, max_tokens: int | None = None, *, inputs: int | None = None,
+                 text: bool = False) -> None:
         self.ceiling = max_tokens if max_tokens is not None else DEFAULT_TOKEN_CEILING
+        self.inputs = inputs
+        self.text = text  # a completions answer: its stream's tokens are `text` deltas
         self.start = time.perf_counter()
         self.first: float | None = None  # the answer's first body byte
         self.last: float | None = None  # the answer's end
@@ -90,7 +94,7 @@ class Measurement:
 
     def answer(self, headers: Iterable[tuple[bytes, bytes]]) -> TokenMeter:
         """The answer's headers are in: count its body from now on."""
-        self.meter = TokenMeter(streaming=is_sse(headers))
+        self.meter = TokenMeter(streaming=is_sse(headers), text=self.text)
         return self.meter
 
     def failure(self, kind: ErrorKind) -> Outcome:
@@ -101,7 +105,10 @@ class Measurement:
         """What was measured, as the router records it."""
         last = self.last if self.last is not None else time.perf_counter()
         first = self.first if self.first is not None else last
-        tokens = self.meter.completion_tokens if self.meter is not None else 0
+        if self.inputs is not None:
+            tokens = 0 if error or self.meter is None else self.inputs
+        else:
+            tokens = self.meter.completion_tokens if self.meter is not None else 0
         seconds = last - self.start
         tokens = min(tokens, self.ceiling, int(MAX_TPS * max(seconds, 0.0)))
         return Outcome(tokens, seconds, first - self.start, error)
@@ -132,14 +139,20 @@ class Attempts:
     """The attempts of one chat request, from the first decision to the last, within one
     deadline (a loop time: `asyncio.timeout_at(attempts.deadline)` bounds each wait)."""
 
-    __slots__ = ("_now", "_open", "deadline", "failures", "max_tokens", "measured", "model",
-                 "router", "telemetry", "timeout_s")
+    __slots__ = ("_now", "_open", "deadline", "failures", "inputs", "kind", "max_tokens",
+                 "measured", "model", "router", "telemetry", "text", "timeout_s")
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str,
                  max_tokens: int | None = None, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, *, kind: RequestKind = "chat",
+                 inputs: int | None = None) -> None:
         self.router, self.telemetry, self.model = router, telemetry, model
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
+        # what each attempt measures (Measurement): an embeddings request's inputs, a
+        # completions stream's `text` tokens; `router` holds the kind's own statistics
+        self.kind = kind
+        self.inputs = inputs if kind == "embeddings" else None
+        self.text = kind == "completions"
         self._now = asyncio.get_running_loop().time  # the loop looked up once per request
         self.deadline = deadline if deadline is not None else self._now() + timeout_s
         self.failures: dict[str, Failed] | None = None  # signature -> why it was passed over
@@ -162,7 +175,8 @@ class Attempts:
             self.telemetry.decided(decision)
             if decision is not first and self.too_late():
                 return decision, TOO_LATE
-            measurement = self.measured = Measurement(self.max_tokens)
+            measurement = self.measured = Measurement(self.max_tokens, inputs=self.inputs,
+                                                      text=self.text)
             failed = await attempt(decision, measurement, ctx)
             if failed is None:
                 return decision, None
@@ -178,7 +192,7 @@ class Attempts:
     def record(self, decision: Decision, outcome: Outcome) -> None:
         """Record a finished attempt and tell the world."""
         result = self.router.record(decision, outcome)
-        self.telemetry.finished(decision, outcome, result)
+        self.telemetry.finished(decision, outcome, result, self.kind)
 
     def settle(self, decision: Decision, measurement: Measurement,
                error: ErrorKind | Literal[""] = "", *,

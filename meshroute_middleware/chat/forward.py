@@ -22,8 +22,9 @@ from meshroute_middleware.core import Decision
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
 from meshroute_middleware.forwarding.measure import sse_error_event
+from meshroute_middleware.http.request import CHAT_PATH
 
-CHAT_PATH = "/v1/chat/completions"
+__all__ = ["CHAT_PATH", "ForwardMode"]
 log = logging.getLogger("meshroute.forward")
 
 
@@ -55,11 +56,12 @@ class ForwardMode:
 
     async def attempt(self, decision: Decision, measurement: Measurement,
                       ex: Exchange) -> Failed | None:
-        """One attempt at `decision`'s head, within the request's deadline."""
+        """One attempt at `decision`'s head (at its request kind's path), within the
+        request's deadline."""
         try:
             async with asyncio.timeout_at(ex.attempts.deadline):
                 upstream = await self.forwarder.open(
-                    decision.route.head.url + CHAT_PATH, ex.req.body,
+                    decision.route.head.url + ex.req.path, ex.req.body,
                     self._headers(decision, ex))
         except ForwardError as exc:
             return Failed(exc.kind, str(exc))

@@ -81,11 +81,13 @@ class Router:
 
     def __init__(self, config: RouterConfig | None = None, *, clock: Clock,
                  rng: random.Random | None = None, origin: str = "local",
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, topology: Topology | None = None) -> None:
         self.config = config or RouterConfig()
         self.clock = clock
         self.rng = rng or random.Random(0)
-        self.topology = Topology(parse_networks(self.config.node_networks))
+        # `topology`: another Router's, shared: a router for another kind of request
+        # (embeddings) routes over the same nodes with statistics and a policy of its own
+        self.topology = topology or Topology(parse_networks(self.config.node_networks))
         self.stats = RouteStatsStore(origin, self.config.half_life_s, self.config.prune_after_s)
         self.policy = policy or make_policy(self.config)
         self._cache: dict[str, tuple[int, tuple[Route, ...]]] = {}

@@ -7,6 +7,8 @@ with `api = "anthropic"`) count the same way: `usage.output_tokens` (a stream's 
 `message_delta` carries the total), else one per `text_delta` / `input_json_delta` event.
 `usage.prompt_tokens` (Anthropic: `input_tokens`) is read from the same places (None when the
 upstream sent none).
+A completions stream carries its tokens as `choices[].text`: its meter looks for non-empty
+`"text"` instead, picked once per meter, so chat's scan is the same one regex as before.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = ["TokenMeter", "sse_error_event"]
 _COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 _NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"type"\s*:\s*"(?:text|input_json)_delta"')
+_NONEMPTY_TEXT = re.compile(rb'"text"\s*:\s*"(?!")')  # completions' choices[].text
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow
 _NO_PARTS: list[bytes] = []  # shared, never appended to: a JSON meter keeps no line
@@ -35,8 +38,9 @@ def _count(digits: bytes) -> int:
 class TokenMeter:
     """Feed it response chunks; it tells how many completion tokens went by."""
 
-    def __init__(self, streaming: bool) -> None:
+    def __init__(self, streaming: bool, *, text: bool = False) -> None:
         self.streaming = streaming
+        self._token = _NONEMPTY_TEXT if text else _NONEMPTY_CONTENT  # what one token is
         self.chunks_counted = 0
         self.usage_tokens: int | None = None
         self.usage_prompt_tokens: int | None = None  # a stream's usage chunk's prompt_tokens
@@ -85,7 +89,7 @@ class TokenMeter:
             match = _PROMPT_TOKENS.search(line)
             if match:
                 self.usage_prompt_tokens = _count(match.group(1))
-        if _NONEMPTY_CONTENT.search(line):
+        if self._token.search(line):
             self.chunks_counted += 1
 
     @property

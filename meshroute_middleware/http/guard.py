@@ -31,10 +31,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.request import PATHS
 
 log = logging.getLogger("meshroute.guard")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-CHAT_PATHS = frozenset({"/v1/chat/completions", *DIALECTS})  # the other APIs are chat too
+# the routed endpoints (chat, embeddings, completions) and the other APIs over chat
+CHAT_PATHS = frozenset({*PATHS.values(), *DIALECTS})
 UNSPECIFIED = frozenset({"", "0.0.0.0", "::"})
 LOG_EVERY_S = 1.0
 HOST_CACHE = 256  # distinct (Host, local address) verdicts kept; a flood of names resets it

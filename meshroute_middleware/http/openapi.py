@@ -1,5 +1,6 @@
 """The gateway's OpenAPI 3.0 document (`GET /openapi.json`), written by hand: every endpoint
-of `api.GatewayAPI` and the routed chat path, error bodies included. `tests/http/test_openapi.py`
+of `api.GatewayAPI` and the routed paths (chat, embeddings, completions), error bodies
+included. `tests/http/test_openapi.py`
 checks that it lists every route, and runs schemathesis against a live gateway with it."""
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ _NODE: dict[str, Any] = {
 _OBJECT = {"type": "object"}
 
 
+def _routed(summary: str, schema: str, answer: str) -> dict[str, Any]:
+    """A routed endpoint beside chat: its body's schema, the relayed answer, the errors."""
+    return {"summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{schema}"}}}},
+            "responses": {
+                "200": {"description": answer,
+                        "content": {"application/json": {"schema": _OBJECT},
+                                    "text/event-stream": {"schema": {"type": "string"}}}},
+                **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document as a JSON-ready dict (a new dict on every call)."""
     return {
@@ -121,6 +134,13 @@ def openapi_document() -> dict[str, Any]:
                                   "properties": {"input_tokens": {"type": "integer"}}},
                                  "the estimate"),
                     **_anthropic_errors(400, 401, 413)}}},
+            "/v1/embeddings": {"post": _routed(
+                "Route an embeddings request to a route declaring `embeddings`",
+                "EmbeddingsRequest", "the route's vectors, relayed")},
+            "/v1/completions": {"post": _routed(
+                "Route a (legacy) completions request to a route declaring `completions`",
+                "CompletionRequest", "the head's answer, relayed (JSON, or SSE when stream "
+                "is true)")},
             "/v1/models": {"get": {
                 "summary": "Models the router can route",
                 "responses": {"200": _json({"type": "object", "required": ["object", "data"],
@@ -241,6 +261,28 @@ def openapi_document() -> dict[str, Any]:
                         "messages": {"type": "array", "items": _OBJECT},
                         "stream": {"type": "boolean"}}},
                 "Node": _NODE,
+                "EmbeddingsRequest": {
+                    "type": "object", "required": ["model", "input"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"oneOf": [
+                            {"type": "string", "minLength": 1},
+                            {"type": "array", "minItems": 1, "maxItems": 2048,
+                             "items": {"type": "string", "minLength": 1}},
+                            {"type": "array", "minItems": 1,
+                             "items": {"type": "integer", "minimum": 0}}]},
+                        "dimensions": {"type": "integer", "minimum": 1},
+                        "encoding_format": {"type": "string", "enum": ["float", "base64"]}}},
+                "CompletionRequest": {
+                    "type": "object", "required": ["model", "prompt"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "prompt": {"oneOf": [
+                            {"type": "string", "minLength": 1},
+                            {"type": "array", "minItems": 1,
+                             "items": {"type": "string", "minLength": 1}}]},
+                        "max_tokens": {"type": "integer", "minimum": 1},
+                        "stream": {"type": "boolean"}}},
                 "ChatRequest": {
                     "type": "object", "required": ["model"],
                     "properties": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from starlette.types import Message, Receive, Scope
@@ -20,9 +20,15 @@ from meshroute_middleware.http.errors import RequestError
 if TYPE_CHECKING:
     from meshroute_middleware.chat.dialects import Translation
 
-__all__ = ["ChatRequest", "RequestError", "answer_bound", "loads", "parse_chat", "read_body",
-           "replay"]
+__all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
+           "loads", "parse_chat", "parse_common", "read_body", "replay"]
 
+# The routed endpoints (issue 25): each kind's path, the same on the gateway, on a node and,
+# without its `/v1`, below a provider's base URL.
+RequestKind = Literal["chat", "embeddings", "completions"]
+CHAT_PATH = "/v1/chat/completions"
+PATHS: dict[RequestKind, str] = {"chat": CHAT_PATH, "embeddings": "/v1/embeddings",
+                                 "completions": "/v1/completions"}
 MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
 # library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
@@ -44,6 +50,13 @@ class ChatRequest:
     needs: frozenset[str] = NO_NEEDS  # capabilities only some routes have (issue 25)
     # the API the client spoke, when not chat completions (chat/dialects: issue 25)
     translation: Translation | None = None
+    kind: RequestKind = "chat"  # which endpoint: its upstream path (PATHS), its statistics
+    inputs: int | None = None  # embeddings: how many inputs (what its samples count)
+
+    @property
+    def path(self) -> str:
+        """The path a node serves this kind of request at (a provider's: without `/v1`)."""
+        return PATHS[self.kind]
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -128,6 +141,15 @@ def check_session_id(scope: Scope) -> None:
 
 def parse_chat(body: bytes) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
+    payload, model, pin, body = parse_common(body)
+    return ChatRequest(body, model, pin, answer_bound(payload),
+                       message_chain(payload.get("messages")), needs=request_needs(body, payload))
+
+
+def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, bytes]:
+    """What every routed request is checked for (chat, embeddings, completions): a JSON
+    object, not too deep, a `model`, an optional pin (`route`, stripped from the body);
+    (payload, model, pin, body to forward) or RequestError(400)."""
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -151,8 +173,7 @@ def parse_chat(body: bytes) -> ChatRequest:
             raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
                                "invalid_route")
         body = _without_route(body, payload)
-    return ChatRequest(body, model, pin, answer_bound(payload),
-                       message_chain(payload.get("messages")), needs=request_needs(body, payload))
+    return payload, model, pin, body
 
 
 def request_needs(body: bytes, payload: dict[str, Any]) -> frozenset[str]:

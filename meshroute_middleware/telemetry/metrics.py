@@ -211,6 +211,14 @@ def _outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
             "tps": tps, "error": outcome.error or None}
 
 
+def _embeddings_provider_outcome_fields(event: ProviderFinished) -> Payload:
+    return {**_provider_outcome_fields(event), "kind": "embeddings"}
+
+
+def _embeddings_outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
+    return {**_outcome_fields(event), "kind": "embeddings"}
+
+
 class Telemetry:
     """Events and metrics of one gateway; its own registry, so several can live in a process."""
 
@@ -264,11 +272,17 @@ class Telemetry:
         _bump(self.decisions, (decision.model, decision.mode))
         self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
 
-    def finished(self, decision: Decision, outcome: Outcome, result: str) -> None:
-        """An attempt ended; `result` is what the router made of it."""
+    def finished(self, decision: Decision, outcome: Outcome, result: str,
+                 kind: str = "chat") -> None:
+        """An attempt ended; `result` is what the router made of it. An embeddings attempt's
+        event says `kind: "embeddings"` (its `tps` is inputs per second)."""
         _bump(self.outcomes, (decision.model, result))
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
+        if kind == "embeddings":
+            self.events.publish_lazy("outcome", _embeddings_outcome_fields,
+                                     (_selected(decision), outcome, result))
+            return
         self.events.publish_lazy("outcome", _outcome_fields,
                                  (_selected(decision), outcome, result))
 
@@ -281,7 +295,7 @@ class Telemetry:
 
     def provider_finished(self, chain: str, route: str, key_route: str, attempt: int,
                           outcome: Outcome, result: str,
-                          cooldown_until: float | None = None) -> None:
+                          cooldown_until: float | None = None, kind: str = "chat") -> None:
         """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
         reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
         own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
@@ -289,7 +303,8 @@ class Telemetry:
         if outcome.error and result == "failure":
             self.forward_errors[outcome.error] = self.forward_errors.get(outcome.error, 0) + 1
         self.events.publish_lazy(
-            "outcome", _provider_outcome_fields,
+            "outcome", _provider_outcome_fields if kind != "embeddings"
+            else _embeddings_provider_outcome_fields,
             (_provider_selected(route, key_route, attempt), chain, outcome, result,
              cooldown_until))
 

@@ -125,7 +125,7 @@ def test_healthz_is_503_degraded_while_a_service_restarts_then_200_again(
     service runs again /healthz is back to its 200 shape."""
     broken = {"yes": True}
 
-    async def prune(router: Any) -> None:
+    async def prune(*routers: Any) -> None:
         if broken["yes"]:
             raise RuntimeError("pruning broke")
         await anyio.sleep_forever()
@@ -147,7 +147,7 @@ def test_healthz_is_503_degraded_while_a_service_restarts_then_200_again(
 def test_the_mitm_side_server_runs_its_services_supervised(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The mitm side server composes the same background services (app/mitm/side.py)."""
-    async def prune(router: Any) -> None:
+    async def prune(*routers: Any) -> None:
         raise RuntimeError("side pruning broke")
 
     monkeypatch.setattr(services, "_prune_loop", prune)

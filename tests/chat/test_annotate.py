@@ -128,3 +128,58 @@ async def test_an_app_that_edits_its_plan_does_not_edit_the_next_requests() -> N
             resp = await client.post("/v1/chat/completions", json={"model": "m"})
             assert resp.status_code == 200
     assert all(len(p) == 1 and p[0]["node_id"] in ("a", "b") for p in plans)
+
+
+async def test_annotate_serves_embeddings_with_their_own_statistics() -> None:
+    """A library user's app behind the middleware gets /v1/embeddings with the plan, only
+    on routes declaring `embeddings`; a 502 from the first falls back; the samples go to
+    the embeddings Router, never the chat Router."""
+    seen: list[dict[str, Any]] = []
+
+    async def embeddings(request: Request) -> Response:
+        plan = json.loads(request.headers["x-meshroute-plan"])
+        seen.append({"head": plan[0]["node_id"], "path": request.url.path})
+        if plan[0]["node_id"] == "bad":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=502)
+        return JSONResponse({"object": "list", "data": [{"embedding": [1.0]}] * 3})
+
+    app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+    router = build_router(RouterConfig(explore_share=0.0), seed=1, clock=FakeClock())
+    mw = MeshRouteMiddleware(app, MiddlewareConfig(mode="annotate"), router=router)
+    for node_id, tps, caps in (("bad", 90.0, ["embeddings"]), ("good", 30.0, ["embeddings"]),
+                               ("chat", 60.0, [])):
+        mw.router.upsert_node(parse_node({"node_id": node_id, "model": "m", "start": 0,
+                                          "end": 9, "layers": 10, "caps": caps,
+                                          "url": "http://127.0.0.1:1", "tps": tps}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/embeddings", json={"model": "m", "input": ["a", "b", "c"]})
+    assert resp.status_code == 200 and resp.headers["x-meshroute-route"] == "m|good[0-9]"
+    assert seen == [{"head": "bad", "path": "/v1/embeddings"},
+                    {"head": "good", "path": "/v1/embeddings"}]
+    rows = {r["head"]: r for r in mw.embeddings_router.routing_table("m")["models"]["m"][
+        "candidates"]}
+    assert (rows["good"]["samples"], rows["bad"]["failures"]) == (1, 1)
+    assert mw.embeddings_router.topology is mw.router.topology  # the same nodes, always
+    chat = mw.router.routing_table("m")["models"]["m"]["candidates"]
+    assert all(r["successes"] == 0 and r["failures"] == 0 for r in chat)
+
+
+async def test_annotate_leaves_embeddings_to_the_app_when_no_node_declares_them() -> None:
+    """Before embeddings were routed the app answered them itself; it still does when no
+    node of the model declares `embeddings`."""
+    async def embeddings(request: Request) -> Response:
+        return JSONResponse({"object": "list", "served_by": "app",
+                             "plan": request.headers.get("x-meshroute-plan")})
+
+    app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+    mw = wrap(app)  # nodes a and b declare nothing
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/embeddings", json={"model": "m", "input": "x"})
+        pinned = await client.post("/v1/embeddings",
+                                   json={"model": "m", "input": "x", "route": ["a"]})
+    assert resp.status_code == 200 and resp.json() == {"object": "list", "served_by": "app",
+                                                       "plan": None}
+    assert pinned.status_code == 400
+    assert pinned.json()["error"]["code"] == "unsupported_capability"

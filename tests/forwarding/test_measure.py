@@ -132,3 +132,20 @@ def test_a_messages_stream_counts_its_last_usage_or_its_deltas(usage: bool) -> N
     body = _event("message_start", start if usage else {"type": "message_start"}) + b"".join(
         deltas) + _event("message_delta", end)
     assert feed(TokenMeter(streaming=True), body, 3) == (9 if usage else 4)
+
+
+def _text_event(text: str) -> bytes:
+    event = {"object": "text_completion",
+             "choices": [{"index": 0, "text": text, "finish_reason": None}]}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def test_a_completions_meter_counts_text_deltas_and_a_chat_meter_does_not() -> None:
+    stream = b"".join(_text_event(t) for t in ("a", " b", "", " c")) + b"data: [DONE]\n\n"
+    text, chat = TokenMeter(streaming=True, text=True), TokenMeter(streaming=True)
+    for meter in (text, chat):
+        meter.feed(stream)
+    assert (text.completion_tokens, chat.completion_tokens) == (3, 0)
+    content = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+    text.feed(content)  # a completions stream has no content deltas: not a token there
+    assert text.completion_tokens == 3

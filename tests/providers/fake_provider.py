@@ -1,7 +1,8 @@
 """A scriptable OpenAI-compatible provider on 127.0.0.1 for provider-route tests (not product).
 
-Each request takes the next `Reply` of the script (then `by_key[key]`, then `default`) and is
-logged as a `Seen`: the bearer key and the model it carried. Replies: 200 (streamed or not,
+Each request (chat, completions or embeddings) takes the next `Reply` of the script (then
+`by_key[key]`, then `default`) and is logged as a `Seen`: the bearer key, the model and the
+path it carried. Replies: 200 (streamed or not,
 with `usage`), any error status (429 with `Retry-After`, 5xx, 400), a slow first byte, and a
 stream that breaks after some chunks.
 """
@@ -25,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from node_agent.embeddings import vector
 from tests.providers.tool_calls import calls_tool, tool_answer
 from tests.upstream import ServerThread
 
@@ -84,6 +86,7 @@ class Seen:
     stream: bool
     headers: dict[str, str]
     body: dict[str, Any]
+    path: str = "/v1/chat/completions"
 
 
 @dataclass
@@ -97,6 +100,7 @@ class FakeProvider:
     models: tuple[str, ...] = ("big-model",)
     seen: list[Seen] = field(default_factory=list)
     disconnected: int = 0
+    dimensions: int = 8  # of /v1/embeddings' vectors
 
     def __post_init__(self) -> None:
         self._script: deque[Reply] = deque(self.script)
@@ -115,6 +119,8 @@ class FakeProvider:
     def app(self) -> Starlette:
         return Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ])
 
@@ -135,19 +141,23 @@ class FakeProvider:
         return JSONResponse({"object": "list",
                              "data": [{"id": m, "object": "model"} for m in self.models]})
 
-    async def _chat(self, request: Request) -> Response:
+    async def _take(self, request: Request) -> tuple[dict[str, Any], Reply, str,
+                                                     Response | None]:
+        """Log the request and take its reply: (body, reply, echoed key, the answer when it
+        is decided already: not JSON, the caller left, a scripted error, an unknown model)."""
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the body is not JSON", "invalid_request_error")
+            return {}, self.default, "", _error(400, "the body is not JSON",
+                                                "invalid_request_error")
         auth = request.headers.get("authorization", "")
         key = auth[7:] if auth.lower().startswith("bearer ") else None
-        stream = bool(body.get("stream"))
-        self.seen.append(Seen(key, body.get("model"), stream, dict(request.headers), body))
+        self.seen.append(Seen(key, body.get("model"), bool(body.get("stream")),
+                              dict(request.headers), body, request.url.path))
         reply = self._next(key)
-        if reply.ttfb_s and not await self._wait(request, reply.ttfb_s):
-            return Response(status_code=499)
         echoed = _echoed(key or "", reply.echo_form)
+        if reply.ttfb_s and not await self._wait(request, reply.ttfb_s):
+            return body, reply, echoed, Response(status_code=499)
         extra = {"x-request-id": f"req-{echoed}"} if reply.echo_header else {}
         if reply.status != 200:
             headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
@@ -156,12 +166,20 @@ class FakeProvider:
             error = _error(reply.status, f"{text}{quoted}",
                            "rate_limit_error" if reply.status == 429 else "server_error",
                            {**headers, **extra})
-            return _encoded(error, reply)
+            return body, reply, echoed, _encoded(error, reply)
         if body.get("model") not in self.models:
-            return _error(404, f"{self.name} has no model {body.get('model')!r}",
-                          "invalid_request_error")
+            return body, reply, echoed, _error(
+                404, f"{self.name} has no model {body.get('model')!r}", "invalid_request_error")
+        return body, reply, echoed, None
+
+    async def _chat(self, request: Request) -> Response:
+        body, reply, echoed, decided = await self._take(request)
+        if decided is not None:
+            return decided
         if calls_tool(body):
             return tool_answer(self.name, body)
+        stream = bool(body.get("stream"))
+        extra = {"x-request-id": f"req-{echoed}"} if reply.echo_header else {}
         if stream:
             return StreamingResponse(self._stream(body, reply, echoed),
                                      media_type="text/event-stream", headers=extra)
@@ -170,6 +188,56 @@ class FakeProvider:
         if reply.echo_content:
             completion["choices"][0]["message"]["content"] += f" your key: {echoed}"
         return _encoded(JSONResponse(completion, headers=extra), reply)
+
+    async def _embeddings(self, request: Request) -> Response:
+        """Deterministic vectors (the emulator's), `Reply.prompt_tokens` as usage."""
+        body, reply, _, decided = await self._take(request)
+        if decided is not None:
+            return decided
+        raw = body.get("input")
+        inputs = [raw] if isinstance(raw, str) or (
+            isinstance(raw, list) and raw and isinstance(raw[0], int)) else list(raw or [])
+        await asyncio.sleep(reply.token_delay_s * len(inputs))
+        data = [{"object": "embedding", "index": i, "embedding": vector(item, self.dimensions)}
+                for i, item in enumerate(inputs)]
+        return JSONResponse({"object": "list", "data": data, "model": body.get("model"),
+                             "usage": {"prompt_tokens": reply.prompt_tokens,
+                                       "total_tokens": reply.prompt_tokens}})
+
+    async def _completions(self, request: Request) -> Response:
+        """text_completion answers: `Reply.tokens` texts `t0 `, `t1 `, ..., streamed or not."""
+        body, reply, _, decided = await self._take(request)
+        if decided is not None:
+            return decided
+        if body.get("stream"):
+            return StreamingResponse(self._text_stream(body, reply),
+                                     media_type="text/event-stream")
+        await asyncio.sleep(reply.token_delay_s * reply.tokens)
+        out: dict[str, Any] = {
+            "id": f"cmpl-{self.name}", "object": "text_completion", "created": 0,
+            "model": body.get("model"),
+            "choices": [{"index": 0, "text": "".join(f"t{i} " for i in range(reply.tokens)),
+                         "logprobs": None, "finish_reason": "stop"}]}
+        if reply.usage:
+            out["usage"] = _usage(reply)
+        return JSONResponse(out)
+
+    async def _text_stream(self, body: dict[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+        def event(text: str, finish: str | None) -> dict[str, Any]:
+            return {"id": f"cmpl-{self.name}", "object": "text_completion", "created": 0,
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "text": text, "logprobs": None,
+                                 "finish_reason": finish}]}
+        for i in range(reply.tokens):
+            if reply.break_after is not None and i == reply.break_after:
+                raise ConnectionResetError("scripted broken stream")
+            await asyncio.sleep(reply.token_delay_s)
+            yield _sse(event(f"t{i} ", None))
+        last = event("", "stop")
+        if reply.usage:
+            last["usage"] = _usage(reply)
+        yield _sse(last)
+        yield b"data: [DONE]\n\n"
 
     async def _wait(self, request: Request, seconds: float) -> bool:
         """Sleep `seconds`; False when the caller left meanwhile."""

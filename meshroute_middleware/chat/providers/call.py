@@ -1,4 +1,5 @@
-"""A provider attempt: one POST of `{base_url}/chat/completions` with one key.
+"""A provider attempt: one POST of `{base_url}/chat/completions` (`/embeddings`,
+`/completions`: the request kind's path) with one key.
 
 The body carries the upstream's own model id, the headers `Authorization: Bearer <key>` and
 the client's `accept`, no other header of the client's (its Authorization least of all).
@@ -57,9 +58,10 @@ from meshroute_middleware.http.errors import error_body
 log = logging.getLogger("meshroute.providers")
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
 MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
-# the first content of a stream: chat completions' text or tool call, Messages' first delta
-_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{|data: \[DONE\]'
-                      rb'|event: content_block_delta')
+# the first content of a stream: chat completions' text or tool call, a completions choice's
+# `text`, Messages' first delta
+_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{'
+                      rb'|data: \[DONE\]|event: content_block_delta')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')  # Messages' usage
 _OUTPUT_TOKENS = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
@@ -96,7 +98,7 @@ class ProviderCall:
         if c.model is None or c.model.api == "openai":
             headers = [(b"content-type", b"application/json"),
                        (b"authorization", b"Bearer " + secret.reveal().encode())]
-            url = c.provider.base_url.rstrip("/") + "/chat/completions"
+            url = c.provider.base_url.rstrip("/") + cr.ex.req.path.removeprefix("/v1")
         else:
             headers = messages_headers(cr, secret.reveal())
             url = c.provider.base_url.rstrip("/") + "/messages"
@@ -193,9 +195,13 @@ class ProviderCall:
             except (ValueError, UnicodeDecodeError, AttributeError):
                 return self.outcomes.failed(got, "connect", cr.session)
         seconds = max(done - sent, 1e-6)
+        # an embeddings answer is measured in inputs/s, recorded in the embeddings lane's
+        # own statistics (docs/architecture.md, "Statistics per request kind")
+        inputs = cr.ex.req.inputs
+        done_units = meter.completion_tokens if inputs is None else inputs
         self.outcomes.record(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
-                             completion_tokens=meter.completion_tokens,
-                             tokens_per_s=self.outcomes.tps(meter.completion_tokens, seconds),
+                             completion_tokens=done_units,
+                             tokens_per_s=self.outcomes.tps(done_units, seconds),
                              ttfb_ms=seconds * 1000, session=cr.session)
         await self._answer(cr, upstream, got, self._scrubber.scrub(answer))
         return None
@@ -223,7 +229,7 @@ class ProviderCall:
         native = native_of(cr, got.candidate)
         if native is not None:
             native.relay()
-        meter = TokenMeter(streaming=True)
+        meter = TokenMeter(streaming=True, text=cr.ex.req.kind == "completions")
         options = cr.payload.get("stream_options")
         chat = (ChatStream(got.candidate.upstream_model, isinstance(options, dict)
                            and options.get("include_usage") is True)

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
@@ -55,8 +56,20 @@ _NEXT_KEY = frozenset({"http_429", "http_401", "http_403"})  # the key failed: t
 Acquire = Callable[[Candidate, int, float, int], Awaitable[ChainAttempt | list[PassedOver]]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Lane:
+    """What one kind of request ranks by and records into: the ProviderRouter whose
+    statistics it reads and writes, its provider call and its mesh entry."""
+
+    providers: ProviderRouter
+    call: ProviderCall
+    mesh: MeshEntry
+
+
 class ProviderChat:
-    """Serves chat requests whose model names a provider route, `auto` or `auto:*`."""
+    """Serves chat (and completions, embeddings) requests whose model names a provider
+    route, `auto` or `auto:*`; embeddings' mesh entries run `embeddings_router` (the
+    middleware's, `build_embeddings_router`)."""
 
     def __init__(self, providers: ProviderRouter, secrets: Mapping[str, tuple[Secret, ...]],
                  forwarder: Forwarder, router: Router, telemetry: Telemetry, *,
@@ -64,17 +77,30 @@ class ProviderChat:
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, acquire: Acquire | None = None,
-                 node_keys: NodeSecrets | None = None) -> None:
+                 node_keys: NodeSecrets | None = None,
+                 embeddings_router: Router | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
-        outcomes = ChainOutcomes(providers, telemetry, clock, router.config.min_sample_tokens)
-        self._call = ProviderCall(providers, secrets, forwarder, outcomes,
-                                  timeouts or ForwardTimeouts(), clock)
-        self._mesh = MeshEntry(router, telemetry, ForwardMode(forwarder, node_keys=node_keys),
-                               outcomes)
+        forward = ForwardMode(forwarder, node_keys=node_keys)
+
+        def lane(ranking: ProviderRouter, mesh_router: Router, kind: str = "chat") -> _Lane:
+            outcomes = ChainOutcomes(ranking, telemetry, clock,
+                                     mesh_router.config.min_sample_tokens, kind)
+            return _Lane(ranking, ProviderCall(ranking, secrets, forwarder, outcomes,
+                                               timeouts or ForwardTimeouts(), clock),
+                         MeshEntry(mesh_router, telemetry, forward, outcomes))
+        # Embeddings rank and record provider routes in statistics of their own (inputs/s),
+        # over the same key gates and sessions: a key's limits are the provider's, whatever
+        # the endpoint (docs/architecture.md, "Statistics per request kind").
+        self.embeddings_providers = ProviderRouter(providers.cfg, providers.gates,
+                                                   providers.sessions)
+        chat = lane(providers, router)
+        self._lanes = {"chat": chat, "completions": chat,
+                       "embeddings": lane(self.embeddings_providers,
+                                          embeddings_router or router, "embeddings")}
         self._watchdog = Watchdog()
         telemetry.add_collector(lambda: provider_key_families(providers, self.clock()))
 
@@ -132,9 +158,9 @@ class ProviderChat:
         passed = self.providers.incapable(res, needs, serves)  # none capable: 400 here
         for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
             run: list[PassedOver] = []
-            ranked = self.providers.rank(res, self.clock(), self.rng, pinned=pin,
-                                         session=cr.session, tokens=cr.context_need,
-                                         needs=needs, mesh_serves=serves)
+            ranked = self._lanes[ex.req.kind].providers.rank(
+                res, self.clock(), self.rng, pinned=pin, session=cr.session,
+                tokens=cr.context_need, needs=needs, mesh_serves=serves)
             for scored in ranked:
                 if await self._candidate(cr, scored.candidate, run) or ex.started:
                     return
@@ -165,7 +191,8 @@ class ProviderChat:
                 passed += got
                 return False
             tried.append(got.route)
-            over = await (self._call(cr, got) if c.is_provider else self._mesh(cr, got))
+            lane = self._lanes[cr.ex.req.kind]
+            over = await (lane.call(cr, got) if c.is_provider else lane.mesh(cr, got))
             if over is None:
                 return True
             if cr.ex.started:  # a client error relayed as it was: the request is over

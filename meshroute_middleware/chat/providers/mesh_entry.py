@@ -34,22 +34,23 @@ class MeshEntry:
         """The mesh model's attempts; None once answered, else why it was passed over."""
         model = got.candidate.route
         bound = answer_bound(cr.payload)
+        kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
+        router = self.router  # the kind's: an embeddings lane has the embeddings Router
         try:
-            decision = self.router.choose(model, None, bound, cr.ex.req.prefix,
-                                          cr.ex.req.needs)
+            decision = router.choose(model, None, bound, cr.ex.req.prefix, cr.ex.req.needs)
         except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
             return PassedOver(model, "capability")
         except (UnknownModelError, NoRouteError):
             return self.outcomes.failed(got, "connect", cr.session)
         first = cr.opened[0]
-        attempts = Attempts(self.router, self.telemetry, model, bound, first.timeout_s,
-                            deadline=first.deadline)
+        attempts = Attempts(router, self.telemetry, model, bound, first.timeout_s,
+                            deadline=first.deadline, kind=kind, inputs=inputs)
         cr.opened.append(attempts)
         ex = cr.ex
         ex.attempts = attempts
         ex.req = ChatRequest(json.dumps({**{k: v for k, v in cr.payload.items()
                                             if k != "route"}, "model": model}).encode(),
-                             model, None, bound)
+                             model, None, bound, kind=kind, inputs=inputs)
         send = ex.send
         assert isinstance(send, TallySend)
         sent = time.perf_counter()
@@ -64,6 +65,8 @@ class MeshEntry:
         first_at = m.first if m is not None and m.first is not None else now
         end = m.last if m is not None and m.last is not None else now
         tokens = m.meter.completion_tokens if m is not None and m.meter is not None else 0
+        if kind == "embeddings" and m is not None:
+            tokens = m.outcome().completion_tokens  # its inputs, once answered whole
         seconds = max(end - sent, 1e-6)  # forwarding to the last byte
         self.outcomes.record(got, OutcomeKind.SUCCESS,
                              tokens_per_s=self.outcomes.tps(tokens, seconds),

@@ -18,9 +18,11 @@ class ChainOutcomes:
     does not settle its reservation twice."""
 
     def __init__(self, providers: ProviderRouter, telemetry: Telemetry,
-                 clock: Callable[[], float], min_sample_tokens: int) -> None:
+                 clock: Callable[[], float], min_sample_tokens: int,
+                 kind: str = "chat") -> None:
         self.providers, self.telemetry, self.clock = providers, telemetry, clock
         self.min_sample_tokens = min_sample_tokens
+        self.kind = kind  # "embeddings": its events' tps is inputs per second
         self._settled: set[Reservation] = set()  # recorded attempts still under way
         # provider attempts under way: (chain, attempt number, perf_counter at the start)
         self._live: dict[ChainAttempt, tuple[str, int, float]] = {}
@@ -53,7 +55,8 @@ class ChainOutcomes:
                 live[0], got.candidate.route, got.route, live[1],
                 *provider_outcome(kind, over, completion_tokens,
                                   time.perf_counter() - live[2], kw.get("ttfb_ms"),
-                                  sampled=kw.get("tokens_per_s") is not None))
+                                  sampled=kw.get("tokens_per_s") is not None),
+                kind=self.kind)
         return over
 
     def failed(self, got: ChainAttempt, reason: str, session: str | None) -> PassedOver | None:

@@ -1,0 +1,89 @@
+"""Reading and validating the other routed endpoints (issue 25): `POST /v1/embeddings` and
+`POST /v1/completions`. Each is a ChatRequest of its own `kind`, so the one attempt lifecycle
+serves it; what differs is checked here, with a 400 that names the field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from meshroute_middleware.core.prefix import message_chain
+from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.request import (
+    ChatRequest,
+    RequestKind,
+    answer_bound,
+    parse_chat,
+    parse_common,
+)
+
+MAX_INPUTS = 2048  # inputs of one embeddings request (OpenAI's limit)
+# What a kind needs of a route (the capability names of issue 25), set as the request's
+# `needs`; chat's (vision, tools, ...) come from its body (request.request_needs).
+NEEDS: dict[RequestKind, frozenset[str]] = {
+    "chat": frozenset(), "embeddings": frozenset({"embeddings"}),
+    "completions": frozenset({"completions"})}
+
+
+def _is_token(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_tokens(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(map(_is_token, value))
+
+
+def count_inputs(raw: Any) -> int | None:
+    """How many inputs `input`/`prompt` holds (a string, a non-empty list of strings, a token
+    array, a list of token arrays), or None when it is none of these."""
+    if isinstance(raw, str):
+        return 1 if raw else None
+    if _is_tokens(raw):
+        return 1
+    if isinstance(raw, list) and raw and (all(isinstance(i, str) and i for i in raw)
+                                          or all(map(_is_tokens, raw))):
+        return len(raw)
+    return None
+
+
+def parse_embeddings(body: bytes) -> ChatRequest:
+    """An embeddings request: `model`, `input` (up to MAX_INPUTS), optional `dimensions`
+    and `encoding_format`; RequestError(400) naming what is wrong."""
+    payload, model, pin, body = parse_common(body)
+    inputs = count_inputs(payload.get("input"))
+    if inputs is None or inputs > MAX_INPUTS:
+        raise RequestError(400, "'input' must be a non-empty string, a list of at most "
+                           f"{MAX_INPUTS} non-empty strings, a token array (non-negative "
+                           "integers) or a list of token arrays", "invalid_input")
+    dimensions = payload.get("dimensions")
+    if dimensions is not None and not (type(dimensions) is int and dimensions > 0):
+        raise RequestError(400, "'dimensions' must be a positive integer", "invalid_dimensions")
+    if payload.get("encoding_format", "float") not in ("float", "base64"):
+        raise RequestError(400, "'encoding_format' must be 'float' or 'base64'",
+                           "invalid_encoding_format")
+    return ChatRequest(body, model, pin, needs=NEEDS["embeddings"], kind="embeddings",
+                       inputs=inputs)
+
+
+def parse_completion(body: bytes) -> ChatRequest:
+    """A (legacy) completions request: `model`, `prompt`, optional `max_tokens` (a positive
+    integer) and `stream` (a boolean); RequestError(400) naming what is wrong."""
+    payload, model, pin, body = parse_common(body)
+    prompt = payload.get("prompt")
+    if count_inputs(prompt) is None:
+        raise RequestError(400, "'prompt' must be a non-empty string, a list of strings, a "
+                           "token array or a list of token arrays", "invalid_prompt")
+    limit = payload.get("max_tokens")
+    if limit is not None and not (type(limit) is int and limit > 0):
+        raise RequestError(400, "'max_tokens' must be a positive integer",
+                           "invalid_max_tokens")
+    if not isinstance(payload.get("stream", False), bool):
+        raise RequestError(400, "'stream' must be true or false", "invalid_stream")
+    prefix = (message_chain([{"role": "user", "content": prompt}])
+              if isinstance(prompt, str) else None)
+    return ChatRequest(body, model, pin, answer_bound(payload), prefix,
+                       needs=NEEDS["completions"], kind="completions")
+
+
+PARSERS: dict[RequestKind, Callable[[bytes], ChatRequest]] = {
+    "chat": parse_chat, "embeddings": parse_embeddings, "completions": parse_completion}
