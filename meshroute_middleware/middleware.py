@@ -130,12 +130,13 @@ class MeshRouteMiddleware:
               or (scope["path"] != self.config.path and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)
         else:
-            watched = self._requests.watch(send)  # counts the request by its answer
             dialect = DIALECTS.get(scope["path"]) if scope["path"] != self.config.path else None
-            translation = None if dialect is None else dialect.open(watched)
+            translation = None if dialect is None else dialect.open(send)
+            # counts the request by the chat path's answer (before any translation: one
+            # rule for what an answered request is, whatever API it is answered in)
+            watched = self._requests.watch(send if translation is None else translation.send)
             try:
-                await self._chat(scope, receive, watched if translation is None
-                                 else translation.send, translation)
+                await self._chat(scope, receive, watched, translation)
             finally:
                 watched.close()
 

@@ -16,8 +16,8 @@ from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
 
-__all__ = ["ChatRequest", "RequestError", "answer_bound", "loads", "parse_chat", "read_body",
-           "replay"]
+__all__ = ["ChatRequest", "RequestError", "answer_bound", "load_object", "loads", "parse_chat",
+           "read_body", "replay"]
 
 MAX_PIN_HOPS = 64
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
@@ -119,8 +119,9 @@ def check_session_id(scope: Scope) -> None:
                                "bytes", "invalid_session_id")
 
 
-def parse_chat(body: bytes) -> ChatRequest:
-    """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
+def load_object(body: bytes) -> dict[str, Any]:
+    """A request body's JSON object, or RequestError(400): not JSON, nested deeper than
+    MAX_JSON_DEPTH, or not an object (every API's body is read by this one rule)."""
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -133,6 +134,12 @@ def parse_chat(body: bytes) -> ChatRequest:
                            "invalid_json")
     if not isinstance(payload, dict):
         raise RequestError(400, "request body must be a JSON object", "invalid_request")
+    return payload
+
+
+def parse_chat(body: bytes) -> ChatRequest:
+    """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
+    payload = load_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError(400, "'model' is required and must be a non-empty string",

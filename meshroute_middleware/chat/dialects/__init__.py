@@ -32,5 +32,9 @@ class Dialect(Protocol):
         ...
 
 
+from meshroute_middleware.chat.dialects.responses import RESPONSES_PATH, ResponsesDialect  # noqa: E402
+
 # path -> dialect: one line per API, each in a module of this package.
-DIALECTS: dict[str, Dialect] = {}
+DIALECTS: dict[str, Dialect] = {
+    RESPONSES_PATH: ResponsesDialect(),
+}
