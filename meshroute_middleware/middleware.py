@@ -132,6 +132,9 @@ class MeshRouteMiddleware:
         else:
             dialect = DIALECTS.get(scope["path"]) if scope["path"] != self.config.path else None
             translation = None if dialect is None else dialect.open(send)
+            if translation is not None:  # from here on it is a chat request, at the chat path
+                scope = {**scope, "path": self.config.path,
+                         "raw_path": self.config.path.encode()}
             # counts the request by the chat path's answer (before any translation: one
             # rule for what an answered request is, whatever API it is answered in)
             watched = self._requests.watch(send if translation is None else translation.send)

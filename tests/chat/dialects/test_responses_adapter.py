@@ -7,6 +7,7 @@ import gzip
 import json
 from typing import Any
 
+import httpx
 import pytest
 from starlette.types import Message
 
@@ -20,6 +21,8 @@ from meshroute_middleware.chat.dialects.responses import (
 )
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.http.errors import RequestError
+
+from ..test_annotate import make_app, wrap
 
 pytestmark = pytest.mark.anyio
 SSE = [(b"content-type", b"text/event-stream")]
@@ -223,3 +226,19 @@ def test_an_oversized_sse_line_is_dropped_not_grown() -> None:
     out = [d for i in range(0, len(big), 1 << 20) for d in lines.feed(big[i:i + (1 << 20)])]
     assert out == [] and sum(len(p) for p in lines._parts) <= MAX_EVENT_BYTES + (1 << 20)
     assert lines.feed(b"\n\ndata: ok\n\n") == [b"ok"]
+
+
+async def test_annotate_mode_serves_responses_through_the_apps_chat_route() -> None:
+    """The app behind the middleware serves chat completions only: a /v1/responses request
+    reaches it as the chat request it was translated to (routed, and for a model no route
+    serves, which the app answers by itself)."""
+    seen: list[dict[str, Any]] = []
+    mw = wrap(make_app(seen, failing_head="nobody"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                 base_url="http://t") as client:
+        for model in ("m", "the-apps-own"):
+            answer = await client.post(RESPONSES_PATH, json={"model": model, "input": "hi"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["object"] == "response"
+            assert answer.json()["output"][0]["content"][0]["text"] == model
+    assert seen[0]["route"] is not None and seen[-1]["route"] is None
