@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
@@ -83,6 +84,7 @@ class GatewayAPI:
         return [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_unrouted, methods=["POST"]),
+            *[Route(path, self.chat_unrouted, methods=["POST"]) for path in DIALECTS],
             # one route per path, so that a 405's Allow header lists every method
             Route("/v1/nodes", self.nodes, methods=["GET", "POST"]),
             Route("/v1/nodes/{node_id:path}", self.delete_node, methods=["DELETE"]),
