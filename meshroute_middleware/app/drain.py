@@ -6,7 +6,9 @@ event streams (/v1/routing/events, the dashboard's EventSource) end cleanly, and
 request still being served is cancelled, which settles its attempts as any cancellation does;
 its client then gets, in place of the rest: a 503 JSON error when nothing was sent yet, the
 SSE error event and the stream's end mid-stream, and a JSON answer already under way is cut
-short without its final chunk (never passed off as complete). A lifespan start-up failure
+short without its final chunk (never passed off as complete). The other APIs' requests
+(chat/dialects: /v1/responses, ...) are drained alike; their streams end with the same SSE
+error event, which the official clients raise as an error. A lifespan start-up failure
 reaches uvicorn without the traceback text, which uvicorn would log: the command prints one
 line instead (app/run.py).
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.forward import CHAT_PATH
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import sse_error_event
@@ -61,7 +64,8 @@ class Drain:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, _quiet_startup_failure(send))
-        elif scope["type"] != "http" or scope["path"] != self.path:
+        elif scope["type"] != "http" or (scope["path"] != self.path
+                                         and scope["path"] not in DIALECTS):
             await self.app(scope, receive, send)
         elif self.draining:
             await send_error(send, 503, SHUTTING_DOWN, "shutting_down")
