@@ -81,11 +81,27 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str,
-              status: str) -> dict[str, Any]:
-    """A `function_call` output item."""
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
+              custom: bool = False) -> dict[str, Any]:
+    """A `function_call` output item, or a `custom_tool_call` (its `input` unwrapped from the
+    function's one argument) for a custom tool."""
+    if custom:
+        return {"id": item_id, "type": "custom_tool_call", "status": status,
+                "call_id": call_id, "name": name, "input": custom_input(arguments)}
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id,
             "name": name, "arguments": arguments}
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's input from its function's arguments `{"input": ...}` (the arguments as
+    they are when the route wrote something else)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return str(value["input"])
+    return arguments
 
 
 def from_completion(completion: Any, echo: Echo, response_id: str,
@@ -106,9 +122,10 @@ def from_completion(completion: Any, echo: Echo, response_id: str,
                                        refusal if isinstance(refusal, str) else None))
         for i, call in enumerate(calls):
             function = call.get("function") or {}
+            name = str(function.get("name", ""))
             output.append(call_item(f"fc_{response_id[5:]}_{i + 1}", str(call.get("id", "")),
-                                    str(function.get("name", "")),
-                                    str(function.get("arguments") or ""), status))
+                                    name, str(function.get("arguments") or ""), status,
+                                    name in echo.custom_tools))
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ResponsesAnswerError(f"the route's answer is not a chat completion: "
                                    f"{type(exc).__name__}") from None
@@ -127,12 +144,13 @@ class _Item:
     call_id: str = ""
     name: str = ""
 
-    def whole(self, status: str) -> dict[str, Any]:
+    def whole(self, status: str, custom: frozenset[str] = frozenset()) -> dict[str, Any]:
         joined = "".join(self.pieces)
         self.pieces = [joined]
         if self.kind == "message":
             return message_item(self.item_id, joined, status)
-        return call_item(self.item_id, self.call_id, self.name, joined, status)
+        return call_item(self.item_id, self.call_id, self.name, joined, status,
+                         self.name in custom)
 
 
 class ResponsesStream:
@@ -154,7 +172,8 @@ class ResponsesStream:
         return event
 
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
-        output = [item.whole(status if status != "failed" else "incomplete")
+        output = [item.whole(status if status != "failed" else "incomplete",
+                             self.echo.custom_tools)
                   for item in self._items] if status != "in_progress" else []
         return response_object(self.echo, self.response_id, self.created_at, status=status,
                                output=output, finish=self._finish, **extra)
@@ -220,17 +239,21 @@ class ResponsesStream:
             item.name = str(function.get("name") or "")
             events.append(self._event("response.output_item.added", output_index=item.index,
                                       item=call_item(item.item_id, item.call_id, item.name,
-                                                     "", "in_progress")))
+                                                     "", "in_progress", self._custom(item))))
         else:  # a later chunk may carry what the first did not
             item.call_id = item.call_id or str(call.get("id") or "")
             item.name += str(function.get("name") or "")
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             item.pieces.append(arguments)
-            events.append(self._event("response.function_call_arguments.delta",
-                                      item_id=item.item_id, output_index=item.index,
-                                      delta=arguments))
+            if not self._custom(item):  # a custom call's input is JSON-wrapped: told at end
+                events.append(self._event("response.function_call_arguments.delta",
+                                          item_id=item.item_id, output_index=item.index,
+                                          delta=arguments))
         return events
+
+    def _custom(self, item: _Item) -> bool:
+        return item.kind == "function_call" and item.name in self.echo.custom_tools
 
     def _open(self, kind: str, prefix: str) -> _Item:
         item = _Item(kind, f"{prefix}_{self.response_id[5:]}_{len(self._items)}",
@@ -246,8 +269,15 @@ class ResponsesStream:
         status = status_of(self._finish)
         events = []
         for item in self._items:
-            whole = item.whole(status)
-            if item.kind == "message":
+            whole = item.whole(status, self.echo.custom_tools)
+            if whole["type"] == "custom_tool_call":
+                for kind in ("response.custom_tool_call_input.delta",
+                             "response.custom_tool_call_input.done"):
+                    events.append(self._event(kind, item_id=item.item_id,
+                                              output_index=item.index,
+                                              **{"delta" if kind.endswith("delta") else
+                                                 "input": whole["input"]}))
+            elif item.kind == "message":
                 text = whole["content"][0]["text"]
                 events.append(self._event("response.output_text.done", item_id=item.item_id,
                                           output_index=item.index, content_index=0, text=text,

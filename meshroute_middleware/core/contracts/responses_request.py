@@ -4,11 +4,14 @@ path serves: the stateless subset, validated field by field (docs/apis.md, "Resp
 Nothing is stored, so what needs a stored response (`previous_response_id`, `conversation`,
 `background`, item references, file ids) is refused, and so are the built-in tools (web
 search, file search, computer use, code interpreter, ...): a chat route runs function tools
-only. Pure: a parsed JSON object in, a JSON-ready chat body out, or ResponsesRequestError.
+only. A custom (freeform) tool, as Codex's `apply_patch`, becomes a function tool taking one
+string, `input`, and its calls come back as custom tool calls. Pure: a parsed JSON object in,
+a JSON-ready chat body out, or ResponsesRequestError.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +19,14 @@ from ..errors import MeshRouteError
 
 STATELESS = ("meshroute's /v1/responses is stateless (nothing is stored): send the whole "
              "conversation in 'input'")
-FUNCTIONS_ONLY = "meshroute's /v1/responses supports function tools only"
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+FUNCTIONS_ONLY = ("meshroute's /v1/responses supports function tools only (and custom "
+                  "tools, as functions)")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "custom_tool_call",
+              "custom_tool_call_output")
+# A custom tool's one parameter, as the function tool a chat route gets.
+CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {
+    "type": "string", "description": "the tool's whole input, as free text"}},
+    "required": ["input"], "additionalProperties": False}
 # Accepted and without effect on a chat route (what they ask for has no chat equivalent, or
 # concerns the stored or reasoning state meshroute does not have): docs/apis.md lists them.
 IGNORED = frozenset({"include", "metadata", "reasoning", "service_tier", "prompt_cache_key",
@@ -54,6 +63,7 @@ class Echo:
     max_output_tokens: int | None = None
     parallel_tool_calls: bool = True
     text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
+    custom_tools: frozenset[str] = frozenset()  # names whose calls answer as custom calls
 
 
 def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
@@ -122,7 +132,8 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
                       "auto" if tool_choice is None else tool_choice,
                       payload.get("temperature"), payload.get("top_p"), limit,
                       True if parallel is None else parallel,
-                      text if isinstance(text, dict) else {"format": {"type": "text"}})
+                      text if isinstance(text, dict) else {"format": {"type": "text"}},
+                      frozenset(t["name"] for t in tools or () if t.get("type") == "custom"))
 
 
 def _optional(payload: dict[str, Any], name: str, kind: type, what: str) -> Any:
@@ -152,7 +163,9 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             messages.append(_message(item, where))
         elif kind == "function_call":
             _add_call(messages, item, where)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            _add_call(messages, item, where, custom=True)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_call_output(item, where))
         elif kind == "reasoning":
             continue  # a model's own reasoning, handed back: no chat route takes it
@@ -235,13 +248,17 @@ def _string(item: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
-def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
-    """A function_call item: a tool call of the assistant message it follows, or of a new
-    one (consecutive calls are one turn's parallel calls)."""
-    arguments = item.get("arguments", "")
+def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str,
+              custom: bool = False) -> None:
+    """A function_call (or custom_tool_call) item: a tool call of the assistant message it
+    follows, or of a new one (consecutive calls are one turn's parallel calls)."""
+    name = "input" if custom else "arguments"
+    arguments = item.get(name, "")
     if not isinstance(arguments, str):
-        raise ResponsesRequestError(f"{where}.arguments", f"'{where}.arguments' must be a "
-                                    "string (JSON text).", "invalid_type")
+        raise ResponsesRequestError(f"{where}.{name}", f"'{where}.{name}' must be a string"
+                                    f"{'' if custom else ' (JSON text)'}.", "invalid_type")
+    if custom:
+        arguments = json.dumps({"input": arguments})
     call = {"id": _string(item, "call_id", where), "type": "function",
             "function": {"name": _string(item, "name", where), "arguments": arguments}}
     last = messages[-1] if messages else None
@@ -271,12 +288,15 @@ def chat_tools_of(tools: Any) -> list[dict[str, Any]]:
     """Function tools as chat tools; a built-in tool is refused."""
     if not isinstance(tools, list):
         raise ResponsesRequestError("tools", "'tools' must be a list.", "invalid_type")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise ResponsesRequestError(where, f"'{where}' must be an object.", "invalid_type")
         kind = tool.get("type")
+        if kind == "custom":
+            out.append({"type": "function", "function": _custom_function(tool, where)})
+            continue
         if kind != "function":
             raise ResponsesRequestError(f"{where}.type", f"'{where}': the built-in tool "
                                         f"{str(kind)[:64]!r} is not supported: "
@@ -286,14 +306,31 @@ def chat_tools_of(tools: Any) -> list[dict[str, Any]]:
             if tool.get(name) is not None:
                 function[name] = tool[name]
         out.append({"type": "function", "function": function})
+    names = [t["function"]["name"] for t in out]
+    if len(set(names)) != len(names):
+        raise ResponsesRequestError("tools", "'tools' names a tool twice.")
     return out
+
+
+def _custom_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A custom tool as a function of one string; its grammar, if any, told in words."""
+    description = tool.get("description")
+    text = description if isinstance(description, str) else ""
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        definition, syntax = fmt.get("definition"), fmt.get("syntax")
+        if isinstance(definition, str) and definition:
+            kind = f"{syntax} grammar" if isinstance(syntax, str) and syntax else "grammar"
+            text += f"\n\nThe input must match this {kind}:\n{definition}"
+    return {"name": _string(tool, "name", where), "description": text.strip(),
+            "parameters": CUSTOM_PARAMETERS}
 
 
 def chat_tool_choice(choice: Any) -> Any:
     """`tool_choice` as chat's: a mode, or one function by name."""
     if choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         return {"type": "function",
                 "function": {"name": _string(choice, "name", "tool_choice")}}
     raise ResponsesRequestError("tool_choice", "'tool_choice' must be 'auto', 'none', "

@@ -176,6 +176,47 @@ def test_a_streamed_function_call_round_trip(routes: Routes) -> None:
     assert answer[-1].response.output_text == "B: the tool said rain"
 
 
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi \"there\"\n*** End Patch\n"
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark",
+                          "definition": 'start: "*** Begin Patch" /(.|\\n)*/'}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_custom_tool_round_trip_as_codex_makes_it(routes: Routes, stream: bool) -> None:
+    """Codex's freeform apply_patch: a function of one string to the route, a custom tool
+    call to the client."""
+    wrapped = json.dumps({"input": PATCH})
+    routes.second.arguments = [wrapped[:20], wrapped[20:]]
+    client = routes.client()
+    asked: list[Any] = [{"role": "user", "content": "add a.txt"}]
+    if stream:
+        events = list(client.responses.create(model=routes.model, input=asked,
+                                              tools=[APPLY_PATCH], stream=True))
+        kinds = [e.type for e in events]
+        assert "response.function_call_arguments.delta" not in kinds
+        assert kinds[-4:-1] == ["response.custom_tool_call_input.delta",
+                                "response.custom_tool_call_input.done",
+                                "response.output_item.done"]
+        assert events[-2].item.type == "custom_tool_call" and events[-2].item.input == PATCH
+        output = events[-1].response.output
+    else:
+        output = client.responses.create(model=routes.model, input=asked,
+                                          tools=[APPLY_PATCH]).output
+    call = output[0]
+    assert (call.type, call.name, call.call_id, call.input) == (
+        "custom_tool_call", "apply_patch", "call_1", PATCH)
+    function = routes.second.seen[-1]["tools"][0]["function"]
+    assert function["name"] == "apply_patch" and "lark grammar" in function["description"]
+    assert function["parameters"]["required"] == ["input"]
+    answer = client.responses.create(model=routes.model, tools=[APPLY_PATCH], input=[
+        *asked, call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done!"}])
+    assert answer.output_text == "B: the tool said Done!"
+    assert routes.second.seen[-1]["messages"][1]["tool_calls"][0]["function"] == {
+        "name": "apply_patch", "arguments": wrapped}
+
+
 def test_the_token_limit_makes_an_incomplete_response(routes: Routes) -> None:
     client = routes.client()
     cut = client.responses.create(model=routes.model, input="hi", max_output_tokens=2)

@@ -1,8 +1,9 @@
 """A chat server that calls a tool, for /v1/responses tests (not product code): as a mesh
 node's head or as a provider's base URL.
 
-Asked with `tools` and no tool result yet, it calls `get_weather` (its arguments streamed in
-pieces); with a tool result last, it answers with that result quoted; otherwise it greets.
+Asked with `tools` and no tool result yet, it calls the first tool (its arguments, by default
+`get_weather`'s, streamed in pieces); with a tool result last, it answers with that result
+quoted; otherwise it greets.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ToolChat:
     # a reset can be lost with it)
     break_when: threading.Event | None = field(default=None, compare=False)
     seen: list[dict[str, Any]] = field(default_factory=list)  # each request's body
+    arguments: list[str] = field(default_factory=lambda: list(ARGUMENT_PIECES))
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
@@ -44,7 +46,7 @@ class ToolChat:
         if last.get("role") == "tool":
             return [f"{self.name}: the tool said ", str(last.get("content"))], None
         if body.get("tools"):
-            return [], ARGUMENT_PIECES
+            return [], self.arguments
         return ["hello ", "from ", self.name], None
 
     async def chat(self, request: Request) -> Response:
@@ -65,7 +67,7 @@ class ToolChat:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
         if arguments:
             message["tool_calls"] = [{"id": "call_1", "type": "function", "function": {
-                "name": "get_weather", "arguments": "".join(arguments)}}]
+                "name": _tool(body), "arguments": "".join(arguments)}}]
         return JSONResponse({
             "id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
@@ -77,7 +79,7 @@ class ToolChat:
         chunks += [{"content": t} for t in texts]
         if arguments:
             chunks.append({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                           "function": {"name": "get_weather",
+                                           "function": {"name": _tool(body),
                                                         "arguments": ""}}]})
             chunks += [{"tool_calls": [{"index": 0, "function": {"arguments": a}}]}
                        for a in arguments]
@@ -101,3 +103,7 @@ def _sse(body: dict[str, Any], choice: dict[str, Any]) -> bytes:
     data = {"id": "c", "object": "chat.completion.chunk", "created": 0,
             "model": body["model"], "choices": [choice]}
     return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _tool(body: dict[str, Any]) -> str:
+    return str(body["tools"][0]["function"]["name"])

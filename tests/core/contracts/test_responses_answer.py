@@ -183,3 +183,31 @@ def test_events_encode_as_sse() -> None:
     head, data = blocks[1].split(b"\n")
     assert head == b"event: response.output_text.delta"
     assert json.loads(data.removeprefix(b"data: "))["delta"] == "a\nb"
+
+
+CUSTOM = Echo("m", custom_tools=frozenset({"apply_patch"}))
+
+
+def test_a_custom_tools_call_answers_as_a_custom_tool_call() -> None:
+    answer = from_completion(completion({"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {
+            "name": "apply_patch", "arguments": '{"input": "*** Begin Patch"}'}},
+        {"id": "c2", "type": "function", "function": {
+            "name": "apply_patch", "arguments": "not json"}}]}, "tool_calls"), CUSTOM, RID, 0)
+    assert [(i["type"], i["call_id"], i["input"]) for i in answer["output"]] == [
+        ("custom_tool_call", "c1", "*** Begin Patch"), ("custom_tool_call", "c2", "not json")]
+
+
+def test_a_streamed_custom_tool_call_is_told_whole_at_its_end() -> None:
+    events = run(ResponsesStream(CUSTOM, RID, 0), [
+        chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {
+            "name": "apply_patch", "arguments": '{"inp'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ut": "x\\ny"}'}}]}),
+        chunk({}, "tool_calls")])
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
+        "response.output_item.done", "response.completed"]
+    assert events[2]["item"]["type"] == "custom_tool_call"
+    assert events[3]["delta"] == events[4]["input"] == "x\ny"
+    assert events[-1]["response"]["output"][0]["input"] == "x\ny"

@@ -185,3 +185,34 @@ def test_a_malformed_request_names_its_field(payload: dict[str, Any], param: str
         to_chat(payload)
     assert (caught.value.param, caught.value.code) == (param, code)
     assert param.split("[")[0].split(".")[0] in str(caught.value)
+
+
+def test_a_custom_tool_is_a_function_of_one_string() -> None:
+    body, echo = to_chat({"model": "m", "tools": [
+        {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+        {"type": "custom", "name": "note"}],
+        "tool_choice": {"type": "custom", "name": "note"}, "input": [
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch",
+             "input": 'a "patch"'},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "ok"}]})
+    patch, note = (t["function"] for t in body["tools"])
+    assert patch["name"] == "apply_patch"
+    assert patch["description"] == "Edit files.\n\nThe input must match this lark grammar:\n" \
+                                   "start: /.+/"
+    assert patch["parameters"]["properties"]["input"]["type"] == "string"
+    assert note == {"name": "note", "description": "", "parameters": patch["parameters"]}
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "note"}}
+    assert body["messages"] == [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {
+                "name": "apply_patch", "arguments": '{"input": "a \\"patch\\""}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    assert echo.custom_tools == {"apply_patch", "note"}
+
+
+def test_two_tools_of_one_name_are_refused() -> None:
+    with pytest.raises(ResponsesRequestError) as caught:
+        chat(input="hi", tools=[{"type": "function", "name": "f"},
+                                {"type": "custom", "name": "f"}])
+    assert caught.value.param == "tools"
