@@ -26,6 +26,7 @@ from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
 from meshroute_middleware.core.contracts.responses_answer import (
     ResponsesAnswerError,
     ResponsesStream,
+    completion_events,
     encode_events,
     from_completion,
 )
@@ -172,9 +173,10 @@ class ResponsesTranslation:
                                                else zlib.MAX_WBITS)
         self._mode = "sse" if is_sse(headers) else "json"
         kept = [(k, v) for k, v in headers if k.lower() not in _STALE]
-        if self._mode == "json":
+        if self._mode == "json":  # a streamed request's JSON answer is sent as its events
             kept = [(k, v) for k, v in kept if k.lower() != b"content-type"]
-            kept.append((b"content-type", b"application/json"))
+            kept.append((b"content-type", b"text/event-stream" if self._echo.stream
+                         else b"application/json"))
         await self._client({**message, "headers": kept})
         if self._mode == "sse":
             self._stream = ResponsesStream(self._echo, self.response_id, self.created_at)
@@ -224,8 +226,12 @@ class ResponsesTranslation:
         assert self._echo is not None
         try:
             completion = json.loads(b"".join(self._held))
-            answer = from_completion(completion, self._echo, self.response_id,
-                                     self.created_at)
+            if self._echo.stream:
+                body = encode_events(completion_events(completion, self._echo,
+                                                       self.response_id, self.created_at))
+            else:
+                body = json.dumps(from_completion(completion, self._echo, self.response_id,
+                                                  self.created_at)).encode()
         except (ValueError, ResponsesAnswerError) as exc:
             # The 200 is sent; a body that is no answer must not end like one: no final
             # chunk, so the server aborts the client's connection.
@@ -234,4 +240,4 @@ class ResponsesTranslation:
             self._mode, self._held = "drop", []
             return
         self._held = []
-        await self._body(json.dumps(answer).encode(), False)
+        await self._body(body, False)

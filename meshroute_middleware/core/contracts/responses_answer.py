@@ -133,6 +133,24 @@ def from_completion(completion: Any, echo: Echo, response_id: str,
                            usage=usage_of(completion.get("usage")), finish=finish)
 
 
+def completion_events(completion: Any, echo: Echo, response_id: str,
+                      created_at: int) -> list[dict[str, Any]]:
+    """The stream events of a whole chat completion: for a streamed request a route answered
+    in one JSON body (a server that does not stream)."""
+    from_completion(completion, echo, response_id, created_at)  # refuses what is no answer
+    choice = completion["choices"][0]
+    message = choice.get("message") or {}
+    content = message.get("content")
+    text = content if isinstance(content, str) else "".join(
+        p.get("text", "") for p in content or () if isinstance(p, dict))
+    calls = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls") or [])]
+    stream = ResponsesStream(echo, response_id, created_at)
+    return stream.start() + stream.chunk({
+        "choices": [{"delta": {"content": text, "tool_calls": calls},
+                     "finish_reason": choice.get("finish_reason")}],
+        "usage": completion.get("usage")}) + stream.end()
+
+
 @dataclass(slots=True)
 class _Item:
     """One output item of a stream, while and after it streams."""

@@ -242,3 +242,22 @@ async def test_annotate_mode_serves_responses_through_the_apps_chat_route() -> N
             assert answer.json()["object"] == "response"
             assert answer.json()["output"][0]["content"][0]["text"] == model
     assert seen[0]["route"] is not None and seen[-1]["route"] is None
+
+
+async def test_a_streamed_requests_json_answer_is_sent_as_its_events() -> None:
+    translation, client = opened(stream=True)
+    await translation.send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json")]})  # a route that does not stream
+    await translation.send({"type": "http.response.body", "more_body": False,
+                            "body": json.dumps({"choices": [{"message": {
+                                "content": "whole", "tool_calls": [{"id": "c", "function": {
+                                    "name": "f", "arguments": "{}"}}]},
+                                "finish_reason": "tool_calls"}]}).encode()})
+    assert dict(client.messages[0]["headers"])[b"content-type"] == b"text/event-stream"
+    events = client.events()
+    assert [e["type"] for e in events][:3] == ["response.created", "response.in_progress",
+                                               "response.output_item.added"]
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert [i["type"] for i in final["response"]["output"]] == ["message", "function_call"]
+    assert final["response"]["output"][0]["content"][0]["text"] == "whole"
