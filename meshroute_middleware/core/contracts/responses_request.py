@@ -70,7 +70,8 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
     """The chat-completions body for a Responses request, and what its answer repeats."""
     for name in payload:
         if name not in TRANSLATED and name not in IGNORED and name not in STATEFUL:
-            raise ResponsesRequestError(name, f"Unknown parameter: '{name}'.",
+            shown = name[:64]  # the client's own text, quoted back: bounded
+            raise ResponsesRequestError(shown, f"Unknown parameter: '{shown}'.",
                                         "unknown_parameter")
     for name in STATEFUL:
         if payload.get(name) is not None:

@@ -216,3 +216,11 @@ def test_two_tools_of_one_name_are_refused() -> None:
         chat(input="hi", tools=[{"type": "function", "name": "f"},
                                 {"type": "custom", "name": "f"}])
     assert caught.value.param == "tools"
+
+
+def test_what_is_quoted_back_is_bounded() -> None:
+    for payload in ({"x" * 10_000: 1}, {"tools": [{"type": "y" * 10_000}]},
+                    {"input": [{"type": "z" * 10_000}]}):
+        with pytest.raises(ResponsesRequestError) as caught:
+            to_chat({"model": "m", "input": "hi", **payload})
+        assert len(str(caught.value)) < 400 and len(caught.value.param) < 100
