@@ -27,17 +27,11 @@ ITEM_TYPES = ("message", "function_call", "function_call_output", "custom_tool_c
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {
     "type": "string", "description": "the tool's whole input, as free text"}},
     "required": ["input"], "additionalProperties": False}
-# Accepted and without effect on a chat route (what they ask for has no chat equivalent, or
-# concerns the stored or reasoning state meshroute does not have): docs/apis.md lists them.
-IGNORED = frozenset({"include", "metadata", "reasoning", "service_tier", "prompt_cache_key",
-                     "prompt_cache_retention", "safety_identifier", "truncation",
-                     "stream_options", "top_logprobs", "max_tool_calls", "store"})
-# Refused: each needs state meshroute does not keep.
+# Refused: each needs state meshroute does not keep. Any field neither translated nor refused
+# is accepted and has no effect (what it asks has no chat equivalent, or concerns the stored
+# or reasoning state meshroute does not have: `include`, `reasoning`, `metadata`, ...):
+# clients add fields as OpenAI does (Codex's `client_metadata`), and one must not break them.
 STATEFUL = ("previous_response_id", "conversation", "prompt")
-TRANSLATED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
-                        "max_output_tokens", "temperature", "top_p", "stream", "text",
-                        "parallel_tool_calls", "user", "background",
-                        "route"})  # `route`: meshroute's own pin, as on the chat path
 
 
 class ResponsesRequestError(MeshRouteError, ValueError):
@@ -68,11 +62,6 @@ class Echo:
 
 def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
     """The chat-completions body for a Responses request, and what its answer repeats."""
-    for name in payload:
-        if name not in TRANSLATED and name not in IGNORED and name not in STATEFUL:
-            shown = name[:64]  # the client's own text, quoted back: bounded
-            raise ResponsesRequestError(shown, f"Unknown parameter: '{shown}'.",
-                                        "unknown_parameter")
     for name in STATEFUL:
         if payload.get(name) is not None:
             raise ResponsesRequestError(name, f"'{name}' is not supported: {STATELESS}.",

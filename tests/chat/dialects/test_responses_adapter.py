@@ -82,9 +82,9 @@ def test_the_dialect_is_registered_at_its_path() -> None:
 def test_a_bad_body_is_a_400() -> None:
     translation = ResponsesDialect().open(Client())
     with pytest.raises(RequestError) as caught:
-        translation.request(b'{"model": "m", "input": "hi", "store": false, "seed": 1}')
+        translation.request(b'{"model": "m", "input": "hi", "previous_response_id": "r"}')
     assert (caught.value.status, caught.value.code, caught.value.param) == (
-        400, "unknown_parameter", "seed")
+        400, "unsupported_parameter", "previous_response_id")
     with pytest.raises(RequestError) as not_json:
         translation.request(b"[1]")
     assert not_json.value.code == "invalid_request"

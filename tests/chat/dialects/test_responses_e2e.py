@@ -269,7 +269,8 @@ def test_what_a_stateless_gateway_cannot_do_is_refused(
 @pytest.mark.parametrize(("body", "param", "code"), [
     ({"input": [{"role": "user", "content": 5}]}, "input[0].content", "invalid_type"),
     ({"input": "hi", "temperature": "hot"}, "temperature", "invalid_type"),
-    ({"input": "hi", "frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ({"input": "hi", "tools": [{"type": "function", "name": ""}]}, "tools[0].name",
+     "missing_required_parameter"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id",
      "missing_required_parameter"),
     ({}, "input", "missing_required_parameter"),
@@ -282,6 +283,29 @@ def test_a_malformed_request_gets_a_400_naming_the_field(
     assert (error["param"], error["code"], error["type"]) == (
         param, code, "invalid_request_error")
     assert param.split(".")[0].split("[")[0] in error["message"]
+
+
+def test_a_request_as_codex_sends_it(routes: Routes) -> None:
+    """Codex's request body (codex-rs ResponsesApiRequest): every field it sends is taken."""
+    body = {
+        "model": routes.model, "instructions": "You are a coding agent.",
+        "input": [{"type": "message", "role": "developer",
+                   "content": [{"type": "input_text", "text": "<permissions>"}]},
+                  {"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "add a.txt"}]}],
+        "tools": [WEATHER, APPLY_PATCH], "tool_choice": "auto", "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"}, "store": False, "stream": True,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1",
+        "text": {"verbosity": "medium"}, "client_metadata": {"x-codex-turn": "1"}}
+    with httpx.stream("POST", routes.url + "/v1/responses", json=body, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        kinds = [line[len("event: "):] for line in answer.iter_lines()
+                 if line.startswith("event: ")]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    sent = routes.second.seen[-1]
+    assert [m["role"] for m in sent["messages"]] == ["system", "system", "user"]
+    assert sent["parallel_tool_calls"] is False and "reasoning" not in sent
 
 
 def test_chat_path_errors_pass_in_openai_shape(routes: Routes) -> None:
