@@ -144,11 +144,17 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         raise ResponsesRequestError("input", "'input' must be a string or a list of items.",
                                     "invalid_type")
     messages: list[dict[str, Any]] = []
+    # Images a tool returned: a chat tool message takes text only, so they follow the turn's
+    # tool messages as a user message (placed there so no tool message is cut off its call).
+    images: list[dict[str, Any]] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ResponsesRequestError(where, f"'{where}' must be an object.", "invalid_type")
         kind = item.get("type", "message")
+        if kind not in ("function_call_output", "custom_tool_call_output") and images:
+            messages.append({"role": "user", "content": images})
+            images = []
         if kind == "message":
             messages.append(_message(item, where))
         elif kind == "function_call":
@@ -156,7 +162,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         elif kind == "custom_tool_call":
             _add_call(messages, item, where, custom=True)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append(_call_output(item, where))
+            messages.append(_call_output(item, where, images))
         elif kind == "reasoning":
             continue  # a model's own reasoning, handed back: no chat route takes it
         elif kind == "item_reference":
@@ -167,6 +173,8 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                                         f"{str(kind)[:64]!r} are not supported: {FUNCTIONS_ONLY}"
                                         f" (input items: {', '.join(ITEM_TYPES)}).",
                                         "unsupported_parameter")
+    if images:
+        messages.append({"role": "user", "content": images})
     return messages
 
 
@@ -259,14 +267,17 @@ def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str,
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
-def _call_output(item: dict[str, Any], where: str) -> dict[str, Any]:
+def _call_output(item: dict[str, Any], where: str,
+                 images: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tool message; the output's image parts are added to `images`."""
     output = item.get("output")
-    if isinstance(output, list):  # a list of text parts, as newer clients send
+    if isinstance(output, list):  # content parts, as newer clients send
         parts = [_part(part, f"{where}.output[{j}]") for j, part in enumerate(output)]
-        if any(p["type"] != "text" for p in parts):
-            raise ResponsesRequestError(f"{where}.output", f"'{where}.output': a function "
-                                        "call's output takes text parts only.")
-        output = "".join(p["text"] for p in parts)
+        texts = [p["text"] for p in parts if p["type"] == "text"]
+        shown = [p for p in parts if p["type"] != "text"]
+        images.extend(shown)
+        output = "".join(texts) or ("(the tool's output is the image that follows)"
+                                    if shown else "")
     if not isinstance(output, str):
         raise ResponsesRequestError(f"{where}.output", f"'{where}.output' must be a string.",
                                     "invalid_type")

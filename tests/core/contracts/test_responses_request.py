@@ -224,3 +224,23 @@ def test_what_is_quoted_back_is_bounded() -> None:
         with pytest.raises(ResponsesRequestError) as caught:
             to_chat({"model": "m", "input": "hi", **payload})
         assert len(str(caught.value)) < 400 and len(caught.value.param) < 100
+
+
+def test_images_a_tool_returned_follow_its_turns_tool_messages() -> None:
+    image = {"type": "input_image", "image_url": IMAGE}
+    body = chat(input=[
+        {"type": "function_call", "call_id": "a", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call", "call_id": "b", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": [image]},
+        {"type": "function_call_output", "call_id": "b",
+         "output": [{"type": "input_text", "text": "two:"}, image]},
+        {"role": "user", "content": "what are they?"}])
+    roles = [(m["role"], m.get("tool_call_id")) for m in body["messages"]]
+    assert roles == [("assistant", None), ("tool", "a"), ("tool", "b"), ("user", None),
+                     ("user", None)]
+    assert body["messages"][1]["content"].startswith("(the tool's output is the image")
+    assert body["messages"][2]["content"] == "two:"
+    assert body["messages"][3]["content"] == [
+        {"type": "image_url", "image_url": {"url": IMAGE}}] * 2
+    last = chat(input=[{"type": "function_call_output", "call_id": "a", "output": [image]}])
+    assert [m["role"] for m in last["messages"]] == ["tool", "user"]
