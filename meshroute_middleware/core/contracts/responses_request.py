@@ -101,6 +101,7 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
                 raise ResponsesRequestError(name, f"'{name}' must be a number.",
                                             "invalid_type")
             chat[name] = value
+    _optional(payload, "store", bool, "a boolean")  # either way nothing is stored
     stream = _optional(payload, "stream", bool, "a boolean") or False
     if stream:
         chat["stream"] = True

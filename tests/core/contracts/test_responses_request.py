@@ -173,6 +173,7 @@ def test_what_needs_state_or_built_in_tools_is_refused(
      "invalid_type"),
     ({"model": "m", "input": "hi", "temperature": "warm"}, "temperature", "invalid_type"),
     ({"model": "m", "input": "hi", "stream": "yes"}, "stream", "invalid_type"),
+    ({"model": "m", "input": "hi", "store": "no"}, "store", "invalid_type"),
     ({"model": "m", "input": "hi", "instructions": ["a"]}, "instructions", "invalid_type"),
     ({"model": "m", "input": "hi", "tool_choice": "any"}, "tool_choice",
      "unsupported_parameter"),
