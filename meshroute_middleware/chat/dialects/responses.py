@@ -112,6 +112,9 @@ class SSELines:
 class ResponsesTranslation:
     """One Responses request: its chat body, then its answer translated into `send`."""
 
+    __slots__ = ("_client", "_decoder", "_echo", "_held", "_held_bytes", "_lines", "_mode",
+                 "_stream", "created_at", "response_id", "send")
+
     def __init__(self, send: Send, response_id: str, created_at: int) -> None:
         self._client = send
         self.send: Send = self._translate  # the client's send, as the chat path sees it

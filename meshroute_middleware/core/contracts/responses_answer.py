@@ -174,6 +174,9 @@ class _Item:
 class ResponsesStream:
     """Chat SSE chunks in, Responses SSE events out, one chunk at a time."""
 
+    __slots__ = ("_calls", "_finish", "_items", "_message", "_seq", "_usage", "created_at",
+                 "echo", "ended", "response_id")
+
     def __init__(self, echo: Echo, response_id: str, created_at: int) -> None:
         self.echo, self.response_id, self.created_at = echo, response_id, created_at
         self.ended = False
