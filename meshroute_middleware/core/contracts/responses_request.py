@@ -62,13 +62,7 @@ class Echo:
 
 def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
     """The chat-completions body for a Responses request, and what its answer repeats."""
-    for name in STATEFUL:
-        if payload.get(name) is not None:
-            raise ResponsesRequestError(name, f"'{name}' is not supported: {STATELESS}.",
-                                        "unsupported_parameter")
-    if payload.get("background"):
-        raise ResponsesRequestError("background", "'background' is not supported: "
-                                    f"{STATELESS}.", "unsupported_parameter")
+    _refuse_stateful(payload)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise ResponsesRequestError("model", "'model' is required and must be a non-empty "
@@ -81,10 +75,8 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
                                     "items).", "missing_required_parameter")
     chat: dict[str, Any] = {"model": model, "messages": messages}
     tools = payload.get("tools")
-    if tools is not None:
-        chat_tools = chat_tools_of(tools)
-        if chat_tools:
-            chat["tools"] = chat_tools
+    if tools is not None and (chat_tools := chat_tools_of(tools)):
+        chat["tools"] = chat_tools
     tool_choice = payload.get("tool_choice")
     if tool_choice is not None:
         chat["tool_choice"] = chat_tool_choice(tool_choice)
@@ -94,6 +86,34 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
             raise ResponsesRequestError("max_output_tokens", "'max_output_tokens' must be a "
                                         "positive integer.", "invalid_type")
         chat["max_tokens"] = limit
+    _options(payload, chat)
+    text = payload.get("text")
+    if text is not None and (response_format := chat_response_format(text)) is not None:
+        chat["response_format"] = response_format
+    if "route" in payload:
+        chat["route"] = payload["route"]  # checked by the chat path's own parser
+    parallel = payload.get("parallel_tool_calls")
+    return chat, Echo(model, bool(chat.get("stream")), instructions, list(tools or []),
+                      "auto" if tool_choice is None else tool_choice,
+                      payload.get("temperature"), payload.get("top_p"), limit,
+                      True if parallel is None else parallel,
+                      text if isinstance(text, dict) else {"format": {"type": "text"}},
+                      frozenset(t["name"] for t in tools or () if t.get("type") == "custom"))
+
+
+def _refuse_stateful(payload: dict[str, Any]) -> None:
+    """ResponsesRequestError for a field that needs a stored response."""
+    for name in STATEFUL:
+        if payload.get(name) is not None:
+            raise ResponsesRequestError(name, f"'{name}' is not supported: {STATELESS}.",
+                                        "unsupported_parameter")
+    if payload.get("background"):
+        raise ResponsesRequestError("background", "'background' is not supported: "
+                                    f"{STATELESS}.", "unsupported_parameter")
+
+
+def _options(payload: dict[str, Any], chat: dict[str, Any]) -> None:
+    """The sampling and streaming options, checked, into `chat`."""
     for name in ("temperature", "top_p"):
         value = payload.get(name)
         if value is not None:
@@ -102,8 +122,7 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
                                             "invalid_type")
             chat[name] = value
     _optional(payload, "store", bool, "a boolean")  # either way nothing is stored
-    stream = _optional(payload, "stream", bool, "a boolean") or False
-    if stream:
+    if _optional(payload, "stream", bool, "a boolean"):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}  # the answer reports usage
     parallel = _optional(payload, "parallel_tool_calls", bool, "a boolean")
@@ -112,19 +131,6 @@ def to_chat(payload: dict[str, Any]) -> tuple[dict[str, Any], Echo]:
     user = _optional(payload, "user", str, "a string")
     if user is not None:
         chat["user"] = user
-    text = payload.get("text")
-    if text is not None:
-        response_format = chat_response_format(text)
-        if response_format is not None:
-            chat["response_format"] = response_format
-    if "route" in payload:
-        chat["route"] = payload["route"]  # checked by the chat path's own parser
-    return chat, Echo(model, stream, instructions, list(tools or []),
-                      "auto" if tool_choice is None else tool_choice,
-                      payload.get("temperature"), payload.get("top_p"), limit,
-                      True if parallel is None else parallel,
-                      text if isinstance(text, dict) else {"format": {"type": "text"}},
-                      frozenset(t["name"] for t in tools or () if t.get("type") == "custom"))
 
 
 def _optional(payload: dict[str, Any], name: str, kind: type, what: str) -> Any:
