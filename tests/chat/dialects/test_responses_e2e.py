@@ -150,6 +150,22 @@ def test_a_streamed_response_as_the_sdk_parses_it(routes: Routes) -> None:
     assert routes.requests()["answered"] == 1
 
 
+@pytest.mark.parametrize("tools", [[], [WEATHER]])
+def test_the_sdks_stream_helper_accumulates_the_events(routes: Routes,
+                                                       tools: list[Any]) -> None:
+    """`responses.stream()` rebuilds the response from the events, checking their order."""
+    with routes.client().responses.stream(model=routes.model, input="hi",
+                                          tools=tools) as stream:
+        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    if tools:
+        call = final.output[0]
+        assert call.type == "function_call" and json.loads(call.arguments) == {
+            "city": "Paris"}
+    else:
+        assert final.output_text == "".join(texts) == "hello from B"
+
+
 def test_a_streamed_function_call_round_trip(routes: Routes) -> None:
     client = routes.client()
     events = list(client.responses.create(model=routes.model, input="weather?",
