@@ -236,8 +236,9 @@ class ResponsesStream:
         item = self._message
         if item is None:
             item = self._message = self._open("message", "msg")
+            opened = {**message_item(item.item_id, "", "in_progress"), "content": []}
             events.append(self._event("response.output_item.added", output_index=item.index,
-                                      item=message_item(item.item_id, "", "in_progress")))
+                                      item=opened))  # its part is added next, as OpenAI does
             events.append(self._event("response.content_part.added", item_id=item.item_id,
                                       output_index=item.index, content_index=0,
                                       part=_text_part("")))

@@ -156,8 +156,10 @@ def test_the_sdks_stream_helper_accumulates_the_events(routes: Routes,
     """`responses.stream()` rebuilds the response from the events, checking their order."""
     with routes.client().responses.stream(model=routes.model, input="hi",
                                           tools=tools) as stream:
-        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
+    texts = [e.delta for e in deltas]
+    assert [e.snapshot for e in deltas[-1:]] == ["".join(texts)][:len(deltas)]
     if tools:
         call = final.output[0]
         assert call.type == "function_call" and json.loads(call.arguments) == {

@@ -110,6 +110,9 @@ def test_a_text_stream() -> None:
         "response.output_text.delta", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.completed"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[2]["item"]["content"] == []  # the part comes with content_part.added
+    assert events[3]["part"] == {"type": "output_text", "text": "", "annotations": [],
+                                 "logprobs": []}
     assert events[0]["response"]["status"] == "in_progress"
     assert events[0]["response"]["output"] == []
     assert events[6]["text"] == "hello" and events[8]["item"]["content"][0]["text"] == "hello"
