@@ -65,7 +65,7 @@ from meshroute_middleware.http.request import (
     replay,
 )
 from meshroute_middleware.telemetry.metrics import Telemetry
-from meshroute_middleware.telemetry.requests import RequestTally
+from meshroute_middleware.telemetry.requests import RequestTally, Watch
 
 if TYPE_CHECKING:
     from meshroute_middleware.chat.providers import ProviderChat
@@ -174,14 +174,16 @@ class MeshRouteMiddleware:
               or (scope["path"] not in self._kinds and scope["path"] not in DIALECTS)):
             await self.app(scope, receive, send)
         else:
-            watched = self._requests.watch(send)  # counts the request by its answer
             kind = self._kinds.get(scope["path"])
             dialect = DIALECTS.get(scope["path"]) if kind is None else None
-            translation = None if dialect is None else dialect.open(watched)
-            out = watched if translation is None else translation.send
+            translation = None if dialect is None else dialect.open(send)
+            # counts the request by the chat path's answer (before any translation: one
+            # rule for what an answered request is, whatever API it is answered in)
+            watched = self._requests.watch(send if translation is None else translation.send)
             try:
-                if await self._authenticated(scope, out):  # every inference path, first
-                    await self._chat(scope, receive, out, translation, kind or "chat")
+                if await self._authenticated(scope, watched):  # every inference path, first
+                    await self._chat(scope, receive, watched, translation, kind or "chat",
+                                     watched)
             finally:
                 watched.close()
 
@@ -212,7 +214,8 @@ class MeshRouteMiddleware:
         return self.embeddings_router if kind == "embeddings" else self.router
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send,
-                    translation: Translation | None = None, kind: RequestKind = "chat") -> None:
+                    translation: Translation | None = None, kind: RequestKind = "chat",
+                    watch: Watch | None = None) -> None:
         metered: Metered | None = None
         try:
             if came_back(scope, self._via):
@@ -234,6 +237,8 @@ class MeshRouteMiddleware:
             check_model(client, req.model)
             req.translation = translation
             if isinstance(translation, Local):  # answered by the dialect, routed nowhere
+                if watch is not None:
+                    watch.forget()  # not a routed request: the request counts leave it out
                 await translation.answer()
                 return
             if self.spend is not None and client is not None:

@@ -6,7 +6,9 @@ event streams (/v1/routing/events, the dashboard's EventSource) end cleanly, and
 request still being served is cancelled, which settles its attempts as any cancellation does;
 its client then gets, in place of the rest: a 503 JSON error when nothing was sent yet, the
 SSE error event and the stream's end mid-stream, and a JSON answer already under way is cut
-short without its final chunk (never passed off as complete). A lifespan start-up failure
+short without its final chunk (never passed off as complete). The other APIs' requests
+(chat/dialects: /v1/responses, ...) are drained alike; their streams end with the same SSE
+error event, which the official clients raise as an error. A lifespan start-up failure
 reaches uvicorn without the traceback text, which uvicorn would log: the command prints one
 line instead (app/run.py).
 """
@@ -18,13 +20,14 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.http.errors import send_error
 from meshroute_middleware.http.request import PATHS
 from meshroute_middleware.telemetry.events import EventBus
 
-ROUTED_PATHS = frozenset(PATHS.values())  # chat, embeddings, completions
+ROUTED_PATHS = frozenset({*PATHS.values(), *DIALECTS})  # chat, embeddings, completions, dialects
 SHUTTING_DOWN = "the gateway is shutting down"
 
 

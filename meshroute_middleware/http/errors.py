@@ -34,12 +34,13 @@ INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 
 
 class RequestError(MeshRouteError):
-    """A client error with its HTTP status and OpenAI error code."""
+    """A client error with its HTTP status and OpenAI error code (and `param`, the request
+    field it is about, when it is about one)."""
 
     def __init__(self, status: int, message: str, code: str,
-                 headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+                 headers: Iterable[tuple[bytes, bytes]] = (), param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.code = status, code
+        self.status, self.code, self.param = status, code, param
         self.headers = list(headers)  # sent with the error (a 429's Retry-After)
 
 
@@ -93,7 +94,8 @@ class ErrorAnswer:
         """The answer for `exc` from the table (a 500 for anything not in it)."""
         text = str(exc) if message is None else message
         if isinstance(exc, RequestError):
-            return cls(exc.status, text, exc.code)
+            return cls(exc.status, text, exc.code,
+                       {} if exc.param is None else {"param": exc.param})
         for kind in type(exc).__mro__:
             entry = ERROR_TABLE.get(kind)
             if entry is not None:

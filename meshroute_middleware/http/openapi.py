@@ -141,6 +141,18 @@ def openapi_document() -> dict[str, Any]:
                 "Route a (legacy) completions request to a route declaring `completions`",
                 "CompletionRequest", "the head's answer, relayed (JSON, or SSE when stream "
                 "is true)")},
+            "/v1/responses": {"post": {
+                "summary": "OpenAI Responses, the stateless subset, over the chat path "
+                           "(docs/apis.md)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ResponsesRequest"}}}},
+                "responses": {
+                    "200": {"description": "a response object (JSON), or the Responses SSE "
+                                           "events when stream is true (a stream that breaks "
+                                           "ends with error and response.failed events)",
+                            "content": {"application/json": {"schema": _OBJECT},
+                                        "text/event-stream": {"schema": {"type": "string"}}}},
+                    **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
             "/v1/models": {"get": {
                 "summary": "Models the router can route",
                 "responses": {"200": _json({"type": "object", "required": ["object", "data"],
@@ -292,6 +304,19 @@ def openapi_document() -> dict[str, Any]:
                         "route": {"type": "array", "minItems": 1,
                                   "items": {"type": "string", "minLength": 1},
                                   "description": "pin a route: node ids, head first"}}},
+                "ResponsesRequest": {
+                    "type": "object", "required": ["model", "input"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"oneOf": [{"type": "string"},
+                                            {"type": "array", "items": _OBJECT}]},
+                        "instructions": {"type": "string"},
+                        "tools": {"type": "array", "items": _OBJECT,
+                                  "description": "function tools only"},
+                        "max_output_tokens": {"type": "integer", "minimum": 1},
+                        "stream": {"type": "boolean"},
+                        "store": {"type": "boolean",
+                                  "description": "accepted; nothing is ever stored"}}},
             },
         },
     }

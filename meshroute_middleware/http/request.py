@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from meshroute_middleware.chat.dialects import Translation
 
 __all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
-           "loads", "parse_chat", "parse_common", "read_body", "replay"]
+           "load_object", "loads", "parse_chat", "parse_common", "read_body", "replay"]
 
 # The routed endpoints (issue 25): each kind's path, the same on the gateway, on a node and,
 # without its `/v1`, below a provider's base URL.
@@ -150,18 +150,7 @@ def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, by
     """What every routed request is checked for (chat, embeddings, completions): a JSON
     object, not too deep, a `model`, an optional pin (`route`, stripped from the body);
     (payload, model, pin, body to forward) or RequestError(400)."""
-    try:
-        payload = loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise RequestError(400, "request body is not valid JSON (or nests deeper than "
-                           f"{MAX_JSON_DEPTH} levels)", "invalid_json") from None
-    # Cheap first: fewer opening brackets than the limit cannot nest deeper than it.
-    if (body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
-            and _too_deep(payload, MAX_JSON_DEPTH)):
-        raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
-                           "invalid_json")
-    if not isinstance(payload, dict):
-        raise RequestError(400, "request body must be a JSON object", "invalid_request")
+    payload = load_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError(400, "'model' is required and must be a non-empty string",
@@ -174,6 +163,24 @@ def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, by
                                "invalid_route")
         body = _without_route(body, payload)
     return payload, model, pin, body
+
+
+def load_object(body: bytes) -> dict[str, Any]:
+    """A request body's JSON object, or RequestError(400): not JSON, nested deeper than
+    MAX_JSON_DEPTH, or not an object (every API's body is read by this one rule)."""
+    try:
+        payload = loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError(400, "request body is not valid JSON (or nests deeper than "
+                           f"{MAX_JSON_DEPTH} levels)", "invalid_json") from None
+    # Cheap first: fewer opening brackets than the limit cannot nest deeper than it.
+    if (body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+            and _too_deep(payload, MAX_JSON_DEPTH)):
+        raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+                           "invalid_json")
+    if not isinstance(payload, dict):
+        raise RequestError(400, "request body must be a JSON object", "invalid_request")
+    return payload
 
 
 def request_needs(body: bytes, payload: dict[str, Any]) -> frozenset[str]:

@@ -60,6 +60,10 @@ class Watch:
                     tally.failed += 1
         await self._send(message)
 
+    def forget(self) -> None:
+        """Not a request the counts are about (answered without routing: count_tokens)."""
+        self._tally = None
+
     def close(self) -> None:
         """The request's handling ended: an answer that never ended is a failed request."""
         if self._tally is not None:

@@ -192,6 +192,35 @@ def test_ctrl_c_stops_serve_at_once_with_an_event_stream_and_a_chat_stream_open(
     assert slow.cancelled == 1  # the head's request ended with it
 
 
+def test_ctrl_c_ends_a_responses_stream_at_once(tmp_path: Path) -> None:
+    """/v1/responses streams are drained like chat streams: ended with the SSE error event."""
+    slow = FakeChat(name="slow", tokens=400, token_delay_s=0.1)  # a 40 s answer
+    with ServerThread(slow.app()) as head, serve_process(
+            ["--nodes-file", str(_nodes_file(tmp_path, head.url))], tmp_path / "log"
+    ) as (url, proc):
+        stream = _Reader("POST", f"{url}/v1/responses",
+                         json={"model": "m", "stream": True, "input": "hi"})
+        stream.start()
+        assert stream.first.wait(20)
+        deadline = time.monotonic() + 20
+        while len(stream.lines) < 12 and time.monotonic() < deadline:  # a few tokens in
+            time.sleep(0.05)
+        assert stream.status == 200
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        took = time.monotonic() - signalled
+        stream.join(10)
+    log = (tmp_path / "log").read_text()
+    assert took < STOP_WITHIN_S, (took, log)
+    assert "Traceback" not in log, log
+    assert stream.ended_cleanly, stream.error
+    assert "event: response.output_text.delta" in stream.lines  # translated, as it came
+    last = [line for line in stream.lines if line.startswith("data: ")][-1]
+    assert json.loads(last[len("data: "):])["error"]["code"] == "shutting_down", stream.lines
+    assert slow.cancelled == 1
+
+
 def test_ctrl_c_stops_workers_at_once_with_event_streams_open(tmp_path: Path) -> None:
     """--workers 2: the parent relays Ctrl-C to both; each drains its own streams."""
     with serve_process(["--workers", "2"], tmp_path / "log") as (url, proc):

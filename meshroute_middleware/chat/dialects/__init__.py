@@ -58,8 +58,13 @@ class Local(Protocol):
 # path -> dialect: one line per API, each in a module of this package (imported last: the
 # modules implement the protocols above).
 from meshroute_middleware.chat.dialects import anthropic  # noqa: E402
+from meshroute_middleware.chat.dialects.responses import (  # noqa: E402
+    RESPONSES_PATH,
+    ResponsesDialect,
+)
 
 DIALECTS: dict[str, Dialect] = {
     anthropic.MESSAGES_PATH: anthropic.MESSAGES,
     anthropic.COUNT_TOKENS_PATH: anthropic.COUNT_TOKENS,
+    RESPONSES_PATH: ResponsesDialect(),
 }
