@@ -473,13 +473,13 @@ class UsageAPI:
                                       "forbidden")
             client = who.name
         try:
-            since = float(query.get("since") or 0)
+            since = float(query.get("since", "0"))  # given empty (`since=`): refused
         except ValueError:
             since = math.nan
         if not (math.isfinite(since) and since >= 0):
             return error_response(400, "'since' must be UNIX seconds (a number >= 0)",
                                   "invalid_since")
-        groups = tuple((query.get("group_by") or "client").split(","))
+        groups = tuple(query.get("group_by", "client").split(","))
         if not groups or any(g not in GROUPS for g in groups) or len(set(groups)) < len(groups):
             return error_response(400, "'group_by' is client, route or day (or a comma list "
                                   "of them)", "invalid_group_by")

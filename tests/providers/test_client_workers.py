@@ -8,6 +8,8 @@ processes on one state file).
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,14 @@ from .gateway import ENV, HI
 from .test_serve_process import config_text
 
 KEY = "alice-secret-key-0123456789"
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll `condition` until it holds (a bound for a stuck gateway, not a timing check)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
 ADMIN = "admin-token-for-usage"
 RPM = 3
 
@@ -79,6 +89,11 @@ daily_tokens = 30
         for _ in range(2):
             assert httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body,
                               timeout=30).status_code == 200
+        # a request is recorded once its answer has ended (chat/spend.py): the kill below
+        # must not race the second one's write
+        wait_for(lambda: [r["requests"] for r in httpx.get(
+            f"{url}/v1/usage", headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=10).json()["data"]] == [2])
     with serve_process(flags, tmp_path / "log", ENV) as (url, _):  # killed, started again
         refused = httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body,
                              timeout=30)
