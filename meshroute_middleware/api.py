@@ -479,7 +479,7 @@ class UsageAPI:
         if not (math.isfinite(since) and since >= 0):
             return error_response(400, "'since' must be UNIX seconds (a number >= 0)",
                                   "invalid_since")
-        groups = tuple(query.get("group_by", "client").split(","))
+        groups = tuple((query.get("group_by") or "client").split(","))
         if not groups or any(g not in GROUPS for g in groups) or len(set(groups)) < len(groups):
             return error_response(400, "'group_by' is client, route or day (or a comma list "
                                   "of them)", "invalid_group_by")
