@@ -21,9 +21,10 @@ from .kinds import (
     DecisionMode,
     RecordResult,
 )
-from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective, ttft_choice, ttft_rank
+from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
+from .policies.ttft import ttft_choice, ttft_rank
 from .prefix import Prefix, PrefixTable
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
@@ -183,7 +184,7 @@ class Router:
         if it sets one; `prefix`: its prompt's message chain, which recognises a returning
         conversation; `needs`: the capabilities it needs, which only routes having them are
         candidates for; `objective`: `ttft` takes the least expected time to first token
-        (core/objectives.py), `throughput` and `cost` the policy's choice, every mesh route
+        (policies/ttft.py), `throughput` and `cost` the policy's choice, every mesh route
         being free); raise UnknownModelError / InvalidPinError / NoRouteError /
         UnsupportedCapabilityError. The decision counts as in flight until `record`."""
         topo = self.topology.model(model)
