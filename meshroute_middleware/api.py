@@ -228,6 +228,7 @@ class GatewayAPI:
             table["config"]["warnings"] = self.warnings
         if self.telemetry.requests is not None:
             table["requests"] = self.telemetry.requests.to_dict()
+        table["objectives"] = dict(self.telemetry.objectives)  # requests routed by each
         body = json.dumps(table, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode()
         if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models

@@ -58,8 +58,10 @@ from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
+    H_OBJECTIVE,
     ChatRequest,
     check_session_id,
+    header_value,
     parse_chat,
     read_body,
     replay,
@@ -198,7 +200,8 @@ class MeshRouteMiddleware:
             add_via(scope, self._via_header)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
-            req = parse_chat(body if translation is None else translation.request(body))
+            req = parse_chat(body if translation is None else translation.request(body),
+                             header_value(scope, H_OBJECTIVE))
             target = self.aliases.resolve(req.model) if self.aliases else None
             if target is not None:  # the answer names the model the client asked for
                 req, send = with_model(req, target), answer_model(send, req.model)
@@ -213,7 +216,9 @@ class MeshRouteMiddleware:
             chain = self.providers is not None and self.providers.claims(req.model)
             decision = None if chain else self.router.choose(req.model, req.pin,
                                                              req.max_tokens, req.prefix,
-                                                             req.needs)
+                                                             req.needs,
+                                                             objective=req.objective)
+            self.telemetry.asked(req.objective)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",

@@ -36,7 +36,7 @@ class MeshEntry:
         bound = answer_bound(cr.payload)
         try:
             decision = self.router.choose(model, None, bound, cr.ex.req.prefix,
-                                          cr.ex.req.needs)
+                                          cr.ex.req.needs, objective=cr.objective)
         except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
             return PassedOver(model, "capability")
         except (UnknownModelError, NoRouteError):
