@@ -4,6 +4,7 @@ token comes soonest; no objective, `throughput` and `cost` decide exactly as bef
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,8 @@ from meshroute_middleware.core.objectives import (
 from meshroute_middleware.core.policies import Arm
 from meshroute_middleware.core.policies.thompson import ThompsonPolicy
 from meshroute_middleware.core.prefix import Prefix, message_chain
+from meshroute_middleware.core.sim.engine import run
+from meshroute_middleware.core.sim.scenarios import CONVERSATION_SCENARIOS, SCENARIOS
 
 from ..conftest import FakeClock
 
@@ -147,3 +150,22 @@ def test_a_bad_objective_names_the_allowed_values(value: object, shown: str) -> 
     assert message.startswith("'meshroute.objective' must be one of 'throughput', 'ttft', "
                               "'cost', got ")
     assert shown in message and len(message) < 140
+
+
+@pytest.mark.parametrize("objective", [THROUGHPUT, COST])
+@pytest.mark.parametrize("scenario", ["1-two-routes", "10-batch-saturates", "15-"])
+def test_the_simulator_runs_the_same_with_throughput_or_cost(
+        monkeypatch: pytest.MonkeyPatch, scenario: str, objective: str) -> None:
+    """`meshroute bench learning`'s runs do not move when every request names `throughput`
+    or `cost` (the mesh is free): the objective's default path is the policy's, draw for draw
+    (scenario 15: conversations, with prompts)."""
+    every = (*SCENARIOS, *CONVERSATION_SCENARIOS)
+    chosen = next(s for s in every if s.name.startswith(scenario))
+    before = run(chosen, "thompson", 1)
+    choose = Router.choose
+
+    def named(self: Router, *args: Any, **kw: Any) -> Any:
+        return choose(self, *args, **kw, objective=objective)
+
+    monkeypatch.setattr(Router, "choose", named)
+    assert run(chosen, "thompson", 1) == before
