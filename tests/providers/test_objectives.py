@@ -102,3 +102,15 @@ def test_a_bad_objective_is_a_400_naming_the_allowed_values(
     assert "'throughput', 'ttft', 'cost'" in err.value.message
     fast, slow = providers
     assert fast.seen == slow.seen == node.seen == []  # nothing was sent anywhere
+
+
+def test_the_chain_view_ranks_by_an_objective(gw: tuple[Running, FakeChat]) -> None:
+    running, _ = gw
+    url = f"{running.url}/v1/routing/chain"
+    plain = httpx.get(url, params={"model": "auto"}).json()
+    cost = httpx.get(url, params={"model": "auto", "objective": "cost"}).json()
+    bad = httpx.get(url, params={"model": "auto", "objective": "free"})
+    assert plain["objective"] == "throughput" and cost["objective"] == "cost"
+    assert [r["route"] for r in plain["chain"]] == [PAID, FREE]
+    assert [r["route"] for r in cost["chain"]] == [FREE, PAID]
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_objective"

@@ -355,13 +355,14 @@ class ProviderRouter:
             return key is None or 1 <= key <= len(pair[0].keys)
         return key is None and base in self.stats
 
-    def chain_view(self, res: Resolution, now: float) -> dict[str, Any]:
-        """`GET /v1/routing/chain`: the order a request would try now, on expected values;
-        `position` is each route's 1-based place in the chain as written (`score` is None
-        under `priority`, which tries routes by it)."""
+    def chain_view(self, res: Resolution, now: float,
+                   objective: Objective = DEFAULT_OBJECTIVE) -> dict[str, Any]:
+        """`GET /v1/routing/chain`: the order a request (with `objective`) would try now, on
+        expected values; `position` is each route's 1-based place in the chain as written
+        (`score` is None under `priority`, which tries routes by it)."""
         positions = {c.route: i for i, c in enumerate(res.candidates, 1)}
         chain = []
-        for s in self.rank(res, now):
+        for s in self.rank(res, now, objective=objective):
             c = s.candidate
             keys = (self.gates.key_states(c.provider, c.model, now)
                     if c.provider is not None and c.model is not None else [])
@@ -370,7 +371,8 @@ class ProviderRouter:
                           "reliability": s.reliability, "speed": s.speed,
                           "intelligence": s.intelligence, "price": s.price,
                           "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
-        return {"model": res.model, "strategy": res.strategy, "chain": chain}
+        return {"model": res.model, "strategy": res.strategy, "objective": objective,
+                "chain": chain}
 
     def report(self, now: float) -> PeerState:
         """What this tracker tells its gossip peers of its provider routes and keys (its key
