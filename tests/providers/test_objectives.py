@@ -114,3 +114,18 @@ def test_the_chain_view_ranks_by_an_objective(gw: tuple[Running, FakeChat]) -> N
     assert [r["route"] for r in plain["chain"]] == [PAID, FREE]
     assert [r["route"] for r in cost["chain"]] == [FREE, PAID]
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_objective"
+
+
+def test_a_chains_mesh_entry_chooses_by_the_requests_objective(
+        gw: tuple[Running, FakeChat]) -> None:
+    """The chain's mesh model qwen, pinned first: its own decision (the mesh bandit's) carries
+    the request's objective, as its event says."""
+    running, node = gw
+    answer = client(running).chat.completions.with_raw_response.create(
+        model="auto:fast", messages=HI,
+        extra_body={"route": ["qwen"], "meshroute": {"objective": "ttft"}})
+    assert answer.headers["x-meshroute-route"] == "qwen|n1[0-39]"
+    events = running.gateway.telemetry.events.history()
+    mesh = [e for e in events if e["type"] == "route-selected" and e["mode"] != "provider"]
+    assert [(e["model"], e["objective"]) for e in mesh] == [("qwen", "ttft")]
+    assert "meshroute" not in node.seen[-1]["body"] and "route" not in node.seen[-1]["body"]
