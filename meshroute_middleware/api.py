@@ -25,6 +25,11 @@ from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelErro
 from meshroute_middleware.core.capabilities import CAPABILITIES
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.clients_budget import GROUPS, usage_report
+from meshroute_middleware.core.objectives import (
+    DEFAULT_OBJECTIVE,
+    InvalidObjectiveError,
+    parse_objective,
+)
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
@@ -242,6 +247,7 @@ class GatewayAPI:
             table["config"]["warnings"] = self.warnings
         if self.telemetry.requests is not None:
             table["requests"] = self.telemetry.requests.to_dict()
+        table["objectives"] = dict(self.telemetry.objectives)  # requests routed by each
         body = json.dumps(table, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode()
         if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models
@@ -388,15 +394,20 @@ class ProviderRoutingAPI:
         if not model:
             return error_response(400, "'model' is required: /v1/routing/chain?model=M",
                                   "invalid_model")
+        asked = request.query_params.get("objective")
         try:
             res = self.providers.resolve(model, self.router.models())
+            objective = (DEFAULT_OBJECTIVE if asked is None
+                         else parse_objective(asked, "'objective'"))
         except InvalidModelError as exc:
             return error_response(400, str(exc), "invalid_model")
         except UnknownModelError as exc:
             return error_response(404, str(exc), "model_not_found")
+        except InvalidObjectiveError as exc:
+            return error_response(400, str(exc), "invalid_objective")
         if self.refresh is not None:
             await self.refresh(self.clock())
-        return JSONResponse(self.providers.chain_view(res, self.clock()))
+        return JSONResponse(self.providers.chain_view(res, self.clock(), objective))
 
     def _refuse_clear(self, request: Request) -> Response | None:
         """None when this client may clear cooldowns: the admin token when one is set, else

@@ -58,9 +58,11 @@ from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, Reques
 from meshroute_middleware.http.inference import PARSERS
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
+    H_OBJECTIVE,
     PATHS,
     RequestKind,
     check_session_id,
+    header_value,
     read_body,
     replay,
 )
@@ -226,7 +228,8 @@ class MeshRouteMiddleware:
             add_via(scope, self._via_header)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
-            req = PARSERS[kind](body if translation is None else translation.request(body))
+            req = PARSERS[kind](body if translation is None else translation.request(body),
+                                header_value(scope, H_OBJECTIVE))
             target = self.aliases.resolve(req.model) if self.aliases else None
             if target is not None:  # the answer names the model the client asked for
                 req, send = with_model(req, target), answer_model(send, req.model)
@@ -250,7 +253,9 @@ class MeshRouteMiddleware:
             chain = self.providers is not None and self.providers.claims(req.model)
             router = self.router_for(kind)
             decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
-                                                        req.prefix, req.needs)
+                                                        req.prefix, req.needs,
+                                                        objective=req.objective)
+            self.telemetry.asked(req.objective)
         except RequestError as exc:
             if exc.status != 499:  # 499: the client left while sending; nobody to answer
                 if exc.status in (408, 413, 508) or exc.code in ("invalid_json",

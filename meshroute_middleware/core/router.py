@@ -21,8 +21,10 @@ from .kinds import (
     DecisionMode,
     RecordResult,
 )
+from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
+from .policies.ttft import ttft_choice, ttft_rank
 from .prefix import Prefix, PrefixTable
 from .routes import Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView
@@ -56,6 +58,7 @@ class Decision:
     max_tokens: int | None = None  # the request's bound on its answer, if it set one
     prefix: Prefix | None = None  # the prompt's message chain, if the request carried one
     uncached_tokens: int = -1  # of the prompt, on this route as far as the router knows
+    objective: Objective = DEFAULT_OBJECTIVE  # what the request asked to be best at
 
     @property
     def signature(self) -> str:
@@ -71,7 +74,8 @@ class Decision:
         per decision).
         """
         if self._unranked:
-            self._ranked = tuple(a.route for a in sorted(self._unranked, key=_fallback_rank))
+            rank = ttft_rank if self.objective == TTFT else _fallback_rank
+            self._ranked = tuple(a.route for a in sorted(self._unranked, key=rank))
             self._unranked = ()
         return self._ranked
 
@@ -176,11 +180,14 @@ class Router:
 
     def choose(self, model: str, pin: Sequence[str] | None = None,
                max_tokens: int | None = None, prefix: Prefix | None = None,
-               needs: frozenset[str] = NO_NEEDS) -> Decision:
+               needs: frozenset[str] = NO_NEEDS, *,
+               objective: Objective = DEFAULT_OBJECTIVE) -> Decision:
         """Pick the route for one request (`max_tokens`: the request's bound on its answer,
         if it sets one; `prefix`: its prompt's message chain, which recognises a returning
         conversation; `needs`: the capabilities it needs, which only routes having them are
-        candidates for); raise UnknownModelError / InvalidPinError / NoRouteError /
+        candidates for; `objective`: `ttft` takes the least expected time to first token
+        (policies/ttft.py), `throughput` and `cost` the policy's choice, every mesh route
+        being free); raise UnknownModelError / InvalidPinError / NoRouteError /
         UnsupportedCapabilityError. The decision counts as in flight until `record`."""
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
@@ -189,7 +196,7 @@ class Router:
             route = pinned_route(model, pin, topo.nodes)
             if not needs <= route.caps:
                 raise UnsupportedCapabilityError(model, needs - route.caps)
-            return self._begin(Decision(model, route, PINNED))
+            return self._begin(Decision(model, route, PINNED, objective=objective))
         now = self.clock()
         arms = self._arms(model, topo, now, max_tokens, needs)
         if not arms:
@@ -201,11 +208,15 @@ class Router:
             warm = self.prefixes.warm(prefix)
             for arm in arms:
                 arm.prefix, arm.warm_tokens = prefix, warm.get(arm.signature, 0)
-        i, mode = self.policy.choose(arms, now, self.rng)
+        if objective == TTFT:
+            i, mode = ttft_choice(arms, self.rng, getattr(self.policy, "expected_ttft", None))
+        else:
+            i, mode = self.policy.choose(arms, now, self.rng)
         chosen = arms.pop(i)
         return self._begin(Decision(model, chosen.route, mode, 0, (), arms,
                                     max_tokens=max_tokens, prefix=prefix,
-                                    uncached_tokens=_uncached(prefix, chosen.warm_tokens)))
+                                    uncached_tokens=_uncached(prefix, chosen.warm_tokens),
+                                    objective=objective))
 
     def _missing(self, model: str, topo: ModelTopology,
                  needs: frozenset[str]) -> frozenset[str]:
@@ -222,7 +233,8 @@ class Router:
         warm = self.prefixes.warm(prefix).get(route.signature, 0) if prefix else 0
         return self._begin(Decision(decision.model, route, FALLBACK,
                                     decision.attempt + 1, rest, max_tokens=decision.max_tokens,
-                                    prefix=prefix, uncached_tokens=_uncached(prefix, warm)))
+                                    prefix=prefix, uncached_tokens=_uncached(prefix, warm),
+                                    objective=decision.objective))
 
     def _begin(self, decision: Decision) -> Decision:
         sig = decision.signature

@@ -46,10 +46,10 @@ def count_inputs(raw: Any) -> int | None:
     return None
 
 
-def parse_embeddings(body: bytes) -> ChatRequest:
+def parse_embeddings(body: bytes, objective: bytes | None = None) -> ChatRequest:
     """An embeddings request: `model`, `input` (up to MAX_INPUTS), optional `dimensions`
     and `encoding_format`; RequestError(400) naming what is wrong."""
-    payload, model, pin, body = parse_common(body)
+    payload, model, pin, body, chosen = parse_common(body, objective)
     inputs = count_inputs(payload.get("input"))
     if inputs is None or inputs > MAX_INPUTS:
         raise RequestError(400, "'input' must be a non-empty string, a list of at most "
@@ -62,13 +62,13 @@ def parse_embeddings(body: bytes) -> ChatRequest:
         raise RequestError(400, "'encoding_format' must be 'float' or 'base64'",
                            "invalid_encoding_format")
     return ChatRequest(body, model, pin, needs=NEEDS["embeddings"], kind="embeddings",
-                       inputs=inputs)
+                       inputs=inputs, objective=chosen)
 
 
-def parse_completion(body: bytes) -> ChatRequest:
+def parse_completion(body: bytes, objective: bytes | None = None) -> ChatRequest:
     """A (legacy) completions request: `model`, `prompt`, optional `max_tokens` (a positive
     integer) and `stream` (a boolean); RequestError(400) naming what is wrong."""
-    payload, model, pin, body = parse_common(body)
+    payload, model, pin, body, chosen = parse_common(body, objective)
     prompt = payload.get("prompt")
     if count_inputs(prompt) is None:
         raise RequestError(400, "'prompt' must be a non-empty string, a list of strings, a "
@@ -82,8 +82,9 @@ def parse_completion(body: bytes) -> ChatRequest:
     prefix = (message_chain([{"role": "user", "content": prompt}])
               if isinstance(prompt, str) else None)
     return ChatRequest(body, model, pin, answer_bound(payload), prefix,
-                       needs=NEEDS["completions"], kind="completions")
+                       needs=NEEDS["completions"], kind="completions", objective=chosen)
 
 
-PARSERS: dict[RequestKind, Callable[[bytes], ChatRequest]] = {
+# body, the x-meshroute-objective header -> the request
+PARSERS: dict[RequestKind, Callable[[bytes, bytes | None], ChatRequest]] = {
     "chat": parse_chat, "embeddings": parse_embeddings, "completions": parse_completion}

@@ -9,6 +9,7 @@ from typing import Any
 
 from meshroute_middleware.core.capabilities import CAPABILITIES
 from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS
+from meshroute_middleware.core.objectives import OBJECTIVES
 
 __all__ = ["openapi_document"]
 
@@ -303,7 +304,14 @@ def openapi_document() -> dict[str, Any]:
                         "stream": {"type": "boolean"},
                         "route": {"type": "array", "minItems": 1,
                                   "items": {"type": "string", "minLength": 1},
-                                  "description": "pin a route: node ids, head first"}}},
+                                  "description": "pin a route: node ids, head first"},
+                        "meshroute": {
+                            "type": "object", "additionalProperties": False,
+                            "description": "meshroute's own options, never forwarded",
+                            "properties": {"objective": {
+                                "enum": list(OBJECTIVES),
+                                "description": "what the route should be best at (also "
+                                               "the x-meshroute-objective header)"}}}}},
                 "ResponsesRequest": {
                     "type": "object", "required": ["model", "input"],
                     "properties": {

@@ -13,6 +13,12 @@ from starlette.types import Message, Receive, Scope
 from meshroute_middleware.core.capabilities import JSON_SCHEMA, NO_NEEDS, TOOLS, VISION
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS
+from meshroute_middleware.core.objectives import (
+    DEFAULT_OBJECTIVE,
+    InvalidObjectiveError,
+    Objective,
+    parse_objective,
+)
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
@@ -57,6 +63,7 @@ class ChatRequest:
     def path(self) -> str:
         """The path a node serves this kind of request at (a provider's: without `/v1`)."""
         return PATHS[self.kind]
+    objective: Objective = DEFAULT_OBJECTIVE  # what it asks its route to be best at (issue 26)
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -128,6 +135,19 @@ def _too_deep(payload: Any, limit: int) -> bool:
 
 
 H_SESSION = b"x-session-id"
+H_OBJECTIVE = b"x-meshroute-objective"
+# The body's own field for meshroute's per-request options, stripped before forwarding, and
+# the options it may hold.
+OPTIONS = "meshroute"
+OPTION_NAMES = ("objective",)
+
+
+def header_value(scope: Scope, name: bytes) -> bytes | None:
+    """A request header's raw value (the first, when repeated), or None."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return None
 
 
 def check_session_id(scope: Scope) -> None:
@@ -139,30 +159,60 @@ def check_session_id(scope: Scope) -> None:
                                "bytes", "invalid_session_id")
 
 
-def parse_chat(body: bytes) -> ChatRequest:
-    """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
-    payload, model, pin, body = parse_common(body)
+def parse_chat(body: bytes, objective: bytes | None = None) -> ChatRequest:
+    """Validate the JSON body; strip meshroute's own `route` and `meshroute` fields before
+    forwarding. `objective`: the `x-meshroute-objective` header's value, if sent (the body's
+    `meshroute.objective` wins over it)."""
+    payload, model, pin, body, chosen = parse_common(body, objective)
     return ChatRequest(body, model, pin, answer_bound(payload),
-                       message_chain(payload.get("messages")), needs=request_needs(body, payload))
+                       message_chain(payload.get("messages")), needs=request_needs(body, payload),
+                       objective=chosen)
 
 
-def parse_common(body: bytes) -> tuple[dict[str, Any], str, list[str] | None, bytes]:
+def parse_common(body: bytes, objective: bytes | None = None
+                 ) -> tuple[dict[str, Any], str, list[str] | None, bytes, Objective]:
     """What every routed request is checked for (chat, embeddings, completions): a JSON
-    object, not too deep, a `model`, an optional pin (`route`, stripped from the body);
-    (payload, model, pin, body to forward) or RequestError(400)."""
+    object, not too deep, a `model`, an optional pin (`route`) and meshroute's options
+    (`meshroute`, else the `x-meshroute-objective` header's `objective`), both stripped from
+    the body; (payload, model, pin, body to forward, objective) or RequestError(400)."""
     payload = load_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError(400, "'model' is required and must be a non-empty string",
                            "invalid_model")
     pin = payload.get("route")
-    if pin is not None:
-        if (not isinstance(pin, list) or not pin or len(pin) > MAX_PIN_HOPS
-                or not all(isinstance(p, str) and p for p in pin)):
-            raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
-                               "invalid_route")
-        body = _without_route(body, payload)
-    return payload, model, pin, body
+    if pin is not None and (not isinstance(pin, list) or not pin or len(pin) > MAX_PIN_HOPS
+                            or not all(isinstance(p, str) and p for p in pin)):
+        raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
+                           "invalid_route")
+    chosen = DEFAULT_OBJECTIVE if objective is None else _objective(
+        objective.decode("latin-1"), "the x-meshroute-objective header")
+    # Read only when its name is in the bytes (a substring search: plain requests pay next to
+    # nothing); a name spelled with JSON escapes is forwarded as sent, its sender's loss.
+    options = OPTIONS in payload if b"meshroute" in body else False
+    if options:
+        chosen = _options(payload[OPTIONS], chosen)
+    if pin is not None or options:
+        body = _without(body, payload, ("route", OPTIONS))
+    return payload, model, pin, body, chosen
+
+
+def _options(options: object, objective: Objective) -> Objective:
+    """The objective of the body's `meshroute` options (else `objective`); RequestError(400)
+    for options that are not an object of OPTION_NAMES or a bad objective."""
+    if not isinstance(options, dict) or not set(options) <= set(OPTION_NAMES):
+        raise RequestError(400, f"'{OPTIONS}' must be an object with only "
+                           f"{', '.join(map(repr, OPTION_NAMES))}", "invalid_request")
+    if "objective" not in options:
+        return objective
+    return _objective(options["objective"], f"'{OPTIONS}.objective'")
+
+
+def _objective(value: object, where: str) -> Objective:
+    try:
+        return parse_objective(value, where)
+    except InvalidObjectiveError as exc:
+        raise RequestError(400, str(exc), "invalid_objective") from None
 
 
 def load_object(body: bytes) -> dict[str, Any]:
@@ -223,14 +273,15 @@ def answer_bound(payload: dict[str, Any]) -> int | None:
     return min(limit, MAX_ANSWER_TOKENS)
 
 
-def _without_route(body: bytes, payload: dict[str, Any]) -> bytes:
-    """The body re-encoded without `route`, every other value exactly as the client sent it
-    (re-read by the standard library, which keeps integers of any size)."""
+def _without(body: bytes, payload: dict[str, Any], names: tuple[str, ...]) -> bytes:
+    """The body re-encoded without the fields `names`, every other value exactly as the
+    client sent it (re-read by the standard library, which keeps integers of any size)."""
     try:
         exact = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         exact = payload
-    exact.pop("route", None)
+    for name in names:
+        exact.pop(name, None)
     return json.dumps(exact).encode()
 
 

@@ -10,6 +10,7 @@ with `mode` "provider", `model` the provider route (`fastco/big-model`), `signat
 route taken (`fastco/big-model#1`: the key's position, never the key), `head` the provider's
 name, and two fields of its own: `chain` (the model the client asked for: `auto`, ...) and,
 after a 429, `cooldown_until` (when the key may be used again, on the gateway's clock).
+Every event names the request's `objective` (issue 26: `throughput`, `ttft` or `cost`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from meshroute_middleware.core.kinds import (
     TIMEOUT,
     ErrorKind,
 )
+from meshroute_middleware.core.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
@@ -163,22 +165,23 @@ def _counter(name: str, documentation: str, labels: list[str],
 # retained Decision (its route, its arms) would be scanned by every garbage collection for as
 # long as it stays in the history (docs/benchmarks.md). Plain tuples, not NamedTuples: one is
 # built per event on every request, and a NamedTuple costs ~3x the time to build.
-Selected = tuple[str, str, str, int, str]  # mode, signature, model, attempt, head node
+# mode, signature, model, attempt, head node, objective
+Selected = tuple[str, str, str, int, str, str]
 
 
 def _selected(decision: Decision) -> Selected:
     return (decision.mode, decision.route.signature, decision.model, decision.attempt,
-            decision.route.hops[0].node.node_id)
+            decision.route.hops[0].node.node_id, decision.objective)
 
 
-def _provider_selected(route: str, key_route: str, attempt: int) -> Selected:
-    return (PROVIDER_MODE, key_route, route, attempt, route.partition("/")[0])
+def _provider_selected(route: str, key_route: str, attempt: int, objective: str) -> Selected:
+    return (PROVIDER_MODE, key_route, route, attempt, route.partition("/")[0], objective)
 
 
 def _selected_fields(selected: Selected) -> Payload:
-    mode, signature, model, attempt, head = selected
+    mode, signature, model, attempt, head, objective = selected
     return {"mode": mode, "signature": signature, "model": model, "attempt": attempt,
-            "head": head}
+            "head": head, "objective": objective}
 
 
 # A provider attempt: its Selected, the client's model (the chain), and after a 429 the key's
@@ -230,6 +233,8 @@ class Telemetry:
         self.forward_errors: dict[str, int] = {}  # kind -> n
         self.rejected: dict[str, int] = {}  # source -> n
         self.rejected_by: dict[tuple[str, str], int] = {}  # (source, reason kind) -> n
+        # chat requests routed, by the objective they asked for (issue 26; /v1/routing)
+        self.objectives: dict[str, int] = dict.fromkeys(OBJECTIVES, 0)
         self.services = ServiceStates()  # the supervised background services (/healthz)
         self.in_flight = 0  # chat requests being served
         # Chat requests by what their client got; kept by the MeshRouteMiddleware that
@@ -267,6 +272,10 @@ class Telemetry:
         """Export more metrics (gossip, discovery) computed at scrape time."""
         self.registry.register(_CallbackCollector(produce))
 
+    def asked(self, objective: Objective) -> None:
+        """A chat request is routed by `objective`."""
+        self.objectives[objective] += 1
+
     def decided(self, decision: Decision) -> None:
         """A route was selected for an attempt."""
         _bump(self.decisions, (decision.model, decision.mode))
@@ -286,16 +295,19 @@ class Telemetry:
         self.events.publish_lazy("outcome", _outcome_fields,
                                  (_selected(decision), outcome, result))
 
-    def provider_decided(self, chain: str, route: str, key_route: str, attempt: int) -> None:
+    def provider_decided(self, chain: str, route: str, key_route: str, attempt: int,
+                         objective: Objective = DEFAULT_OBJECTIVE) -> None:
         """A provider key was taken for an attempt: `route` `fastco/big-model`, `key_route`
         `fastco/big-model#1`, `attempt` its 0-based place among the request's attempts."""
         _bump(self.decisions, (route, PROVIDER_MODE))
         self.events.publish_lazy("route-selected", _provider_selected_fields,
-                                 (_provider_selected(route, key_route, attempt), chain))
+                                 (_provider_selected(route, key_route, attempt, objective),
+                                  chain))
 
     def provider_finished(self, chain: str, route: str, key_route: str, attempt: int,
                           outcome: Outcome, result: str,
-                          cooldown_until: float | None = None, kind: str = "chat") -> None:
+                          cooldown_until: float | None = None, kind: str = "chat",
+                          objective: Objective = DEFAULT_OBJECTIVE) -> None:
         """A provider attempt ended: `result` is `sample`, `success`, `failure` (`error` its
         reason: `http_429`, `http_5xx`, `timeout`, `connect`) or `client_error` (the client's
         own 4xx, or `context`: the upstream's context is too small; blames nobody)."""
@@ -305,7 +317,7 @@ class Telemetry:
         self.events.publish_lazy(
             "outcome", _provider_outcome_fields if kind != "embeddings"
             else _embeddings_provider_outcome_fields,
-            (_provider_selected(route, key_route, attempt), chain, outcome, result,
+            (_provider_selected(route, key_route, attempt, objective), chain, outcome, result,
              cooldown_until))
 
     def forget_model(self, model: str) -> None:

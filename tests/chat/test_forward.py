@@ -300,9 +300,10 @@ async def test_nodes_endpoint_auth_validation_and_delete() -> None:
 async def test_routing_table_shape_and_unknown_paths(two_heads: Any) -> None:
     _mesh, client = two_heads
     table = (await client.get("/v1/routing")).json()
-    assert set(table) == {"config", "models", "requests", "embeddings"}
+    assert set(table) == {"config", "models", "requests", "embeddings", "objectives"}
     assert table["embeddings"] == {"unit": "inputs_per_s", "models": {}}  # no traffic yet
     assert table["requests"] == {"answered": 0, "failed": 0}  # no chat request yet
+    assert table["objectives"] == {"throughput": 0, "ttft": 0, "cost": 0}
     assert table["config"]["explore_share"] == 0.0
     cand = table["models"]["m"]["candidates"][0]
     assert {"signature", "hops", "tps", "prior_tps", "coefficient", "share", "samples",

@@ -79,3 +79,64 @@ def test_the_messages_give_the_prompt_chain_that_a_next_turn_extends() -> None:
 def test_what_a_request_needs(extra: dict[str, object], needs: set[str]) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
     assert parse_chat(json.dumps(body).encode()).needs == needs
+
+
+# -- per-request objectives (issue 26) ---------------------------------------------------------
+
+def test_without_an_objective_the_body_goes_on_as_sent() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    req = parse_chat(body)
+    assert req.objective == "throughput" and req.body == body
+
+
+@pytest.mark.parametrize("objective", ["throughput", "ttft", "cost"])
+def test_the_body_field_is_read_and_stripped(objective: str) -> None:
+    body = json.dumps({"model": "m", "meshroute": {"objective": objective}, "route": ["a"],
+                       "seed": 2**70, "messages": []}).encode()
+    req = parse_chat(body)
+    assert req.objective == objective and req.pin == ["a"]
+    assert json.loads(req.body) == {"model": "m", "seed": 2**70, "messages": []}
+
+
+@pytest.mark.parametrize("objective", [b"ttft", b"cost", b"throughput"])
+def test_the_header_is_read(objective: bytes) -> None:
+    body = b'{"model": "m", "messages": []}'
+    req = parse_chat(body, objective)
+    assert req.objective == objective.decode() and req.body == body
+
+
+def test_the_body_wins_over_the_header_and_empty_options_keep_it() -> None:
+    assert parse_chat(b'{"model": "m", "meshroute": {"objective": "cost"}}',
+                      b"ttft").objective == "cost"
+    req = parse_chat(b'{"model": "m", "meshroute": {}}', b"ttft")
+    assert req.objective == "ttft" and json.loads(req.body) == {"model": "m"}
+
+
+@pytest.mark.parametrize(("body", "header", "code", "says"), [
+    (b'{"model": "m", "meshroute": {"objective": "fastest"}}', None, "invalid_objective",
+     "'meshroute.objective' must be one of 'throughput', 'ttft', 'cost', got 'fastest'"),
+    (b'{"model": "m", "meshroute": {"objective": 3}}', None, "invalid_objective",
+     "got a JSON number"),
+    (b'{"model": "m", "meshroute": {"objective": null}}', None, "invalid_objective",
+     "got a JSON null"),
+    (b'{"model": "m"}', b"TTFT", "invalid_objective",
+     "the x-meshroute-objective header must be one of 'throughput', 'ttft', 'cost', got "
+     "'TTFT'"),
+    (b'{"model": "m"}', b"", "invalid_objective", "got ''"),
+    (b'{"model": "m", "meshroute": "ttft"}', None, "invalid_request",
+     "'meshroute' must be an object with only 'objective'"),
+    (b'{"model": "m", "meshroute": {"objective": "ttft", "x": 1}}', None, "invalid_request",
+     "'meshroute' must be an object with only 'objective'"),
+])
+def test_a_bad_objective_is_a_400_naming_the_allowed_values(
+        body: bytes, header: bytes | None, code: str, says: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_chat(body, header)
+    assert (err.value.status, err.value.code) == (400, code)
+    assert says in str(err.value)
+
+
+def test_a_model_named_like_the_field_is_not_an_option() -> None:
+    body = b'{"model": "meshroute", "messages": []}'
+    req = parse_chat(body)
+    assert req.objective == "throughput" and req.body == body

@@ -85,6 +85,21 @@ def test_openai_client_through_mitmproxy_stream_and_not(mesh: Mitm) -> None:
     assert httpx.get(mesh.side + "/dashboard", timeout=5).status_code == 200
 
 
+def test_an_objective_is_read_from_the_header_and_the_field_never_reaches_the_head(
+        tmp_path: Path) -> None:
+    head = FakeChat("head", tokens=9)
+    with running_mitm(tmp_path, [Node("head", app=head.app())]) as mitm:
+        with httpx.Client(proxy=mitm.proxy, timeout=10) as http:
+            sent = http.post(BASE + "/chat/completions", json={
+                "model": "m", "messages": MESSAGES, "meshroute": {"objective": "ttft"}})
+            bad = http.post(BASE + "/chat/completions", json={"model": "m", "messages": []},
+                            headers={"x-meshroute-objective": "soon"})
+        assert sent.status_code == 200, sent.text
+        assert "meshroute" not in head.seen[-1]["body"]
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_objective"
+        assert len(head.seen) == 1
+
+
 def test_the_head_gets_the_plan_and_no_client_credentials(tmp_path: Path) -> None:
     head = FakeChat("head", tokens=9)
     with running_mitm(tmp_path, [Node("head", app=head.app())]) as mitm:
@@ -227,6 +242,8 @@ def test_non_chat_traffic_and_foreign_models_pass_untouched(tmp_path: Path) -> N
     (b'{"messages": []}', 400, "invalid_model"),
     (b'{"model": "m", "route": ["nobody"], "messages": []}', 400, "invalid_route"),
     (b'{"model": "zzz", "route": ["head"], "messages": []}', 404, "model_not_found"),
+    (b'{"model": "m", "meshroute": {"objective": "fast"}, "messages": []}', 400,
+     "invalid_objective"),
 ])
 def test_bad_chat_requests_get_openai_errors(tmp_path: Path, body: bytes, status: int,
                                              code: str) -> None:

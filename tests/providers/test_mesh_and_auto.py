@@ -134,9 +134,9 @@ def test_a_chains_mesh_attempt_hands_the_clients_bound_to_the_mesh_policy(
         choose = router.choose
 
         def spy(model: str, pin: Any = None, max_tokens: int | None = None,
-                prefix: Any = None, needs: frozenset[str] = frozenset()) -> Any:
+                prefix: Any = None, needs: frozenset[str] = frozenset(), **kw: Any) -> Any:
             seen.append(max_tokens)
-            return choose(model, pin, max_tokens, prefix, needs)
+            return choose(model, pin, max_tokens, prefix, needs, **kw)
 
         router.choose = spy  # type: ignore[method-assign]
         chained = gw.chat("auto", route=["qwen"], max_completion_tokens=24)

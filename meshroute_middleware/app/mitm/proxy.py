@@ -69,6 +69,7 @@ from meshroute_middleware.core import (
     UnknownModelError,
 )
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
+from meshroute_middleware.core.objectives import DEFAULT_OBJECTIVE, Objective
 from meshroute_middleware.forwarding.client import (
     AiohttpForwarder,
     Forwarder,
@@ -212,8 +213,10 @@ class MeshRouteAddon:
             if self.settings is not None and len(body) > self.settings.max_body_bytes:
                 raise RequestError(413, "request body exceeds the limit of "
                                    f"{self.settings.max_body_bytes} bytes", "request_too_large")
-            req = parse_chat(body)
-            decision = self._decide(req.model, req.pin, req.max_tokens, req.needs)
+            objective = flow.request.headers.get("x-meshroute-objective")
+            req = parse_chat(body, None if objective is None else objective.encode("latin-1"))
+            decision = self._decide(req.model, req.pin, req.max_tokens, req.needs,
+                                    req.objective)
         except (RequestError, NoRouteError, UnsupportedCapabilityError) as exc:
             answer_error(flow, ErrorAnswer.of(exc))
             return
@@ -222,10 +225,11 @@ class MeshRouteAddon:
         await self._open(flow, req, decision)
 
     def _decide(self, model: str, pin: list[str] | None, max_tokens: int | None,
-                needs: frozenset[str] = frozenset()) -> Decision:
+                needs: frozenset[str] = frozenset(),
+                objective: Objective = DEFAULT_OBJECTIVE) -> Decision:
         assert self.router is not None
         try:
-            return self.router.choose(model, pin, max_tokens, needs=needs)
+            return self.router.choose(model, pin, max_tokens, needs=needs, objective=objective)
         except UnknownModelError as exc:
             if pin is None:
                 raise _PassThrough from exc  # not the mesh's model: the named upstream's

@@ -104,7 +104,7 @@ class ProviderCall:
             url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        self.outcomes.begin(got, cr.tally.chain, len(cr.tally.tried) - 1)
+        self.outcomes.begin(got, cr.tally.chain, len(cr.tally.tried) - 1, cr.objective)
         try:
             return await self._attempt(cr, got, url, body, headers)
         except asyncio.CancelledError:  # the client left: settle the reservation, blame nobody

@@ -153,14 +153,16 @@ class ProviderChat:
         if ex.req.pin is not None and pin is None:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
-                          header(ex.scope, H_SESSION), self.clock(), tally, opened)
+                          header(ex.scope, H_SESSION), self.clock(), tally, opened,
+                          ex.req.objective)
         needs, serves = ex.req.needs, self.router.serves
         passed = self.providers.incapable(res, needs, serves)  # none capable: 400 here
         for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
             run: list[PassedOver] = []
             ranked = self._lanes[ex.req.kind].providers.rank(
                 res, self.clock(), self.rng, pinned=pin, session=cr.session,
-                tokens=cr.context_need, needs=needs, mesh_serves=serves)
+                tokens=cr.context_need, needs=needs, mesh_serves=serves,
+                objective=ex.req.objective)
             for scored in ranked:
                 if await self._candidate(cr, scored.candidate, run) or ex.started:
                     return

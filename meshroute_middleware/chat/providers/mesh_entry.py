@@ -37,7 +37,8 @@ class MeshEntry:
         kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
         router = self.router  # the kind's: an embeddings lane has the embeddings Router
         try:
-            decision = router.choose(model, None, bound, cr.ex.req.prefix, cr.ex.req.needs)
+            decision = router.choose(model, None, bound, cr.ex.req.prefix, cr.ex.req.needs,
+                                     objective=cr.objective)
         except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
             return PassedOver(model, "capability")
         except (UnknownModelError, NoRouteError):

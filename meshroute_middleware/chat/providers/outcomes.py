@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from meshroute_middleware.core.objectives import DEFAULT_OBJECTIVE, Objective
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import Reservation
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -24,13 +25,16 @@ class ChainOutcomes:
         self.min_sample_tokens = min_sample_tokens
         self.kind = kind  # "embeddings": its events' tps is inputs per second
         self._settled: set[Reservation] = set()  # recorded attempts still under way
-        # provider attempts under way: (chain, attempt number, perf_counter at the start)
-        self._live: dict[ChainAttempt, tuple[str, int, float]] = {}
+        # provider attempts under way: (chain, attempt number, perf_counter at the start,
+        # the request's objective)
+        self._live: dict[ChainAttempt, tuple[str, int, float, Objective]] = {}
 
-    def begin(self, got: ChainAttempt, chain: str, number: int) -> None:
+    def begin(self, got: ChainAttempt, chain: str, number: int,
+              objective: Objective = DEFAULT_OBJECTIVE) -> None:
         """A provider key attempt starts (published; its outcome will be too)."""
-        self._live[got] = (chain, number, time.perf_counter())
-        self.telemetry.provider_decided(chain, got.candidate.route, got.route, number)
+        self._live[got] = (chain, number, time.perf_counter(), objective)
+        self.telemetry.provider_decided(chain, got.candidate.route, got.route, number,
+                                        objective)
 
     def cancelled(self, got: ChainAttempt) -> None:
         """The client left: settle the reservation, blame nobody."""
@@ -56,7 +60,7 @@ class ChainOutcomes:
                 *provider_outcome(kind, over, completion_tokens,
                                   time.perf_counter() - live[2], kw.get("ttfb_ms"),
                                   sampled=kw.get("tokens_per_s") is not None),
-                kind=self.kind)
+                kind=self.kind, objective=live[3])
         return over
 
     def failed(self, got: ChainAttempt, reason: str, session: str | None) -> PassedOver | None:

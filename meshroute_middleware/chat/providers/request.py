@@ -10,13 +10,15 @@ from starlette.types import Scope
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange
 from meshroute_middleware.chat.providers.tally import Tally
+from meshroute_middleware.core.objectives import DEFAULT_OBJECTIVE, Objective
 
 
 @dataclass(slots=True, eq=False)
 class ChainRequest:
     """The chain's per-request state: the exchange, the decoded body and its token estimate,
     the session, the budgets (the chain's own from `started`, the request's `deadline`), the
-    tally of routes tried and every mesh `Attempts` opened on the way."""
+    tally of routes tried, every mesh `Attempts` opened on the way and the request's
+    objective (its mesh entries choose by it too)."""
 
     ex: Exchange
     payload: dict[str, Any]
@@ -26,6 +28,7 @@ class ChainRequest:
     started: float  # clock() when the chain began: the ProviderRouter's total budget
     tally: Tally
     opened: list[Attempts]
+    objective: Objective = DEFAULT_OBJECTIVE
 
     @property
     def deadline(self) -> float:

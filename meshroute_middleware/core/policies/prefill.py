@@ -88,6 +88,10 @@ class PrefillModel:
             return prior
         return fit.solve(prior[0], prior[1], ROUTE_PRIOR)
 
+    def measured(self, signature: str) -> bool:
+        """Whether a route has first tokens of its own in the fit (objectives' `ttft`)."""
+        return signature in self._routes
+
     def prefill_s(self, model: str, signature: str, uncached_tokens: int) -> float:
         """Expected seconds a route spends on a prompt's uncached tokens."""
         return self.fit(model, signature)[1] * uncached_tokens / KILO

@@ -247,6 +247,16 @@ class ThompsonPolicy:
         """(base seconds, prefill seconds per 1,000 uncached tokens) learned for a route."""
         return self._prefill.fit(model, signature)
 
+    def expected_ttft(self, arm: Arm) -> float | None:
+        """Seconds to the first token of this request on the route by its prefill fit
+        (base + slope × the prompt's uncached tokens: the `ttft` objective, core/objectives.py);
+        None without a prompt, or before the route's first token was measured with one."""
+        prefix, signature = arm.prefix, arm.route.signature
+        if not self.affinity or prefix is None or not self._prefill.measured(signature):
+            return None
+        base, slope = self._prefill.fit(arm.route.model, signature)
+        return base + slope * max(prefix.prompt_tokens - arm.warm_tokens, 0) / KILO
+
     def choose(self, arms: Sequence[Arm], now: float,
                rng: random.Random) -> tuple[int, DecisionMode]:
         """Try an untried arm first (best prior first; "greedy-fallback" while nothing at all

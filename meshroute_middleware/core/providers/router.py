@@ -23,6 +23,7 @@ from typing import Any
 
 from ..capabilities import NO_NEEDS, UnsupportedCapabilityError
 from ..errors import InvalidPinError, MeshRouteError
+from ..objectives import COST, DEFAULT_OBJECTIVE, TTFT, Objective
 from .chain import (
     Candidate,
     Resolution,
@@ -53,22 +54,28 @@ from .scoring import (
     RouteStats,
     combine,
     expected_reliability,
+    first_token_score,
     headroom_factor,
     intelligence_score,
     price_score,
     rate_limit_factor,
+    sample_first_token,
     sample_reliability,
     sample_speed,
     speed_score,
 )
 
 MeshServes = Callable[[str, frozenset[str]], bool]  # whether a mesh model has a route with them
+# Under the `cost` objective routes of one price are ranked as under this strategy (speed).
+COST_TIES = "fastest"
 
 
 @dataclass(frozen=True, slots=True)
 class Scored:
     """A candidate with its axes and combined score (sampled when ranking, expected on display;
-    None under `priority`, which ranks by the written order)."""
+    None under `priority`, which ranks by the written order). Under the `ttft` objective
+    `speed` is the first-token axis (scoring.first_token_score) and `score` is reliability ×
+    that × headroom × rate limit."""
 
     candidate: Candidate
     score: float | None
@@ -132,9 +139,12 @@ class ProviderRouter:
         return passed
 
     def score(self, candidate: Candidate, strategy: str, now: float,
-              rng: random.Random | None = None) -> Scored:
+              rng: random.Random | None = None,
+              objective: Objective = DEFAULT_OBJECTIVE) -> Scored:
         """All axes of one route; reliability is a Thompson draw when `rng` is given (never
-        under `priority`: its axes are shown, not ranked by, so no draw is spent)."""
+        under `priority`: its axes are shown, not ranked by, so no draw is spent). The
+        `ttft` objective scores the first-token axis alone beside reliability; `cost` the
+        COST_TIES strategy, which breaks ties of price (`rank` sorts by price first)."""
         if strategy == PRIORITY:
             rng = None
         st = self.stats.get(candidate.route)
@@ -144,30 +154,46 @@ class ProviderRouter:
             st = RouteStats()
         reliability = (expected_reliability(st.ok, st.fail) if rng is None
                        else sample_reliability(st.ok, st.fail, rng))
-        speed = (speed_score(st.tokens_per_s, st.ttfb_ms) if rng is None
-                 else sample_speed(st.tokens_per_s, st.ttfb_ms, st.ok, rng))
+        first_token = objective == TTFT and strategy != PRIORITY
+        if first_token:
+            speed = (first_token_score(st.ttfb_ms) if rng is None
+                     else sample_first_token(st.ttfb_ms, st.ok, rng))
+        else:
+            speed = (speed_score(st.tokens_per_s, st.ttfb_ms) if rng is None
+                     else sample_speed(st.tokens_per_s, st.ttfb_ms, st.ok, rng))
         intelligence = intelligence_score(candidate.tier)
         model = candidate.model
         price = price_score(model.price_in, model.price_out) if model else 1.0
         headroom = self._headroom(candidate, now)
         rate_limit = rate_limit_factor(st.penalty_now(now))
-        total = (None if strategy == PRIORITY else
-                 combine(STRATEGY_WEIGHTS[strategy], reliability, speed, intelligence, price,
-                         headroom, rate_limit))
+        total: float | None
+        if strategy == PRIORITY:
+            total = None
+        elif first_token:
+            total = reliability * speed * headroom * rate_limit
+        else:
+            weights = STRATEGY_WEIGHTS[COST_TIES if objective == COST else strategy]
+            total = combine(weights, reliability, speed, intelligence, price, headroom,
+                            rate_limit)
         return Scored(candidate, total, reliability, speed, intelligence, price, headroom,
                       rate_limit)
 
     def rank(self, res: Resolution, now: float, rng: random.Random | None = None, *,
              pinned: str | None = None, session: str | None = None,
              tokens: int = 0, needs: frozenset[str] = NO_NEEDS,
-             mesh_serves: MeshServes | None = None) -> list[Scored]:
+             mesh_serves: MeshServes | None = None,
+             objective: Objective = DEFAULT_OBJECTIVE) -> list[Scored]:
         """The order to try routes in: by score, then the session's route, then the pin first.
         With `needs`, only the routes having those capabilities (`mesh_serves` says it for a
         mesh model; without it a mesh model's own router decides).
 
-        Under `priority`: the chain's written order, then the pin first; no session reorders
-        it (a session kept on a fallback would keep a paid key before the free one it stands
-        in for). A route that cannot be used is passed over when it is taken (`acquire`).
+        The request's `objective` (issue 26) overrides the strategy's ranking: `throughput`
+        (the default) ranks as the strategy says; `ttft` by reliability × the first-token
+        axis; `cost` by price (a mesh route is free), then as COST_TIES ranks, and no session
+        reorders it. Under `priority`: the chain's written order whatever the objective,
+        then the pin first; no session reorders it (a session kept on a fallback would keep a
+        paid key before the free one it stands in for). A route that cannot be used is passed
+        over when it is taken (`acquire`).
         """
         candidates = list(res.candidates)
         if pinned is not None and all(c.route != pinned for c in candidates):
@@ -181,8 +207,11 @@ class ProviderRouter:
             if pin is not None and not has_caps(pin, needs, mesh_serves):
                 raise UnsupportedCapabilityError(pinned or res.model, needs)
             candidates = [c for c in candidates if has_caps(c, needs, mesh_serves)]
-        ranked = [self.score(c, res.strategy, now, rng) for c in candidates]
+        ranked = [self.score(c, res.strategy, now, rng, objective) for c in candidates]
         if res.strategy == PRIORITY:
+            return _move_first(ranked, pinned)
+        if objective == COST:
+            ranked.sort(key=_by_price)
             return _move_first(ranked, pinned)
         ranked.sort(key=_by_score)
         sticky = self.sessions.get(session, now)
@@ -326,13 +355,14 @@ class ProviderRouter:
             return key is None or 1 <= key <= len(pair[0].keys)
         return key is None and base in self.stats
 
-    def chain_view(self, res: Resolution, now: float) -> dict[str, Any]:
-        """`GET /v1/routing/chain`: the order a request would try now, on expected values;
-        `position` is each route's 1-based place in the chain as written (`score` is None
-        under `priority`, which tries routes by it)."""
+    def chain_view(self, res: Resolution, now: float,
+                   objective: Objective = DEFAULT_OBJECTIVE) -> dict[str, Any]:
+        """`GET /v1/routing/chain`: the order a request (with `objective`) would try now, on
+        expected values; `position` is each route's 1-based place in the chain as written
+        (`score` is None under `priority`, which tries routes by it)."""
         positions = {c.route: i for i, c in enumerate(res.candidates, 1)}
         chain = []
-        for s in self.rank(res, now):
+        for s in self.rank(res, now, objective=objective):
             c = s.candidate
             keys = (self.gates.key_states(c.provider, c.model, now)
                     if c.provider is not None and c.model is not None else [])
@@ -341,7 +371,8 @@ class ProviderRouter:
                           "reliability": s.reliability, "speed": s.speed,
                           "intelligence": s.intelligence, "price": s.price,
                           "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
-        return {"model": res.model, "strategy": res.strategy, "chain": chain}
+        return {"model": res.model, "strategy": res.strategy, "objective": objective,
+                "chain": chain}
 
     def report(self, now: float) -> PeerState:
         """What this tracker tells its gossip peers of its provider routes and keys (its key
@@ -436,6 +467,12 @@ def _split_key(route: str | None) -> tuple[str | None, int | None]:
 def _by_score(s: Scored) -> float:
     """The sort key of a ranking by score: best first."""
     return -s.score if s.score is not None else 0.0
+
+
+def _by_price(s: Scored) -> tuple[float, float]:
+    """The sort key under the `cost` objective: cheapest first (price axis 1 = free), then
+    by score."""
+    return (-s.price, _by_score(s))
 
 
 def _move_first(ranked: list[Scored], route: str | None) -> list[Scored]:

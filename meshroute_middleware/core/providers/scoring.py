@@ -46,6 +46,10 @@ RELIABILITY_WINDOW = 200.0
 SPEED_PRIOR_WEIGHT = 2.0
 SPEED_WINDOW = 200.0
 EWMA_ALPHA = 0.2  # weight of the newest tps/ttfb sample
+# The `ttft` objective's axis (issue 26): 1 / (1 + ttfb / 1 s), so 250 ms → 0.8, 1 s → 0.5,
+# 5 s → 0.17; finer than the speed axis's ttfb part, which is 1 for anything under 300 ms.
+# An unmeasured route scores SPEED_PRIOR (~670 ms), drawn as sample_speed draws.
+FIRST_TOKEN_REF_MS = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,22 @@ def sample_speed(tokens_per_s: float | None, ttfb_ms: float | None, successes: f
     """One Thompson draw of the speed score: Beta around `speed_score`, as sure as the
     successes that measured it."""
     mean = min(max(speed_score(tokens_per_s, ttfb_ms), 1e-3), 1.0 - 1e-3)
+    weight = SPEED_PRIOR_WEIGHT + min(max(successes, 0.0), SPEED_WINDOW)
+    return rng.betavariate(mean * weight, (1.0 - mean) * weight)
+
+
+def first_token_score(ttfb_ms: float | None) -> float:
+    """The `ttft` objective's axis: 1 / (1 + ttfb / FIRST_TOKEN_REF_MS); the prior 0.6
+    while unmeasured."""
+    if ttfb_ms is None:
+        return SPEED_PRIOR
+    return 1.0 / (1.0 + max(ttfb_ms, 0.0) / FIRST_TOKEN_REF_MS)
+
+
+def sample_first_token(ttfb_ms: float | None, successes: float, rng: random.Random) -> float:
+    """One Thompson draw of the first-token score, as sure as the successes that measured
+    it (an untried route is tried beside a measured one, as under sample_speed)."""
+    mean = min(max(first_token_score(ttfb_ms), 1e-3), 1.0 - 1e-3)
     weight = SPEED_PRIOR_WEIGHT + min(max(successes, 0.0), SPEED_WINDOW)
     return rng.betavariate(mean * weight, (1.0 - mean) * weight)
 
