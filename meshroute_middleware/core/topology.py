@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .cache_prior import CachePrior, parse_cache_prior, prior_fields
 from .contracts.limits import MAX_ID_CHARS, MAX_TPS
 from .errors import InvalidNodeError
 from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
@@ -47,6 +48,8 @@ class NodeRecord:
     queue: int = 0
     rep: float = 1.0
     seen_at: float = 0.0
+    # The server's own prefix-cache report, where it exports one (core/cache_prior.py).
+    cache: CachePrior | None = None
 
     @property
     def effective_tps(self) -> float:
@@ -59,6 +62,7 @@ class NodeRecord:
             "node_id": self.node_id, "model": self.model, "start": self.start,
             "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
             "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
+            **prior_fields(self.cache),
         }
 
 
@@ -179,7 +183,8 @@ def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
     rep = _as_float(data, "rep", 1.0)
     if not 0 <= rep <= 1:
         raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
-    return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now)
+    return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now,
+                      cache=parse_cache_prior(data))
 
 
 @dataclass(slots=True)

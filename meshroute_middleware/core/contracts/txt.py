@@ -38,6 +38,9 @@ NODE_KEYS: Final[Mapping[str, str]] = {
     "id": "node_id", "m": "model", "s": "start", "e": "end", "l": "layers",
     "u": "url", "t": "tps", "q": "queue", "r": "rep",
 }
+# The server's prefix-cache report (core/cache_prior.py), only when the node has one:
+# hit rate and the most tokens a slot holds. parse_node bounds both.
+CACHE_KEYS: Final[Mapping[str, str]] = {"ch": "cache_hit", "ck": "cache_tokens"}
 # Tracker record: its id, HTTP port (optional) and gossip port.
 TRACKER_ID_KEY, TRACKER_HTTP_KEY, TRACKER_GOSSIP_KEY = "id", "hp", "gp"
 
@@ -142,6 +145,10 @@ def encode_node(record: NodeRecord, secret: str | None = None) -> dict[str, str]
     for short, name in NODE_KEYS.items():
         value = fields[name]
         props[short] = _fmt_float(value) if isinstance(value, float) else str(value)
+    for short, name in CACHE_KEYS.items():
+        if name in fields:
+            value = fields[name]
+            props[short] = _fmt_float(value) if isinstance(value, float) else str(value)
     try:
         return _seal(props, secret)
     except TxtError as exc:
@@ -156,6 +163,7 @@ def decode_node(props: TxtProperties, *, secret: str | None = None,
     except TxtError as exc:
         raise InvalidNodeError(str(exc)) from None
     fields = {name: text[short] for short, name in NODE_KEYS.items() if short in text}
+    fields.update({name: text[short] for short, name in CACHE_KEYS.items() if short in text})
     return parse_node(fields, now=now)
 
 
