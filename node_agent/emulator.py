@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from meshroute_middleware.core.contracts.error_body import error_object
 from meshroute_middleware.core.contracts.cache import CACHE_HEADER, cache_note, encode_cache
+from meshroute_middleware.core.contracts.error_body import error_object
 from meshroute_middleware.core.prefix import Prefix
 
 from .chat import ChatJob, ChatRequestError, chunk, completion, parse_chat, usage_chunk, words
