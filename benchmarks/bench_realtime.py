@@ -2,6 +2,9 @@
 
   python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--case NAME]
       [--policy NAME] [--trace DIR] [--json PATH]
+  python benchmarks/bench_realtime.py --conversation [--seconds 20] [--clients 4,16]
+
+`--conversation` (issue 26) runs the conversation case instead: see `run_conversation`.
 
 Per scenario, three single-node routes run as emulated nodes (each its own process on
 127.0.0.1) whose behaviour the gateway is not told: serial servers, batching servers with
@@ -251,6 +254,144 @@ async def gateway(case: Case, node_urls: dict[str, str], policy: str,
     return url
 
 
+# -- the conversation case (issue 26) -------------------------------------------------------
+# Three equal whole-model nodes with prefix caches (prefill 1,000 prompt tokens/s, as the
+# issue's outside check), room for every client. Each closed-loop client holds conversations
+# of CONV_TURNS turns, streaming: a system message of ~1,000 tokens, then each turn adds the
+# answer and a new message of ~50 tokens. Time to first token is taken at the client (the
+# first content chunk). The yardstick, "best warm-or-cold": every conversation pinned to one
+# node, the clients spread evenly (client i on node i mod 3). On equal roomy nodes that is the
+# best route of every turn: warm where the conversation lives, and no node more loaded than
+# another; its first turn is cold on every node alike.
+CONV_NODES = ("a", "b", "c")
+CONV_TPS = 60.0
+CONV_SLOTS = 16
+CONV_PREFILL_TPS = 1000.0
+CONV_CACHE_TOKENS = 64_000
+CONV_TURNS = 6
+CONV_SYSTEM_CHARS = 4000  # ~1,000 tokens (core/prefix.py counts 4 characters a token)
+CONV_GOAL = 1.2  # issue 26: mean TTFT within 1.2x of the best warm-or-cold route
+
+
+def conv_node_command(node_id: str, port: int) -> list[str]:
+    """An emulated whole-model node with a prefix cache."""
+    config = {"node_id": node_id, "model": MODEL, "tps": CONV_TPS, "slots": CONV_SLOTS,
+              "slot_slowdown": 0.02, "max_tokens_default": TOKENS, "max_queue": 4096,
+              "prefill_tps": CONV_PREFILL_TPS, "cache_tokens": CONV_CACHE_TOKENS,
+              "first_token_s": 0.02}
+    return [*node_command(batching(node_id, CONV_TPS, CONV_SLOTS, 0.02), port)[:-2],
+            json.dumps(config),
+            str(port)]
+
+
+async def conv_turn(session: aiohttp.ClientSession, url: str,
+                    messages: list[dict[str, str]]) -> tuple[float, str, str] | None:
+    """One streamed turn: (seconds to the first content chunk, the answer, the cache state
+    the head node reported); None if it failed."""
+    body = {"model": MODEL, "max_tokens": TOKENS, "stream": True, "messages": messages}
+    began = time.monotonic()
+    ttft: float | None = None
+    parts: list[str] = []
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return None
+            state = resp.headers.get("x-meshroute-cache", "?").split(";", 1)[0]
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                text = (doc.get("choices") or [{}])[0].get("delta", {}).get("content")
+                if text:
+                    if ttft is None:
+                        ttft = time.monotonic() - began
+                    parts.append(text)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    return (ttft, "".join(parts), state) if ttft is not None else None
+
+
+async def conv_client(session: aiohttp.ClientSession, url: str, stop_at: float,
+                      index: int) -> list[tuple[int, float, str]]:
+    """Conversations until `stop_at`: (turn, time to first token, cache state) per answer."""
+    out: list[tuple[int, float, str]] = []
+    conversation = 0
+    while time.monotonic() < stop_at:
+        conversation += 1
+        system = f"client {index} conversation {conversation}: ".ljust(CONV_SYSTEM_CHARS, "x")
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": "first question ".ljust(200, "q")}]
+        for turn in range(CONV_TURNS):
+            if time.monotonic() >= stop_at:
+                break
+            got = await conv_turn(session, url, messages)
+            if got is None:
+                out.append((turn, float("nan"), "failed"))
+                break
+            ttft, answer, state = got
+            out.append((turn, ttft, state))
+            messages = [*messages, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": f"question {turn + 2} ".ljust(200, "q")}]
+    return out
+
+
+async def conv_load(urls: list[str], seconds: float) -> dict[str, Any]:
+    """Conversation clients, client i on urls[i]: mean TTFT and the share of warm turns."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        began = time.monotonic()
+        runs = await asyncio.gather(*(conv_client(session, u, began + seconds, i)
+                                      for i, u in enumerate(urls)))
+    turns = [t for run in runs for t in run]
+    ok = [t for t in turns if t[2] != "failed"]
+    later = [t for t in ok if t[0] > 0]
+    ttfts = sorted(t[1] for t in ok)
+    return {"turns": len(ok), "failures": len(turns) - len(ok),
+            "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+            "p95_ttft_s": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else float("nan"),
+            "warm_share_later_turns": (sum(t[2] == "warm" for t in later) / len(later)
+                                       if later else float("nan"))}
+
+
+async def run_conversation(clients_list: list[int], seconds: float) -> dict[str, Any]:
+    """Both variants per client count, fresh nodes (cold caches) and gateway each run."""
+    out: dict[str, Any] = {}
+    for clients in clients_list:
+        row: dict[str, Any] = {}
+        for variant in ("pinned", "serve"):
+            procs: list[subprocess.Popen[bytes]] = []
+            try:
+                node_urls: dict[str, str] = {}
+                for node_id in CONV_NODES:
+                    port = free_port()
+                    procs.append(start(conv_node_command(node_id, port)))
+                    node_urls[node_id] = f"http://127.0.0.1:{port}"
+                for url in node_urls.values():
+                    await wait_up(url + "/v1/models")
+                if variant == "pinned":
+                    urls = [node_urls[CONV_NODES[i % len(CONV_NODES)]] for i in range(clients)]
+                else:
+                    case = Case("conversation", "", tuple(
+                        batching(n, CONV_TPS, CONV_SLOTS, 0.02) for n in CONV_NODES))
+                    urls = [await gateway(case, node_urls, "thompson", procs)] * clients
+                row[variant] = await conv_load(urls, seconds)
+            finally:
+                for proc in procs:
+                    stop(proc)
+        row["ttft_over_pinned"] = row["serve"]["mean_ttft_s"] / row["pinned"]["mean_ttft_s"]
+        row["goal_met"] = row["ttft_over_pinned"] <= CONV_GOAL
+        out[str(clients)] = row
+        print(f"conversation clients {clients:2d}: mean TTFT serve "
+              f"{row['serve']['mean_ttft_s']:.3f} s vs pinned {row['pinned']['mean_ttft_s']:.3f} s"
+              f" = {row['ttft_over_pinned']:.2f}x (goal <= {CONV_GOAL}x); warm later turns "
+              f"{row['serve']['warm_share_later_turns']:.0%} vs "
+              f"{row['pinned']['warm_share_later_turns']:.0%}; turns {row['serve']['turns']} / "
+              f"{row['pinned']['turns']}, failures {row['serve']['failures']} / "
+              f"{row['pinned']['failures']}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="per run (default 20)")
@@ -261,7 +402,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="log every sample the gateway's policy takes (JSON lines per run)")
     parser.add_argument("--policy", action="append", choices=("thompson", "epsilon-greedy"),
                         help="only this policy (repeatable; default both)")
+    parser.add_argument("--conversation", action="store_true",
+                        help="the conversation case (prefix caches, time to first token)")
     args = parser.parse_args(argv)
+    if args.conversation:
+        clients = [int(c) for c in (args.clients if args.clients != "1,4,16"
+                                    else "4,16").split(",")]
+        path = args.json if args.json != RESULTS else RESULTS.with_name(
+            "realtime_conversation.json")
+        conv = {"seconds": args.seconds, "tokens": TOKENS, "load_average": os.getloadavg(),
+                "runs": asyncio.run(run_conversation(clients, args.seconds)),
+                "load_average_after": os.getloadavg()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(conv, indent=2) + "\n")
+        return 0
     clients = [int(c) for c in args.clients.split(",")]
     cases = [c for c in CASES if not args.case or c.name in args.case]
     if args.trace is not None:
