@@ -3,6 +3,7 @@
   python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--case NAME]
       [--policy NAME] [--trace DIR] [--json PATH]
   python benchmarks/bench_realtime.py --conversation [--seconds 20] [--clients 4,16]
+      [--case equal|slow-a]
 
 `--conversation` (issue 26) runs the conversation case instead: see `run_conversation`.
 
@@ -38,6 +39,7 @@ from typing import Any
 
 import aiohttp
 
+from meshroute_middleware.core.prefix import message_chain
 from meshroute_middleware.core.sim.model import NodeSpec, batching, serial
 from meshroute_middleware.core.sim.oracle import best_split
 
@@ -255,33 +257,77 @@ async def gateway(case: Case, node_urls: dict[str, str], policy: str,
 
 
 # -- the conversation case (issue 26) -------------------------------------------------------
-# Three equal whole-model nodes with prefix caches (prefill 1,000 prompt tokens/s, as the
-# issue's outside check), room for every client. Each closed-loop client holds conversations
-# of CONV_TURNS turns, streaming: a system message of ~1,000 tokens, then each turn adds the
+# Three whole-model nodes with prefix caches (prefill 1,000 prompt tokens/s, as the issue's
+# outside check) and room for every client. Each closed-loop client holds conversations of
+# CONV_TURNS turns, streaming: a system message of ~1,000 tokens, then each turn adds the
 # answer and a new message of ~50 tokens. Time to first token is taken at the client (the
-# first content chunk). The yardstick, "best warm-or-cold": every conversation pinned to one
-# node, the clients spread evenly (client i on node i mod 3). On equal roomy nodes that is the
-# best route of every turn: warm where the conversation lives, and no node more loaded than
-# another; its first turn is cold on every node alike.
+# first content chunk); the head node's x-meshroute-cache says whether the turn was warm.
+#
+# The yardstick, "best warm-or-cold" (`Oracle`): the clients call the nodes directly, and
+# each turn goes to the node of least expected time to first token given what the oracle
+# knows: every node's true prefill speed and which node holds the conversation's prefix (the
+# one that served its last turn); ties (a new conversation on equal nodes) go to the node
+# with the fewest of its requests in flight. On roomy nodes that is the best route of every
+# turn: the prefill is the only cost that differs.
 CONV_NODES = ("a", "b", "c")
 CONV_TPS = 60.0
 CONV_SLOTS = 16
 CONV_PREFILL_TPS = 1000.0
+CONV_FIRST_TOKEN_S = 0.02
 CONV_CACHE_TOKENS = 64_000
 CONV_TURNS = 6
 CONV_SYSTEM_CHARS = 4000  # ~1,000 tokens (core/prefix.py counts 4 characters a token)
 CONV_GOAL = 1.2  # issue 26: mean TTFT within 1.2x of the best warm-or-cold route
+# case -> each node's speed factor (decode and prefill alike)
+CONV_CASES: dict[str, tuple[float, ...]] = {
+    "equal": (1.0, 1.0, 1.0),
+    "slow-a": (0.2, 1.0, 1.0),  # node a at a fifth: a cold turn there pays 5x the prefill
+}
 
 
-def conv_node_command(node_id: str, port: int) -> list[str]:
-    """An emulated whole-model node with a prefix cache."""
-    config = {"node_id": node_id, "model": MODEL, "tps": CONV_TPS, "slots": CONV_SLOTS,
-              "slot_slowdown": 0.02, "max_tokens_default": TOKENS, "max_queue": 4096,
-              "prefill_tps": CONV_PREFILL_TPS, "cache_tokens": CONV_CACHE_TOKENS,
-              "first_token_s": 0.02}
+def conv_node_command(node_id: str, port: int, factor: float = 1.0) -> list[str]:
+    """An emulated whole-model node with a prefix cache, at `factor` of the case's speed."""
+    config = {"node_id": node_id, "model": MODEL, "tps": CONV_TPS * factor,
+              "slots": CONV_SLOTS, "slot_slowdown": 0.02, "max_tokens_default": TOKENS,
+              "max_queue": 4096, "prefill_tps": CONV_PREFILL_TPS * factor,
+              "cache_tokens": CONV_CACHE_TOKENS, "first_token_s": CONV_FIRST_TOKEN_S}
     return [*node_command(batching(node_id, CONV_TPS, CONV_SLOTS, 0.02), port)[:-2],
-            json.dumps(config),
-            str(port)]
+            json.dumps(config), str(port)]
+
+
+class Oracle:
+    """Picks each turn's node from the nodes' true prefill speeds and cache contents."""
+
+    def __init__(self, urls: list[str], prefill_tps: list[float]) -> None:
+        self.urls, self.prefill_tps = urls, prefill_tps
+        self.flying = dict.fromkeys(urls, 0)
+
+    def pick(self, prompt_tokens: int, warm: tuple[str, int] | None) -> str:
+        """The node of least expected TTFT (`warm`: the node holding the prefix, and how many
+        of the prompt's tokens it holds); the least busy on a tie."""
+        def cost(i: int) -> tuple[float, int]:
+            held = warm[1] if warm is not None and warm[0] == self.urls[i] else 0
+            ttft = CONV_FIRST_TOKEN_S + (prompt_tokens - held) / self.prefill_tps[i]
+            return round(ttft, 3), self.flying[self.urls[i]]
+        url = self.urls[min(range(len(self.urls)), key=cost)]
+        self.flying[url] += 1
+        return url
+
+    def done(self, url: str) -> None:
+        self.flying[url] -= 1
+
+
+class Gatewayed:
+    """Every turn to `meshroute serve`, which chooses."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def pick(self, prompt_tokens: int, warm: tuple[str, int] | None) -> str:
+        return self.url
+
+    def done(self, url: str) -> None:
+        pass
 
 
 async def conv_turn(session: aiohttp.ClientSession, url: str,
@@ -313,8 +359,8 @@ async def conv_turn(session: aiohttp.ClientSession, url: str,
     return (ttft, "".join(parts), state) if ttft is not None else None
 
 
-async def conv_client(session: aiohttp.ClientSession, url: str, stop_at: float,
-                      index: int) -> list[tuple[int, float, str]]:
+async def conv_client(session: aiohttp.ClientSession, chooser: Oracle | Gatewayed,
+                      stop_at: float, index: int) -> list[tuple[int, float, str]]:
     """Conversations until `stop_at`: (turn, time to first token, cache state) per answer."""
     out: list[tuple[int, float, str]] = []
     conversation = 0
@@ -323,26 +369,36 @@ async def conv_client(session: aiohttp.ClientSession, url: str, stop_at: float,
         system = f"client {index} conversation {conversation}: ".ljust(CONV_SYSTEM_CHARS, "x")
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": "first question ".ljust(200, "q")}]
+        warm: tuple[str, int] | None = None
         for turn in range(CONV_TURNS):
             if time.monotonic() >= stop_at:
                 break
-            got = await conv_turn(session, url, messages)
+            prompt = message_chain(messages)
+            tokens = prompt.prompt_tokens if prompt is not None else 0
+            url = chooser.pick(tokens, warm)
+            try:
+                got = await conv_turn(session, url, messages)
+            finally:
+                chooser.done(url)
             if got is None:
                 out.append((turn, float("nan"), "failed"))
                 break
             ttft, answer, state = got
             out.append((turn, ttft, state))
-            messages = [*messages, {"role": "assistant", "content": answer},
-                        {"role": "user", "content": f"question {turn + 2} ".ljust(200, "q")}]
+            messages = [*messages, {"role": "assistant", "content": answer}]
+            held = message_chain(messages)
+            warm = (url, held.prompt_tokens if held is not None else 0)
+            messages.append({"role": "user", "content": f"question {turn + 2} ".ljust(200, "q")})
     return out
 
 
-async def conv_load(urls: list[str], seconds: float) -> dict[str, Any]:
-    """Conversation clients, client i on urls[i]: mean TTFT and the share of warm turns."""
+async def conv_load(choosers: list[Oracle | Gatewayed], seconds: float) -> dict[str, Any]:
+    """Conversation clients, client i choosing with choosers[i]: mean and p95 time to first
+    token, and the share of later turns that were warm."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         began = time.monotonic()
-        runs = await asyncio.gather(*(conv_client(session, u, began + seconds, i)
-                                      for i, u in enumerate(urls)))
+        runs = await asyncio.gather(*(conv_client(session, c, began + seconds, i)
+                                      for i, c in enumerate(choosers)))
     turns = [t for run in runs for t in run]
     ok = [t for t in turns if t[2] != "failed"]
     later = [t for t in ok if t[0] > 0]
@@ -354,41 +410,49 @@ async def conv_load(urls: list[str], seconds: float) -> dict[str, Any]:
                                        if later else float("nan"))}
 
 
-async def run_conversation(clients_list: list[int], seconds: float) -> dict[str, Any]:
+async def run_conversation(case: str, clients_list: list[int],
+                           seconds: float) -> dict[str, Any]:
     """Both variants per client count, fresh nodes (cold caches) and gateway each run."""
+    factors = CONV_CASES[case]
     out: dict[str, Any] = {}
     for clients in clients_list:
         row: dict[str, Any] = {}
-        for variant in ("pinned", "serve"):
+        for variant in ("oracle", "serve"):
             procs: list[subprocess.Popen[bytes]] = []
             try:
                 node_urls: dict[str, str] = {}
-                for node_id in CONV_NODES:
+                for node_id, factor in zip(CONV_NODES, factors, strict=True):
                     port = free_port()
-                    procs.append(start(conv_node_command(node_id, port)))
+                    procs.append(start(conv_node_command(node_id, port, factor)))
                     node_urls[node_id] = f"http://127.0.0.1:{port}"
                 for url in node_urls.values():
                     await wait_up(url + "/v1/models")
-                if variant == "pinned":
-                    urls = [node_urls[CONV_NODES[i % len(CONV_NODES)]] for i in range(clients)]
+                choosers: list[Oracle | Gatewayed]
+                if variant == "oracle":
+                    oracle = Oracle(list(node_urls.values()),
+                                    [CONV_PREFILL_TPS * f for f in factors])
+                    choosers = [oracle] * clients
                 else:
-                    case = Case("conversation", "", tuple(
-                        batching(n, CONV_TPS, CONV_SLOTS, 0.02) for n in CONV_NODES))
-                    urls = [await gateway(case, node_urls, "thompson", procs)] * clients
-                row[variant] = await conv_load(urls, seconds)
+                    mesh = Case("conversation", "", tuple(
+                        batching(n, CONV_TPS * f, CONV_SLOTS, 0.02)
+                        for n, f in zip(CONV_NODES, factors, strict=True)))
+                    url = await gateway(mesh, node_urls, "thompson", procs)
+                    choosers = [Gatewayed(url)] * clients
+                row[variant] = await conv_load(choosers, seconds)
             finally:
                 for proc in procs:
                     stop(proc)
-        row["ttft_over_pinned"] = row["serve"]["mean_ttft_s"] / row["pinned"]["mean_ttft_s"]
-        row["goal_met"] = row["ttft_over_pinned"] <= CONV_GOAL
+        row["ttft_over_oracle"] = row["serve"]["mean_ttft_s"] / row["oracle"]["mean_ttft_s"]
+        row["goal_met"] = row["ttft_over_oracle"] <= CONV_GOAL
         out[str(clients)] = row
-        print(f"conversation clients {clients:2d}: mean TTFT serve "
-              f"{row['serve']['mean_ttft_s']:.3f} s vs pinned {row['pinned']['mean_ttft_s']:.3f} s"
-              f" = {row['ttft_over_pinned']:.2f}x (goal <= {CONV_GOAL}x); warm later turns "
-              f"{row['serve']['warm_share_later_turns']:.0%} vs "
-              f"{row['pinned']['warm_share_later_turns']:.0%}; turns {row['serve']['turns']} / "
-              f"{row['pinned']['turns']}, failures {row['serve']['failures']} / "
-              f"{row['pinned']['failures']}", flush=True)
+        serve, best = row["serve"], row["oracle"]
+        print(f"conversation {case:6s} clients {clients:2d}: mean TTFT serve "
+              f"{serve['mean_ttft_s']:.3f} s (p95 {serve['p95_ttft_s']:.2f}) vs best "
+              f"warm-or-cold {best['mean_ttft_s']:.3f} s (p95 {best['p95_ttft_s']:.2f}) = "
+              f"{row['ttft_over_oracle']:.2f}x (goal <= {CONV_GOAL}x); warm later turns "
+              f"{serve['warm_share_later_turns']:.0%} vs {best['warm_share_later_turns']:.0%};"
+              f" turns {serve['turns']} / {best['turns']}, failures {serve['failures']} / "
+              f"{best['failures']}", flush=True)
     return out
 
 
@@ -410,8 +474,10 @@ def main(argv: list[str] | None = None) -> int:
                                     else "4,16").split(",")]
         path = args.json if args.json != RESULTS else RESULTS.with_name(
             "realtime_conversation.json")
+        names = [c for c in CONV_CASES if not args.case or c in args.case]
         conv = {"seconds": args.seconds, "tokens": TOKENS, "load_average": os.getloadavg(),
-                "runs": asyncio.run(run_conversation(clients, args.seconds)),
+                "cases": {name: asyncio.run(run_conversation(name, clients, args.seconds))
+                          for name in names},
                 "load_average_after": os.getloadavg()}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(conv, indent=2) + "\n")
