@@ -331,9 +331,10 @@ class Gatewayed:
 
 
 async def conv_turn(session: aiohttp.ClientSession, url: str,
-                    messages: list[dict[str, str]]) -> tuple[float, str, str] | None:
+                    messages: list[dict[str, str]]) -> tuple[float, str, str, str] | None:
     """One streamed turn: (seconds to the first content chunk, the answer, the cache state
-    the head node reported); None if it failed."""
+    the head node reported, where it went: the gateway's route or the URL); None if it
+    failed."""
     body = {"model": MODEL, "max_tokens": TOKENS, "stream": True, "messages": messages}
     began = time.monotonic()
     ttft: float | None = None
@@ -344,6 +345,7 @@ async def conv_turn(session: aiohttp.ClientSession, url: str,
             if resp.status != 200:
                 return None
             state = resp.headers.get("x-meshroute-cache", "?").split(";", 1)[0]
+            where = resp.headers.get("x-meshroute-route", url).split("|")[-1]
             async for raw in resp.content:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -356,13 +358,14 @@ async def conv_turn(session: aiohttp.ClientSession, url: str,
                     parts.append(text)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
-    return (ttft, "".join(parts), state) if ttft is not None else None
+    return (ttft, "".join(parts), state, where) if ttft is not None else None
 
 
 async def conv_client(session: aiohttp.ClientSession, chooser: Oracle | Gatewayed,
-                      stop_at: float, index: int) -> list[tuple[int, float, str]]:
-    """Conversations until `stop_at`: (turn, time to first token, cache state) per answer."""
-    out: list[tuple[int, float, str]] = []
+                      stop_at: float, index: int) -> list[tuple[int, float, str, str]]:
+    """Conversations until `stop_at`: (turn, time to first token, cache state, where) per
+    answer."""
+    out: list[tuple[int, float, str, str]] = []
     conversation = 0
     while time.monotonic() < stop_at:
         conversation += 1
@@ -381,10 +384,10 @@ async def conv_client(session: aiohttp.ClientSession, chooser: Oracle | Gatewaye
             finally:
                 chooser.done(url)
             if got is None:
-                out.append((turn, float("nan"), "failed"))
+                out.append((turn, float("nan"), "failed", url))
                 break
-            ttft, answer, state = got
-            out.append((turn, ttft, state))
+            ttft, answer, state, where = got
+            out.append((turn, ttft, state, where))
             messages = [*messages, {"role": "assistant", "content": answer}]
             held = message_chain(messages)
             warm = (url, held.prompt_tokens if held is not None else 0)
@@ -403,7 +406,15 @@ async def conv_load(choosers: list[Oracle | Gatewayed], seconds: float) -> dict[
     ok = [t for t in turns if t[2] != "failed"]
     later = [t for t in ok if t[0] > 0]
     ttfts = sorted(t[1] for t in ok)
+    places: dict[str, list[float]] = {}
+    for t in ok:  # per node: turns, of which cold, and their mean time to first token
+        place = places.setdefault(t[3], [0, 0, 0.0])
+        place[0] += 1
+        place[1] += t[2] == "cold"
+        place[2] += t[1]
     return {"turns": len(ok), "failures": len(turns) - len(ok),
+            "per_node": {k: {"turns": int(n), "cold": int(c), "mean_ttft_s": round(x / n, 3)}
+                         for k, (n, c, x) in sorted(places.items())},
             "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
             "p95_ttft_s": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else float("nan"),
             "warm_share_later_turns": (sum(t[2] == "warm" for t in later) / len(later)
@@ -439,6 +450,9 @@ async def run_conversation(case: str, clients_list: list[int],
                     url = await gateway(mesh, node_urls, "thompson", procs)
                     choosers = [Gatewayed(url)] * clients
                 row[variant] = await conv_load(choosers, seconds)
+                by_url = {url: f"{n}" for n, url in node_urls.items()}
+                row[variant]["per_node"] = {by_url.get(k, k): v for k, v in
+                                            row[variant]["per_node"].items()}
             finally:
                 for proc in procs:
                     stop(proc)
@@ -452,8 +466,14 @@ async def run_conversation(case: str, clients_list: list[int],
               f"{row['ttft_over_oracle']:.2f}x (goal <= {CONV_GOAL}x); warm later turns "
               f"{serve['warm_share_later_turns']:.0%} vs {best['warm_share_later_turns']:.0%};"
               f" turns {serve['turns']} / {best['turns']}, failures {serve['failures']} / "
-              f"{best['failures']}", flush=True)
+              f"{best['failures']}\n    per node (turns, cold, mean TTFT s): serve "
+              f"{_places(serve)}; best {_places(best)}", flush=True)
     return out
+
+
+def _places(run: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v['turns']}/{v['cold']}/{v['mean_ttft_s']:.2f}"
+                     for k, v in run["per_node"].items())
 
 
 def main(argv: list[str] | None = None) -> int:
