@@ -46,3 +46,12 @@ def test_the_answer_text_is_read_from_json_and_from_a_stream() -> None:
 def test_a_conversation_prompt_is_long_enough_to_be_worth_caching() -> None:
     prompt = message_chain(conversation_start(random.Random(1)))
     assert prompt is not None and prompt.prompt_tokens > 300
+
+
+def test_the_live_view_colours_the_marker_and_keeps_the_line() -> None:
+    from meshroute_middleware.app.demo.view import _coloured
+    line = "exploit         ● warm     box[0-31]"
+    shown = _coloured(line)
+    assert "\x1b[32m● warm\x1b[0m" in shown
+    assert shown.replace("\x1b[32m", "").replace("\x1b[0m", "") == line
+    assert _coloured("chain   qwen-demo a->b") == "chain   qwen-demo a->b"

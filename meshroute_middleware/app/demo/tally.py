@@ -7,7 +7,9 @@ Per request: delivered tokens/s = tokens ÷ the request's wall time at the clien
 forwarding and time to first byte included). The yardstick: the same tokens on the route that
 was truly best at that moment, at the emulator's idle speed (no queueing, no overhead), and on
 the route the router really chose at the same idle speed — so the summary separates how well
-the router chose from what serving costs.
+the router chose from what serving costs. A conversation's turn counts like any request; the
+yardstick leaves its prefill out (what even the best route pays for the turn's new tokens),
+so a cold turn shows as serving cost, and the returning turns' warm share is counted apart.
 """
 
 from __future__ import annotations

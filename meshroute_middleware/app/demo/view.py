@@ -8,9 +8,11 @@ from typing import Any
 
 from meshroute_middleware.app.demo.mesh import MODELS, LiveNode, route_true_tps
 from meshroute_middleware.app.demo.providers import CHAIN_MODEL, ChainWatch
-from meshroute_middleware.app.demo.tally import Tally
+from meshroute_middleware.app.demo.tally import MARKS, Tally
 
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
+# The prefix-cache markers in colour: warm green, partial yellow, cold dim.
+_MARK_COLOURS = {MARKS["warm"]: "\x1b[32m", MARKS["partial"]: "\x1b[33m", MARKS["cold"]: DIM}
 COLOURS = {"proven": "\x1b[32m", "unsampled": "\x1b[90m", "stale": "\x1b[35m",
            "decayed": "\x1b[33m"}
 COOLING = "\x1b[33m"
@@ -84,7 +86,7 @@ class Live:
                f"  {DIM}events:{RESET}"]
         out += [f"    {_fresh(at, line)}" for at, line in tally.events[-8:]] or ["    —"]
         out += ["", f"  {DIM}last requests (mode, prefix cache, route):{RESET}",
-                *(f"    {line}" for line in tally.last)]
+                *(f"    {_coloured(line)}" for line in tally.last)]
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
 
@@ -93,6 +95,14 @@ class Live:
 
     def close(self, gateway: Any, nodes: dict[str, LiveNode], tally: Tally) -> None:
         """Leave the last table on screen."""
+
+
+def _coloured(line: str) -> str:
+    """A last-requests line with its cache marker in colour."""
+    for mark, colour in _MARK_COLOURS.items():
+        if mark in line:
+            return line.replace(mark, f"{colour}{mark}{RESET}", 1)
+    return line
 
 
 def _turns(tally: Tally) -> str:
