@@ -8,6 +8,7 @@ import random
 
 from meshroute_middleware.app.demo.driver import answer_text, conversation_start
 from meshroute_middleware.app.demo.tally import Tally
+from meshroute_middleware.app.demo.view import _coloured
 from meshroute_middleware.core.contracts.cache import CacheNote, parse_cache
 from meshroute_middleware.core.prefix import message_chain
 
@@ -49,7 +50,6 @@ def test_a_conversation_prompt_is_long_enough_to_be_worth_caching() -> None:
 
 
 def test_the_live_view_colours_the_marker_and_keeps_the_line() -> None:
-    from meshroute_middleware.app.demo.view import _coloured
     line = "exploit         ● warm     box[0-31]"
     shown = _coloured(line)
     assert "\x1b[32m● warm\x1b[0m" in shown

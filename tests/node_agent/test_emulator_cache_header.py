@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from meshroute_middleware.chat.headers import node_headers
 from meshroute_middleware.core.contracts.cache import (
     CACHE_HEADER,
     CacheNote,
@@ -15,6 +16,7 @@ from meshroute_middleware.core.contracts.cache import (
     encode_cache,
     parse_cache,
 )
+from node_agent.chat import words
 from node_agent.emulator import EmulatorConfig, serve_node
 
 SYSTEM = {"role": "system", "content": "x" * 4000}  # ~1,000 tokens
@@ -53,7 +55,6 @@ async def test_the_returning_turn_is_reported_warm(stream: bool) -> None:
     cfg = EmulatorConfig(node_id="n", model="m", start=0, end=31, layers=32,
                          seconds_per_layer=0.0001, prefill_tps=100_000.0,
                          cache_tokens=100_000)
-    from node_agent.chat import words
     answer = "".join(words(8))
     turn1 = [SYSTEM, {"role": "user", "content": "hi"}]
     turn2 = [*turn1, {"role": "assistant", "content": answer},
@@ -79,7 +80,6 @@ async def test_a_node_without_a_cache_sends_no_note() -> None:
 
 
 def test_the_gateway_passes_the_note_on_and_no_other_node_header_of_ours() -> None:
-    from meshroute_middleware.chat.headers import node_headers
     got = node_headers([(b"x-meshroute-cache", b"warm; cached=9; prompt=10"),
                         (b"x-meshroute-route", b"forged"), (b"content-type", b"x")])
     assert got == [(b"x-meshroute-cache", b"warm; cached=9; prompt=10"),

@@ -14,9 +14,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from meshroute_middleware.app.gateway import build_gateway
+from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core import NodeRecord
-from meshroute_middleware.core.cache_prior import CachePrior
+from meshroute_middleware.core.cache_prior import CachePrior, route_prior
+from meshroute_middleware.core.contracts.txt import NODE_SERVICE
 from node_agent.announcer import NodeAnnouncer, announced_cache
+from node_agent.discovery import Discovery
 from node_agent.load import (
     LoadFormatError,
     LoadReader,
@@ -173,3 +177,22 @@ async def test_the_announcer_sends_the_cache_report_in_the_txt_record() -> None:
     assert not await announcer.refresh(0, 10.0, CachePrior(0.61, 4210))  # noise
     assert await announcer.refresh(0, 10.0)  is False  # no report given: the last one stays
     assert announcer.record.cache == CachePrior(0.6, 4210)
+
+
+@pytest.mark.anyio
+async def test_a_servers_cache_state_reaches_the_trackers_router() -> None:
+    """llama.cpp's /slots page -> the node's reader -> its TXT record -> a tracker's
+    discovery -> the node record the router reads, as `meshroute node --load-from` runs."""
+    app = _server({"/slots": (FIXTURES / "llamacpp_slots_cache.json").read_text()})
+    async with serve_app(app) as url, aiohttp.ClientSession() as session:
+        reader = LoadReader(url + "/v1", "auto", 12.0)
+        await reader.read_once(session)
+    record = NodeRecord("n", "m", 0, 31, 32, "http://127.0.0.1:9", 12.0)
+    announcer = NodeAnnouncer(record, interfaces="127.0.0.1", clock=lambda: 10.0)
+    service = _Service()
+    announcer._service = service  # type: ignore[assignment]
+    assert await announcer.refresh(*reader.announcement(), reader.cache_prior())
+    gw = build_gateway(ServeSettings(mdns=False, seed=1))
+    Discovery(gw.mesh).announced(f"n.{NODE_SERVICE}", service.sent[-1].properties)
+    (route,) = gw.router.candidates("m")
+    assert route_prior(h.node.cache for h in route.hops) == CachePrior(0.65, 4210)
