@@ -59,6 +59,8 @@ def _field(data: Mapping[str, Any], key: str) -> float | None:
             value = float(text)
         except ValueError:
             raise InvalidNodeError(f"'{key}' must be a number, got {text[:32]!r}") from None
+    if isinstance(value, int) and not -MAX_CACHE_TOKENS <= value <= MAX_CACHE_TOKENS:
+        raise InvalidNodeError(f"'{key}' is out of range")  # no float of 10**400 either
     if not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidNodeError(f"'{key}' must be a finite number, got {str(value)[:32]!r}")
     return float(value)

@@ -46,6 +46,8 @@ def test_a_record_carries_its_servers_cache_report_both_ways() -> None:
     ({"cache_tokens": 12.5}, "integer"),
     ({"cache_tokens": 10**12}, "cache_tokens"),
     ({"cache_tokens": [1]}, "finite number"),
+    ({"cache_tokens": 10**400}, "range"),  # JSON's big integers: no OverflowError
+    ({"cache_hit": 10**400}, "range"),
 ])
 def test_a_hostile_cache_field_rejects_the_record(fields: dict[str, Any],
                                                   fragment: str) -> None:
