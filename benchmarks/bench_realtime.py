@@ -2,6 +2,10 @@
 
   python benchmarks/bench_realtime.py [--seconds 20] [--clients 1,4,16] [--case NAME]
       [--policy NAME] [--trace DIR] [--json PATH]
+  python benchmarks/bench_realtime.py --conversation [--seconds 20] [--clients 4,16]
+      [--case equal|slow-a]
+
+`--conversation` (issue 26) runs the conversation case instead: see `run_conversation`.
 
 Per scenario, three single-node routes run as emulated nodes (each its own process on
 127.0.0.1) whose behaviour the gateway is not told: serial servers, batching servers with
@@ -35,6 +39,7 @@ from typing import Any
 
 import aiohttp
 
+from meshroute_middleware.core.prefix import message_chain
 from meshroute_middleware.core.sim.model import NodeSpec, batching, serial
 from meshroute_middleware.core.sim.oracle import best_split
 
@@ -251,6 +256,226 @@ async def gateway(case: Case, node_urls: dict[str, str], policy: str,
     return url
 
 
+# -- the conversation case (issue 26) -------------------------------------------------------
+# Three whole-model nodes with prefix caches (prefill 1,000 prompt tokens/s, as the issue's
+# outside check) and room for every client. Each closed-loop client holds conversations of
+# CONV_TURNS turns, streaming: a system message of ~1,000 tokens, then each turn adds the
+# answer and a new message of ~50 tokens. Time to first token is taken at the client (the
+# first content chunk); the head node's x-meshroute-cache says whether the turn was warm.
+#
+# The yardstick, "best warm-or-cold" (`Oracle`): the clients call the nodes directly, and
+# each turn goes to the node of least expected time to first token given what the oracle
+# knows: every node's true prefill speed and which node holds the conversation's prefix (the
+# one that served its last turn); ties (a new conversation on equal nodes) go to the node
+# with the fewest of its requests in flight. On roomy nodes that is the best route of every
+# turn: the prefill is the only cost that differs.
+CONV_NODES = ("a", "b", "c")
+CONV_TPS = 60.0
+CONV_SLOTS = 16
+CONV_PREFILL_TPS = 1000.0
+CONV_FIRST_TOKEN_S = 0.02
+CONV_CACHE_TOKENS = 64_000
+CONV_TURNS = 6
+CONV_SYSTEM_CHARS = 4000  # ~1,000 tokens (core/prefix.py counts 4 characters a token)
+CONV_GOAL = 1.2  # issue 26: mean TTFT within 1.2x of the best warm-or-cold route
+# case -> each node's speed factor (decode and prefill alike)
+CONV_CASES: dict[str, tuple[float, ...]] = {
+    "equal": (1.0, 1.0, 1.0),
+    "slow-a": (0.2, 1.0, 1.0),  # node a at a fifth: a cold turn there pays 5x the prefill
+}
+
+
+def conv_node_command(node_id: str, port: int, factor: float = 1.0) -> list[str]:
+    """An emulated whole-model node with a prefix cache, at `factor` of the case's speed."""
+    config = {"node_id": node_id, "model": MODEL, "tps": CONV_TPS * factor,
+              "slots": CONV_SLOTS, "slot_slowdown": 0.02, "max_tokens_default": TOKENS,
+              "max_queue": 4096, "prefill_tps": CONV_PREFILL_TPS * factor,
+              "cache_tokens": CONV_CACHE_TOKENS, "first_token_s": CONV_FIRST_TOKEN_S}
+    return [*node_command(batching(node_id, CONV_TPS, CONV_SLOTS, 0.02), port)[:-2],
+            json.dumps(config), str(port)]
+
+
+class Oracle:
+    """Picks each turn's node from the nodes' true prefill speeds and cache contents."""
+
+    def __init__(self, urls: list[str], prefill_tps: list[float]) -> None:
+        self.urls, self.prefill_tps = urls, prefill_tps
+        self.flying = dict.fromkeys(urls, 0)
+
+    def pick(self, prompt_tokens: int, warm: tuple[str, int] | None) -> str:
+        """The node of least expected TTFT (`warm`: the node holding the prefix, and how many
+        of the prompt's tokens it holds); the least busy on a tie."""
+        def cost(i: int) -> tuple[float, int]:
+            held = warm[1] if warm is not None and warm[0] == self.urls[i] else 0
+            ttft = CONV_FIRST_TOKEN_S + (prompt_tokens - held) / self.prefill_tps[i]
+            return round(ttft, 3), self.flying[self.urls[i]]
+        url = self.urls[min(range(len(self.urls)), key=cost)]
+        self.flying[url] += 1
+        return url
+
+    def done(self, url: str) -> None:
+        self.flying[url] -= 1
+
+
+class Gatewayed:
+    """Every turn to `meshroute serve`, which chooses."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def pick(self, prompt_tokens: int, warm: tuple[str, int] | None) -> str:
+        return self.url
+
+    def done(self, url: str) -> None:
+        pass
+
+
+async def conv_turn(session: aiohttp.ClientSession, url: str,
+                    messages: list[dict[str, str]]) -> tuple[float, str, str, str] | None:
+    """One streamed turn: (seconds to the first content chunk, the answer, the cache state
+    the head node reported, where it went: the gateway's route or the URL); None if it
+    failed."""
+    body = {"model": MODEL, "max_tokens": TOKENS, "stream": True, "messages": messages}
+    began = time.monotonic()
+    ttft: float | None = None
+    parts: list[str] = []
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return None
+            state = resp.headers.get("x-meshroute-cache", "?").split(";", 1)[0]
+            where = resp.headers.get("x-meshroute-route", url).split("|")[-1]
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                text = (doc.get("choices") or [{}])[0].get("delta", {}).get("content")
+                if text:
+                    if ttft is None:
+                        ttft = time.monotonic() - began
+                    parts.append(text)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    return (ttft, "".join(parts), state, where) if ttft is not None else None
+
+
+async def conv_client(session: aiohttp.ClientSession, chooser: Oracle | Gatewayed,
+                      stop_at: float, index: int) -> list[tuple[int, float, str, str]]:
+    """Conversations until `stop_at`: (turn, time to first token, cache state, where) per
+    answer."""
+    out: list[tuple[int, float, str, str]] = []
+    conversation = 0
+    while time.monotonic() < stop_at:
+        conversation += 1
+        system = f"client {index} conversation {conversation}: ".ljust(CONV_SYSTEM_CHARS, "x")
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": "first question ".ljust(200, "q")}]
+        warm: tuple[str, int] | None = None
+        for turn in range(CONV_TURNS):
+            if time.monotonic() >= stop_at:
+                break
+            prompt = message_chain(messages)
+            tokens = prompt.prompt_tokens if prompt is not None else 0
+            url = chooser.pick(tokens, warm)
+            try:
+                got = await conv_turn(session, url, messages)
+            finally:
+                chooser.done(url)
+            if got is None:
+                out.append((turn, float("nan"), "failed", url))
+                break
+            ttft, answer, state, where = got
+            out.append((turn, ttft, state, where))
+            messages = [*messages, {"role": "assistant", "content": answer}]
+            held = message_chain(messages)
+            warm = (url, held.prompt_tokens if held is not None else 0)
+            messages.append({"role": "user", "content": f"question {turn + 2} ".ljust(200, "q")})
+    return out
+
+
+async def conv_load(choosers: list[Oracle | Gatewayed], seconds: float) -> dict[str, Any]:
+    """Conversation clients, client i choosing with choosers[i]: mean and p95 time to first
+    token, and the share of later turns that were warm."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        began = time.monotonic()
+        runs = await asyncio.gather(*(conv_client(session, c, began + seconds, i)
+                                      for i, c in enumerate(choosers)))
+    turns = [t for run in runs for t in run]
+    ok = [t for t in turns if t[2] != "failed"]
+    later = [t for t in ok if t[0] > 0]
+    ttfts = sorted(t[1] for t in ok)
+    places: dict[str, list[float]] = {}
+    for t in ok:  # per node: turns, of which cold, and their mean time to first token
+        place = places.setdefault(t[3], [0, 0, 0.0])
+        place[0] += 1
+        place[1] += t[2] == "cold"
+        place[2] += t[1]
+    return {"turns": len(ok), "failures": len(turns) - len(ok),
+            "per_node": {k: {"turns": int(n), "cold": int(c), "mean_ttft_s": round(x / n, 3)}
+                         for k, (n, c, x) in sorted(places.items())},
+            "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+            "p95_ttft_s": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else float("nan"),
+            "warm_share_later_turns": (sum(t[2] == "warm" for t in later) / len(later)
+                                       if later else float("nan"))}
+
+
+async def run_conversation(case: str, clients_list: list[int],
+                           seconds: float) -> dict[str, Any]:
+    """Both variants per client count, fresh nodes (cold caches) and gateway each run."""
+    factors = CONV_CASES[case]
+    out: dict[str, Any] = {}
+    for clients in clients_list:
+        row: dict[str, Any] = {}
+        for variant in ("oracle", "serve"):
+            procs: list[subprocess.Popen[bytes]] = []
+            try:
+                node_urls: dict[str, str] = {}
+                for node_id, factor in zip(CONV_NODES, factors, strict=True):
+                    port = free_port()
+                    procs.append(start(conv_node_command(node_id, port, factor)))
+                    node_urls[node_id] = f"http://127.0.0.1:{port}"
+                for url in node_urls.values():
+                    await wait_up(url + "/v1/models")
+                choosers: list[Oracle | Gatewayed]
+                if variant == "oracle":
+                    oracle = Oracle(list(node_urls.values()),
+                                    [CONV_PREFILL_TPS * f for f in factors])
+                    choosers = [oracle] * clients
+                else:
+                    mesh = Case("conversation", "", tuple(
+                        batching(n, CONV_TPS * f, CONV_SLOTS, 0.02)
+                        for n, f in zip(CONV_NODES, factors, strict=True)))
+                    url = await gateway(mesh, node_urls, "thompson", procs)
+                    choosers = [Gatewayed(url)] * clients
+                row[variant] = await conv_load(choosers, seconds)
+                by_url = {url: f"{n}" for n, url in node_urls.items()}
+                row[variant]["per_node"] = {by_url.get(k, k): v for k, v in
+                                            row[variant]["per_node"].items()}
+            finally:
+                for proc in procs:
+                    stop(proc)
+        row["ttft_over_oracle"] = row["serve"]["mean_ttft_s"] / row["oracle"]["mean_ttft_s"]
+        row["goal_met"] = row["ttft_over_oracle"] <= CONV_GOAL
+        out[str(clients)] = row
+        serve, best = row["serve"], row["oracle"]
+        print(f"conversation {case:6s} clients {clients:2d}: mean TTFT serve "
+              f"{serve['mean_ttft_s']:.3f} s (p95 {serve['p95_ttft_s']:.2f}) vs best "
+              f"warm-or-cold {best['mean_ttft_s']:.3f} s (p95 {best['p95_ttft_s']:.2f}) = "
+              f"{row['ttft_over_oracle']:.2f}x (goal <= {CONV_GOAL}x); warm later turns "
+              f"{serve['warm_share_later_turns']:.0%} vs {best['warm_share_later_turns']:.0%};"
+              f" turns {serve['turns']} / {best['turns']}, failures {serve['failures']} / "
+              f"{best['failures']}\n    per node (turns, cold, mean TTFT s): serve "
+              f"{_places(serve)}; best {_places(best)}", flush=True)
+    return out
+
+
+def _places(run: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v['turns']}/{v['cold']}/{v['mean_ttft_s']:.2f}"
+                     for k, v in run["per_node"].items())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="per run (default 20)")
@@ -261,7 +486,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="log every sample the gateway's policy takes (JSON lines per run)")
     parser.add_argument("--policy", action="append", choices=("thompson", "epsilon-greedy"),
                         help="only this policy (repeatable; default both)")
+    parser.add_argument("--conversation", action="store_true",
+                        help="the conversation case (prefix caches, time to first token)")
     args = parser.parse_args(argv)
+    if args.conversation:
+        clients = [int(c) for c in (args.clients if args.clients != "1,4,16"
+                                    else "4,16").split(",")]
+        path = args.json if args.json != RESULTS else RESULTS.with_name(
+            "realtime_conversation.json")
+        names = [c for c in CONV_CASES if not args.case or c in args.case]
+        conv = {"seconds": args.seconds, "tokens": TOKENS, "load_average": os.getloadavg(),
+                "cases": {name: asyncio.run(run_conversation(name, clients, args.seconds))
+                          for name in names},
+                "load_average_after": os.getloadavg()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(conv, indent=2) + "\n")
+        return 0
     clients = [int(c) for c in args.clients.split(",")]
     cases = [c for c in CASES if not args.case or c.name in args.case]
     if args.trace is not None:

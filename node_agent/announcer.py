@@ -6,13 +6,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from types import TracebackType
+from types import EllipsisType, TracebackType
 
 import anyio
 from zeroconf import ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
 from meshroute_middleware.core import NodeRecord
+from meshroute_middleware.core.cache_prior import CachePrior
 from meshroute_middleware.core.contracts.txt import TxtProperties, decode_tracker, encode_tracker
 
 from .mdns import NODE_SERVICE, TRACKER_SERVICE, encode_record, open_zeroconf, service_info
@@ -21,6 +22,7 @@ log = logging.getLogger("meshroute.node_agent")
 
 UPDATE_MIN_INTERVAL_S = 1.0  # at most one TXT update a second: each one multicasts a packet
 TPS_CHANGE_SHARE = 0.10  # a tps change below 10 % is noise, not news
+CACHE_HIT_CHANGE = 0.05  # nor is a prefix-cache hit rate moving by less than 5 points
 LOAD_POLL_S = 0.25
 
 
@@ -30,6 +32,28 @@ def meaningful_change(old: NodeRecord, new: NodeRecord,
     if replace(old, queue=new.queue, tps=new.tps) != new:
         return True
     return old.queue != new.queue or abs(new.tps - old.tps) > tps_share * old.tps
+
+
+def announced_cache(old: CachePrior | None, new: CachePrior | None) -> CachePrior | None:
+    """The cache report to announce: `new` rounded, or `old` when they differ only by noise
+    (a hit rate within 0.05, held tokens within 10 %), so that a drifting rate does not
+    multicast a packet a second."""
+    if new is None or old is None:
+        return _rounded(new)
+    if new.hit_rate is not None and old.hit_rate is not None \
+            and abs(new.hit_rate - old.hit_rate) < CACHE_HIT_CHANGE \
+            and (new.cached_tokens is None) == (old.cached_tokens is None) \
+            and (new.cached_tokens is None or old.cached_tokens is None
+                 or abs(new.cached_tokens - old.cached_tokens)
+                 <= TPS_CHANGE_SHARE * old.cached_tokens):
+        return old
+    return _rounded(new)
+
+
+def _rounded(prior: CachePrior | None) -> CachePrior | None:
+    if prior is None or prior.hit_rate is None:
+        return prior
+    return prior._replace(hit_rate=round(prior.hit_rate, 2))
 
 
 class _Registered:
@@ -85,9 +109,13 @@ class NodeAnnouncer:
         await self._service.register(self._info(self.record))
         self._updated_at = self._clock()
 
-    async def refresh(self, queue: int, tps: float) -> bool:
-        """Announce new load if it changed meaningfully and the rate limit allows; say if sent."""
+    async def refresh(self, queue: int, tps: float,
+                      cache: CachePrior | EllipsisType | None = ...) -> bool:
+        """Announce new load (and the server's cache report, if given) if it changed
+        meaningfully and the rate limit allows; say if sent."""
         new = replace(self.record, queue=queue, tps=round(tps, 3))
+        if not isinstance(cache, EllipsisType):
+            new = replace(new, cache=announced_cache(self.record.cache, cache))
         if not meaningful_change(self.record, new):
             return False
         if self._clock() - self._updated_at < self._min_interval_s:
@@ -97,12 +125,14 @@ class NodeAnnouncer:
         return True
 
     async def follow(self, load: Callable[[], tuple[int, float]],
-                     poll_s: float = LOAD_POLL_S) -> None:
-        """Poll `load()` -> (queue, tps) forever, refreshing the announcement."""
+                     poll_s: float = LOAD_POLL_S,
+                     cache: Callable[[], CachePrior | None] | None = None) -> None:
+        """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report)
+        forever, refreshing the announcement."""
         while True:
             await anyio.sleep(poll_s)
             queue, tps = load()
-            await self.refresh(queue, tps)
+            await self.refresh(queue, tps, ... if cache is None else cache())
 
     async def close(self) -> None:
         """Unregister with a goodbye."""

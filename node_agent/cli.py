@@ -20,7 +20,7 @@ from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
 from meshroute_middleware.core.capabilities import CAPABILITIES, parse_caps
 from meshroute_middleware.core.errors import MeshRouteError
 
-from .announcer import NodeAnnouncer
+from .announcer import LOAD_POLL_S, NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
 from .load import LOAD_SOURCES, LoadReader
 from .mdns import addresses_for, parse_interfaces
@@ -231,7 +231,8 @@ async def _serve(s: NodeSettings) -> int:
                 elif s.load_from != "none":  # a real server: its own metrics are the prior
                     reader = LoadReader(url, s.load_from, tps, api_key=s.api_key)
                     tg.start_soon(reader.run)
-                    tg.start_soon(announcer.follow, reader.announcement)
+                    tg.start_soon(announcer.follow, reader.announcement, LOAD_POLL_S,
+                                  reader.cache_prior)
                 async for signum in signals:
                     print(f"meshroute node: {signal.Signals(signum).name}: saying goodbye",
                           flush=True)

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from meshroute_middleware.core.contracts.cache import CACHE_HEADER, cache_note, encode_cache
 from meshroute_middleware.core.contracts.error_body import error_object
 from meshroute_middleware.core.prefix import Prefix
 
@@ -199,23 +200,24 @@ class EmulatedNode:
             async with self._chain(plan, route, job.prompt) as link:
                 self._served += 1
                 ident = f"{shape.prefix}-{self.config.node_id}-{self._served}"
+                note = self._cache_note(job)
                 tokens = self._tokens(plan, link, job.max_tokens, fault,
                                       self.worker.prefill_s(job.prompt, plan[0].span))
                 if job.tool is not None:
                     await self._tool_call(job, ident, tokens, out)
                 elif job.stream:
-                    await self._stream(job, ident, tokens, out, shape)
+                    await self._stream(job, ident, tokens, out, shape, note)
                 else:
                     text = "".join([w async for w in tokens])
                     body = json.dumps(shape.whole(job, ident, text, int(time.time())))
-                    await out.start(200, self._headers(b"application/json"))
+                    await out.start(200, self._headers(b"application/json", note))
                     await out.body(body.encode(), more=False)
                 self.worker.remember(job.prompt, "".join(words(job.max_tokens)))
 
     async def _stream(self, job: ChatJob, ident: str, tokens: AsyncIterator[str],
-                      out: _Sender, shape: Shape = CHAT) -> None:
+                      out: _Sender, shape: Shape = CHAT, note: bytes | None = None) -> None:
         created = int(time.time())
-        await out.start(200, self._headers(b"text/event-stream"))
+        await out.start(200, self._headers(b"text/event-stream", note))
         first = True
         async for word in tokens:
             await out.body(_sse(shape.token(job, ident, created, word, first)))
@@ -275,10 +277,22 @@ class EmulatedNode:
             tg.cancel_scope.cancel()
         await self._fail(failure, out, scope, receive, send)
 
-    def _headers(self, content_type: bytes) -> list[tuple[bytes, bytes]]:
+    def _cache_note(self, job: ChatJob) -> bytes | None:
+        """The x-meshroute-cache value of this request on this (head) hop: how much of its
+        prompt the cache holds before its prefill; None for a node without a cache."""
+        if job.prompt is None or self.worker.cache is None:
+            return None
+        cached = self.worker.cached_tokens(job.prompt)
+        return encode_cache(cache_note(cached, job.prompt.prompt_tokens)).encode()
+
+    def _headers(self, content_type: bytes,
+                 note: bytes | None = None) -> list[tuple[bytes, bytes]]:
         # No x-meshroute-route echo: the gateway sets that header on what the client sees.
-        return [(b"content-type", content_type), (b"cache-control", b"no-cache"),
-                (b"x-meshroute-node", self.config.node_id.encode())]
+        headers = [(b"content-type", content_type), (b"cache-control", b"no-cache"),
+                   (b"x-meshroute-node", self.config.node_id.encode())]
+        if note is not None:
+            headers.append((CACHE_HEADER.encode(), note))
+        return headers
 
     # -- POST /internal/hop ------------------------------------------------------------
     async def hop(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,6 +12,13 @@ and per-request generation speed instead of a fixed `--tps` and queue 0 (`--load
 - TGI `/metrics`: `tgi_queue_size`, `tgi_batch_current_size`, speed from
   `tgi_request_mean_time_per_token_duration` (histogram, as vLLM's).
 
+Where the server exports its prefix cache, the node announces it too (core/cache_prior.py):
+vLLM's `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` counters (tokens; Δ between
+two reads), or the older gauge `vllm:gpu_prefix_cache_hit_rate`; llama.cpp's `/slots`
+`n_prompt_tokens_cache` over `n_prompt_tokens` per slot (newer servers), or the older
+`n_past` (tokens held, no hit rate). A page whose cache fields are malformed gives no prior
+and is counted (`LoadReader.rejected`) and logged; the load part is read as before.
+
 The parsing is pure (text in, `ServerLoad` out); `LoadReader` is the thin HTTP poller.
 """
 
@@ -21,12 +28,13 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import anyio
 
+from meshroute_middleware.core.cache_prior import MAX_CACHE_TOKENS, CachePrior
 from meshroute_middleware.core.errors import MeshRouteError
 
 log = logging.getLogger("meshroute.node_agent")
@@ -47,6 +55,7 @@ class ServerLoad:
     waiting: int
     slots: int | None = None
     tokens_per_s: float | None = None
+    cache: CachePrior | None = None  # its prefix cache, where it exports it
 
 
 class LoadFormatError(MeshRouteError, ValueError):
@@ -125,6 +134,42 @@ def vllm_load(now: Mapping[str, float], before: Mapping[str, float] | None = Non
                       _histogram_tps(now, before, "vllm:time_per_output_token_seconds"))
 
 
+# vLLM's prefix-cache counters (prompt tokens) by version: the prometheus client exports a
+# counter `x` as `x_total`; the V1 engine's are `vllm:prefix_cache_*`, some releases had
+# `vllm:gpu_prefix_cache_*`. The V0 engine exported a gauge `vllm:gpu_prefix_cache_hit_rate`.
+VLLM_CACHE_COUNTERS = (("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+                       ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+                       ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+                       ("vllm:gpu_prefix_cache_hits", "vllm:gpu_prefix_cache_queries"))
+VLLM_HIT_RATE_GAUGE = "vllm:gpu_prefix_cache_hit_rate"
+
+
+def vllm_cache(now: Mapping[str, float],
+               before: Mapping[str, float] | None = None) -> CachePrior | None:
+    """vLLM's prefix-cache hit rate: Δhits / Δqueries since `before` (the whole history on
+    the first read), else its hit-rate gauge; None when nothing was queried or it exports
+    none; LoadFormatError for counts no server writes (hits above queries, not finite)."""
+    for hits_name, queries_name in VLLM_CACHE_COUNTERS:
+        hits, queries = now.get(hits_name), now.get(queries_name)
+        if hits is None or queries is None:
+            continue
+        if before is not None and hits_name in before and queries_name in before:
+            hits, queries = hits - before[hits_name], queries - before[queries_name]
+        if not (math.isfinite(hits) and math.isfinite(queries)):
+            raise LoadFormatError(f"{hits_name} / {queries_name} are not finite")
+        if queries <= 0 or hits < 0:  # nothing queried, or counters reset (a restart)
+            return None
+        if hits > queries:
+            raise LoadFormatError(f"{hits_name} ({hits:g}) above {queries_name} ({queries:g})")
+        return CachePrior(hits / queries)
+    rate = now.get(VLLM_HIT_RATE_GAUGE)
+    if rate is None:
+        return None
+    if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
+        raise LoadFormatError(f"{VLLM_HIT_RATE_GAUGE} {rate:g} is not a rate in [0, 1]")
+    return CachePrior(rate)
+
+
 def tgi_load(now: Mapping[str, float], before: Mapping[str, float] | None = None) -> ServerLoad:
     """TGI's load from its /metrics (and the previous read, for the speed)."""
     return ServerLoad("tgi", _count(now, "tgi_batch_current_size"),
@@ -146,6 +191,55 @@ def llamacpp_load(now: Mapping[str, float] | None, slots: Any = None,
                      "llamacpp:tokens_predicted_seconds_total")
     return ServerLoad("llamacpp", running, _count(now, "llamacpp:requests_deferred"),
                       slot_count, tps)
+
+
+def server_cache(source: str, metrics: Mapping[str, float] | None, slots: Any,
+                 before: Mapping[str, float] | None = None) -> CachePrior | None:
+    """The prefix-cache prior a server's pages give (vLLM: /metrics; llama.cpp: /slots);
+    LoadFormatError if their cache fields are malformed."""
+    if source == "vllm" and metrics is not None:
+        return vllm_cache(metrics, before)
+    if source == "llamacpp" and slots is not None:
+        return llamacpp_cache(slots)
+    return None
+
+
+def _slot_tokens(slot: Mapping[str, Any], key: str) -> int | None:
+    """A slot's token count, bounded; None if absent; LoadFormatError if not a count."""
+    value = slot.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 0 <= value <= MAX_CACHE_TOKENS:
+        raise LoadFormatError(f"/slots '{key}' is not a token count: {str(value)[:32]!r}")
+    return value
+
+
+def llamacpp_cache(slots: Any) -> CachePrior | None:
+    """llama.cpp's prefix cache from /slots: Σ `n_prompt_tokens_cache` / Σ `n_prompt_tokens`
+    over the slots' last prompts, and the most tokens a slot holds (`n_prompt_tokens`, or
+    the older `n_past`, at the slot's top level or in `next_token`); None if it says none."""
+    if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+        raise LoadFormatError("/slots is not a list of slot objects")
+    cached = prompt = 0
+    held: int | None = None
+    for slot in slots:
+        n_cache, n_prompt = (_slot_tokens(slot, "n_prompt_tokens_cache"),
+                             _slot_tokens(slot, "n_prompt_tokens"))
+        nxt = slot.get("next_token")
+        n_past = _slot_tokens(slot, "n_past")
+        if n_past is None and isinstance(nxt, dict):
+            n_past = _slot_tokens(nxt, "n_past")
+        if n_cache is not None and n_prompt:
+            if n_cache > n_prompt:
+                raise LoadFormatError("/slots 'n_prompt_tokens_cache' above 'n_prompt_tokens'")
+            cached, prompt = cached + n_cache, prompt + n_prompt
+        tokens = n_prompt if n_prompt is not None else n_past
+        if tokens is not None:
+            held = tokens if held is None else max(held, tokens)
+    if not prompt and held is None:
+        return None
+    return CachePrior(cached / prompt if prompt else None, held)
 
 
 def _busy_slots(slots: Any) -> tuple[int, int]:
@@ -187,6 +281,7 @@ class LoadReader:
         self._before: Metrics | None = None
         # the server's own key (--api-key-env): llama.cpp guards /metrics and /slots with it
         self._headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self.rejected = 0  # pages whose cache fields were malformed
 
     def announcement(self) -> tuple[int, float]:
         """(queue, tokens/s) to announce now."""
@@ -209,12 +304,27 @@ class LoadReader:
             return None
         else:
             load = (vllm_load if source == "vllm" else tgi_load)(metrics, self._before)
+        load = replace(load, cache=self._cache(source, metrics, slots))
         if metrics is not None:
             self._before = metrics
         if load.tokens_per_s is not None:
             self._tps = load.tokens_per_s
         self.latest = load
         return load
+
+    def cache_prior(self) -> CachePrior | None:
+        """The server's prefix-cache report to announce now (None: it exports none)."""
+        latest = self.latest
+        return None if latest is None else latest.cache
+
+    def _cache(self, source: str, metrics: Metrics | None, slots: Any) -> CachePrior | None:
+        """The pages' cache prior; a malformed one is dropped, counted and logged."""
+        try:
+            return server_cache(source, metrics, slots, self._before)
+        except LoadFormatError as exc:
+            self.rejected += 1
+            log.warning("load: %s: cache state refused: %s", self.base, exc)
+            return None
 
     async def read_once(self, session: aiohttp.ClientSession) -> ServerLoad | None:
         """GET the pages this source exports and fold them in; None if nothing usable."""
@@ -225,7 +335,9 @@ class LoadReader:
                 metrics = parse_prometheus(text)
             except LoadFormatError as exc:
                 log.warning("load: %s/metrics: %s", self.base, exc)
-        if self.source in ("auto", "llamacpp") and (metrics is None or not detect(metrics)):
+        # /slots: llama.cpp's busy slots (without --metrics) and its cache state (always)
+        detected = detect(metrics) if metrics is not None else None
+        if self.source in ("auto", "llamacpp") and detected in (None, "llamacpp"):
             page = await self._get(session, "/slots")
             if page is not None:
                 try:

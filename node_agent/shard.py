@@ -154,6 +154,12 @@ class ShardWorker:
             self.cache.store(prompt)
         return cfg.first_token_s + uncached * layers / cfg.layers / cfg.prefill_tps
 
+    def cached_tokens(self, prompt: Prefix | None) -> int:
+        """The prompt's tokens this hop holds now (no LRU touch; prefill_s does that)."""
+        if prompt is None or self.cache is None:
+            return 0
+        return self.cache.match(prompt, touch=False)
+
     def remember(self, prompt: Prefix | None, answer: str) -> None:
         """Cache the prompt with its answer: the next turn of the conversation repeats it."""
         if prompt is not None and self.cache is not None:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from starlette.types import Scope
 
 from meshroute_middleware.core import Decision, Route
+from meshroute_middleware.core.contracts.cache import CACHE_HEADER
 
 Headers = list[tuple[bytes, bytes]]
 H_ROUTE, H_PLAN, H_MODE = b"x-meshroute-route", b"x-meshroute-plan", b"x-meshroute-mode"
@@ -29,6 +30,9 @@ _HOP_BY_HOP_REQUEST = frozenset({
 # A client's credentials for the gateway, not for whichever node a route leads to.
 CREDENTIALS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
 # What a node's answer never brings to the client.
+# A node's own x-meshroute-* response headers that reach the client: whether the prompt's
+# prefix was warm in its cache (contracts/cache.py). Every other one is the gateway's to set.
+_PASSED_OURS = frozenset({CACHE_HEADER.encode()})
 _DROPPED_RESPONSE = frozenset({
     b"set-cookie", b"set-cookie2", b"date", b"server", b"connection", b"keep-alive",
     b"proxy-authenticate", b"proxy-connection", b"te", b"trailer", b"transfer-encoding",
@@ -82,7 +86,8 @@ def node_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     """A node's response headers less what never reaches a client (`from_node` without our
     route and mode; the mitm relay uses it too)."""
     return [(k, v) for k, v in headers
-            if (low := k.lower()) not in _DROPPED_RESPONSE and not low.startswith(OURS)]
+            if (low := k.lower()) not in _DROPPED_RESPONSE
+            and (not low.startswith(OURS) or low in _PASSED_OURS)]
 
 
 def allow_list(names: Iterable[str]) -> frozenset[bytes]:

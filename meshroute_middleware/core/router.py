@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .cache_prior import prior_warm_tokens, route_prior
 from .capabilities import CAPABILITIES, NO_NEEDS, UnsupportedCapabilityError
 from .config import RouterConfig
 from .errors import NoRouteError, UnknownModelError
@@ -208,6 +209,8 @@ class Router:
             warm = self.prefixes.warm(prefix)
             for arm in arms:
                 arm.prefix, arm.warm_tokens = prefix, warm.get(arm.signature, 0)
+                if arm.warm_tokens:
+                    arm.warm_tokens = _with_server_prior(arm)
         if objective == TTFT:
             i, mode = ttft_choice(arms, self.rng, getattr(self.policy, "expected_ttft", None))
         else:
@@ -364,6 +367,15 @@ class Router:
     def prune(self) -> int:
         """Drop statistics unseen for the prune horizon (24 h)."""
         return self.stats.prune(self.clock())
+
+
+def _with_server_prior(arm: Arm) -> int:
+    """The arm's warm tokens tempered by its servers' own cache reports (cache_prior.py),
+    which fade as the route's own measured samples arrive; unchanged without a report."""
+    prior = route_prior(h.node.cache for h in arm.route.hops)
+    if prior is None:
+        return arm.warm_tokens
+    return prior_warm_tokens(prior, arm.warm_tokens, arm.view.count)
 
 
 def _uncached(prefix: Prefix | None, warm_tokens: int) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .cache_prior import CachePrior, parse_cache_prior, prior_fields
 from .capabilities import CAPABILITIES, DEFAULT_CAPS, parse_caps
 from .contracts.limits import MAX_ID_CHARS, MAX_TPS
 from .errors import InvalidNodeError
@@ -49,6 +50,8 @@ class NodeRecord:
     rep: float = 1.0
     seen_at: float = 0.0
     caps: frozenset[str] = DEFAULT_CAPS  # what it serves beyond plain chat (capabilities.py)
+    # The server's own prefix-cache report, where it exports one (core/cache_prior.py).
+    cache: CachePrior | None = None
 
     @property
     def effective_tps(self) -> float:
@@ -62,6 +65,7 @@ class NodeRecord:
             "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
             "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
             "caps": [c for c in CAPABILITIES if c in self.caps],
+            **prior_fields(self.cache),
         }
 
 
@@ -183,7 +187,7 @@ def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
     if not 0 <= rep <= 1:
         raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
     return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now,
-                      _caps(data))
+                      _caps(data), cache=parse_cache_prior(data))
 
 
 def _caps(data: Mapping[str, Any]) -> frozenset[str]:

@@ -209,3 +209,21 @@ async def test_a_whole_routing_table_has_a_bounded_draw_budget() -> None:
     draws = 0
     gw.router.routing_table("m0")  # one model keeps the full 400 draws
     assert draws == 400
+
+
+# -- a server's prefix-cache report (issue 26) ---------------------------------------------
+async def test_a_hostile_cache_report_is_a_400_counted_and_a_good_one_is_kept() -> None:
+    gw = gateway()
+    good = {**record("n0").to_dict(), "cache_hit": 0.75, "cache_tokens": 4096}
+    async with client(gw.app) as c:
+        for bad in ({"cache_hit": 7}, {"cache_tokens": -5}, {"cache_hit": "NaN"}):
+            resp = await c.post("/v1/nodes", json={**good, **bad})
+            assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_node"
+        assert (await c.post("/v1/nodes", json=good)).status_code == 201
+        listed = (await c.get("/v1/nodes")).json()["nodes"]
+    assert gw.telemetry.rejected["http"] == 3
+    assert [(n["cache_hit"], n["cache_tokens"]) for n in listed] == [(0.75, 4096)]
+    discovery = Discovery(gw.mesh)
+    props = encode_record(record("n1"))
+    discovery.announced(f"n1.{NODE_SERVICE}", {**props, "ch": "1.5"})
+    assert gw.router.topology.node("n1") is None and gw.telemetry.rejected["mdns"] == 1

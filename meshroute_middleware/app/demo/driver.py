@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import signal
@@ -47,8 +48,41 @@ from meshroute_middleware.app.demo.view import Live, Plain, best_true_tps
 from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings, load_settings
 from meshroute_middleware.core import NodeRecord, RouterConfig
+from meshroute_middleware.core.contracts.cache import CACHE_HEADER, parse_cache
 from meshroute_middleware.telemetry.requests import answered
 from node_agent.serving import ListenError, listen_socket, serve_app
+
+# The demo's conversations (issue 26): a long system message, then short turns; each turn
+# carries the history, so its prompt grows and a warm node skips most of its prefill.
+ONE_SHOT = [{"role": "user", "content": "tell me about meshes"}]
+SYSTEMS = ("You are a patient guide to mesh networks. ", "You answer as a terse engineer. ")
+FOLLOW_UPS = ("and then?", "why is that?", "give me an example", "how does it fail?",
+              "what would you measure?")
+CONVERSATION_TURNS = (3, 6)
+SYSTEM_REPEAT = 40  # ~1,600 characters, ~400 tokens of system message
+
+
+def conversation_start(rng: random.Random) -> list[dict[str, str]]:
+    """A new conversation's first prompt."""
+    return [{"role": "system", "content": rng.choice(SYSTEMS) * SYSTEM_REPEAT},
+            {"role": "user", "content": f"tell me about meshes ({rng.randrange(10**6)})"}]
+
+
+def answer_text(data: bytes, stream: bool) -> str:
+    """The assistant's text of an answer: the JSON's message, or a stream's deltas joined."""
+    if not stream:
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            return str(json.loads(data)["choices"][0]["message"]["content"])
+        return ""
+    parts: list[str] = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            parts.append(str(delta.get("content") or ""))
+    return "".join(parts)
+
 
 HALF_LIFE_S = 30.0  # short, so that the demo re-learns within a minute of a change
 DISCOVERY_WAIT_S = 10.0
@@ -315,15 +349,33 @@ class Demo:
         if self.chain is not None:
             shares[CHAIN_MODEL] = CHAIN_SHARE
         models, weights = list(shares), list(shares.values())
+        talks = i % 2 == 1  # every second client holds multi-turn conversations
         while True:
-            model = rng.choices(models, weights)[0]
-            await self._request(model, stream=rng.random() < 0.5)
+            if talks:
+                await self._conversation(rng, rng.choice(list(CLIENT_SHARE)))
+            else:
+                model = rng.choices(models, weights)[0]
+                await self._request(model, ONE_SHOT, stream=rng.random() < 0.5)
             await asyncio.sleep(rng.uniform(0.0, 0.05))
 
-    async def _request(self, model: str, stream: bool) -> None:
+    async def _conversation(self, rng: random.Random, model: str) -> None:
+        """One conversation of a few turns: each turn sends the whole history so far, so a
+        node that served the turn before holds its prefix in its cache."""
+        messages = conversation_start(rng)
+        for turn in range(rng.randint(*CONVERSATION_TURNS)):
+            answer = await self._request(model, messages, rng.random() < 0.5, turn > 0)
+            if answer is None:
+                return  # a failed turn ends the conversation (a client would retry it)
+            messages = [*messages, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
+
+    async def _request(self, model: str, messages: list[dict[str, str]], stream: bool,
+                       returning: bool = False) -> str | None:
+        """One chat request, tallied; the answer's text, None if it failed."""
         body = {"model": model, "stream": stream, "max_tokens": self.args.max_tokens,
-                "messages": [{"role": "user", "content": "tell me about meshes"}]}
+                "messages": messages}
         began = time.monotonic()
+        note = None
         try:
             async with self.session.post(self.url + "/v1/chat/completions",
                                          json=body) as resp:
@@ -331,17 +383,20 @@ class Demo:
                 signature = resp.headers.get("x-meshroute-route", "?")
                 mode = resp.headers.get("x-meshroute-mode", "chain")
                 tried = resp.headers.get("x-meshroute-tried", "")
+                note = parse_cache(resp.headers.get(CACHE_HEADER))
             ok = answered(resp.status, data)  # as the gateway counts it (the dashboard's header)
         except aiohttp.ClientError:
-            ok, signature, mode, tried = False, "?", "?", ""
+            ok, signature, mode, tried, data = False, "?", "?", "", b""
         wall_s = time.monotonic() - began
         route = signature.split("|", 1)[-1]
+        mark = ""
         if not ok:
             self.tally.failed += 1
         else:
             hops = parse_signature(signature)
             self.tally.served(model, self.args.max_tokens, wall_s,
                               route_true_tps(hops, self.nodes))
+            mark = self.tally.noted(note, returning)
             self._first_use(hops, mode)
             if self.chain is not None and model == CHAIN_MODEL:
                 line = self.chain.answered(signature, [t for t in tried.split(",") if t])
@@ -349,7 +404,8 @@ class Demo:
                     self._event(line)
                 if "|" in signature:
                     route = f"{signature.split('|', 1)[0]} {route}"
-        self.tally.last.append(f"{mode:<15} {route}")
+        self.tally.last.append(f"{mode:<15} {mark:<10} {route}")
+        return answer_text(data, stream) if ok else None
 
     def _first_use(self, hops: list[dict[str, object]], mode: str) -> None:
         for hop in hops:

@@ -62,6 +62,10 @@ MESH = (
     DemoNode("box", LLAMA, 0, 31, 32, 35.0, slots=2, slot_slowdown=0.1),
     DemoNode("laptop", LLAMA, 0, 31, 32, 18.0, slots=1),
 )
+# Every node has a prefix cache (issue 26): the demo's conversations find their prefix warm
+# on the node that served the turn before, and cold elsewhere (a few hundred ms of prefill).
+PREFILL_TPS = 4000.0  # prompt tokens/s over all of a model's layers
+CACHE_TOKENS = 32_000
 LEAVER = "cpu-b"
 DRIFTER = "gpu-a"
 # Joins later: a fast head for the first 24 layers, completed by cpu-c -> the new best route.
@@ -89,7 +93,8 @@ class LiveNode:
         return EmulatorConfig(node_id=s.node_id, model=s.model, start=s.start, end=s.end,
                               layers=s.layers, tps=s.tps, slots=s.slots,
                               slot_slowdown=s.slot_slowdown, noise_sigma=0.1,
-                              seed=self.seed, hop_latency_s=0.0005)
+                              seed=self.seed, hop_latency_s=0.0005,
+                              prefill_tps=PREFILL_TPS, cache_tokens=CACHE_TOKENS)
 
     def start(self, gateway: Any, http: tuple[aiohttp.ClientSession, str] | None) -> None:
         """Run the node in a task of its own: announced over mDNS, or (`http`: the session

@@ -7,7 +7,9 @@ Per request: delivered tokens/s = tokens ÷ the request's wall time at the clien
 forwarding and time to first byte included). The yardstick: the same tokens on the route that
 was truly best at that moment, at the emulator's idle speed (no queueing, no overhead), and on
 the route the router really chose at the same idle speed — so the summary separates how well
-the router chose from what serving costs.
+the router chose from what serving costs. A conversation's turn counts like any request; the
+yardstick leaves its prefill out (what even the best route pays for the turn's new tokens),
+so a cold turn shows as serving cost, and the returning turns' warm share is counted apart.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from meshroute_middleware.app.demo.providers import ChainCounts
+from meshroute_middleware.core.contracts.cache import CacheNote
+
+# How a request's prompt fared in the head node's prefix cache, as the last-requests list
+# shows it: a conversation's returning turn should be warm.
+MARKS = {"warm": "● warm", "partial": "◐ partial", "cold": "○ cold"}
 
 
 @dataclass
@@ -36,6 +43,9 @@ class Tally:
     events: list[tuple[float, str]] = field(default_factory=list)
     best_tps: dict[str, float] = field(default_factory=dict)  # model -> true best now
     chain: ChainCounts | None = None  # the provider chain's requests, when it runs
+    turns: int = 0  # answered turns 2+ of conversations (counted in the delivered speed too)
+    warm_turns: int = 0  # of which the head node found the prefix warm
+    cache: dict[str, int] = field(default_factory=dict)  # cache state -> answered requests
 
     def elapsed_s(self) -> float:
         """Seconds since the traffic started."""
@@ -52,6 +62,17 @@ class Tally:
             self.best_s += tokens / best
             self.chosen_s += tokens / chosen_tps
             self.compared_tokens += tokens
+
+    def noted(self, note: CacheNote | None, returning: bool) -> str:
+        """Count a served request's cache note (`returning`: a conversation's turn 2+);
+        return its marker for the last-requests list ("" when the node sent none)."""
+        if note is None:
+            return ""
+        self.cache[note.state] = self.cache.get(note.state, 0) + 1
+        if returning:
+            self.turns += 1
+            self.warm_turns += note.state == "warm"
+        return MARKS.get(note.state, "")
 
     def event(self, text: str) -> str:
         """Add a timeline entry; return it as shown."""
@@ -80,6 +101,9 @@ class Tally:
         if best > 0:
             text += (f" vs {best:.1f} always on the true best route ({delivered / best:.0%}; "
                      f"the routes chosen run at {chosen / best:.0%} of the best)")
+        if self.turns:
+            text += (f"; {self.turns} returning conversation turns, "
+                     f"{self.warm_turns / self.turns:.0%} warm")
         if self.chain is not None:
             text += f"; {self.chain.summary()}"
         return text

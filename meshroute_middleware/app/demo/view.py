@@ -8,9 +8,11 @@ from typing import Any
 
 from meshroute_middleware.app.demo.mesh import MODELS, LiveNode, route_true_tps
 from meshroute_middleware.app.demo.providers import CHAIN_MODEL, ChainWatch
-from meshroute_middleware.app.demo.tally import Tally
+from meshroute_middleware.app.demo.tally import MARKS, Tally
 
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
+# The prefix-cache markers in colour: warm green, partial yellow, cold dim.
+_MARK_COLOURS = {MARKS["warm"]: "\x1b[32m", MARKS["partial"]: "\x1b[33m", MARKS["cold"]: DIM}
 COLOURS = {"proven": "\x1b[32m", "unsampled": "\x1b[90m", "stale": "\x1b[35m",
            "decayed": "\x1b[33m"}
 COOLING = "\x1b[33m"
@@ -80,11 +82,11 @@ class Live:
                f"{', '.join(MODELS)}{chain}, policy {self._policy}, up {tally.elapsed_s():4.0f}s   "
                f"(Ctrl-C to stop){RESET}", "", *table(gateway, nodes, True, self.chain), "",
                f"  requests ok {tally.ok}   failed {tally.failed}   delivered "
-               f"{tally.tokens_per_s():6.1f} tok/s (all clients, 10 s window)", "",
+               f"{tally.tokens_per_s():6.1f} tok/s (all clients, 10 s window)", _turns(tally), "",
                f"  {DIM}events:{RESET}"]
         out += [f"    {_fresh(at, line)}" for at, line in tally.events[-8:]] or ["    —"]
-        out += ["", f"  {DIM}last requests (mode, route):{RESET}",
-                *(f"    {line}" for line in tally.last)]
+        out += ["", f"  {DIM}last requests (mode, prefix cache, route):{RESET}",
+                *(f"    {_coloured(line)}" for line in tally.last)]
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
 
@@ -93,6 +95,22 @@ class Live:
 
     def close(self, gateway: Any, nodes: dict[str, LiveNode], tally: Tally) -> None:
         """Leave the last table on screen."""
+
+
+def _coloured(line: str) -> str:
+    """A last-requests line with its cache marker in colour."""
+    for mark, colour in _MARK_COLOURS.items():
+        if mark in line:
+            return line.replace(mark, f"{colour}{mark}{RESET}", 1)
+    return line
+
+
+def _turns(tally: Tally) -> str:
+    """The conversations' line: how many returning turns found their prefix warm."""
+    if not tally.turns:
+        return f"  {DIM}conversations: no returning turn yet{RESET}"
+    return (f"  conversations: {tally.turns} returning turns, {tally.warm_turns} warm "
+            f"({tally.warm_turns / tally.turns:.0%}) {DIM}● warm ◐ partial ○ cold{RESET}")
 
 
 def _fresh(at: float, line: str) -> str:
@@ -114,7 +132,8 @@ class Plain:
             return
         self._next = now + self._every_s
         print(f"[{tally.elapsed_s():5.0f}s] ok {tally.ok} failed {tally.failed} "
-              f"delivered {tally.tokens_per_s():.1f} tok/s", flush=True)
+              f"delivered {tally.tokens_per_s():.1f} tok/s; conversation turns "
+              f"{tally.turns}, warm {tally.warm_turns}", flush=True)
         print("\n".join(table(gateway, nodes, False, self.chain)), flush=True)
 
     def event(self, line: str) -> None:
