@@ -186,11 +186,12 @@ class MeshRouteMiddleware:
                 raise RequestError(508, "this request already passed through this gateway: "
                                    "a node URL leads back to it (a forwarding loop)",
                                    "loop_detected")
-            check_session_id(scope)
+            session_id = check_session_id(scope)
             add_via(scope, self._via_header)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
-            req = parse_chat(body if translation is None else translation.request(body))
+            req = parse_chat(body if translation is None else translation.request(body),
+                             session_id)
             req.client = client = client_of(scope)
             # the allow-list by the name asked for: a mesh model, `provider/model` or a chain
             # (`auto`, `auto:coding`), before the request spends anything (issue 24)

@@ -110,17 +110,23 @@ def _too_deep(payload: Any, limit: int) -> bool:
 H_SESSION = b"x-session-id"
 
 
-def check_session_id(scope: Scope) -> None:
-    """RequestError(400) when an `x-session-id` is longer than MAX_SESSION_ID_BYTES (each
-    one kept costs memory for an hour: issue 22)."""
+def check_session_id(scope: Scope) -> str | None:
+    """The request's `x-session-id` (None without one, or when empty); RequestError(400)
+    when it is longer than MAX_SESSION_ID_BYTES (each one kept costs memory: issue 22)."""
+    found: str | None = None
     for name, value in scope.get("headers", ()):
-        if name == H_SESSION and len(value) > MAX_SESSION_ID_BYTES:
-            raise RequestError(400, f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
-                               "bytes", "invalid_session_id")
+        if name == H_SESSION:
+            if len(value) > MAX_SESSION_ID_BYTES:
+                raise RequestError(400, f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
+                                   "bytes", "invalid_session_id")
+            found = value.decode("latin-1") or None
+    return found
 
 
-def parse_chat(body: bytes) -> ChatRequest:
-    """Validate the JSON body; strip meshroute's own `route` field before forwarding."""
+def parse_chat(body: bytes, session_id: str | None = None) -> ChatRequest:
+    """Validate the JSON body; strip meshroute's own `route` field before forwarding.
+    `session_id` (the `x-session-id` header) marks the prompt's conversation explicitly: a
+    hint that recognises it when its messages no longer match (issue 26)."""
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -145,7 +151,7 @@ def parse_chat(body: bytes) -> ChatRequest:
                                "invalid_route")
         body = _without_route(body, payload)
     return ChatRequest(body, model, pin, answer_bound(payload),
-                       message_chain(payload.get("messages")))
+                       message_chain(payload.get("messages"), session_id))
 
 
 def answer_bound(payload: dict[str, Any]) -> int | None:

@@ -15,11 +15,14 @@ from meshroute_middleware.core.policies.cache_rules import (
 )
 from meshroute_middleware.core.policies.prefill import PrefillFit, PrefillModel
 from meshroute_middleware.core.policies.thompson import ThompsonPolicy
-from meshroute_middleware.core.prefix import chain
+from meshroute_middleware.core.prefix import PrefixTable, chain, message_chain, session_key
+from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.core.routes import Hop, make_route
 from meshroute_middleware.core.sim.engine import Simulator
 from meshroute_middleware.core.sim.metrics import route_share
 from meshroute_middleware.core.sim.scenarios import by_name
+from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.request import check_session_id, parse_chat
 
 
 def arm(name: str, in_flight: int = 0, prior: float = 10.0) -> Arm:
@@ -199,3 +202,61 @@ def test_the_router_knows_which_route_served_a_prefix_and_tells_the_policy() -> 
     failed = router.choose("m", prefix=chain([b"other"], [10]))
     router.record(failed, Outcome(0, 1.0, 0.0, "stream"))
     assert router.prefixes.warm(chain([b"other"], [10])) == {}  # a failure cached nothing
+
+
+# -- x-session-id as a hint -----------------------------------------------------------------
+def test_a_session_id_recognises_a_conversation_whose_history_was_trimmed() -> None:
+    seen: list[dict[str, int]] = []
+
+    class Spy(LeastLoadedPolicy):
+        def choose(self, arms, now, rng):  # type: ignore[no-untyped-def]
+            seen.append({a.signature: a.warm_tokens for a in arms})
+            return super().choose(arms, now, rng)
+
+    router = Router(clock=lambda: 0.0, policy=Spy())
+    for name in ("a", "b"):
+        router.upsert_node(NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", 10.0))
+    first = message_chain([{"role": "system", "content": "s" * 4000},
+                           {"role": "user", "content": "u" * 400}], "conv-7")
+    assert first is not None
+    d = router.choose("m", prefix=first)
+    router.record(d, Outcome(50, 2.0, 1.0))
+    # the client summarised the history: no message in common with what was served
+    summary = [{"role": "user", "content": "a summary " * 40}]
+    hinted, unhinted = message_chain(summary, "conv-7"), message_chain(summary)
+    assert hinted is not None and unhinted is not None
+    router.choose("m", prefix=unhinted)
+    assert set(seen[-1].values()) == {0}  # without the hint: a new conversation
+    router.choose("m", prefix=hinted)
+    assert seen[-1][d.signature] == hinted.prompt_tokens  # with it: the route that served it
+    assert all(v == 0 for s, v in seen[-1].items() if s != d.signature)
+    other = message_chain(summary, "conv-8")
+    assert other is not None
+    router.choose("m", prefix=other)
+    assert set(seen[-1].values()) == {0}  # another session's id is another conversation
+
+
+def test_the_session_hints_are_bounded_and_keep_no_id() -> None:
+    table = PrefixTable(sessions=4)
+    prompts = [chain([b"m"], [100], session_key(f"s{k}")) for k in range(6)]
+    for p in prompts:
+        table.served(p, "m|a")
+    assert len(table._sessions) == 4
+    assert all(isinstance(k, int) for k in table._sessions)  # hashes, not the ids
+    summary = chain([b"other"], [50], session_key("s0"))
+    assert table.warm(summary) == {}  # the oldest hint was forgotten
+    assert table.warm(chain([b"other"], [50], session_key("s5"))) == {"m|a": 50}
+
+
+def test_the_session_hint_reaches_the_prefix_from_the_edge() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    assert parse_chat(body, "conv-1").prefix == message_chain(
+        [{"role": "user", "content": "hi"}], "conv-1")
+    assert parse_chat(body, "conv-1").prefix != parse_chat(body).prefix
+    scope = {"type": "http", "headers": [(b"x-session-id", b"conv-1")]}
+    assert check_session_id(scope) == "conv-1"
+    assert check_session_id({"type": "http", "headers": []}) is None
+    with pytest.raises(RequestError) as err:
+        check_session_id({"type": "http",
+                          "headers": [(b"x-session-id", b"s" * (MAX_SESSION_ID_BYTES + 1))]})
+    assert err.value.status == 400
