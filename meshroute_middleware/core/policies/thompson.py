@@ -17,6 +17,7 @@ docs/benchmarks.md, "Learning quality".
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -27,8 +28,10 @@ from ..kinds import DECAYED, PROVEN, STALE
 from ..saturation import (
     CURVES,
     G_TABLE,
+    KNEES,
     MAX_TABULATED,
     REFIT_SHARE,
+    SLOWDOWNS,
     CurveBelief,
     g_at,
 )
@@ -110,6 +113,13 @@ WARM_DRIFT = 0.0
 # seeds 1-4, docs/benchmarks.md): mean TTFT 1.01-1.02x the oracle's on 15, 16, 18, 19 against
 # 1.03-1.04x at 0.5; 0 queues on a saturated warm node (scenario 17: 4.6x).
 CONVERSATION_NEIGHBOUR_WEIGHT = 0.25
+# A request that carries a prompt is scored by its answer's tokens over its total time plus
+# this many times its time to first token (the wait for a slot past the route's knee and the
+# prefill of what the route does not hold): a conversation's first token is what a chat
+# waits for, and a turn queued on a full batch or moved cold pays it. 1 measured best of
+# {0, 1, 2} on scenario 17 (tuning seeds 1-10, docs/benchmarks.md): 0 queues (TTFT 1.6x the
+# oracle's), 2 gives up delivered tokens/s on 19 (0.975).
+TTFT_WEIGHT = 1.0
 
 
 @dataclass(slots=True)
@@ -208,6 +218,16 @@ def gain(s1: float, curve: int, in_flight: int) -> float:
     return own - NEIGHBOUR_WEIGHT * lost
 
 
+def _queue_share(belief: ArmBelief | None, in_flight: int) -> float:
+    """The posterior's probability that a request joining `in_flight` others on this route
+    waits for a slot (its knee below in_flight + 1); 0 while nothing was measured."""
+    if belief is None or not in_flight or belief.curve.mass <= 0.0:
+        return 0.0
+    cum = belief.curve.posterior()[0]  # cumulative over CURVES, knee-major
+    k = bisect.bisect_left(KNEES, in_flight + 1) * len(SLOWDOWNS)
+    return cum[k - 1] / cum[-1] if k else 0.0
+
+
 class ThompsonPolicy:
     """Thompson sampling on saturation curves × reliability; the best net goodput wins."""
 
@@ -283,7 +303,8 @@ class ThompsonPolicy:
             known = True
             if answer:
                 score = self.with_prefill(arm, self.draw(arm, belief, now, rng, decisions,
-                                                         drift, warm_cost), answer, weight)
+                                                         drift, warm_cost), answer, weight,
+                                          _queue_share(belief, arm.in_flight))
             else:
                 score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if score > best_score:
@@ -351,10 +372,13 @@ class ThompsonPolicy:
         return p, math.exp(log_s1), j
 
     def with_prefill(self, arm: Arm, drawn: tuple[float, float, int],
-                     answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT) -> float:
+                     answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT,
+                     queue_share: float = 0.0) -> float:
         """The net goodput of `score` with the request's own speed counting its expected
-        prefill: the answer's tokens over (prefill of what the route does not hold + decode),
-        minus the same share of what its batch neighbours lose."""
+        time to first token: the answer's tokens over (decode + prefill of what the route
+        does not hold + TTFT_WEIGHT x (that prefill + the wait for a slot past the drawn
+        curve's knee, times `queue_share`, the posterior's belief that it queues)), minus
+        the same share of what its batch neighbours lose."""
         p, s1, j = drawn
         n = arm.in_flight
         own = p * s1 * g_at(j, n + 1) if n else p * s1
@@ -362,9 +386,18 @@ class ThompsonPolicy:
         prefix = arm.prefix
         if prefix is not None and own > 0.0:
             uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
-            prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
-            if prefill > 0.0:
-                own = answer_tokens / (prefill + answer_tokens / own)
+            prefill = (self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
+                       if uncached else 0.0)
+            wait = 0.0
+            knee = CURVES[j][0]
+            if queue_share > 0.0 and n + 1 > knee:
+                # past the knee it waits for one of `knee` slots, each serving at the full
+                # batch's speed: (n + 1 - knee) / knee answers' decode time
+                wait = queue_share * (n + 1 - knee) / knee * answer_tokens / (
+                    p * s1 * g_at(j, int(knee)))
+            if prefill > 0.0 or wait > 0.0:
+                own = answer_tokens / (answer_tokens / own + prefill
+                                       + TTFT_WEIGHT * (prefill + wait))
         return own - lost
 
     @staticmethod

@@ -260,3 +260,44 @@ def test_the_session_hint_reaches_the_prefix_from_the_edge() -> None:
         check_session_id({"type": "http",
                           "headers": [(b"x-session-id", b"s" * (MAX_SESSION_ID_BYTES + 1))]})
     assert err.value.status == 400
+
+
+# -- what is in flight: the wait for a slot -------------------------------------------------
+def _learnt_knee(policy: ThompsonPolicy, sig: str, s1: float, knee: int, slowdown: float,
+                 upto: int = 6) -> None:
+    """Samples of a route whose batch holds `knee` requests, each slowed by `slowdown` per
+    neighbour, the rest queueing (scenario 17's nodes), at 1..upto in flight; warm and
+    cold prompts of a 1,000 tok/s prefill."""
+    t = 0.0
+    for _ in range(40):
+        for c in range(1, upto + 1):
+            speed = s1 / (1 + slowdown * (min(c, knee) - 1)) * min(1.0, knee / c)
+            for uncached in (0, 2000):
+                t += 1.0
+                ttfb = 0.1 + uncached / 1000
+                policy.observe(sig, Outcome(200, ttfb + 200 / speed, ttfb,
+                                            uncached_tokens=uncached, concurrency=float(c)), t)
+
+
+def test_a_warm_turn_leaves_a_full_batch_when_the_wait_costs_more_than_its_prefill() -> None:
+    # Route a is fast but runs 4 at once (the rest queue); b is a third as fast with room.
+    # The conversation is warm on a (1,500 tokens). With 3 others on a it stays; with 5 it
+    # would wait for half an answer's time before its first token: a cold prefill on b is
+    # sooner. Scored by tokens/s alone (before) it stayed and queued.
+    policy = ThompsonPolicy()
+    _learnt_knee(policy, "m|a[0-31]", 90.0, 4, 0.25)
+    _learnt_knee(policy, "m|b[0-31]", 30.0, 16, 0.05)
+    prompt = chain([b"system", b"user"], [1500, 100])
+
+    def stays(in_flight: int) -> float:
+        rng, wins = random.Random(3), 0
+        for _ in range(200):
+            arms = [arm("a", in_flight), arm("b", 3)]
+            for a in arms:
+                a.prefix = prompt
+            arms[0].warm_tokens = 1500
+            wins += policy.choose(arms, 500.0, rng)[0] == 0
+        return wins / 200
+
+    assert stays(3) > 0.9
+    assert stays(5) < 0.1
