@@ -301,3 +301,53 @@ def test_a_warm_turn_leaves_a_full_batch_when_the_wait_costs_more_than_its_prefi
 
     assert stays(3) > 0.9
     assert stays(5) < 0.1
+
+
+def test_the_wait_for_a_slot_is_learned_from_first_tokens_where_the_knee_cannot_tell_it() -> None:
+    # Route a was only ever measured at 1-4 in flight (its curve past 4 is unknown), but the
+    # first tokens of requests that began with 4 ahead came 3 s late: a warm turn arriving
+    # with 4 in flight there moves to b, cold; with 2 ahead it stays.
+    policy = ThompsonPolicy()
+    _learnt_knee(policy, "m|b[0-31]", 30.0, 16, 0.05)
+    t = 0.0
+    for _ in range(40):
+        for ahead in range(5):
+            c = min(ahead + 1, 4)
+            wait = 3.0 if ahead >= 4 else 0.0
+            for uncached in (0, 2000):
+                t += 1.0
+                ttfb = 0.1 + uncached / 1000 + wait
+                policy.observe("m|a[0-31]", Outcome(
+                    200, ttfb + 200 / (90.0 / (1 + 0.25 * (c - 1))), ttfb,
+                    uncached_tokens=uncached, concurrency=float(c), ahead=ahead), t)
+    prompt = chain([b"system", b"user"], [1500, 100])
+
+    def stays(in_flight: int) -> float:
+        rng, wins = random.Random(3), 0
+        for _ in range(200):
+            arms = [arm("a", in_flight), arm("b", 3)]
+            for a in arms:
+                a.prefix = prompt
+            arms[0].warm_tokens = 1500
+            wins += policy.choose(arms, t, rng)[0] == 0
+        return wins / 200
+
+    assert stays(2) > 0.9
+    assert stays(4) < 0.1
+
+
+def test_the_router_tells_the_policy_how_many_were_ahead() -> None:
+    seen: list[int] = []
+
+    class Spy(LeastLoadedPolicy):
+        def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+            seen.append(outcome.ahead)
+
+    router = Router(clock=lambda: 0.0, policy=Spy())
+    router.upsert_node(NodeRecord("a", "m", 0, 31, 32, "http://a.test", 10.0))
+    first, second = router.choose("m"), router.choose("m")
+    router.record(second, Outcome(50, 2.0, 1.0))
+    router.record(first, Outcome(50, 2.0, 1.0))
+    third = router.choose("m")
+    router.record(third, Outcome(50, 2.0, 1.0))
+    assert seen == [1, 0, 0]
