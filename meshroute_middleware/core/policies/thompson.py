@@ -500,6 +500,8 @@ class ThompsonPolicy:
         learned at that count beyond the route's quickest count measured (None: never
         measured there), and the posterior's belief that it queues (the fallback)."""
         n = arm.in_flight
+        if not n:  # nothing ahead: no wait (learned or not)
+            return None, 0.0
         waits = self._waits.get(arm.route.signature)
         at = waits.get(min(n, MAX_AHEAD)) if waits else None
         if at is None or waits is None:
@@ -515,16 +517,21 @@ class ThompsonPolicy:
         if not 0.0 <= ttfb <= outcome.seconds:
             return outcome.tps
         self._prefill.add(model, signature, uncached, ttfb)
-        base, slope = self._prefill.fit(model, signature)
-        prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
+        if uncached:
+            base, slope = self._prefill.fit(model, signature)
+            prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
+            beyond = ttfb - slope * uncached / KILO
+        else:  # a warm prompt: no prefill to leave out (the fit is not needed)
+            prefill, beyond = 0.0, ttfb
         if outcome.ahead >= 0:  # what its first token waited beyond the prefill
             waits = self._waits.get(signature)
             if waits is None:
                 waits = self._waits[signature] = {}
             k = min(outcome.ahead, MAX_AHEAD)
             old = waits.get(k)
-            x = ttfb - slope * uncached / KILO
-            waits[k] = x if old is None else old + WAIT_ALPHA * (x - old)
+            waits[k] = beyond if old is None else old + WAIT_ALPHA * (beyond - old)
+        if not prefill:
+            return outcome.tps
         return outcome._replace(seconds=outcome.seconds - prefill).tps
 
     def _prune(self, now: float) -> None:

@@ -15,7 +15,13 @@ from meshroute_middleware.core.policies.cache_rules import (
 )
 from meshroute_middleware.core.policies.prefill import PrefillFit, PrefillModel
 from meshroute_middleware.core.policies.thompson import ThompsonPolicy
-from meshroute_middleware.core.prefix import PrefixTable, chain, message_chain, session_key
+from meshroute_middleware.core.prefix import (
+    PrefixTable,
+    chain,
+    message_chain,
+    message_key,
+    session_key,
+)
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.core.routes import Hop, make_route
 from meshroute_middleware.core.sim.engine import Simulator
@@ -351,3 +357,16 @@ def test_the_router_tells_the_policy_how_many_were_ahead() -> None:
     third = router.choose("m")
     router.record(third, Outcome(50, 2.0, 1.0))
     assert seen == [1, 0, 0]
+
+
+def test_the_inlined_message_chain_is_the_chain_of_the_message_keys() -> None:
+    rng = random.Random(1)
+    contents: list[object] = ["hi", "x" * 999, [{"type": "text", "text": "a"}], None, 5,
+                              "\ud800"]
+    for _ in range(500):
+        messages = [{"role": rng.choice(["user", "system", None]),
+                     "content": rng.choice(contents)} for _ in range(rng.choice([1, 3, 300]))]
+        session = rng.choice([None, "s1"])
+        keys = [message_key(m["role"], m["content"]) for m in messages]
+        assert message_chain(messages, session) == chain(
+            [k for k, _ in keys], [n for _, n in keys], session_key(session))
