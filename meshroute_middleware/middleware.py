@@ -224,12 +224,12 @@ class MeshRouteMiddleware:
                 raise RequestError(508, "this request already passed through this gateway: "
                                    "a node URL leads back to it (a forwarding loop)",
                                    "loop_detected")
-            check_session_id(scope)
+            session_id = check_session_id(scope)
             add_via(scope, self._via_header)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
             req = PARSERS[kind](body if translation is None else translation.request(body),
-                                header_value(scope, H_OBJECTIVE))
+                                header_value(scope, H_OBJECTIVE), session_id)
             target = self.aliases.resolve(req.model) if self.aliases else None
             if target is not None:  # the answer names the model the client asked for
                 req, send = with_model(req, target), answer_model(send, req.model)

@@ -83,18 +83,38 @@ def message_key(role: Any, content: Any) -> tuple[bytes, int]:
 
 
 def message_chain(messages: Any, session_id: str | None = None) -> Prefix | None:
-    """The chain of a chat body's `messages` (None unless a non-empty list of objects)."""
+    """The chain of a chat body's `messages` (None unless a non-empty list of objects).
+
+    `chain` of the messages' `message_key`s, inlined (it is on every chat request's path):
+    the same hashes, without the intermediate lists and calls."""
     if not isinstance(messages, list) or not messages:
         return None
-    keys: list[bytes] = []
-    tokens: list[int] = []
+    hashes: list[int] = []
+    totals: list[int] = []
+    append_hash, append_total = hashes.append, totals.append
+    blake2b, from_bytes, dumps = hashlib.blake2b, int.from_bytes, json.dumps
+    previous, total = _ZERO, 0
     for message in messages:
         if not isinstance(message, dict):
             return None
-        key, n = message_key(message.get("role"), message.get("content"))
-        keys.append(key)
-        tokens.append(n)
-    return chain(keys, tokens, session_key(session_id))
+        content = message.get("content")
+        text = content if isinstance(content, str) else dumps(
+            content, sort_keys=True, default=str)
+        digest = blake2b(previous + f"{message.get('role')}\0{text}".encode(
+            "utf-8", "surrogatepass"), digest_size=8).digest()
+        h = from_bytes(digest, "little") or 1
+        previous = digest if h != 1 else _ONE  # as _link: the int's bytes, 0 read as 1
+        total += len(text) // CHARS_PER_TOKEN + MESSAGE_OVERHEAD
+        append_hash(h)
+        append_total(total)
+    if len(hashes) > MAX_CHAIN:
+        hashes = [*hashes[: MAX_CHAIN - 1], hashes[-1]]
+        totals = [*totals[: MAX_CHAIN - 1], totals[-1]]
+    return Prefix(tuple(hashes), tuple(totals), session_key(session_id))
+
+
+_ZERO = (0).to_bytes(8, "little")
+_ONE = (1).to_bytes(8, "little")
 
 
 class PrefixTable:

@@ -60,6 +60,7 @@ class Decision:
     prefix: Prefix | None = None  # the prompt's message chain, if the request carried one
     uncached_tokens: int = -1  # of the prompt, on this route as far as the router knows
     objective: Objective = DEFAULT_OBJECTIVE  # what the request asked to be best at
+    ahead: int = -1  # attempts in flight on the route when this one began
 
     @property
     def signature(self) -> str:
@@ -243,7 +244,8 @@ class Router:
         sig = decision.signature
         now = self.clock()
         decision._load0 = (self._tick(sig, now), now)
-        self._in_flight[sig] = self._in_flight.get(sig, 0) + 1
+        decision.ahead = ahead = self._in_flight.get(sig, 0)
+        self._in_flight[sig] = ahead + 1
         recent = self._recent.get(decision.model)
         if recent is None:
             recent = self._recent[decision.model] = deque(maxlen=RECENT_ATTEMPTS)
@@ -288,7 +290,8 @@ class Router:
         if decision._open:
             outcome = outcome._replace(concurrency=self.concurrency(decision, now),
                                        max_tokens=decision.max_tokens,
-                                       uncached_tokens=decision.uncached_tokens)
+                                       uncached_tokens=decision.uncached_tokens,
+                                       ahead=decision.ahead)
             if decision.prefix is not None and outcome.ok:
                 self.prefixes.served(decision.prefix, sig)
         self.cancel(decision)

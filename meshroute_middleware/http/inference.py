@@ -46,7 +46,8 @@ def count_inputs(raw: Any) -> int | None:
     return None
 
 
-def parse_embeddings(body: bytes, objective: bytes | None = None) -> ChatRequest:
+def parse_embeddings(body: bytes, objective: bytes | None = None,
+                     session_id: str | None = None) -> ChatRequest:
     """An embeddings request: `model`, `input` (up to MAX_INPUTS), optional `dimensions`
     and `encoding_format`; RequestError(400) naming what is wrong."""
     payload, model, pin, body, chosen = parse_common(body, objective)
@@ -65,7 +66,8 @@ def parse_embeddings(body: bytes, objective: bytes | None = None) -> ChatRequest
                        inputs=inputs, objective=chosen)
 
 
-def parse_completion(body: bytes, objective: bytes | None = None) -> ChatRequest:
+def parse_completion(body: bytes, objective: bytes | None = None,
+                     session_id: str | None = None) -> ChatRequest:
     """A (legacy) completions request: `model`, `prompt`, optional `max_tokens` (a positive
     integer) and `stream` (a boolean); RequestError(400) naming what is wrong."""
     payload, model, pin, body, chosen = parse_common(body, objective)
@@ -79,12 +81,12 @@ def parse_completion(body: bytes, objective: bytes | None = None) -> ChatRequest
                            "invalid_max_tokens")
     if not isinstance(payload.get("stream", False), bool):
         raise RequestError(400, "'stream' must be true or false", "invalid_stream")
-    prefix = (message_chain([{"role": "user", "content": prompt}])
+    prefix = (message_chain([{"role": "user", "content": prompt}], session_id)
               if isinstance(prompt, str) else None)
     return ChatRequest(body, model, pin, answer_bound(payload), prefix,
                        needs=NEEDS["completions"], kind="completions", objective=chosen)
 
 
-# body, the x-meshroute-objective header -> the request
-PARSERS: dict[RequestKind, Callable[[bytes, bytes | None], ChatRequest]] = {
+# (body, the x-meshroute-objective header, the x-session-id header) -> the request
+PARSERS: dict[RequestKind, Callable[[bytes, bytes | None, str | None], ChatRequest]] = {
     "chat": parse_chat, "embeddings": parse_embeddings, "completions": parse_completion}

@@ -150,23 +150,30 @@ def header_value(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def check_session_id(scope: Scope) -> None:
-    """RequestError(400) when an `x-session-id` is longer than MAX_SESSION_ID_BYTES (each
-    one kept costs memory for an hour: issue 22)."""
+def check_session_id(scope: Scope) -> str | None:
+    """The request's `x-session-id` (None without one, or when empty); RequestError(400)
+    when it is longer than MAX_SESSION_ID_BYTES (each one kept costs memory: issue 22)."""
+    found: str | None = None
     for name, value in scope.get("headers", ()):
-        if name == H_SESSION and len(value) > MAX_SESSION_ID_BYTES:
-            raise RequestError(400, f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
-                               "bytes", "invalid_session_id")
+        if name == H_SESSION:
+            if len(value) > MAX_SESSION_ID_BYTES:
+                raise RequestError(400, f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
+                                   "bytes", "invalid_session_id")
+            found = value.decode("latin-1") or None
+    return found
 
 
-def parse_chat(body: bytes, objective: bytes | None = None) -> ChatRequest:
+def parse_chat(body: bytes, objective: bytes | None = None,
+               session_id: str | None = None) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` and `meshroute` fields before
     forwarding. `objective`: the `x-meshroute-objective` header's value, if sent (the body's
-    `meshroute.objective` wins over it)."""
+    `meshroute.objective` wins over it). `session_id` (the `x-session-id` header) marks the
+    prompt's conversation explicitly: a hint that recognises it when its messages no longer
+    match (issue 26)."""
     payload, model, pin, body, chosen = parse_common(body, objective)
     return ChatRequest(body, model, pin, answer_bound(payload),
-                       message_chain(payload.get("messages")), needs=request_needs(body, payload),
-                       objective=chosen)
+                       message_chain(payload.get("messages"), session_id),
+                       needs=request_needs(body, payload), objective=chosen)
 
 
 def parse_common(body: bytes, objective: bytes | None = None

@@ -121,6 +121,7 @@ class Outcome(NamedTuple):
     # The prompt's tokens the route was not known to hold cached (Router.record, when the
     # request carried a message chain); -1: no prompt known.
     uncached_tokens: int = -1
+    ahead: int = -1  # attempts in flight on the route when this one began (Router.record)
 
     @property
     def ok(self) -> bool:

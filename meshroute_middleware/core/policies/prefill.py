@@ -27,6 +27,7 @@ class PrefillFit:
     """Decayed sums of (x = uncached kilotokens, y = time to first token)."""
 
     forget: float = FORGET
+    samples: int = 0  # added so far (a version: a solve cached for it is still right)
     s0: float = 0.0
     sx: float = 0.0
     sy: float = 0.0
@@ -36,6 +37,7 @@ class PrefillFit:
     def add(self, uncached_tokens: int, ttfb_s: float) -> None:
         """One sample."""
         x, f = uncached_tokens / KILO, self.forget
+        self.samples += 1
         self.s0 = self.s0 * f + 1.0
         self.sx = self.sx * f + x
         self.sy = self.sy * f + ttfb_s
@@ -64,6 +66,9 @@ class PrefillModel:
     def __init__(self) -> None:
         self._routes: dict[str, PrefillFit] = {}
         self._pooled: dict[str, PrefillFit] = {}
+        # per model, the pooled prior as solved at its sample count (every arm of a decision
+        # reads it: solved once per sample, not once per arm)
+        self._priors: dict[str, tuple[int, tuple[float, float]]] = {}
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -82,7 +87,15 @@ class PrefillModel:
     def fit(self, model: str, signature: str) -> tuple[float, float]:
         """(base seconds, prefill seconds per kilotoken) of a route."""
         pooled = self._pooled.get(model)
-        prior = pooled.solve(0.0, 0.0, POOLED_PRIOR) if pooled is not None else (0.0, 0.0)
+        if pooled is None:
+            prior = (0.0, 0.0)
+        else:
+            cached = self._priors.get(model)
+            if cached is not None and cached[0] == pooled.samples:
+                prior = cached[1]
+            else:
+                prior = pooled.solve(0.0, 0.0, POOLED_PRIOR)
+                self._priors[model] = (pooled.samples, prior)
         fit = self._routes.get(signature)
         if fit is None:
             return prior

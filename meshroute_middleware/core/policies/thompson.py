@@ -17,6 +17,7 @@ docs/benchmarks.md, "Learning quality".
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -27,8 +28,10 @@ from ..kinds import DECAYED, PROVEN, STALE
 from ..saturation import (
     CURVES,
     G_TABLE,
+    KNEES,
     MAX_TABULATED,
     REFIT_SHARE,
+    SLOWDOWNS,
     CurveBelief,
     g_at,
 )
@@ -110,6 +113,21 @@ WARM_DRIFT = 0.0
 # seeds 1-4, docs/benchmarks.md): mean TTFT 1.01-1.02x the oracle's on 15, 16, 18, 19 against
 # 1.03-1.04x at 0.5; 0 queues on a saturated warm node (scenario 17: 4.6x).
 CONVERSATION_NEIGHBOUR_WEIGHT = 0.25
+# A request that carries a prompt is scored by its answer's tokens over its total time plus
+# this many times its time to first token (the wait for a slot past the route's knee and the
+# prefill of what the route does not hold): a conversation's first token is what a chat
+# waits for, and a turn queued on a full batch or moved cold pays it. 1 measured best of
+# {0, 1, 2} on scenario 17 (tuning seeds 1-10, docs/benchmarks.md): 0 queues (TTFT 1.6x the
+# oracle's), 2 gives up delivered tokens/s on 19 (0.975).
+TTFT_WEIGHT = 1.0
+# The wait for a slot, learned: per route and per count of attempts ahead when one began,
+# an EWMA (this weight per sample) of its time to first token beyond the learned prefill.
+# The knee alone cannot tell it: a batch never filled past its knee leaves the curves past
+# it alike, and their bins fade, so the knee is re-tried, on a conversation that then stays
+# (scenario 17: TTFT 1.33x the oracle's with the knee's wait only, 1.15x learned; 0.1 of
+# {0.05, 0.1, 0.25}).
+WAIT_ALPHA = 0.1
+MAX_AHEAD = 64  # counts ahead learned apart (more share the last)
 
 
 @dataclass(slots=True)
@@ -208,6 +226,16 @@ def gain(s1: float, curve: int, in_flight: int) -> float:
     return own - NEIGHBOUR_WEIGHT * lost
 
 
+def _queue_share(belief: ArmBelief | None, in_flight: int) -> float:
+    """The posterior's probability that a request joining `in_flight` others on this route
+    waits for a slot (its knee below in_flight + 1); 0 while nothing was measured."""
+    if belief is None or not in_flight or belief.curve.mass <= 0.0:
+        return 0.0
+    cum = belief.curve.posterior()[0]  # cumulative over CURVES, knee-major
+    k = bisect.bisect_left(KNEES, in_flight + 1) * len(SLOWDOWNS)
+    return cum[k - 1] / cum[-1] if k else 0.0
+
+
 class ThompsonPolicy:
     """Thompson sampling on saturation curves × reliability; the best net goodput wins."""
 
@@ -222,6 +250,9 @@ class ThompsonPolicy:
         # speed samples leave the prefill out. False: today's policy, blind to prompts.
         self.affinity = affinity
         self._prefill = PrefillModel()
+        # Per route, per attempts ahead when it began: an EWMA of the time to first token
+        # beyond the learned prefill (the base latency plus any wait for a slot).
+        self._waits: dict[str, dict[int, float]] = {}
         self._beliefs: dict[str, ArmBelief] = {}
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
@@ -293,7 +324,8 @@ class ThompsonPolicy:
             known = True
             if answer:
                 score = self.with_prefill(arm, self.draw(arm, belief, now, rng, decisions,
-                                                         drift, warm_cost), answer, weight)
+                                                         drift, warm_cost), answer, weight,
+                                          self._wait_s(arm, belief))
             else:
                 score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if score > best_score:
@@ -361,10 +393,13 @@ class ThompsonPolicy:
         return p, math.exp(log_s1), j
 
     def with_prefill(self, arm: Arm, drawn: tuple[float, float, int],
-                     answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT) -> float:
+                     answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT,
+                     wait: tuple[float | None, float] = (None, 0.0)) -> float:
         """The net goodput of `score` with the request's own speed counting its expected
-        prefill: the answer's tokens over (prefill of what the route does not hold + decode),
-        minus the same share of what its batch neighbours lose."""
+        time to first token: the answer's tokens over (decode + prefill of what the route
+        does not hold + TTFT_WEIGHT x (that prefill + the wait for a slot)), minus the same
+        share of what its batch neighbours lose. The wait (`_wait_s`): as learned at this
+        count ahead, else past the drawn curve's knee times the belief that it queues."""
         p, s1, j = drawn
         n = arm.in_flight
         own = p * s1 * g_at(j, n + 1) if n else p * s1
@@ -372,9 +407,22 @@ class ThompsonPolicy:
         prefix = arm.prefix
         if prefix is not None and own > 0.0:
             uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
-            prefill = self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
-            if prefill > 0.0:
-                own = answer_tokens / (prefill + answer_tokens / own)
+            prefill = (self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
+                       if uncached else 0.0)
+            learned, queue_share = wait
+            knee = CURVES[j][0]
+            if learned is not None:
+                waiting = learned
+            elif queue_share > 0.0 and n + 1 > knee:
+                # past the knee it waits for one of `knee` slots, each serving at the full
+                # batch's speed: (n + 1 - knee) / knee answers' decode time
+                waiting = queue_share * (n + 1 - knee) / knee * answer_tokens / (
+                    p * s1 * g_at(j, int(knee)))
+            else:
+                waiting = 0.0
+            if prefill > 0.0 or waiting > 0.0:
+                own = answer_tokens / (answer_tokens / own + prefill
+                                       + TTFT_WEIGHT * (prefill + waiting))
         return own - lost
 
     @staticmethod
@@ -457,6 +505,20 @@ class ThompsonPolicy:
             belief.curve.add(tps, concurrency)
             belief.decision = count
 
+    def _wait_s(self, arm: Arm, belief: ArmBelief | None) -> tuple[float | None, float]:
+        """What a request joining the arm's in-flight ones waits for a slot: the seconds
+        learned at that count beyond the route's quickest count measured (None: never
+        measured there), and the posterior's belief that it queues (the fallback)."""
+        n = arm.in_flight
+        if not n:  # nothing ahead: no wait (learned or not)
+            return None, 0.0
+        waits = self._waits.get(arm.route.signature)
+        at = waits.get(min(n, MAX_AHEAD)) if waits else None
+        if at is None or waits is None:
+            return None, _queue_share(belief, n)
+        low = min(w for k, w in waits.items() if k <= n)
+        return (at - low if at > low else 0.0), 0.0
+
     def _without_prefill(self, model: str, signature: str, outcome: Outcome) -> float | None:
         """Learn the route's prefill from this request's first token, and its speed with
         the prefill part left out, so that a route is not thought slow for having received
@@ -465,8 +527,21 @@ class ThompsonPolicy:
         if not 0.0 <= ttfb <= outcome.seconds:
             return outcome.tps
         self._prefill.add(model, signature, uncached, ttfb)
-        base, slope = self._prefill.fit(model, signature)
-        prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
+        if uncached:
+            base, slope = self._prefill.fit(model, signature)
+            prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
+            beyond = ttfb - slope * uncached / KILO
+        else:  # a warm prompt: no prefill to leave out (the fit is not needed)
+            prefill, beyond = 0.0, ttfb
+        if outcome.ahead >= 0:  # what its first token waited beyond the prefill
+            waits = self._waits.get(signature)
+            if waits is None:
+                waits = self._waits[signature] = {}
+            k = min(outcome.ahead, MAX_AHEAD)
+            old = waits.get(k)
+            waits[k] = beyond if old is None else old + WAIT_ALPHA * (beyond - old)
+        if not prefill:
+            return outcome.tps
         return outcome._replace(seconds=outcome.seconds - prefill).tps
 
     def _prune(self, now: float) -> None:
@@ -475,3 +550,5 @@ class ThompsonPolicy:
         for signature in ordered[: len(ordered) // 2]:
             del self._beliefs[signature]
         self._prefill.forget(set(ordered[: len(ordered) // 2]))
+        for signature in ordered[: len(ordered) // 2]:
+            self._waits.pop(signature, None)

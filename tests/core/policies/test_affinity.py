@@ -15,11 +15,20 @@ from meshroute_middleware.core.policies.cache_rules import (
 )
 from meshroute_middleware.core.policies.prefill import PrefillFit, PrefillModel
 from meshroute_middleware.core.policies.thompson import ThompsonPolicy
-from meshroute_middleware.core.prefix import chain
+from meshroute_middleware.core.prefix import (
+    PrefixTable,
+    chain,
+    message_chain,
+    message_key,
+    session_key,
+)
+from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.core.routes import Hop, make_route
 from meshroute_middleware.core.sim.engine import Simulator
 from meshroute_middleware.core.sim.metrics import route_share
 from meshroute_middleware.core.sim.scenarios import by_name
+from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.request import check_session_id, parse_chat
 
 
 def arm(name: str, in_flight: int = 0, prior: float = 10.0) -> Arm:
@@ -199,3 +208,165 @@ def test_the_router_knows_which_route_served_a_prefix_and_tells_the_policy() -> 
     failed = router.choose("m", prefix=chain([b"other"], [10]))
     router.record(failed, Outcome(0, 1.0, 0.0, "stream"))
     assert router.prefixes.warm(chain([b"other"], [10])) == {}  # a failure cached nothing
+
+
+# -- x-session-id as a hint -----------------------------------------------------------------
+def test_a_session_id_recognises_a_conversation_whose_history_was_trimmed() -> None:
+    seen: list[dict[str, int]] = []
+
+    class Spy(LeastLoadedPolicy):
+        def choose(self, arms, now, rng):  # type: ignore[no-untyped-def]
+            seen.append({a.signature: a.warm_tokens for a in arms})
+            return super().choose(arms, now, rng)
+
+    router = Router(clock=lambda: 0.0, policy=Spy())
+    for name in ("a", "b"):
+        router.upsert_node(NodeRecord(name, "m", 0, 31, 32, f"http://{name}.test", 10.0))
+    first = message_chain([{"role": "system", "content": "s" * 4000},
+                           {"role": "user", "content": "u" * 400}], "conv-7")
+    assert first is not None
+    d = router.choose("m", prefix=first)
+    router.record(d, Outcome(50, 2.0, 1.0))
+    # the client summarised the history: no message in common with what was served
+    summary = [{"role": "user", "content": "a summary " * 40}]
+    hinted, unhinted = message_chain(summary, "conv-7"), message_chain(summary)
+    assert hinted is not None and unhinted is not None
+    router.choose("m", prefix=unhinted)
+    assert set(seen[-1].values()) == {0}  # without the hint: a new conversation
+    router.choose("m", prefix=hinted)
+    assert seen[-1][d.signature] == hinted.prompt_tokens  # with it: the route that served it
+    assert all(v == 0 for s, v in seen[-1].items() if s != d.signature)
+    other = message_chain(summary, "conv-8")
+    assert other is not None
+    router.choose("m", prefix=other)
+    assert set(seen[-1].values()) == {0}  # another session's id is another conversation
+
+
+def test_the_session_hints_are_bounded_and_keep_no_id() -> None:
+    table = PrefixTable(sessions=4)
+    prompts = [chain([b"m"], [100], session_key(f"s{k}")) for k in range(6)]
+    for p in prompts:
+        table.served(p, "m|a")
+    assert len(table._sessions) == 4
+    assert all(isinstance(k, int) for k in table._sessions)  # hashes, not the ids
+    summary = chain([b"other"], [50], session_key("s0"))
+    assert table.warm(summary) == {}  # the oldest hint was forgotten
+    assert table.warm(chain([b"other"], [50], session_key("s5"))) == {"m|a": 50}
+
+
+def test_the_session_hint_reaches_the_prefix_from_the_edge() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    assert parse_chat(body, "conv-1").prefix == message_chain(
+        [{"role": "user", "content": "hi"}], "conv-1")
+    assert parse_chat(body, "conv-1").prefix != parse_chat(body).prefix
+    scope = {"type": "http", "headers": [(b"x-session-id", b"conv-1")]}
+    assert check_session_id(scope) == "conv-1"
+    assert check_session_id({"type": "http", "headers": []}) is None
+    with pytest.raises(RequestError) as err:
+        check_session_id({"type": "http",
+                          "headers": [(b"x-session-id", b"s" * (MAX_SESSION_ID_BYTES + 1))]})
+    assert err.value.status == 400
+
+
+# -- what is in flight: the wait for a slot -------------------------------------------------
+def _learnt_knee(policy: ThompsonPolicy, sig: str, s1: float, knee: int, slowdown: float,
+                 upto: int = 6) -> None:
+    """Samples of a route whose batch holds `knee` requests, each slowed by `slowdown` per
+    neighbour, the rest queueing (scenario 17's nodes), at 1..upto in flight; warm and
+    cold prompts of a 1,000 tok/s prefill."""
+    t = 0.0
+    for _ in range(40):
+        for c in range(1, upto + 1):
+            speed = s1 / (1 + slowdown * (min(c, knee) - 1)) * min(1.0, knee / c)
+            for uncached in (0, 2000):
+                t += 1.0
+                ttfb = 0.1 + uncached / 1000
+                policy.observe(sig, Outcome(200, ttfb + 200 / speed, ttfb,
+                                            uncached_tokens=uncached, concurrency=float(c)), t)
+
+
+def test_a_warm_turn_leaves_a_full_batch_when_the_wait_costs_more_than_its_prefill() -> None:
+    # Route a is fast but runs 4 at once (the rest queue); b is a third as fast with room.
+    # The conversation is warm on a (1,500 tokens). With 3 others on a it stays; with 5 it
+    # would wait for half an answer's time before its first token: a cold prefill on b is
+    # sooner. Scored by tokens/s alone (before) it stayed and queued.
+    policy = ThompsonPolicy()
+    _learnt_knee(policy, "m|a[0-31]", 90.0, 4, 0.25)
+    _learnt_knee(policy, "m|b[0-31]", 30.0, 16, 0.05)
+    prompt = chain([b"system", b"user"], [1500, 100])
+
+    def stays(in_flight: int) -> float:
+        rng, wins = random.Random(3), 0
+        for _ in range(200):
+            arms = [arm("a", in_flight), arm("b", 3)]
+            for a in arms:
+                a.prefix = prompt
+            arms[0].warm_tokens = 1500
+            wins += policy.choose(arms, 500.0, rng)[0] == 0
+        return wins / 200
+
+    assert stays(3) > 0.9
+    assert stays(5) < 0.1
+
+
+def test_the_wait_for_a_slot_is_learned_from_first_tokens_where_the_knee_cannot_tell_it() -> None:
+    # Route a was only ever measured at 1-4 in flight (its curve past 4 is unknown), but the
+    # first tokens of requests that began with 4 ahead came 3 s late: a warm turn arriving
+    # with 4 in flight there moves to b, cold; with 2 ahead it stays.
+    policy = ThompsonPolicy()
+    _learnt_knee(policy, "m|b[0-31]", 30.0, 16, 0.05)
+    t = 0.0
+    for _ in range(40):
+        for ahead in range(5):
+            c = min(ahead + 1, 4)
+            wait = 3.0 if ahead >= 4 else 0.0
+            for uncached in (0, 2000):
+                t += 1.0
+                ttfb = 0.1 + uncached / 1000 + wait
+                policy.observe("m|a[0-31]", Outcome(
+                    200, ttfb + 200 / (90.0 / (1 + 0.25 * (c - 1))), ttfb,
+                    uncached_tokens=uncached, concurrency=float(c), ahead=ahead), t)
+    prompt = chain([b"system", b"user"], [1500, 100])
+
+    def stays(in_flight: int) -> float:
+        rng, wins = random.Random(3), 0
+        for _ in range(200):
+            arms = [arm("a", in_flight), arm("b", 3)]
+            for a in arms:
+                a.prefix = prompt
+            arms[0].warm_tokens = 1500
+            wins += policy.choose(arms, t, rng)[0] == 0
+        return wins / 200
+
+    assert stays(2) > 0.9
+    assert stays(4) < 0.1
+
+
+def test_the_router_tells_the_policy_how_many_were_ahead() -> None:
+    seen: list[int] = []
+
+    class Spy(LeastLoadedPolicy):
+        def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+            seen.append(outcome.ahead)
+
+    router = Router(clock=lambda: 0.0, policy=Spy())
+    router.upsert_node(NodeRecord("a", "m", 0, 31, 32, "http://a.test", 10.0))
+    first, second = router.choose("m"), router.choose("m")
+    router.record(second, Outcome(50, 2.0, 1.0))
+    router.record(first, Outcome(50, 2.0, 1.0))
+    third = router.choose("m")
+    router.record(third, Outcome(50, 2.0, 1.0))
+    assert seen == [1, 0, 0]
+
+
+def test_the_inlined_message_chain_is_the_chain_of_the_message_keys() -> None:
+    rng = random.Random(1)
+    contents: list[object] = ["hi", "x" * 999, [{"type": "text", "text": "a"}], None, 5,
+                              "\ud800"]
+    for _ in range(500):
+        messages = [{"role": rng.choice(["user", "system", None]),
+                     "content": rng.choice(contents)} for _ in range(rng.choice([1, 3, 300]))]
+        session = rng.choice([None, "s1"])
+        keys = [message_key(m["role"], m["content"]) for m in messages]
+        assert message_chain(messages, session) == chain(
+            [k for k, _ in keys], [n for _, n in keys], session_key(session))
