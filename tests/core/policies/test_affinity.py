@@ -256,9 +256,9 @@ def test_the_session_hints_are_bounded_and_keep_no_id() -> None:
 
 def test_the_session_hint_reaches_the_prefix_from_the_edge() -> None:
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-    assert parse_chat(body, "conv-1").prefix == message_chain(
+    assert parse_chat(body, session_id="conv-1").prefix == message_chain(
         [{"role": "user", "content": "hi"}], "conv-1")
-    assert parse_chat(body, "conv-1").prefix != parse_chat(body).prefix
+    assert parse_chat(body, session_id="conv-1").prefix != parse_chat(body).prefix
     scope = {"type": "http", "headers": [(b"x-session-id", b"conv-1")]}
     assert check_session_id(scope) == "conv-1"
     assert check_session_id({"type": "http", "headers": []}) is None
