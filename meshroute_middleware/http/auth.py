@@ -68,7 +68,6 @@ class ClientAuth:
         scope.setdefault("state", {})[CLIENT_STATE] = found
         return found
 
-
     def log_refusal(self, path: str, code: str) -> None:
         """Log a 401 by its code (never the key): at most once a second, saying how many
         there were since (someone guessing keys must not flood the log)."""
