@@ -249,14 +249,15 @@ class Attempts:
         failures = self.failures or {}
         return retry_after_s((f.retry_at for f in failures.values()), time.time())
 
+    def retry_headers(self, answer: ErrorAnswer) -> list[tuple[bytes, bytes]]:
+        """What an exhaustion answer carries beyond its body: a 429's `Retry-After`, if known."""
+        retry = self.retry_after_s() if answer.status == 429 else None
+        return [] if retry is None else [(b"retry-after", str(retry).encode())]
+
     async def send_exhausted(self, send: Send, last: Decision, failed: Failed) -> None:
         """No route answered: say so, route by route (a 429 with `Retry-After` when known)."""
         answer = self.exhausted(failed)
-        headers = response_headers(last)
-        retry = self.retry_after_s() if answer.status == 429 else None
-        if retry is not None:
-            headers = [*headers, (b"retry-after", str(retry).encode())]
-        await answer.send(send, headers)
+        await answer.send(send, [*response_headers(last), *self.retry_headers(answer)])
 
 
 async def internal_error(ex: Exchange, doing: str,
