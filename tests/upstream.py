@@ -61,7 +61,7 @@ class FakeChat:
         if self.status != 200:
             return JSONResponse({"error": {"message": f"{self.name} says {self.status}",
                                            "type": "server_error", "code": "x"}},
-                                status_code=self.status)
+                                status_code=self.status, headers=self.extra_headers)
         if body.get("stream"):
             return StreamingResponse(self._stream(body), media_type="text/event-stream")
         for _ in range(self.tokens):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 
 from starlette.types import ASGIApp, Message, Scope
 
-from meshroute_middleware.chat.attempts import Exchange, Failed, Measurement
+from meshroute_middleware.chat.attempts import Exchange, Failed, Measurement, retry_at
 from meshroute_middleware.chat.headers import annotated, with_ours
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision
@@ -42,7 +43,14 @@ class AnnotateMode:
             await ex.attempts.send_exhausted(ex.send, last, failed)
             return
         held = list(failed.held)
-        held[0] = {**held[0], "headers": with_ours(held[0].get("headers", ()), last)}
+        headers = with_ours(held[0].get("headers", ()), last)
+        if held[0].get("status") == 429:  # the soonest any route's 429 said, parsed and
+            # bounded (chat.attempts.retry_at): not the last one's header as it was
+            headers = [h for h in headers if h[0].lower() != b"retry-after"]
+            retry = ex.attempts.retry_after_s()
+            if retry is not None:
+                headers.append((b"retry-after", str(retry).encode()))
+        held[0] = {**held[0], "headers": headers}
         for message in held:
             await ex.send(message)
 
@@ -64,7 +72,7 @@ class AnnotateMode:
             if send.failed is None:
                 return Failed("app_error", "the app raised an error")
         if send.failed is not None:
-            return Failed(send.failed.kind, send.failed.reason, tuple(send.held))
+            return send.held_failure(send.failed)
         ex.attempts.settle(decision, measurement, status=send.status, gone=send.gone)
         return None
 
@@ -73,7 +81,7 @@ async def _cut(decision: Decision, m: Measurement, send: _AnnotatedSend,
                ex: Exchange) -> Failed | None:
     """The deadline ran out while the app served the attempt."""
     if send.failed is not None:
-        return Failed(send.failed.kind, send.failed.reason, tuple(send.held))
+        return send.held_failure(send.failed)
     if not send.started:
         return Failed("timeout", "no answer within the request's deadline")
     if m.last is not None:  # the answer was complete: only the app's epilogue was cut
@@ -86,6 +94,14 @@ async def _cut(decision: Decision, m: Measurement, send: _AnnotatedSend,
             await ex.send({"type": "http.response.body", "more_body": False,
                            "body": sse_error_event("the request's deadline ran out; "
                                                    "partial response")})
+    return None
+
+
+def _retry_header(start: Message) -> float | None:
+    """When an app's 429 (its `http.response.start`) says to come back, if it says."""
+    for key, value in start.get("headers", ()):
+        if key.lower() == b"retry-after":
+            return retry_at(value)
     return None
 
 
@@ -113,13 +129,19 @@ class _AnnotatedSend:
         self.failed: Failed | None = None
         self.held: list[Message] = []
 
+    def held_failure(self, failed: Failed) -> Failed:
+        """`failed` with the answer held back (its start and body as the app sent them)."""
+        return replace(failed, held=tuple(self.held))
+
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             self.status = int(message["status"])
             if self.status >= 500 or self.status == 429:
                 self.failed = Failed("http_429" if self.status == 429 else "http_5xx",
-                                     f"the app answered {self.status}")
+                                     f"the app answered {self.status}",
+                                     retry_at=_retry_header(message) if self.status == 429
+                                     else None)
                 self.held.append(message)
                 return
             headers = with_ours(message.get("headers", ()), self.decision)

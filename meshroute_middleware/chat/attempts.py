@@ -31,7 +31,12 @@ from meshroute_middleware.chat.headers import is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
 from meshroute_middleware.core.kinds import ErrorKind
-from meshroute_middleware.core.providers.exhaustion import exhaustion_message, exhaustion_status
+from meshroute_middleware.core.providers.exhaustion import (
+    exhaustion_message,
+    exhaustion_status,
+    retry_after_s,
+)
+from meshroute_middleware.core.providers.keys import parse_retry_after
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import (
     INTERNAL_ERROR,
@@ -121,6 +126,19 @@ class Failed:
     kind: ErrorKind
     reason: str
     held: tuple[Message, ...] = ()  # the failing answer, held back from the client (annotate)
+    retry_at: float | None = None  # unix time a node's 429 said to come back
+
+
+def retry_at(value: bytes | str | None) -> float | None:
+    """When a node's 429 `Retry-After` (seconds or an HTTP date) says to come back, as unix
+    time; None when absent or unusable. A node is not trusted: a negative or garbage value is
+    ignored, and a huge one capped at keys.RETRY_AFTER_MAX_S (an hour) by parse_retry_after,
+    so no node can push a client away for longer."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    now = time.time()
+    seconds = parse_retry_after(value, now)
+    return None if seconds is None else now + seconds
 
 
 # A failure that is no attempt's: the deadline ran out before the next route was tried.
@@ -225,9 +243,21 @@ class Attempts:
         answer = _EXHAUSTED[exhaustion_status(kinds)]
         return ErrorAnswer.of(answer(exhaustion_message(self.model, kinds), routes))
 
+    def retry_after_s(self) -> int | None:
+        """The exhaustion 429's `Retry-After`: the soonest any failed route's node said to
+        come back (core/providers/exhaustion.py's rule); None when no node said."""
+        failures = self.failures or {}
+        return retry_after_s((f.retry_at for f in failures.values()), time.time())
+
+    def retry_headers(self, answer: ErrorAnswer) -> list[tuple[bytes, bytes]]:
+        """What an exhaustion answer carries beyond its body: a 429's `Retry-After`, if known."""
+        retry = self.retry_after_s() if answer.status == 429 else None
+        return [] if retry is None else [(b"retry-after", str(retry).encode())]
+
     async def send_exhausted(self, send: Send, last: Decision, failed: Failed) -> None:
-        """No route answered: say so, route by route."""
-        await self.exhausted(failed).send(send, response_headers(last))
+        """No route answered: say so, route by route (a 429 with `Retry-After` when known)."""
+        answer = self.exhausted(failed)
+        await answer.send(send, [*response_headers(last), *self.retry_headers(answer)])
 
 
 async def internal_error(ex: Exchange, doing: str,

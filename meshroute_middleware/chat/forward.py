@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Literal
 
-from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement
+from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.watchdog import Watchdog
@@ -64,7 +64,7 @@ class ForwardMode:
                     decision.route.head.url + ex.req.path, ex.req.body,
                     self._headers(decision, ex))
         except ForwardError as exc:
-            return Failed(exc.kind, str(exc))
+            return Failed(exc.kind, str(exc), retry_at=retry_at(exc.retry_after))
         except TimeoutError:
             return Failed("timeout", "no answer within the request's deadline")
         await self._relay(decision, measurement, upstream, ex, ex.attempts)

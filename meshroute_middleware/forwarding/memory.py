@@ -77,11 +77,20 @@ class ASGIForwarder:
         if status >= 500 or status == 429:
             err = b"".join([c async for c in response.chunks()])
             kind: ErrorKind = "http_429" if status == 429 else "http_5xx"
-            raise ForwardError(kind, f"{url} answered {status}", status, err)
+            raise ForwardError(kind, f"{url} answered {status}", status, err,
+                               _header(response.headers, b"retry-after"))
         return response
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """A response header's value (the first), like aiohttp's `headers.get`."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
 
 
 def _scope(host: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:

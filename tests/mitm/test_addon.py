@@ -160,11 +160,14 @@ def test_every_route_failing_is_one_openai_error_listing_why(tmp_path: Path) -> 
 
 
 def test_every_route_rate_limited_is_a_429(tmp_path: Path) -> None:
-    nodes = [Node(name, app=FakeChat(name, status=429).app()) for name in ("a", "b")]
+    # issue 24: the 429 carries the soonest Retry-After any node's 429 said
+    nodes = [Node(name, app=FakeChat(name, status=429, extra_headers={"Retry-After": after})
+                  .app()) for name, after in (("a", "7"), ("b", "3"))]
     with running_mitm(tmp_path, nodes) as mitm:
         with pytest.raises(openai.RateLimitError) as info:
             client(mitm).chat.completions.create(model="m", messages=MESSAGES)
         assert isinstance(info.value.body, dict) and info.value.body["code"] == "rate_limited"
+        assert info.value.response.headers["retry-after"] == "3"
 
 
 def test_the_side_servers_lifespan_runs_health_checks(tmp_path: Path) -> None:

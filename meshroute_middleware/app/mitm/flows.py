@@ -107,7 +107,9 @@ def plan_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
             (H_MODE.encode(), decision.mode.encode())]
 
 
-def answer_error(flow: http.HTTPFlow, answer: ErrorAnswer) -> None:
-    """Answer the client with an OpenAI-style JSON error instead of forwarding."""
+def answer_error(flow: http.HTTPFlow, answer: ErrorAnswer,
+                 headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """Answer the client with an OpenAI-style JSON error instead of forwarding (`headers`:
+    any it carries beyond its body, a 429's Retry-After)."""
     flow.response = http.Response.make(answer.status, answer.body(),
-                                       {"content-type": "application/json"})
+                                       [(b"content-type", b"application/json"), *headers])

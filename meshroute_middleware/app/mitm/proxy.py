@@ -58,7 +58,7 @@ from meshroute_middleware.app.mitm.flows import (
 from meshroute_middleware.app.mitm.relay import RELAY_PATH, TICKET_HEADER, Parked, Relay
 from meshroute_middleware.app.mitm.side import SideServer, build_side_app
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
-from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement
+from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement, retry_at
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core import (
     Decision,
@@ -251,7 +251,8 @@ class MeshRouteAddon:
         try:
             _, failed = await attempts.run(first, self._attempt, pending)
             if failed is not None:
-                answer_error(flow, attempts.exhausted(failed))
+                answer = attempts.exhausted(failed)
+                answer_error(flow, answer, attempts.retry_headers(answer))
         except ClientGone:
             pass  # it says nothing about the route: cancelled below
         finally:
@@ -269,7 +270,7 @@ class MeshRouteAddon:
                     decision.route.head.url + CHAT_PATH, pending.body,
                     pending.headers + plan_headers(decision)))
         except ForwardError as exc:
-            return Failed(exc.kind, str(exc))
+            return Failed(exc.kind, str(exc), retry_at=retry_at(exc.retry_after))
         except TimeoutError:
             return Failed("timeout", "no answer within the request's deadline")
         self._relay(pending, decision, upstream, m)

@@ -132,9 +132,15 @@ def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float)
                                f"model {model!r}", tuple(passed))
     reasons = [p.reason for p in passed]
     status = exhaustion_status(reasons)
-    resets = [p.until for p in passed if p.until is not None and p.until > now]
-    retry = max(1, math.ceil(min(resets) - now)) if resets and status == 429 else None
+    retry = retry_after_s((p.until for p in passed), now) if status == 429 else None
     return Exhaustion(status, exhaustion_message(model, reasons), tuple(passed), retry)
+
+
+def retry_after_s(untils: Iterable[float | None], now: float) -> int | None:
+    """A 429's `Retry-After`: whole seconds (rounded up, at least 1) until the soonest known
+    reset still ahead, on every path (the client may retry once any route may be free)."""
+    resets = [u for u in untils if u is not None and u > now]
+    return max(1, math.ceil(min(resets) - now)) if resets else None
 
 
 def soonest_reset(passed: Sequence[PassedOver], now: float) -> float | None:

@@ -232,3 +232,13 @@ def test_a_route_key_listed_twice_keeps_its_first_reason(cfg: ProvidersConfig) -
     assert [(r.route, r.reason) for r in ex.routes] == [("fastco/big-model#1", "http_429"),
                                                          ("fastco/big-model#2", "rpm")]
     assert ex.retry_after_s == 12
+
+
+def test_retry_after_is_the_soonest_reset_ahead_rounded_up() -> None:
+    """The one Retry-After rule (the mesh path's 429 too): soonest ahead, whole seconds up."""
+    from meshroute_middleware.core.providers.exhaustion import retry_after_s
+    now = 1000.0
+    assert retry_after_s([now + 7.0, None, now + 2.2, now - 5.0], now) == 3
+    assert retry_after_s([now + 0.1], now) == 1  # never 0: "now" would invite a hot loop
+    assert retry_after_s([None, now - 1.0], now) is None
+    assert retry_after_s([], now) is None
