@@ -134,7 +134,10 @@ MAX_AHEAD = 64  # counts ahead learned apart (more share the last)
 # posterior's noise alone would pick, and a busier route's neighbours pay for it later.
 # 0.05 of {0.02, 0.05, 0.08, 0.1, 0.2} on the conversation scenarios (tuning seeds 1-4,
 # docs/benchmarks.md): 15 and 18 at 0.999 of the oracle (0.994, 0.996 without); 0.1-0.2
-# give up 19's one-shots (0.97-0.98).
+# give up 19's one-shots (0.97-0.98). Before any route's speed was measured, the least
+# loaded of all: scenario 17's 16 conversations arrive before any answer and the prior
+# cannot tell the fast node batches 4 (TTFT 1.15x -> 1.10x the oracle's, seeds 1-10; a
+# band of 0.3, 0.5, 0.7 there: 1.12x, 1.11x, 1.12x).
 COLD_BAND = 0.05
 
 
@@ -325,6 +328,7 @@ class ThompsonPolicy:
             else:  # cold everywhere: the least loaded of the routes about as good
                 band = COLD_BAND
         scores: list[tuple[float, int]] = []
+        measured = False  # whether any of the routes' speeds was measured (band only)
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -344,12 +348,16 @@ class ThompsonPolicy:
                 score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if band:
                 scores.append((score, i))
+                if (belief is not None and belief.curve.mass > 0.0) or arm.view.count:
+                    measured = True  # by us, or by peers (gossip)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
             return untried, (SCOUT if known else GREEDY)
         if band and best_score > 0.0:  # fewest in flight, then the best score, wins
-            floor = best_score * (1.0 - band)
+            # Before any answer came back (a cold start: every route's speed and batch is
+            # a prior) the least loaded of all.
+            floor = best_score * (1.0 - band) if measured else -math.inf
             best = min((arms[i].in_flight, -sc, i) for sc, i in scores if sc >= floor)[2]
         return best, EXPLOIT
 

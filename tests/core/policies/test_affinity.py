@@ -403,3 +403,20 @@ def test_a_new_conversation_goes_to_the_least_loaded_of_routes_about_as_fast() -
     assert share(equal, pick=2) > 0.95
     assert share(equal, pick=0, warm=0) > 0.9
     assert share(learnt({"a": 90.0, "b": 30.0, "c": 30.0}), pick=0) > 0.9
+
+
+def test_before_any_answer_new_conversations_spread_by_what_is_in_flight() -> None:
+    # A cold start (scenario 17): every route has requests in flight and none answered yet,
+    # so speeds and batch sizes are only the advertised priors. A prompt no route holds goes
+    # to the least loaded; by the prior's draw it mostly went to the fastest-advertised,
+    # whose small batch may already be full.
+    policy = ThompsonPolicy()
+    prompt = chain([b"system", b"user"], [1500, 100])
+    rng, wins = random.Random(3), 0
+    for _ in range(200):
+        arms = [arm(name, n, prior) for name, n, prior
+                in (("a", 5, 90.0), ("b", 3, 60.0), ("c", 2, 30.0))]
+        for a in arms:
+            a.prefix = prompt
+        wins += policy.choose(arms, 0.0, rng)[0] == 2
+    assert wins / 200 > 0.95
