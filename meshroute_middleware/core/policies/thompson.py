@@ -128,6 +128,17 @@ TTFT_WEIGHT = 1.0
 # {0.05, 0.1, 0.25}).
 WAIT_ALPHA = 0.1
 MAX_AHEAD = 64  # counts ahead learned apart (more share the last)
+# A request with a prompt that no route holds (a new conversation, a one-shot) goes to the
+# route with the fewest in flight among those whose score is within this share of the best
+# (SGLang's router places new prompts on the least loaded worker): on equal routes the
+# posterior's noise alone would pick, and a busier route's neighbours pay for it later.
+# 0.05 of {0.02, 0.05, 0.08, 0.1, 0.2} on the conversation scenarios (tuning seeds 1-4,
+# docs/benchmarks.md): 15 and 18 at 0.999 of the oracle (0.994, 0.996 without); 0.1-0.2
+# give up 19's one-shots (0.97-0.98). Before any route's speed was measured, the least
+# loaded of all: scenario 17's 16 conversations arrive before any answer and the prior
+# cannot tell the fast node batches 4 (TTFT 1.15x -> 1.10x the oracle's, seeds 1-10; a
+# band of 0.3, 0.5, 0.7 there: 1.12x, 1.11x, 1.12x).
+COLD_BAND = 0.05
 
 
 @dataclass(slots=True)
@@ -229,7 +240,9 @@ def gain(s1: float, curve: int, in_flight: int) -> float:
 def _queue_share(belief: ArmBelief | None, in_flight: int) -> float:
     """The posterior's probability that a request joining `in_flight` others on this route
     waits for a slot (its knee below in_flight + 1); 0 while nothing was measured."""
-    if belief is None or not in_flight or belief.curve.mass <= 0.0:
+    if not in_flight:
+        return 0.0
+    if belief is None or belief.curve.mass <= 0.0:
         return 0.0
     cum = belief.curve.posterior()[0]  # cumulative over CURVES, knee-major
     k = bisect.bisect_left(KNEES, in_flight + 1) * len(SLOWDOWNS)
@@ -303,6 +316,7 @@ class ThompsonPolicy:
         cost = lengths.weight(arms[0].max_tokens) if lengths is not None else 1.0
         answer = 0.0  # > 0: score by expected time, prefill included
         warm_cost, weight = cost, NEIGHBOUR_WEIGHT
+        band = 0.0
         if self.affinity and arms and arms[0].prefix is not None:
             expected = lengths.expected(arms[0].max_tokens) if lengths is not None else None
             answer = expected if expected is not None else DEFAULT_ANSWER_TOKENS
@@ -311,6 +325,10 @@ class ThompsonPolicy:
                 # on requests that are cold everywhere (new conversations, one-shots).
                 warm_cost = cost * WARM_DRIFT
                 weight = CONVERSATION_NEIGHBOUR_WEIGHT
+            else:  # cold everywhere: the least loaded of the routes about as good
+                band = COLD_BAND
+        scores: list[tuple[float, int]] = []
+        measured = False  # whether any of the routes' speeds was measured (band only)
         for i, arm in enumerate(arms):
             belief = self._beliefs.get(arm.route.signature)
             if (belief is not None and arm.origins > 1
@@ -328,10 +346,19 @@ class ThompsonPolicy:
                                           self._wait_s(arm, belief))
             else:
                 score = self.score(arm, belief, now, rng, decisions, drift, cost)
+            if band:
+                scores.append((score, i))
+                if (belief is not None and belief.curve.mass > 0.0) or arm.view.count:
+                    measured = True  # by us, or by peers (gossip)
             if score > best_score:
                 best, best_score = i, score
         if untried >= 0:
             return untried, (SCOUT if known else GREEDY)
+        if band and best_score > 0.0:  # fewest in flight, then the best score, wins
+            # Before any answer came back (a cold start: every route's speed and batch is
+            # a prior) the least loaded of all.
+            floor = best_score * (1.0 - band) if measured else -math.inf
+            best = min((arms[i].in_flight, -sc, i) for sc, i in scores if sc >= floor)[2]
         return best, EXPLOIT
 
     def score(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,

@@ -370,3 +370,53 @@ def test_the_inlined_message_chain_is_the_chain_of_the_message_keys() -> None:
         keys = [message_key(m["role"], m["content"]) for m in messages]
         assert message_chain(messages, session) == chain(
             [k for k, _ in keys], [n for _, n in keys], session_key(session))
+
+
+def test_a_new_conversation_goes_to_the_least_loaded_of_routes_about_as_fast() -> None:
+    # Three equal routes with room (no slowdown per neighbour) and 3, 2 and 1 in flight, a
+    # prompt none of them holds: the posterior's noise alone picked (c about a fifth of the
+    # time); now the least loaded takes it. A warm turn stays warm, and a route three times
+    # as fast still wins with more in flight.
+    def learnt(speeds: dict[str, float]) -> ThompsonPolicy:
+        policy = ThompsonPolicy()
+        for name, s1 in speeds.items():
+            _learnt_knee(policy, f"m|{name}[0-31]", s1, 16, 0.0)
+        for name, s1 in speeds.items():  # one more sample each: all as fresh (no drift)
+            policy.observe(f"m|{name}[0-31]", Outcome(
+                200, 0.1 + 200 / s1, 0.1, uncached_tokens=0, concurrency=1.0), 480.0)
+        return policy
+
+    prompt = chain([b"system", b"user"], [1500, 100])
+
+    def share(policy: ThompsonPolicy, pick: int, warm: int = -1) -> float:
+        rng, wins = random.Random(3), 0
+        for _ in range(200):
+            arms = [arm(name, n) for name, n in zip("abc", (3, 2, 1), strict=True)]
+            for a in arms:
+                a.prefix = prompt
+            if warm >= 0:
+                arms[warm].warm_tokens = 1500
+            wins += policy.choose(arms, 480.0, rng)[0] == pick
+        return wins / 200
+
+    equal = learnt({"a": 60.0, "b": 60.0, "c": 60.0})
+    assert share(equal, pick=2) > 0.95
+    assert share(equal, pick=0, warm=0) > 0.9
+    assert share(learnt({"a": 90.0, "b": 30.0, "c": 30.0}), pick=0) > 0.9
+
+
+def test_before_any_answer_new_conversations_spread_by_what_is_in_flight() -> None:
+    # A cold start (scenario 17): every route has requests in flight and none answered yet,
+    # so speeds and batch sizes are only the advertised priors. A prompt no route holds goes
+    # to the least loaded; by the prior's draw it mostly went to the fastest-advertised,
+    # whose small batch may already be full.
+    policy = ThompsonPolicy()
+    prompt = chain([b"system", b"user"], [1500, 100])
+    rng, wins = random.Random(3), 0
+    for _ in range(200):
+        arms = [arm(name, n, prior) for name, n, prior
+                in (("a", 5, 90.0), ("b", 3, 60.0), ("c", 2, 30.0))]
+        for a in arms:
+            a.prefix = prompt
+        wins += policy.choose(arms, 0.0, rng)[0] == 2
+    assert wins / 200 > 0.95
