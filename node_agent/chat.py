@@ -68,16 +68,24 @@ def _max_tokens(body: dict[str, Any], config: EmulatorConfig) -> int | None:
     return raw
 
 
-def parse_chat(body: Any, config: EmulatorConfig) -> ChatJob:
-    """Validate a chat-completions body; raise ChatRequestError or ModelNotServedError."""
+def served_body(body: Any, config: EmulatorConfig) -> dict[str, Any]:
+    """A request body that is a JSON object naming this node's model (every endpoint's first
+    check); else ChatRequestError or ModelNotServedError."""
     if not isinstance(body, dict):
         raise ChatRequestError("request body must be a JSON object")
-    model, messages = body.get("model"), body.get("messages")
+    model = body.get("model")
     if not isinstance(model, str):
         raise ChatRequestError("'model' must be a string")
     if model != config.model:
         raise ModelNotServedError(f"model {model[:64]!r} not served here (serving "
-                                f"{config.model!r})")
+                                  f"{config.model!r})")
+    return body
+
+
+def parse_chat(body: Any, config: EmulatorConfig) -> ChatJob:
+    """Validate a chat-completions body; raise ChatRequestError or ModelNotServedError."""
+    served_body(body, config)
+    model, messages = body["model"], body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ChatRequestError("'messages' must be a non-empty list")
     options = body.get("stream_options") or {}

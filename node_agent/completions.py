@@ -16,9 +16,9 @@ from meshroute_middleware.core.prefix import message_chain
 from .chat import (
     ChatJob,
     ChatRequestError,
-    ModelNotServedError,
     chunk,
     completion,
+    served_body,
     usage,
     usage_chunk,
 )
@@ -65,14 +65,8 @@ def _prompt_words(prompt: Any) -> tuple[int, str | None]:
 
 def parse_completion(body: Any, config: EmulatorConfig) -> ChatJob:
     """Validate a completions body; raise ChatRequestError or ModelNotServedError."""
-    if not isinstance(body, dict):
-        raise ChatRequestError("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise ChatRequestError("'model' must be a string")
-    if model != config.model:
-        raise ModelNotServedError(f"model {model[:64]!r} not served here (serving "
-                                  f"{config.model!r})")
+    body = served_body(body, config)
+    model = body["model"]
     tokens, text = _prompt_words(body.get("prompt"))
     raw = body.get("max_tokens")
     if raw is not None and (type(raw) is not int or not 1 <= raw <= config.max_tokens_limit):

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .chat import ChatRequestError, ModelNotServedError
+from .chat import ChatRequestError, served_body
 from .shard import EmulatorConfig
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
@@ -57,14 +57,8 @@ def _is_tokens(value: Any) -> bool:
 
 def parse_embeddings(body: Any, config: EmulatorConfig) -> EmbeddingJob:
     """Validate an embeddings body; raise ChatRequestError or ModelNotServedError."""
-    if not isinstance(body, dict):
-        raise ChatRequestError("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise ChatRequestError("'model' must be a string")
-    if model != config.model:
-        raise ModelNotServedError(f"model {model[:64]!r} not served here (serving "
-                                  f"{config.model!r})")
+    body = served_body(body, config)
+    model = body["model"]
     dimensions = body.get("dimensions", config.embedding_dim)
     if type(dimensions) is not int or not 1 <= dimensions <= config.embedding_dim:
         raise ChatRequestError(f"'dimensions' must be an integer in 1..{config.embedding_dim}")
