@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
 import json
@@ -23,7 +22,7 @@ from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core import InvalidNodeError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import CAPABILITIES
-from meshroute_middleware.core.clients import Client
+from meshroute_middleware.core.clients import Client, find_client
 from meshroute_middleware.core.clients_budget import GROUPS, usage_report
 from meshroute_middleware.core.objectives import (
     DEFAULT_OBJECTIVE,
@@ -34,6 +33,7 @@ from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import AUTO_ALIASES
+from meshroute_middleware.http.auth import presented_keys
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, error_body
 from meshroute_middleware.http.inference import NEEDS
 from meshroute_middleware.http.openapi import openapi_document
@@ -508,31 +508,22 @@ class UsageAPI:
 
     def _caller(self, request: Request) -> Client | Response | None:
         """The client whose key this is; None for the admin; else the 401 to answer."""
-        given = client_key(request)
-        if given is None:
+        keys = presented_keys(request.scope.get("headers", ()))  # the chat path's one reader
+        if not keys:
             if not self.admin_token and is_loopback_client(request):
                 return None
             return error_response(401, "/v1/usage needs the admin token or a client's key "
                                   "(Authorization: Bearer KEY or x-api-key)", "missing_api_key")
-        if self.admin_token and hmac.compare_digest(given.encode(), self.admin_token.encode()):
+        given = keys[0]
+        if self.admin_token and hmac.compare_digest(given, self.admin_token.encode()):
             return None
-        digest = hashlib.sha256(given.encode()).digest()
-        found = None
-        for c in self.clients:  # every digest compared: the time says nothing of which
-            if hmac.compare_digest(digest, c.key_digest):
-                found = c
+        found = find_client(self.clients, given)  # every digest compared, in constant time
         if found is not None:
             return found
         return error_response(401, "the key is neither the admin token nor a client's",
                               "invalid_api_key")
 
 
-def client_key(request: Request) -> str | None:
-    """The key a request carries: `Authorization: Bearer KEY`, else `x-api-key`."""
-    auth = request.headers.get("authorization", "")
-    if auth[:7].lower() == "bearer " and auth[7:].strip():
-        return auth[7:].strip()
-    return request.headers.get("x-api-key") or None
 def embeddings_table(router: Router, model: str | None,
                      providers: ProviderRouter | None = None) -> dict[str, Any]:
     """The embeddings statistics of the models with embeddings traffic, over their routes

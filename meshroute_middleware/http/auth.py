@@ -19,7 +19,7 @@ from meshroute_middleware.core.clients import (
     find_client,
 )
 
-__all__ = ["CHALLENGE", "KEY_HEADERS", "ClientAuth", "client_of"]
+__all__ = ["CHALLENGE", "KEY_HEADERS", "ClientAuth", "client_of", "presented_keys"]
 
 log = logging.getLogger("meshroute.middleware")
 LOG_EVERY_S = 1.0  # a flood of refused keys logs one line a second, with the count since
@@ -54,7 +54,7 @@ class ClientAuth:
         if not self.clients:
             return None
         headers = scope.get("headers", ())
-        presented = _presented(headers)
+        presented = presented_keys(headers)
         if not presented:
             raise MissingKeyError("this gateway needs a client key: 'Authorization: Bearer "
                                   "<key>' or 'x-api-key: <key>'")
@@ -87,7 +87,7 @@ def client_of(scope: Scope) -> Client | None:
     return client if isinstance(client, Client) else None
 
 
-def _presented(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
     """The keys a request presents: each `Authorization: Bearer` token and `x-api-key`."""
     out = []
     for name, value in headers:
