@@ -5,11 +5,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .contracts.plan import PlanHop, encode_plan
 from .errors import InvalidPinError
+from .slot_count import route_slots
 from .topology import NodeRecord
 
 MAX_CANDIDATES = 8  # ADR-0021: "Capped at 8 candidates ranked by prior"
@@ -41,6 +42,9 @@ class Route:
     signature: str
     prior_tps: float
     caps: frozenset[str] = frozenset()  # what every hop serves (core/capabilities.py)
+    # The fewest requests a hop runs at once (core/slot_count.py); None: a hop did not say.
+    # Derived from the hops, so it takes no part in equality or hashing.
+    slots: int | None = field(default=None, compare=False)
 
     @property
     def head(self) -> NodeRecord:
@@ -69,9 +73,10 @@ def signature_of(model: str, hops: Sequence[Hop]) -> str:
 
 def make_route(model: str, hops: Sequence[Hop]) -> Route:
     """Build a route; its prior is the bottleneck hop's effective throughput, its
-    capabilities those every hop has."""
+    capabilities those every hop has, its slots the fewest of its hops'."""
     prior = min(h.node.effective_tps for h in hops)
-    return Route(model, tuple(hops), signature_of(model, hops), prior, route_caps(hops))
+    return Route(model, tuple(hops), signature_of(model, hops), prior, route_caps(hops),
+                 route_slots(h.node.slots for h in hops))
 
 
 def route_caps(hops: Sequence[Hop]) -> frozenset[str]:

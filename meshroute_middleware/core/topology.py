@@ -14,6 +14,7 @@ from .capabilities import CAPABILITIES, DEFAULT_CAPS, parse_caps
 from .contracts.limits import MAX_ID_CHARS, MAX_TPS
 from .errors import InvalidNodeError
 from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
+from .slot_count import parse_slot_count, slot_fields
 
 MAX_LAYERS = 100_000
 MAX_QUEUE = 1_000_000
@@ -52,6 +53,8 @@ class NodeRecord:
     caps: frozenset[str] = DEFAULT_CAPS  # what it serves beyond plain chat (capabilities.py)
     # The server's own prefix-cache report, where it exports one (core/cache_prior.py).
     cache: CachePrior | None = None
+    # How many requests its server runs at once, where it says (core/slot_count.py).
+    slots: int | None = None
 
     @property
     def effective_tps(self) -> float:
@@ -65,7 +68,7 @@ class NodeRecord:
             "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
             "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
             "caps": [c for c in CAPABILITIES if c in self.caps],
-            **prior_fields(self.cache),
+            **prior_fields(self.cache), **slot_fields(self.slots),
         }
 
 
@@ -187,7 +190,8 @@ def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
     if not 0 <= rep <= 1:
         raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
     return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now,
-                      _caps(data), cache=parse_cache_prior(data))
+                      _caps(data), cache=parse_cache_prior(data),
+                      slots=parse_slot_count(data))
 
 
 def _caps(data: Mapping[str, Any]) -> frozenset[str]:

@@ -227,3 +227,27 @@ async def test_a_hostile_cache_report_is_a_400_counted_and_a_good_one_is_kept() 
     props = encode_record(record("n1"))
     discovery.announced(f"n1.{NODE_SERVICE}", {**props, "ch": "1.5"})
     assert gw.router.topology.node("n1") is None and gw.telemetry.rejected["mdns"] == 1
+
+
+# -- a server's slot count -------------------------------------------------------------------
+async def test_a_hostile_slot_count_is_a_400_counted_and_a_good_one_is_kept() -> None:
+    gw = gateway()
+    good = {**record("n0").to_dict(), "slots": 8}
+    async with client(gw.app) as c:
+        for bad in (0, 65537, True, 2.5, "٤", "1e3", [8]):
+            resp = await c.post("/v1/nodes", json={**good, "slots": bad})
+            assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_node"
+            assert "'slots' must be an integer in 1..65536" in resp.json()["error"]["message"]
+        assert (await c.post("/v1/nodes", json=good)).status_code == 201
+        listed = (await c.get("/v1/nodes")).json()["nodes"]
+    assert gw.telemetry.rejected["http"] == 7
+    assert [n["slots"] for n in listed] == [8]
+    (route,) = gw.router.candidates("m")
+    assert route.slots == 8
+    discovery = Discovery(gw.mesh)
+    props = encode_record(record("n1"))
+    discovery.announced(f"n1.{NODE_SERVICE}", {**props, "sl": "0"})
+    assert gw.router.topology.node("n1") is None and gw.telemetry.rejected["mdns"] == 1
+    discovery.announced(f"n1.{NODE_SERVICE}", {**props, "sl": "16"})
+    node = gw.router.topology.node("n1")
+    assert node is not None and node.slots == 16

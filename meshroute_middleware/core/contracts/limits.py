@@ -17,3 +17,7 @@ MAX_TPS: Final = 1_000_000.0
 # classes): larger bounds say no more than this one (2**20), and a huge integer in a body
 # could not even be made a float.
 MAX_ANSWER_TOKENS: Final = 1 << 20
+# A server's slot count (the requests it runs at once): vLLM's --max-num-seqs defaults to
+# 256-1024 and llama.cpp's --parallel is a handful; 2**16 leaves room for any batch a server
+# runs while a typo or a lie of millions is refused.
+MAX_SLOTS: Final = 1 << 16

@@ -46,6 +46,10 @@ CAPS_KEY: Final = "caps"
 # The server's prefix-cache report (core/cache_prior.py), only when the node has one:
 # hit rate and the most tokens a slot holds. parse_node bounds both.
 CACHE_KEYS: Final[Mapping[str, str]] = {"ch": "cache_hit", "ck": "cache_tokens"}
+# The server's slot count (core/slot_count.py), only when the node states one.
+SLOTS_KEYS: Final[Mapping[str, str]] = {"sl": "slots"}
+# What a record carries only when the node has it.
+_OPTIONAL_KEYS: Final[Mapping[str, str]] = {**CACHE_KEYS, **SLOTS_KEYS}
 # Tracker record: its id, HTTP port (optional) and gossip port.
 TRACKER_ID_KEY, TRACKER_HTTP_KEY, TRACKER_GOSSIP_KEY = "id", "hp", "gp"
 
@@ -151,7 +155,7 @@ def encode_node(record: NodeRecord, secret: str | None = None) -> dict[str, str]
         value = fields[name]
         props[short] = _fmt_float(value) if isinstance(value, float) else str(value)
     props[CAPS_KEY] = format_caps(record.caps)
-    for short, name in CACHE_KEYS.items():
+    for short, name in _OPTIONAL_KEYS.items():
         if name in fields:
             value = fields[name]
             props[short] = _fmt_float(value) if isinstance(value, float) else str(value)
@@ -171,7 +175,7 @@ def decode_node(props: TxtProperties, *, secret: str | None = None,
     fields = {name: text[short] for short, name in NODE_KEYS.items() if short in text}
     if CAPS_KEY in text:
         fields["caps"] = text[CAPS_KEY]
-    fields.update({name: text[short] for short, name in CACHE_KEYS.items() if short in text})
+    fields.update({name: text[short] for short, name in _OPTIONAL_KEYS.items() if short in text})
     return parse_node(fields, now=now)
 
 
