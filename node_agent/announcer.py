@@ -110,12 +110,15 @@ class NodeAnnouncer:
         self._updated_at = self._clock()
 
     async def refresh(self, queue: int, tps: float,
-                      cache: CachePrior | EllipsisType | None = ...) -> bool:
-        """Announce new load (and the server's cache report, if given) if it changed
-        meaningfully and the rate limit allows; say if sent."""
+                      cache: CachePrior | EllipsisType | None = ...,
+                      slots: int | EllipsisType | None = ...) -> bool:
+        """Announce new load (and the server's cache report and slot count, where given) if
+        it changed meaningfully and the rate limit allows; say if sent."""
         new = replace(self.record, queue=queue, tps=round(tps, 3))
         if not isinstance(cache, EllipsisType):
             new = replace(new, cache=announced_cache(self.record.cache, cache))
+        if not isinstance(slots, EllipsisType):
+            new = replace(new, slots=slots)
         if not meaningful_change(self.record, new):
             return False
         if self._clock() - self._updated_at < self._min_interval_s:
@@ -126,13 +129,15 @@ class NodeAnnouncer:
 
     async def follow(self, load: Callable[[], tuple[int, float]],
                      poll_s: float = LOAD_POLL_S,
-                     cache: Callable[[], CachePrior | None] | None = None) -> None:
-        """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report)
-        forever, refreshing the announcement."""
+                     cache: Callable[[], CachePrior | None] | None = None,
+                     slots: Callable[[], int | None] | None = None) -> None:
+        """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report,
+        and `slots()`, its slot count) forever, refreshing the announcement."""
         while True:
             await anyio.sleep(poll_s)
             queue, tps = load()
-            await self.refresh(queue, tps, ... if cache is None else cache())
+            await self.refresh(queue, tps, ... if cache is None else cache(),
+                               ... if slots is None else slots())
 
     async def close(self) -> None:
         """Unregister with a goodbye."""

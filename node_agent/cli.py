@@ -19,6 +19,7 @@ import anyio
 from meshroute_middleware.core import InvalidNodeError, NodeRecord, parse_node
 from meshroute_middleware.core.capabilities import CAPABILITIES, parse_caps
 from meshroute_middleware.core.errors import MeshRouteError
+from meshroute_middleware.core.slot_count import slot_count
 
 from .announcer import LOAD_POLL_S, NodeAnnouncer
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
@@ -35,11 +36,15 @@ ENV: dict[str, tuple[str, type]] = {
     "mesh_secret": ("MESHROUTE_MESH_SECRET", str),
     "load_from": ("MESHROUTE_NODE_LOAD_FROM", str),
     "caps": ("MESHROUTE_NODE_CAPS", str), "api_key_env": ("MESHROUTE_NODE_API_KEY_ENV", str),
+    "slots": ("MESHROUTE_NODE_SLOTS", int),
 }
 EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
     "seconds_per_layer": (float, "seconds of compute per layer per token"),
     "hop_latency_s": (float, "seconds of link latency per token into this hop"),
-    "slots": (int, "requests served at once (the batch); more queue"),
+    # also the slot count any node announces (NodeSettings.slots), emulated or not
+    "slots": (int, "requests served at once (the batch; more queue), announced as the "
+                   "node's slots; for any server (vLLM --max-num-seqs, llama.cpp --parallel), "
+                   "over what its /slots page says"),
     "slot_slowdown": (float, "per-token slowdown per extra request in the batch (0: free)"),
     "max_queue": (int, "requests that may queue before 503"),
     "noise_sigma": (float, "sigma of per-request log-normal noise on compute time"),
@@ -79,6 +84,9 @@ class NodeSettings:
     # sent on this agent's own probes of it; the tracker's forwarder is given it by the
     # tracker's own [[node_keys]] (docs/security.md): it never travels in a record.
     api_key: str | None = field(default=None, repr=False)
+    # --slots: the slot count to announce (core/slot_count.py), over what the server's pages
+    # say; None: the emulator's own (its `slots` knob) or the server's /slots, if any.
+    slots: int | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,7 +154,8 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
         knobs={k: values[k] for k in EMULATOR_KNOBS if values.get(k) is not None},
         load_from=load_from,
         caps=None if values.get("caps") is None else parse_caps(values["caps"], "--caps"),
-        api_key=_api_key(values.get("api_key_env"), environ))
+        api_key=_api_key(values.get("api_key_env"), environ),
+        slots=None if values.get("slots") is None else slot_count(values["slots"], "--slots"))
 
 
 def _api_key(name: str | None, environ: Mapping[str, str]) -> str | None:
@@ -171,13 +180,14 @@ def emulator_config(s: NodeSettings) -> EmulatorConfig:
                           start=s.start, end=s.end, layers=s.layers, tps=s.tps, **s.knobs)
 
 
-def node_record(s: NodeSettings, url: str, node_id: str | None, tps: float) -> NodeRecord:
+def node_record(s: NodeSettings, url: str, node_id: str | None, tps: float,
+                slots: int | None = None) -> NodeRecord:
     """The validated record to announce; InvalidNodeError says what is wrong."""
     where = urlsplit(url).netloc
     return parse_node({"node_id": node_id or s.node_id or default_node_id(s, where),
                        "model": s.model, "start": s.start, "end": s.end, "layers": s.layers,
                        "url": url, "tps": tps,
-                       "caps": None if s.caps is None else sorted(s.caps)})
+                       "caps": None if s.caps is None else sorted(s.caps), "slots": slots})
 
 
 def reachable_url(url: str, interfaces: str) -> str:
@@ -198,7 +208,7 @@ class StartError(MeshRouteError):
 async def _serve(s: NodeSettings) -> int:
     async with AsyncExitStack() as stack:
         node: EmulatedNode | None = None
-        url, node_id, tps = s.url, s.node_id, s.tps or 10.0
+        url, node_id, tps, slots = s.url, s.node_id, s.tps or 10.0, s.slots
         if s.emulate:
             config = emulator_config(s)
             try:
@@ -210,8 +220,9 @@ async def _serve(s: NodeSettings) -> int:
                 raise StartError(f"the emulator cannot start: {one_line(exc)}") from exc
             node, url, node_id, tps = (served, url or reachable_url(own_url, s.mdns_interfaces),
                                        config.node_id, served.measured_tps)
+            slots = config.slots
         assert url is not None
-        record = node_record(s, url, node_id, tps)
+        record = node_record(s, url, node_id, tps, slots)
         announcer = NodeAnnouncer(record, interfaces=s.mdns_interfaces,
                                   mesh_secret=s.mesh_secret)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -231,8 +242,10 @@ async def _serve(s: NodeSettings) -> int:
                 elif s.load_from != "none":  # a real server: its own metrics are the prior
                     reader = LoadReader(url, s.load_from, tps, api_key=s.api_key)
                     tg.start_soon(reader.run)
+                    # an operator's --slots wins over what the server's pages say
                     tg.start_soon(announcer.follow, reader.announcement, LOAD_POLL_S,
-                                  reader.cache_prior)
+                                  reader.cache_prior,
+                                  reader.slot_count if s.slots is None else None)
                 async for signum in signals:
                     print(f"meshroute node: {signal.Signals(signum).name}: saying goodbye",
                           flush=True)

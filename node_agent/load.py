@@ -19,6 +19,10 @@ two reads), or the older gauge `vllm:gpu_prefix_cache_hit_rate`; llama.cpp's `/s
 `n_past` (tokens held, no hit rate). A page whose cache fields are malformed gives no prior
 and is counted (`LoadReader.rejected`) and logged; the load part is read as before.
 
+llama.cpp's `/slots` also gives the server's slot count (the requests it runs at once), which
+the node announces as its `slots` (core/slot_count.py) unless the operator states one with
+`--slots`; a count outside 1..MAX_SLOTS (an empty list) is not announced, counted and logged.
+
 The parsing is pure (text in, `ServerLoad` out); `LoadReader` is the thin HTTP poller.
 """
 
@@ -35,7 +39,8 @@ import aiohttp
 import anyio
 
 from meshroute_middleware.core.cache_prior import MAX_CACHE_TOKENS, CachePrior
-from meshroute_middleware.core.errors import MeshRouteError
+from meshroute_middleware.core.errors import InvalidNodeError, MeshRouteError
+from meshroute_middleware.core.slot_count import slot_count
 
 log = logging.getLogger("meshroute.node_agent")
 
@@ -53,7 +58,7 @@ class ServerLoad:
     source: str
     running: int
     waiting: int
-    slots: int | None = None
+    slots: int | None = None  # how many requests it runs at once, where it says
     tokens_per_s: float | None = None
     cache: CachePrior | None = None  # its prefix cache, where it exports it
 
@@ -281,7 +286,7 @@ class LoadReader:
         self._before: Metrics | None = None
         # the server's own key (--api-key-env): llama.cpp guards /metrics and /slots with it
         self._headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-        self.rejected = 0  # pages whose cache fields were malformed
+        self.rejected = 0  # pages whose cache fields or slot count were malformed
 
     def announcement(self) -> tuple[int, float]:
         """(queue, tokens/s) to announce now."""
@@ -304,7 +309,8 @@ class LoadReader:
             return None
         else:
             load = (vllm_load if source == "vllm" else tgi_load)(metrics, self._before)
-        load = replace(load, cache=self._cache(source, metrics, slots))
+        load = replace(load, cache=self._cache(source, metrics, slots),
+                       slots=self._slot_count(load.slots))
         if metrics is not None:
             self._before = metrics
         if load.tokens_per_s is not None:
@@ -316,6 +322,22 @@ class LoadReader:
         """The server's prefix-cache report to announce now (None: it exports none)."""
         latest = self.latest
         return None if latest is None else latest.cache
+
+    def slot_count(self) -> int | None:
+        """The server's slot count to announce now (None: it gives none)."""
+        latest = self.latest
+        return None if latest is None else latest.slots
+
+    def _slot_count(self, count: int | None) -> int | None:
+        """A page's slot count, bounded; one out of range is dropped, counted and logged."""
+        if count is None:
+            return None
+        try:
+            return slot_count(count, "the /slots count")
+        except InvalidNodeError as exc:
+            self.rejected += 1
+            log.warning("load: %s: slot count refused: %s", self.base, exc)
+            return None
 
     def _cache(self, source: str, metrics: Metrics | None, slots: Any) -> CachePrior | None:
         """The pages' cache prior; a malformed one is dropped, counted and logged."""

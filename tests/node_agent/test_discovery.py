@@ -35,6 +35,7 @@ async def test_node_process_found_then_removed_by_goodbye_and_by_health(
         record = sink.records["killed"]
         assert (record.model, record.start, record.end, record.layers) == (
             "emu-model", 0, 31, 32)
+        assert (record.slots, sink.records["polite"].slots) == (3, 4)  # --slots, the default
         async with aiohttp.ClientSession() as session, \
                 session.get(record.url + "/v1/models") as resp:
             assert resp.status == 200  # the announced URL is the emulator itself
