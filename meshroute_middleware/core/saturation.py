@@ -56,6 +56,15 @@ MIN_SIGMA = 0.05
 # Bins a route's shared summary carries at most (gossip, issue 14; more are merged, see
 # `CurveBelief.summary`): 1-32 in flight span 20 bins, of which a route visits a few.
 SUMMARY_BINS = 8
+# A route whose server announces its slots (core/slot_count.py: how many requests it runs at
+# once; more queue) has its knee there, the grid's smallest knee >= the slots: the prior over
+# CURVES weighs every other knee down, a knee below by exp(-SLOTS_BELOW) (a server may run
+# out of memory or compute before its slots: vLLM preempts), one above by exp(-SLOTS_ABOVE)
+# (it cannot batch more than it says, unless its samples insist: an announcement is a
+# prior, never trusted outright). Without it a 4-slot server is believed to batch 16 until
+# its queue was paid for: scenario 17's first conversations queue there (TTFT 1.15x the
+# oracle's held out, 1.00x with it). 2 of {1, 2, 3, 5} below (docs/benchmarks.md).
+SLOTS_BELOW, SLOTS_ABOVE = 2.0, 7.0
 
 
 def log_g(c: float, knee: float, slowdown: float) -> float:
@@ -94,6 +103,47 @@ def bin_of(c: float) -> int:
     return round(BINS_PER_OCTAVE * math.log2(max(c, 1.0)))
 
 
+def slots_knee(slots: int | None) -> int:
+    """1 + the index in KNEES of the knee a server announcing `slots` has (the smallest
+    knee >= slots); 0 when it says none, or more than the grid tells apart (past 32)."""
+    if not slots:
+        return 0
+    k = bisect.bisect_left(KNEES, slots)
+    return k + 1 if k < len(KNEES) - 1 else 0
+
+
+def _prior_logs(knee: int) -> tuple[float, ...]:
+    """The log prior weight of every curve given `slots_knee`'s result (0: flat)."""
+    k = knee - 1
+    return tuple(0.0 if knee == 0 or i == k else (-SLOTS_BELOW if i < k else -SLOTS_ABOVE)
+                 for i in range(len(KNEES)) for _ in SLOWDOWNS)
+
+
+def _cumulate(logs: Iterable[float]) -> list[float]:
+    """Cumulative weights of log weights (shifted by their maximum)."""
+    logs = list(logs)
+    top = max(logs)
+    cum, acc = [], 0.0
+    for lw in logs:
+        acc += math.exp(lw - top)
+        cum.append(acc)
+    return cum
+
+
+PRIOR_LOGS = tuple(_prior_logs(k) for k in range(len(KNEES)))
+PRIOR_CUMS = tuple(tuple(_cumulate(logs)) for logs in PRIOR_LOGS)
+
+
+def prior_draw(rng: random.Random, knee: int) -> int:
+    """A curve index drawn from the prior alone (`slots_knee`'s result; one rng.random()
+    if a knee is known, else rng.randrange over the grid as before the prior existed)."""
+    if not knee:
+        return rng.randrange(N_CURVES)
+    cum = PRIOR_CUMS[knee]
+    j = bisect.bisect_right(cum, rng.random() * cum[-1])
+    return j if j < N_CURVES else N_CURVES - 1
+
+
 def _log_gs(c: float) -> list[float]:
     """log g at concurrency c for every curve of the grid."""
     return [log_g(c, knee, slowdown) for knee, slowdown in CURVES]
@@ -123,6 +173,14 @@ class CurveBelief:
     # index, sigma()); None once a sample or a change calls for a refit (see `add`).
     _post: tuple[list[float], list[float], int, float] | None = None
     _since_fit: int = 0  # samples taken since the fit
+    knee: int = 0  # the announced slots' knee (`slots_knee`), the prior's; 0: a flat prior
+
+    def set_knee(self, knee: int) -> None:
+        """The prior's knee from the route's announced slots (`slots_knee`): a change
+        calls for a refit."""
+        if knee != self.knee:
+            self.knee = knee
+            self._post = None
 
     def decay(self, d: float) -> None:
         """Multiply every sample weight by d (time decay)."""
@@ -198,8 +256,8 @@ class CurveBelief:
         Cached until a sample or a change calls for a refit (`add`: every sample while few
         are known, past REFIT_SHARE of the mass later); decay alone keeps it (all bins
         shrink alike: the same means and MAP). Each curve's log s1 is the mass-weighted mean of
-        (bin mean − log g); its likelihood exp(−SSE / 2σ²) over the bin means; a flat prior
-        over the grid.
+        (bin mean − log g); its likelihood exp(−SSE / 2σ²) over the bin means; the prior
+        over the grid is flat, or peaks at the announced slots' knee (`set_knee`).
         """
         post = self._post
         if post is not None:
@@ -210,10 +268,11 @@ class CurveBelief:
                  _log_gs(b.c)) for b in self.bins.values() if b.mass > 1e-9]
         total = sum(m for m, _, _ in bins)
         if total <= 0:
-            post = self._post = ([float(j + 1) for j in range(len(CURVES))],
-                                 [0.0] * len(CURVES), 0, sigma)
+            post = self._post = (list(PRIOR_CUMS[self.knee]), [0.0] * len(CURVES),
+                                 max(self.knee - 1, 0) * len(SLOWDOWNS), sigma)
             return post
         var2 = 2.0 * sigma ** 2
+        prior = PRIOR_LOGS[self.knee]
         logs, mus = [], []
         for j in range(len(CURVES)):
             # Σ m (x − g − mu)² = Σ m (x − g)² − M mu², with mu = Σ m (x − g) / M
@@ -223,14 +282,10 @@ class CurveBelief:
                 s1 += m * r
                 s2 += m * r * r
             mu = s1 / total
-            logs.append(-max(s2 - total * mu * mu, 0.0) / var2)
+            logs.append(-max(s2 - total * mu * mu, 0.0) / var2 + prior[j])
             mus.append(mu)
         top = max(logs)
-        cum, acc = [], 0.0
-        for lw in logs:
-            acc += math.exp(lw - top)
-            cum.append(acc)
-        post = self._post = (cum, mus, logs.index(top), sigma)
+        post = self._post = (_cumulate(logs), mus, logs.index(top), sigma)
         return post
 
     def peek(self) -> tuple[list[float], list[float], int, float]:

@@ -11,12 +11,15 @@ import pytest
 from meshroute_middleware.core.saturation import (
     BIN_HALF_LIFE_SAMPLES,
     CURVES,
+    KNEES,
     MAX_MASS,
     REFIT_SHARE,
     SUMMARY_BINS,
     CurveBelief,
     bin_of,
     log_g,
+    prior_draw,
+    slots_knee,
     throughput,
 )
 
@@ -172,3 +175,55 @@ def test_a_summary_s_mass_is_capped_and_empty_bins_dropped() -> None:
     assert belief.mass == pytest.approx(MAX_MASS) and sorted(belief.bins) == [0, 4]
     assert belief.bins[0].mass == pytest.approx(150.0)
     assert CurveBelief().summary() == ()
+
+
+# -- announced slots: a prior for the knee (issue 26) ------------------------------------------
+def test_announced_slots_name_the_grid_knee_where_queueing_begins() -> None:
+    def knee(slots: int | None) -> float | None:
+        k = slots_knee(slots)
+        return KNEES[k - 1] if k else None
+
+    assert [knee(s) for s in (None, 1, 2, 4, 5, 8, 9, 16, 32)] == [
+        None, 1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0]
+    assert knee(33) is None and knee(65536) is None  # past what the grid tells apart
+
+
+def test_a_belief_with_no_samples_draws_mostly_the_announced_knee() -> None:
+    rng, belief = random.Random(5), CurveBelief()
+    belief.set_knee(slots_knee(4))
+    drawn = [CURVES[belief.draw(rng)][0] for _ in range(4000)]
+    assert drawn.count(4.0) / len(drawn) > 0.6  # 1 / (1 + 3 e^-2 + 6 e^-7) = 0.71
+    assert sum(k > 4.0 for k in drawn) / len(drawn) < 0.01  # batching more than it says
+    assert CURVES[belief.fit()[2]][0] == 4.0  # and the MAP is there
+    # A route measured by nobody (no belief at all) draws from the same prior.
+    alone = [CURVES[prior_draw(rng, slots_knee(4))][0] for _ in range(4000)]
+    assert alone.count(4.0) / len(alone) > 0.6
+    assert sum(k > 4.0 for k in alone) / len(alone) < 0.01
+
+
+def test_samples_overrule_an_announcement_they_contradict() -> None:
+    # A node says 4 slots but its server batches 16 (say vLLM with a larger --max-num-seqs):
+    # after samples at 1-12 in flight with no queueing the posterior has left the knee of 4.
+    belief = CurveBelief()
+    belief.set_knee(slots_knee(4))
+    _feed(belief, (90.0, 16.0, 0.02), random.Random(2), 60, cs=(1, 2, 4, 6, 8, 12))
+    assert CURVES[belief.fit()[2]][0] >= 12.0
+    # One that says 4 and does queue past 4 keeps it.
+    told = CurveBelief()
+    told.set_knee(slots_knee(4))
+    _feed(told, (90.0, 4.0, 0.25), random.Random(2), 60)
+    assert CURVES[told.fit()[2]][0] == 4.0
+
+
+def test_without_an_announcement_the_posterior_is_exactly_as_before() -> None:
+    plain, told = CurveBelief(), CurveBelief()
+    told.set_knee(slots_knee(None))
+    for belief in (plain, told):
+        _feed(belief, (60.0, 8.0, 0.1), random.Random(4), 50)
+    assert told.posterior() == plain.posterior()
+    # Setting a knee refits; setting it back gives the flat prior's fit again.
+    before = plain.posterior()
+    plain.set_knee(slots_knee(4))
+    assert plain.posterior() != before
+    plain.set_knee(0)
+    assert plain.posterior() == before

@@ -39,17 +39,20 @@ class DemoNode:
     slot_slowdown: float = 0.0  # each request's slowdown per batch neighbour (0: free)
 
     def record(self, url: str) -> dict[str, Any]:
-        """The node record it announces or registers."""
+        """The node record it announces or registers (its slots too, as `meshroute node
+        --emulate` announces them)."""
         return {"node_id": self.node_id, "model": self.model, "start": self.start,
-                "end": self.end, "layers": self.layers, "url": url, "tps": self.tps}
+                "end": self.end, "layers": self.layers, "url": url, "tps": self.tps,
+                "slots": self.slots}
 
 
 # ADR-0020's mixed topology: GPU boxes with half the layers, CPU boxes with all of them.
 # cpu-b is a single-hop route, so its leaving takes no other route's hop with it.
 # Servers behave as real ones do (issue 14): the GPU boxes batch (vLLM-like: a few per cent
 # slower per neighbour), the CPU boxes run one request at a time (llama.cpp without
-# --parallel), the edge pair batches a little and the laptop is serial; the policy is told
-# none of it and learns each route's curve from what it measures.
+# --parallel), the edge pair batches a little and the laptop is serial; each announces its
+# slots (a prior for its route's knee) and the policy learns the rest of each route's curve
+# (its slowdown, where it really saturates) from what it measures.
 MESH = (
     DemoNode("gpu-a", QWEN, 0, 21, 40, 150.0, slots=6, slot_slowdown=0.05),
     DemoNode("gpu-b", QWEN, 0, 19, 40, 80.0, slots=4, slot_slowdown=0.05),

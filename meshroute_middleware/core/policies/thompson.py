@@ -34,6 +34,8 @@ from ..saturation import (
     SLOWDOWNS,
     CurveBelief,
     g_at,
+    prior_draw,
+    slots_knee,
 )
 from ..stats import (
     HALF_LIFE_S,
@@ -377,6 +379,9 @@ class ThompsonPolicy:
         """One posterior draw of the arm's reliability, speed alone (s1) and curve."""
         n = arm.in_flight
         curve = belief.curve if belief is not None else None
+        knee = slots_knee(arm.route.slots)  # the server's announced batch: the knee's prior
+        if curve is not None:
+            curve.set_knee(knee)
         if belief is not None and curve is not None and curve.mass > 0.0:
             dt = now - belief.t
             if dt < 0.0:  # a wall clock that stepped back: no decay
@@ -401,8 +406,9 @@ class ThompsonPolicy:
             mu, sd = self._shared_prior(arm)
             prior = self._shared_curve(arm)
             if prior is None:
-                j = rng.randrange(len(CURVES)) if n else 0
+                j = prior_draw(rng, knee) if n else 0
             else:  # the peers' curve: their knee, and the speed at one request it implies
+                prior.set_knee(knee)
                 _, mus, best, _ = prior.posterior()
                 j = prior.draw(rng) if n else best
                 mu = mus[j]

@@ -53,9 +53,11 @@ class NodeSpec:
         return batch * self.shard_tps / self.slowdown(batch) if batch > 0 else 0.0
 
     def record(self, advertised_tps: float) -> NodeRecord:
-        """The node record it announces to the router."""
+        """The node record it announces to the router: its slots too, as `meshroute node`
+        does (an emulated node's batch, llama.cpp's /slots, --slots)."""
         return NodeRecord(self.node_id, MODEL, self.start, self.end, self.layers,
-                          f"http://127.0.0.1/{self.node_id}", advertised_tps)
+                          f"http://127.0.0.1/{self.node_id}", advertised_tps,
+                          slots=self.slots)
 
 
 def whole(node_id: str, tps: float, *, layers: int = 32, slots: int = 4,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -26,6 +27,7 @@ from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.core.routes import Hop, make_route
 from meshroute_middleware.core.sim.engine import Simulator
 from meshroute_middleware.core.sim.metrics import route_share
+from meshroute_middleware.core.sim.model import NodeSpec
 from meshroute_middleware.core.sim.scenarios import by_name
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import check_session_id, parse_chat
@@ -420,3 +422,39 @@ def test_before_any_answer_new_conversations_spread_by_what_is_in_flight() -> No
             a.prefix = prompt
         wins += policy.choose(arms, 0.0, rng)[0] == 2
     assert wins / 200 > 0.95
+
+
+# -- the announced batch ---------------------------------------------------------------------
+def test_a_full_batch_announced_draws_lower_before_any_sample() -> None:
+    # Nothing measured yet: a route whose server says it runs 4 at once, with 4 in flight,
+    # is believed to queue the next request (its draws mostly say so); one that says nothing
+    # may have any knee.
+    policy, rng = ThompsonPolicy(), random.Random(7)
+
+    def mean_score(slots: int | None) -> float:
+        node = NodeRecord("a", "m", 0, 31, 32, "http://a.test", 90.0, slots=slots)
+        a = Arm(make_route("m", [Hop(node, 0, 31)]), None, 4)
+        return sum(policy.score(a, None, 0.0, rng) for _ in range(2000)) / 2000
+
+    assert mean_score(4) < 0.8 * mean_score(None)
+    assert mean_score(64) == pytest.approx(mean_score(None), rel=0.1)  # past the grid: silent
+
+
+def test_announced_slots_keep_the_first_conversations_off_a_small_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scenario 17's 16 conversations arrive before any answer; the fast node runs 4 at
+    # once. Its announced slots (as `meshroute node` sends them) spare the first turns the
+    # queue they paid while the policy had to learn the batch from its answers.
+    def mean_ttft() -> float:
+        total = 0.0
+        for seed in (1, 2, 3, 4):
+            sim = run("17-conv-saturates", "thompson", 400, seed)
+            total += sum(r.ttfb_s for r in sim.requests) / len(sim.requests)
+        return total
+
+    told = mean_ttft()
+    announce = NodeSpec.record
+    monkeypatch.setattr(NodeSpec, "record",
+                        lambda self, tps: replace(announce(self, tps), slots=None))
+    silent = mean_ttft()
+    assert told < 0.9 * silent  # 1.01 s against 1.19 s summed over the four seeds
