@@ -136,11 +136,17 @@ MAX_AHEAD = 64  # counts ahead learned apart (more share the last)
 # posterior's noise alone would pick, and a busier route's neighbours pay for it later.
 # 0.05 of {0.02, 0.05, 0.08, 0.1, 0.2} on the conversation scenarios (tuning seeds 1-4,
 # docs/benchmarks.md): 15 and 18 at 0.999 of the oracle (0.994, 0.996 without); 0.1-0.2
-# give up 19's one-shots (0.97-0.98). Before any route's speed was measured, the least
-# loaded of all: scenario 17's 16 conversations arrive before any answer and the prior
-# cannot tell the fast node batches 4 (TTFT 1.15x -> 1.10x the oracle's, seeds 1-10; a
-# band of 0.3, 0.5, 0.7 there: 1.12x, 1.11x, 1.12x).
+# give up 19's one-shots (0.97-0.98).
 COLD_BAND = 0.05
+# ... and before any route's speed was measured (a cold start: every speed and batch is a
+# prior) among those advertised at this share of the fastest's speed or more: scenario
+# 17's 16 conversations arrive before any answer, and placing them by the prior's draws
+# queued them on the fast node's small batch (TTFT 1.15x -> 1.10x the oracle's, seeds 1-10,
+# before the slots prior); a route advertised at a fifth of the others' speed is not handed
+# a third of the first conversations, each paying its first prefill there
+# (bench_realtime.py's slow-a). A quarter of {half, a quarter, all}: 17 at 1.034x / 1.025x /
+# 1.021x the oracle's TTFT, 19 at 0.981 / 0.988 / 0.987 of its tokens/s (seeds 1-10).
+COLD_START_SHARE = 0.25
 
 
 @dataclass(slots=True)
@@ -357,10 +363,13 @@ class ThompsonPolicy:
         if untried >= 0:
             return untried, (SCOUT if known else GREEDY)
         if band and best_score > 0.0:  # fewest in flight, then the best score, wins
-            # Before any answer came back (a cold start: every route's speed and batch is
-            # a prior) the least loaded of all.
-            floor = best_score * (1.0 - band) if measured else -math.inf
-            best = min((arms[i].in_flight, -sc, i) for sc, i in scores if sc >= floor)[2]
+            if measured:
+                floor = best_score * (1.0 - band)
+                best = min((arms[i].in_flight, -sc, i) for sc, i in scores if sc >= floor)[2]
+            else:  # a cold start: by the advertised speeds, not draws of x2 spread
+                floor = max(arms[i].prior_tps for _, i in scores) * COLD_START_SHARE
+                best = min((arms[i].in_flight, -sc, i) for sc, i in scores
+                           if arms[i].prior_tps >= floor)[2]
         return best, EXPLOIT
 
     def score(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
