@@ -242,10 +242,14 @@ async def requests_per_route(url: str) -> dict[str, Any]:
 
 
 async def gateway(case: Case, node_urls: dict[str, str], policy: str,
-                  procs: list[subprocess.Popen[bytes]], trace: str | None = None) -> str:
-    """Start `meshroute serve` over the nodes; return its URL."""
+                  procs: list[subprocess.Popen[bytes]], trace: str | None = None,
+                  slots: bool = False) -> str:
+    """Start `meshroute serve` over the nodes; return its URL. `slots`: the records carry
+    the nodes' slots, as `meshroute node` announces them (the conversation case; the
+    issue-14 cases were measured before records had them, and keep their shape)."""
     nodes = [{"node_id": s.node_id, "model": MODEL, "start": 0, "end": s.layers - 1,
-              "layers": s.layers, "url": node_urls[s.node_id], "tps": s.shard_tps}
+              "layers": s.layers, "url": node_urls[s.node_id], "tps": s.shard_tps,
+              **({"slots": s.slots} if slots else {})}
              for s in case.nodes]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"nodes": nodes}, f)
@@ -447,7 +451,7 @@ async def run_conversation(case: str, clients_list: list[int],
                     mesh = Case("conversation", "", tuple(
                         batching(n, CONV_TPS * f, CONV_SLOTS, 0.02)
                         for n, f in zip(CONV_NODES, factors, strict=True)))
-                    url = await gateway(mesh, node_urls, "thompson", procs)
+                    url = await gateway(mesh, node_urls, "thompson", procs, slots=True)
                     choosers = [Gatewayed(url)] * clients
                 row[variant] = await conv_load(choosers, seconds)
                 by_url = {url: f"{n}" for n, url in node_urls.items()}

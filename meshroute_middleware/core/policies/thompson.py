@@ -463,8 +463,14 @@ class ThompsonPolicy:
             else:
                 waiting = 0.0
             if prefill > 0.0 or waiting > 0.0:
-                own = answer_tokens / (answer_tokens / own + prefill
-                                       + TTFT_WEIGHT * (prefill + waiting))
+                decode = answer_tokens / own
+                # Its neighbours' loss counts per second it decodes beside them, of its time
+                # but the wait: unscaled, a short answer behind a long prompt made every busy
+                # route score below zero, and new conversations fled to the idlest route
+                # however slow (bench_realtime.py slow-a, 16 clients, 20 s: 10 of ~47 new
+                # conversations on the node at a fifth, 1.8x the oracle's TTFT; 1-3 with).
+                lost *= decode / (decode + prefill + TTFT_WEIGHT * prefill)
+                own = answer_tokens / (decode + prefill + TTFT_WEIGHT * (prefill + waiting))
         return own - lost
 
     @staticmethod

@@ -462,3 +462,25 @@ def test_announced_slots_keep_the_first_conversations_off_a_small_batch(
                         lambda self, tps: replace(announce(self, tps), slots=None))
     silent = mean_ttft()
     assert told < 0.9 * silent  # 1.01 s against 1.19 s summed over the four seeds
+
+
+def test_neighbours_loss_counts_only_while_the_request_decodes() -> None:
+    # A 32-token answer behind a 1,000-token cold prompt on a route with 8 in flight that
+    # slows 10 % per neighbour: it decodes for 1 s of its 3.1 s. Its neighbours' loss
+    # counted in full (8 x 60 x (g(8) - g(9)) x 0.5 = 7.7 tok/s against its own 10.3) put
+    # the busy route (2.6) below an idle one five times slower (6.6), and new conversations
+    # fled there (bench_realtime.py slow-a); counted while it decodes, 7.9.
+    from meshroute_middleware.core.saturation import CURVES
+    policy = ThompsonPolicy()
+    j = CURVES.index((16.0, 0.1))
+    prompt = chain([b"system", b"user"], [1000, 60])
+    busy, idle = arm("b", 8, 60.0), arm("a", 0, 12.0)
+    for a in (busy, idle):
+        a.prefix = prompt
+        for _ in range(10):  # both prefill 1,000 tokens a second
+            for uncached in (0, 1000, 2000):
+                policy._prefill.add("m", a.route.signature, uncached, 0.02 + uncached / 1000)
+    busy_score = policy.with_prefill(busy, (1.0, 60.0, j), 32.0)
+    idle_score = policy.with_prefill(idle, (1.0, 12.0, j), 32.0)
+    assert busy_score == pytest.approx(7.9, abs=0.2)
+    assert idle_score == pytest.approx(6.6, abs=0.2)
