@@ -424,6 +424,7 @@ def _row(arm: Arm, best_tps: float, share: float, estimate: float | None) -> dic
         "successes": v.ok,
         "failures": v.fail,
         "in_flight": arm.in_flight,
+        "slots": arm.route.slots,  # its narrowest hop's announced batch (None: unsaid)
         "origins": v.origins,
         "last_error": v.last_error or None,
     }

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshroute_middleware.core.cache_prior import MAX_CACHE_TOKENS
 from meshroute_middleware.core.capabilities import CAPABILITIES
-from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS
+from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS, MAX_SLOTS
 from meshroute_middleware.core.objectives import OBJECTIVES
 
 __all__ = ["openapi_document"]
@@ -77,6 +78,14 @@ _NODE: dict[str, Any] = {
                  "items": {"type": "string", "enum": list(CAPABILITIES)},
                  "description": "what it serves beyond plain chat; absent: tools and "
                                 "json_schema"},
+        "cache_hit": {"type": "number", "minimum": 0, "maximum": 1,
+                      "description": "share of prompt tokens its server found in its prefix "
+                                     "cache, where it says (core/cache_prior.py)"},
+        "cache_tokens": {"type": "integer", "minimum": 0, "maximum": MAX_CACHE_TOKENS,
+                         "description": "most prompt tokens one of its slots holds"},
+        "slots": {"type": "integer", "minimum": 1, "maximum": MAX_SLOTS,
+                  "description": "requests its server runs at once (more queue): the prior "
+                                 "of its routes' saturation knee (core/slot_count.py)"},
     },
 }
 

@@ -92,3 +92,13 @@ def test_the_routers_candidates_follow_a_changed_slot_count() -> None:
     assert [r.slots for r in router.candidates("m")] == [None]
     assert router.upsert_node(_node("a", 0, 31, 4)) == "refresh"
     assert [r.slots for r in router.candidates("m")] == [4]
+
+
+def test_the_routing_table_shows_each_routes_slots() -> None:
+    router = Router(clock=lambda: 0.0)
+    router.upsert_node(_node("a", 0, 15, 8))
+    router.upsert_node(_node("b", 16, 31, 4))
+    router.upsert_node(_node("c", 0, 31, None))
+    rows = router.routing_table("m")["models"]["m"]["candidates"]
+    assert {row["signature"]: row["slots"] for row in rows} == {
+        "m|a[0-15]->b[16-31]": 4, "m|c[0-31]": None}
