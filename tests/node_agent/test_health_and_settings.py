@@ -26,6 +26,7 @@ from node_agent.serving import serve_app
 
 from ..conftest import FakeClock
 from .conftest import RecordingSink
+from .fakes import RecordingService
 
 NODE = NodeRecord("n1", "m", 0, 3, 4, "http://127.0.0.1:9", tps=40.0)
 
@@ -72,18 +73,11 @@ async def test_probe_counts_any_http_answer_and_not_a_refusal(sink: RecordingSin
         assert not await discovery.probe(session, url)  # nothing listens any more
 
 
-class _StubService:
-    def __init__(self) -> None:
-        self.updates: list[Any] = []
-
-    async def update(self, info: Any) -> None:
-        self.updates.append(info)
-
 
 @pytest.mark.anyio
 async def test_refresh_is_rate_limited_and_ignores_noise(clock: FakeClock) -> None:
     announcer = NodeAnnouncer(NODE, interfaces="127.0.0.1", min_interval_s=1.0, clock=clock)
-    stub = _StubService()
+    stub = RecordingService()
     announcer._service = stub  # type: ignore[assignment]
     assert not await announcer.refresh(queue=0, tps=42.0)  # +5 %: noise
     assert await announcer.refresh(queue=2, tps=40.0)
@@ -91,7 +85,7 @@ async def test_refresh_is_rate_limited_and_ignores_noise(clock: FakeClock) -> No
     assert not await announcer.refresh(queue=3, tps=40.0)  # too soon
     clock.advance(0.6)
     assert await announcer.refresh(queue=3, tps=40.0)
-    assert announcer.record.queue == 3 and len(stub.updates) == 2
+    assert announcer.record.queue == 3 and len(stub.sent) == 2
 
 
 @pytest.mark.parametrize(("changes", "news"), [

@@ -32,6 +32,8 @@ from node_agent.load import (
 )
 from node_agent.serving import serve_app
 
+from .fakes import RecordingService
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -152,13 +154,6 @@ def test_a_small_drift_of_the_hit_rate_is_not_news() -> None:
     assert announced_cache(old, None) is None
 
 
-class _Service:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    async def update(self, info: Any) -> None:
-        self.sent.append(info)
-
 
 @pytest.mark.anyio
 async def test_the_announcer_sends_the_cache_report_in_the_txt_record() -> None:
@@ -166,7 +161,7 @@ async def test_the_announcer_sends_the_cache_report_in_the_txt_record() -> None:
     t = [0.0]
     announcer = NodeAnnouncer(record, interfaces="127.0.0.1", min_interval_s=1.0,
                               clock=lambda: t[0])
-    service = _Service()
+    service = RecordingService()
     announcer._service = service  # type: ignore[assignment]
     t[0] = 5.0
     assert await announcer.refresh(0, 10.0, CachePrior(0.6, 4210))
@@ -189,7 +184,7 @@ async def test_a_servers_cache_state_reaches_the_trackers_router() -> None:
         await reader.read_once(session)
     record = NodeRecord("n", "m", 0, 31, 32, "http://127.0.0.1:9", 12.0)
     announcer = NodeAnnouncer(record, interfaces="127.0.0.1", clock=lambda: 10.0)
-    service = _Service()
+    service = RecordingService()
     announcer._service = service  # type: ignore[assignment]
     assert await announcer.refresh(*reader.announcement(), reader.cache_prior())
     gw = build_gateway(ServeSettings(mdns=False, seed=1))

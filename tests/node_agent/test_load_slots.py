@@ -22,6 +22,7 @@ from node_agent.load import LoadReader, parse_prometheus, parse_slots
 from node_agent.serving import serve_app
 
 from .conftest import LOOPBACK, PATIENCE_S, RecordingSink
+from .fakes import RecordingService
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -56,20 +57,13 @@ def test_an_empty_slots_page_is_no_count_counted_and_logged(
     assert reader.rejected == 1 and "slot count refused" in caplog.text
 
 
-class _Service:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    async def update(self, info: Any) -> None:
-        self.sent.append(info)
-
 
 @pytest.mark.anyio
 async def test_the_announcer_sends_a_changed_slot_count() -> None:
     t = [0.0]
     announcer = NodeAnnouncer(NodeRecord("n", "m", 0, 31, 32, "http://127.0.0.1:9", 10.0),
                               interfaces=LOOPBACK, clock=lambda: t[0])
-    service = _Service()
+    service = RecordingService()
     announcer._service = service  # type: ignore[assignment]
     t[0] = 5.0
     assert await announcer.refresh(0, 10.0, slots=4)
