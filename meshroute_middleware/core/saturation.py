@@ -63,7 +63,7 @@ SUMMARY_BINS = 8
 # (it cannot batch more than it says, unless its samples insist: an announcement is a
 # prior, never trusted outright). Without it a 4-slot server is believed to batch 16 until
 # its queue was paid for: scenario 17's first conversations queue there (TTFT 1.15x the
-# oracle's held out, 1.00x with it). 2 of {1, 2, 3, 5} below (docs/benchmarks.md).
+# oracle's held out, 1.02x with it). 2 of {1, 2, 3, 5} below (docs/benchmarks.md).
 SLOTS_BELOW, SLOTS_ABOVE = 2.0, 7.0
 
 
