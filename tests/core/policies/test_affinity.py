@@ -25,6 +25,7 @@ from meshroute_middleware.core.prefix import (
 )
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.core.routes import Hop, make_route
+from meshroute_middleware.core.saturation import CURVES
 from meshroute_middleware.core.sim.engine import Simulator
 from meshroute_middleware.core.sim.metrics import route_share
 from meshroute_middleware.core.sim.model import NodeSpec
@@ -470,7 +471,6 @@ def test_neighbours_loss_counts_only_while_the_request_decodes() -> None:
     # counted in full (8 x 60 x (g(8) - g(9)) x 0.5 = 7.7 tok/s against its own 10.3) put
     # the busy route (2.6) below an idle one five times slower (6.6), and new conversations
     # fled there (bench_realtime.py slow-a); counted while it decodes, 7.9.
-    from meshroute_middleware.core.saturation import CURVES
     policy = ThompsonPolicy()
     j = CURVES.index((16.0, 0.1))
     prompt = chain([b"system", b"user"], [1000, 60])
