@@ -4,6 +4,10 @@
       [--policy NAME] [--trace DIR] [--json PATH]
   python benchmarks/bench_realtime.py --conversation [--seconds 20] [--clients 4,16]
       [--case equal|slow-a]
+  python benchmarks/bench_realtime.py --engine llama-server [--runs 5]
+
+`--engine llama-server` (issue 31) runs the conversation workload on two real llama.cpp
+servers instead (benchmarks/_engine_conv.py; scripts/ensure-llama-server builds them).
 
 `--conversation` (issue 26) runs the conversation case instead: see `run_conversation`.
 
@@ -492,7 +496,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="only this policy (repeatable; default both)")
     parser.add_argument("--conversation", action="store_true",
                         help="the conversation case (prefix caches, time to first token)")
+    parser.add_argument("--engine", choices=("llama-server",),
+                        help="conversations on real engines (meshroute, pinned, round-robin)")
+    parser.add_argument("--runs", type=int, default=5, help="--engine runs (default 5)")
     args = parser.parse_args(argv)
+    if args.engine is not None:
+        sys.path.insert(0, str(ROOT))  # the engine harness lives in tests/engines/
+        from benchmarks._engine_conv import run_engine
+        path = args.json if args.json != RESULTS else RESULTS.with_name("realtime_engine.json")
+        run_engine(args.runs, path)
+        return 0
     if args.conversation:
         clients = [int(c) for c in (args.clients if args.clients != "1,4,16"
                                     else "4,16").split(",")]
