@@ -49,10 +49,10 @@ def system_prompt(conversation: int, run: int) -> str:
     return f"You are assistant {conversation}. Remember these notes: {words}."
 
 
-def streamed_turn(url: str, messages: list[dict[str, str]],
+def streamed_turn(url: str, model: str, messages: list[dict[str, str]],
                   headers: dict[str, str]) -> tuple[float, str, str]:
     """(seconds to the first content chunk, the answer, where it went)."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS, "stream": True,
+    body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "stream": True,
             "temperature": 0}
     began = time.monotonic()
     ttft: float | None = None
@@ -77,14 +77,14 @@ def streamed_turn(url: str, messages: list[dict[str, str]],
     return (ttft if ttft is not None else time.monotonic() - began), "".join(parts), where
 
 
-def conversation(pick: Callable[[int], str], index: int, run: int
+def conversation(pick: Callable[[int], str], model: str, index: int, run: int
                  ) -> list[tuple[int, float, str]]:
     """One conversation: (turn, time to first token, where) per turn."""
     messages = [{"role": "system", "content": system_prompt(index, run)},
                 {"role": "user", "content": f"Conversation {index}: what is note 1?"}]
     out: list[tuple[int, float, str]] = []
     for number in range(TURNS):
-        ttft, answer, where = streamed_turn(pick(index), messages,
+        ttft, answer, where = streamed_turn(pick(index), model, messages,
                                             {"x-session-id": f"run{run}-conv{index}"})
         out.append((number, ttft, where))
         messages += [{"role": "assistant", "content": answer},
@@ -102,8 +102,10 @@ def run_variant(variant: str, run: int, workdir: Path) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     closers: list[Callable[[], None]] = []
     try:
+        model = MODEL  # a server answers any name; the gateway routes the mesh's own
         if variant == "meshroute":
             mesh = start_mesh(workdir)
+            model = mesh.model
             closers.append(mesh.close)
             servers = [s.url for s in mesh.servers.values()]
             prime(servers)
@@ -127,7 +129,7 @@ def run_variant(variant: str, run: int, workdir: Path) -> dict[str, Any]:
                         return next(turns)
         began = time.monotonic()
         with ThreadPoolExecutor(CLIENTS) as pool:
-            runs = list(pool.map(lambda i: conversation(pick, i, run), range(CLIENTS)))
+            runs = list(pool.map(lambda i: conversation(pick, model, i, run), range(CLIENTS)))
         wall = time.monotonic() - began
     finally:
         for close in reversed(closers):

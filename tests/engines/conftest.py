@@ -3,6 +3,7 @@ each, and one `meshroute serve` that finds the agents over mDNS on loopback."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -20,6 +21,10 @@ from .llama_server import LlamaServer, require_engine
 
 LOOPBACK = "127.0.0.1"
 MODEL = "smollm2"
+# Every mesh's agents announce on the one loopback mDNS domain: each mesh serves a model name
+# and node ids of its own, so that one mesh's gateway neither routes to another's servers nor
+# drops its nodes when another's agents say goodbye.
+_MESHES = itertools.count(1)
 PATIENCE_S = 60.0  # discovery and the agents' first reads, on a loaded 2-core machine
 
 
@@ -54,6 +59,7 @@ class Mesh:
 
     workdir: Path
     servers: dict[str, LlamaServer]
+    model: str = MODEL
     gateway: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -68,7 +74,7 @@ class Mesh:
     def start_agent(self, node_id: str) -> None:
         server = self.servers[node_id]
         self.agents[node_id] = meshroute(
-            ["node", "--url", server.url, "--model", MODEL, "--node-id", node_id,
+            ["node", "--url", server.url, "--model", self.model, "--node-id", node_id,
              "--mdns-interfaces", LOOPBACK, "--load-from", "llamacpp"],
             self.workdir / f"agent-{node_id}.log")
 
@@ -79,10 +85,13 @@ class Mesh:
             server.stop()
 
 
-def start_mesh(workdir: Path, node_ids: tuple[str, ...] = ("llama-a", "llama-b"),
+def start_mesh(workdir: Path, names: tuple[str, ...] = ("a", "b"),
                serve_args: tuple[str, ...] = ()) -> Mesh:
+    """Servers `llama-<name>-<n>` of the model `smollm2-<n>`, n this mesh's number."""
     require_engine()
-    mesh = Mesh(workdir, {})
+    number = next(_MESHES)
+    node_ids = tuple(f"llama-{name}-{number}" for name in names)
+    mesh = Mesh(workdir, {}, model=f"{MODEL}-{number}")
     try:
         for node_id in node_ids:
             mesh.servers[node_id] = LlamaServer(workdir / f"{node_id}.log").start()
@@ -93,9 +102,9 @@ def start_mesh(workdir: Path, node_ids: tuple[str, ...] = ("llama-a", "llama-b")
                                      *serve_args], workdir / "serve.log"))
         for node_id in node_ids:
             mesh.start_agent(node_id)
-        until(lambda: set(mesh.nodes()) == set(node_ids), "the agents are discovered")
+        until(lambda: set(node_ids) <= set(mesh.nodes()), "the agents are discovered")
         # an agent announces at once, then again after its first read of the server
-        until(lambda: all(n.get("slots") for n in mesh.nodes().values()),
+        until(lambda: all(mesh.nodes()[n].get("slots") for n in node_ids),
               "the agents announce what their servers said")
     except BaseException:
         mesh.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from .conftest import MODEL, Mesh, start_mesh, until
+from .conftest import Mesh, start_mesh
 
 TURNS = 3
 SYSTEM_WORDS = 60  # ~350 prompt tokens: a cold prefill costs seconds on one thread
@@ -22,10 +22,10 @@ def system_prompt(conversation: int) -> str:
     return f"You are assistant {conversation}. Follow these rules: {words}."
 
 
-def turn(gateway: str, messages: list[dict[str, str]], session: str,
+def turn(gateway: str, model: str, messages: list[dict[str, str]], session: str,
          max_tokens: int = 12) -> tuple[str, str, dict[str, Any]]:
     """One streamed turn through the gateway: (route, answer, the server's timings)."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "stream": True,
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
             "temperature": 0}
     parts: list[str] = []
     timings: dict[str, Any] = {}
@@ -44,12 +44,12 @@ def turn(gateway: str, messages: list[dict[str, str]], session: str,
     return route, "".join(parts), timings
 
 
-def conversation(gateway: str, index: int) -> list[tuple[str, dict[str, Any]]]:
+def conversation(mesh: Mesh, index: int) -> list[tuple[str, dict[str, Any]]]:
     messages = [{"role": "system", "content": system_prompt(index)},
                 {"role": "user", "content": f"Question one of conversation {index}?"}]
     out: list[tuple[str, dict[str, Any]]] = []
     for number in range(TURNS):
-        route, answer, timings = turn(gateway, messages, f"conv-{index}")
+        route, answer, timings = turn(mesh.gateway, mesh.model, messages, f"conv-{index}")
         out.append((route, timings))
         messages += [{"role": "assistant", "content": answer},
                      {"role": "user", "content": f"Question {number + 2}, please?"}]
@@ -64,7 +64,7 @@ def test_the_agents_announce_each_servers_slots(mesh: Mesh) -> None:
 
 def test_returning_turns_reach_their_warm_server(mesh: Mesh) -> None:
     with ThreadPoolExecutor(4) as pool:
-        runs = list(pool.map(lambda i: conversation(mesh.gateway, i), range(4)))
+        runs = list(pool.map(lambda i: conversation(mesh, i), range(4)))
     heads = {run[0][0] for run in runs}
     assert len(heads) == 2, f"the first turns used one server only: {heads}"
     for run in runs:
@@ -79,7 +79,7 @@ def test_returning_turns_reach_their_warm_server(mesh: Mesh) -> None:
 def test_a_server_killed_mid_stream_costs_that_stream_only(tmp_path: Path) -> None:
     mesh = start_mesh(tmp_path)
     try:
-        body = {"model": MODEL, "max_tokens": 400, "stream": True, "temperature": 0,
+        body = {"model": mesh.model, "max_tokens": 400, "stream": True, "temperature": 0,
                 "messages": [{"role": "user", "content": "Count from 1 to 300, one per line."}]}
         events: list[str] = []
         with httpx.stream("POST", mesh.gateway + "/v1/chat/completions", json=body,
@@ -99,13 +99,15 @@ def test_a_server_killed_mid_stream_costs_that_stream_only(tmp_path: Path) -> No
         # the next requests are answered, by the server still alive
         for _ in range(3):
             got = httpx.post(mesh.gateway + "/v1/chat/completions", timeout=180, json={
-                "model": MODEL, "max_tokens": 4,
+                "model": mesh.model, "max_tokens": 4,
                 "messages": [{"role": "user", "content": "hi"}]})
             assert got.status_code == 200, got.text
             assert got.headers["x-meshroute-route"].split("|", 1)[1].startswith(survivor)
-        until(lambda: victim not in mesh.nodes() or
-              mesh.nodes()[victim].get("status") != "up", "the dead server is noticed",
-              patience_s=90)
+        # the gateway learned it: the dead server's route holds the failure
+        routing = httpx.get(mesh.gateway + "/v1/routing", timeout=10).json()
+        rows = {row["head"]: row for row in routing["models"][mesh.model]["candidates"]}
+        assert rows[victim]["failures"] > 0 and rows[victim]["last_error"], rows[victim]
+        assert rows[survivor]["failures"] == 0
     finally:
         mesh.close()
 
@@ -114,7 +116,7 @@ def test_full_slots_queue_at_the_server_not_fail(mesh: Mesh) -> None:
     """Six requests at once on two servers of two slots: each is answered."""
     def one(i: int) -> tuple[int, str]:
         got = httpx.post(mesh.gateway + "/v1/chat/completions", timeout=180, json={
-            "model": MODEL, "max_tokens": 24, "temperature": 0,
+            "model": mesh.model, "max_tokens": 24, "temperature": 0,
             "messages": [{"role": "user", "content": f"Say something about {i}."}]})
         return got.status_code, got.headers.get("x-meshroute-route", "")
     with ThreadPoolExecutor(6) as pool:
