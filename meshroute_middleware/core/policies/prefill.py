@@ -4,9 +4,14 @@ A request that carries its prompt's message chain reports how many prompt tokens
 was not known to hold (`Outcome.uncached_tokens`). Time to first token is modelled as
 base + slope × uncached tokens: a decayed least-squares fit per route (recent samples
 weigh most, so a route that slows is followed), shrunk toward the fit pooled over the
-model's routes while a route has few samples. The slope (seconds per uncached prompt token,
-the prefill cost) is learned, never assumed: its prior is 0, "a warm prefix saves nothing",
-until the samples show otherwise.
+model's routes while a route has few samples. The pooled fit shrinks the base toward 0 and
+leaves the slope almost free: while every sample had a prompt of one size (a conversation's
+cold first turns) the data cannot split a first token's time between the two, and a real
+server's is prefill (llama.cpp, 300 cold tokens: 3-4 s of a first token's 3-4 s; a warm
+turn's 0.1-0.3 s). Crediting it to the base instead made a cold prefill look nearly free,
+and returning turns moved off their warm server (issue 31). Warm samples (few uncached
+tokens) then tell the base apart; a server whose warm prefix saves nothing shows it as a
+large base and a flat slope.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ KILO = 1000.0  # the fit's x is in thousands of tokens (a well-conditioned 2x2 s
 FORGET = 0.995
 POOLED_FORGET = 0.999  # the model-wide fit forgets slower (it pools every route)
 ROUTE_PRIOR = 2.0  # weight of the pooled fit in a route's fit (samples' worth)
-POOLED_PRIOR = 0.5  # weight of "slope 0, base 0" in the pooled fit
+POOLED_PRIOR = 0.5  # weight of "base 0" in the pooled fit
+POOLED_SLOPE_PRIOR = 0.01  # ... and of "slope 0": the slope is the data's (conditioning only)
 
 
 @dataclass(slots=True)
@@ -44,12 +50,15 @@ class PrefillFit:
         self.sxx = self.sxx * f + x * x
         self.sxy = self.sxy * f + x * ttfb_s
 
-    def solve(self, base0: float, slope0: float, weight: float) -> tuple[float, float]:
+    def solve(self, base0: float, slope0: float, weight: float,
+              slope_weight: float | None = None) -> tuple[float, float]:
         """(base seconds, seconds per kilotoken), ridge-shrunk toward (base0, slope0) with
-        `weight` samples' worth on each; the slope never below 0."""
-        a00, a01, a11 = self.s0 + weight, self.sx, self.sxx + weight
+        `weight` samples' worth on the base and `slope_weight` (default: `weight`) on the
+        slope; the slope never below 0."""
+        w1 = weight if slope_weight is None else slope_weight
+        a00, a01, a11 = self.s0 + weight, self.sx, self.sxx + w1
         b0 = self.sy + weight * base0
-        b1 = self.sxy + weight * slope0
+        b1 = self.sxy + w1 * slope0
         det = a00 * a11 - a01 * a01
         if det <= 1e-12:
             return base0, slope0
@@ -94,7 +103,7 @@ class PrefillModel:
             if cached is not None and cached[0] == pooled.samples:
                 prior = cached[1]
             else:
-                prior = pooled.solve(0.0, 0.0, POOLED_PRIOR)
+                prior = pooled.solve(0.0, 0.0, POOLED_PRIOR, POOLED_SLOPE_PRIOR)
                 self._priors[model] = (pooled.samples, prior)
         fit = self._routes.get(signature)
         if fit is None:
