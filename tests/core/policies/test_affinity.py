@@ -60,6 +60,23 @@ def test_the_slope_is_learned_not_assumed() -> None:
     assert model.prefill_s("m", "r", 5000) == pytest.approx(0.0, abs=0.01)
 
 
+@pytest.mark.parametrize(("cold_s", "warm_s"), [(3.6, 0.2), (3.6, 3.5)])
+def test_first_turns_of_one_size_are_read_as_prefill_until_warm_turns_tell(
+        cold_s: float, warm_s: float) -> None:
+    # A real llama-server (issue 31): four conversations' cold first turns of ~320 tokens
+    # take 3.6 s each. Every sample at one size cannot split base from slope: the time is
+    # the prefill's, so moving a returning turn is priced at its whole cold prefill.
+    model = PrefillModel()
+    for _ in range(4):
+        model.add("m", "r", 320, cold_s)
+    assert model.prefill_s("m", "r", 320) > 0.75 * cold_s  # the ridge split gave 0.1x
+    # warm turns (18 uncached tokens) then say what a warm prefix saves: nearly all of it
+    # on a caching server, nothing on one whose first token costs the same warm or cold
+    for _ in range(8):
+        model.add("m", "r", 18, warm_s)
+    assert model.prefill_s("m", "r", 320) == pytest.approx(cold_s - warm_s, abs=0.4)
+
+
 def test_a_route_fed_cold_prompts_is_not_learnt_slower() -> None:
     # Two routes decoding at the same 50 tok/s: A receives only cold 5,000-token prompts
     # (5 s of prefill), B warm ones. With affinity the prefill is left out of the speed.
