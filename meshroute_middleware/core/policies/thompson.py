@@ -147,6 +147,9 @@ COLD_BAND = 0.05
 # (bench_realtime.py's slow-a). A quarter of {half, a quarter, all}: 17 at 1.034x / 1.025x /
 # 1.021x the oracle's TTFT, 19 at 0.981 / 0.988 / 0.987 of its tokens/s (seeds 1-10).
 COLD_START_SHARE = 0.25
+# A first byte within this share of a request's time of its last brought the whole answer (a
+# request not streamed): its time is decode and prefill together, no sample of either.
+AT_ONCE_SHARE = 0.01
 
 
 @dataclass(slots=True)
@@ -574,6 +577,8 @@ class ThompsonPolicy:
         uncached, ttfb = outcome.uncached_tokens, outcome.ttfb_s
         if not 0.0 <= ttfb <= outcome.seconds:
             return outcome.tps
+        if outcome.seconds - ttfb <= AT_ONCE_SHARE * outcome.seconds:
+            return outcome.tps  # the first byte brought the whole answer: not a first token
         self._prefill.add(model, signature, uncached, ttfb)
         if uncached:
             base, slope = self._prefill.fit(model, signature)

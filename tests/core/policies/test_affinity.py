@@ -77,6 +77,18 @@ def test_first_turns_of_one_size_are_read_as_prefill_until_warm_turns_tell(
     assert model.prefill_s("m", "r", 320) == pytest.approx(cold_s - warm_s, abs=0.4)
 
 
+def test_an_answer_that_came_whole_teaches_no_prefill() -> None:
+    # Not streamed: the first byte is the last, so its time is decode and prefill together.
+    # Read as a first token it made a serial node decoding at 22 tok/s look twice as fast.
+    policy = ThompsonPolicy()
+    for k in range(20):
+        policy.observe("m|a", Outcome(200, 1.2, 1.2, uncached_tokens=400, concurrency=1.0),
+                       float(k))
+    estimate = policy.estimate("m|a")
+    assert estimate is not None and estimate == pytest.approx(200 / 1.2, rel=0.1)
+    assert policy.prefill_fit("m", "m|a") == (0.0, 0.0)  # nothing learnt of the prefill
+
+
 def test_a_route_fed_cold_prompts_is_not_learnt_slower() -> None:
     # Two routes decoding at the same 50 tok/s: A receives only cold 5,000-token prompts
     # (5 s of prefill), B warm ones. With affinity the prefill is left out of the speed.
