@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from meshroute_middleware.core.clients_budget import USAGE
 from meshroute_middleware.core.providers.keys import KeyGates, RowName, Snapshot
 from meshroute_middleware.state.limits import (
     TRACKERS_WINDOW_S,
@@ -21,6 +22,7 @@ from meshroute_middleware.state.limits import (
     decode,
     encode,
     key_gates,
+    ledger_of,
     rows_by_section,
 )
 
@@ -79,6 +81,9 @@ class SqliteLimits:
         except sqlite3.Error as exc:
             raise LimitsStoreDown(f"state file {self.path}: {exc}") from exc
         return [decode((section, name, key), data) for name, key, data in found]
+
+    async def usage(self, client: str | None, first_day: int) -> list[dict[str, Any]]:
+        return ledger_of(await self.scan(USAGE), client, first_day)
 
     def _transact(self, rows: Sequence[RowName], make: Callable[[int], G],
                   op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
