@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import redis
 
 from meshroute_middleware.core.providers.config import ProvidersConfig
@@ -79,5 +80,47 @@ def test_store_killed_then_restarted(tmp_path: Path) -> None:
             assert b.up and b.fallback_decisions == 0  # its stale connection was made anew
             await a.store.close()  # type: ignore[attr-defined]
             await b.store.close()  # type: ignore[attr-defined]
+
+        asyncio.run(run())
+
+
+def test_ledger_rows_are_indexed_per_client_and_expire_after_the_retention(
+        tmp_path: Path) -> None:
+    from meshroute_middleware.core.clients import Client
+    from meshroute_middleware.core.clients_budget import (
+        ClientGates,
+        Spent,
+        rows_of_request,
+    )
+
+    clients = [Client(n, b"-" * 32) for n in ("ann", "bob")]
+
+    async def spend(store: RedisLimits, client: Client, route: str, now: float) -> None:
+        def gates(first_id: int) -> ClientGates:
+            return ClientGates(first_id=first_id)
+
+        admitted = (await store.transact_with(rows_of_request(client.name, None, now), gates,
+                                              lambda g: g.admit(client, 5, now), now, 1)).result
+        await store.transact_with(rows_of_request(client.name, route, now), gates,
+                                  lambda g: g.settle(admitted, Spent(route, 3, 2, 0.0, False),
+                                                     now), now, 0)
+
+    with redis_server(tmp_path) as server:
+        async def run() -> None:
+            store = RedisLimits(server.url, retention_days=2)
+            day = int(T0 // 86400)
+            for i, when in enumerate((T0, T0 + 86400, T0 + 5 * 86400)):
+                await spend(store, clients[i % 2], "p/m", when)
+            assert [(r["client"], r["day"]) for r in await store.usage("ann", 0)] == [
+                ("ann", day + 5)]  # written on day + 5: day's row left the index
+            assert [r["day"] for r in await store.usage("bob", 0)] == [day + 1]
+            assert len(await store.usage(None, 0)) == 2
+            assert await store.usage("ann", day + 6) == []
+            with redis.Redis.from_url(server.url) as client:
+                ttl_s = client.pttl(f"meshroute:limits:usage:ann p/m:{day + 5}") / 1000
+                assert ttl_s == pytest.approx((day + 5 + 1 + 2) * 86400 - (T0 + 5 * 86400),
+                                              abs=60)
+                assert client.pttl("meshroute:ledger:ann") > 0
+            await store.close()
 
         asyncio.run(run())
