@@ -308,3 +308,35 @@ def _row_of(section: str, prefix: str, key: bytes | str, value: bytes | str) -> 
     if not isinstance(fields, dict):
         raise ValueError(f"limits row {section}:{name}:{pos} is not an object")
     return {**fields, "name": name, "key": int(pos)}
+
+
+def import_rows(url: str, rows: Sequence[tuple[RowName, dict[str, Any]]], now: float,
+                retention_days: int = RETENTION_DAYS) -> tuple[int, int, int]:
+    """Write `rows` into the Redis store at `url` as its own rows (with their expiry and the
+    ledger's index), leaving any row it holds already; (written, already there, past the
+    ledger's retention). LimitsStoreError if it does not answer."""
+    first_kept = int(now // DAY_S) - retention_days
+    kept = [(n, r) for n, r in rows if n[0] != "usage" or int(r["day"]) >= first_kept]
+    written = 0
+    try:
+        with redis.Redis.from_url(url, socket_timeout=ANSWER_TIMEOUT_S * 5,
+                                  socket_connect_timeout=ANSWER_TIMEOUT_S) as client:
+            for start in range(0, len(kept), MGET_CHUNK):
+                chunk = kept[start:start + MGET_CHUNK]
+                rows_pipe = client.pipeline(transaction=False)
+                index_pipe = client.pipeline(transaction=False)
+                for name, row in chunk:
+                    ttl_ms = _ms(expiry_s(name[0], row, now, retention_days))
+                    rows_pipe.set(redis_key(name), encode(row), px=ttl_ms or None, nx=True)
+                    if name[0] == "usage":
+                        index = ledger_index(str(row["client"]))
+                        index_pipe.zadd(index, {redis_key(name): int(row["day"])})
+                        index_pipe.sadd(LEDGER_CLIENTS, str(row["client"]))
+                        for key in (index, LEDGER_CLIENTS):  # the longest row's expiry
+                            index_pipe.pexpire(key, ttl_ms, nx=True)
+                            index_pipe.pexpire(key, ttl_ms, gt=True)
+                written += sum(bool(done) for done in rows_pipe.execute())
+                index_pipe.execute()
+    except redis.exceptions.RedisError as exc:
+        raise LimitsStoreError(f"{url}: {exc}") from exc
+    return written, len(kept) - written, len(rows) - len(kept)

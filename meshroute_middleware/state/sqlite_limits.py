@@ -153,3 +153,29 @@ class SqliteLimits:
             db.execute("UPDATE route_state SET data = json_remove(data, '$.inflight') "
                        "WHERE section IN ('windows', 'clients')")
         db.close()
+
+
+MOVED_SECTIONS = ("windows", "keys", "clients", "usage")  # what `limits migrate` moves
+
+
+def rows_to_move(path: str) -> list[tuple[RowName, dict[str, Any]]]:
+    """The rows of a state file that another store takes over (`meshroute limits migrate`):
+    provider key windows and months, clients' windows and budgets, and the usage ledger;
+    reservations in flight left out (a new run has none), as revocations and positions
+    are. LimitsStoreError naming the file if it cannot be read."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0) as db:
+            found = db.execute(
+                "SELECT section, name, key_pos, data FROM route_state WHERE section IN "
+                f"({', '.join('?' * len(MOVED_SECTIONS))}) ORDER BY section, name, key_pos",
+                MOVED_SECTIONS).fetchall()
+        db.close()
+    except sqlite3.Error as exc:
+        raise LimitsStoreError(f"cannot read state file {path}: {exc}") from exc
+    out = []
+    for section, name, key, data in found:
+        row = decode((section, name, key), data)
+        if section in ("windows", "clients"):
+            row["inflight"] = []
+        out.append(((str(section), str(name), int(key)), row))
+    return out
