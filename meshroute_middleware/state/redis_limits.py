@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -63,6 +64,7 @@ T = TypeVar("T")
 PREFIX = "meshroute:limits:"
 LEDGER = "meshroute:ledger:"  # + client: the sorted set of its ledger rows' keys, by day
 LEDGER_CLIENTS = "meshroute:ledger-clients"  # the clients that have an index
+LEDGER_INDEXED = "meshroute:ledger-indexed"  # set once rows of older versions are indexed
 CONNECT_TIMEOUT_S = 0.25  # a store that takes longer to accept a connection is not there
 ANSWER_TIMEOUT_S = 2.0  # a slow answer is waited for this long before the store counts as gone
 POOL_SIZE = 64  # connections per process; more requests wait for one (POOL_WAIT_S)
@@ -169,6 +171,7 @@ class RedisLimits:
         self.client: aredis.Redis = aredis.Redis(connection_pool=pool)
         self._cas = self.client.register_script(_CAS)
         self._turns: dict[RowName, asyncio.Lock] = {}  # decisions on the same rows queue
+        self._indexed = False  # the ledger's rows of older versions are indexed
 
     @staticmethod
     def check(url: str, timeout_s: float = 2.0) -> None:
@@ -209,6 +212,8 @@ class RedisLimits:
         the per-client indexes: a client's rows cost in proportion to its own."""
         prefix = f"{PREFIX}usage:"
         try:
+            if not self._indexed:
+                await self._index_ledger()
             if client is None:
                 clients = sorted(_text(c) for c in await self.client.smembers(LEDGER_CLIENTS))
             else:
@@ -273,6 +278,39 @@ class RedisLimits:
                                _ms(ttl), str(row["client"])]
         all_keys.append(LEDGER_CLIENTS)
         return all_keys, [len(writes) // 3, *writes, *ledger]
+
+    async def _index_ledger(self) -> None:
+        """Once per database: index (and give an expiry to) ledger rows written before the
+        ledger had an index (they have no expiry), so that they are read and expire like
+        the others."""
+        if await self.client.exists(LEDGER_INDEXED):
+            self._indexed = True
+            return
+        now = time.time()
+        keys = [k async for k in self.client.scan_iter(match=f"{PREFIX}usage:*", count=1000)]
+        for start in range(0, len(keys), MGET_CHUNK):
+            chunk = keys[start:start + MGET_CHUNK]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.pttl(key)
+                ttls = await pipe.execute()
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key, value, ttl in zip(chunk, await self.client.mget(chunk), ttls,
+                                           strict=True):
+                    if value is None or ttl != -1:  # gone, or written with its index
+                        continue
+                    row = _row_of("usage", f"{PREFIX}usage:", key, value)
+                    ttl_ms = _ms(expiry_s("usage", row, now, self.retention_days))
+                    index = ledger_index(str(row["client"]))
+                    pipe.zadd(index, {key: int(row["day"])})
+                    pipe.sadd(LEDGER_CLIENTS, str(row["client"]))
+                    pipe.pexpire(key, ttl_ms, nx=True)
+                    for grouped in (index, LEDGER_CLIENTS):
+                        pipe.pexpire(grouped, ttl_ms, nx=True)
+                        pipe.pexpire(grouped, ttl_ms, gt=True)
+                await pipe.execute()
+        await self.client.set(LEDGER_INDEXED, "1")
+        self._indexed = True
 
     async def _mget(self, keys: list[Any]) -> list[Any]:
         values: list[Any] = []

@@ -16,7 +16,12 @@ import redis
 
 from meshroute_middleware.core.clients_budget import usage_row
 from meshroute_middleware.state.limits import encode
-from meshroute_middleware.state.redis_limits import LEDGER_CLIENTS, ledger_index, redis_key
+from meshroute_middleware.state.redis_limits import (
+    LEDGER_CLIENTS,
+    LEDGER_INDEXED,
+    ledger_index,
+    redis_key,
+)
 
 from ..redis_server import redis_server
 from ..upstream import serve_process
@@ -52,7 +57,8 @@ def build_ledger(url: str) -> None:
             pipe.zadd(ledger_index(name), index)
             pipe.sadd(LEDGER_CLIENTS, name)
             pipe.execute()
-        assert client.dbsize() == CLIENTS * ROUTES * DAYS + CLIENTS + 1
+        client.set(LEDGER_INDEXED, "1")  # as a store this version wrote from the start
+        assert client.dbsize() == CLIENTS * ROUTES * DAYS + CLIENTS + 2
 
 
 def timed_get(url: str, key: str, **params: str) -> tuple[float, httpx.Response]:

@@ -124,3 +124,60 @@ def test_ledger_rows_are_indexed_per_client_and_expire_after_the_retention(
             await store.close()
 
         asyncio.run(run())
+
+
+def test_ledger_rows_of_an_older_version_are_indexed_once_and_given_an_expiry(
+        tmp_path: Path) -> None:
+    day = int(T0 // 86400)
+    with redis_server(tmp_path) as server:
+        with redis.Redis.from_url(server.url) as client:  # the layout before the index
+            client.set(f"meshroute:limits:usage:ann p/m:{day}", '{"client":"ann","route":"p/m",'
+                       f'"day":{day},"requests":4,"prompt_tokens":1,"completion_tokens":1,'
+                       '"cost_usd":0.0,"errors":0}')
+
+        async def run() -> None:
+            store = RedisLimits(server.url)
+            assert [r["requests"] for r in await store.usage("ann", 0)] == [4]
+            assert [r["client"] for r in await store.usage(None, 0)] == ["ann"]
+            await store.close()
+
+        asyncio.run(run())
+        with redis.Redis.from_url(server.url) as client:
+            assert client.pttl(f"meshroute:limits:usage:ann p/m:{day}") > 0
+            assert client.get("meshroute:ledger-indexed") == b"1"
+
+
+def test_a_slow_answer_or_a_busy_pool_is_not_an_outage(tmp_path: Path) -> None:
+    from meshroute_middleware.core.clients import Client
+    from meshroute_middleware.core.clients_budget import Admission, ClientGates, client_row
+
+    with redis_server(tmp_path) as server:
+        cfg = config(rpm=1000)
+
+        def gates(first_id: int) -> ClientGates:
+            return ClientGates(first_id=first_id)
+
+        async def admit(store: RedisLimits, i: int) -> object:
+            client = Client(f"c{i}", b"-" * 32, rpm=1)
+            out = await store.transact_with([client_row(client.name)], gates,
+                                            lambda g: g.admit(client, 1, T0), T0, i << 10)
+            return out.result
+
+        async def run() -> None:
+            shared = SharedGates(cfg, RedisLimits(server.url, pool_size=2), "t")
+            assert await take(shared, cfg, T0) is not None
+            store = RedisLimits(server.url, pool_size=2)
+            with redis.Redis.from_url(server.url) as client:
+                client.execute_command("CLIENT", "PAUSE", "600", "ALL")  # 0.6 s, no answer
+            # 50 key decisions on one route and 50 clients' on rows of their own, each over
+            # 2 connections, the first ones waiting 0.6 s for an answer
+            got, admitted = await asyncio.gather(
+                asyncio.gather(*(take(shared, cfg, T0 + 0.1 + i * 0.001) for i in range(50))),
+                asyncio.gather(*(admit(store, i) for i in range(50))))
+            assert all(r is not None for r in got)
+            assert all(isinstance(a, Admission) for a in admitted)
+            assert shared.up and shared.failures == 0 and shared.fallback_decisions == 0
+            await shared.store.close()  # type: ignore[attr-defined]
+            await store.close()
+
+        asyncio.run(run())
