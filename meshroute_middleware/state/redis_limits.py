@@ -18,8 +18,9 @@ as it is written).
 A busy store is not a store that is down: connections come from a blocking pool (a request
 waits up to POOL_WAIT_S for one), decisions on the same rows in one process take turns (so
 they do not race each other's compare-and-set), a lost race is run again, and an answer may
-take up to ANSWER_TIMEOUT_S. Only a refused or broken connection, or a wait past those
-bounds, is an outage (docs/providers.md, "Several workers, several trackers").
+take up to ANSWER_TIMEOUT_S; one decision takes DECISION_DEADLINE_S at most, all included.
+Only a refused or broken connection, or a wait past those bounds, is an outage
+(docs/providers.md, "Several workers, several trackers").
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ CONNECT_TIMEOUT_S = 0.25  # a store that takes longer to accept a connection is 
 ANSWER_TIMEOUT_S = 2.0  # a slow answer is waited for this long before the store counts as gone
 POOL_SIZE = 64  # connections per process; more requests wait for one (POOL_WAIT_S)
 POOL_WAIT_S = 5.0  # the longest a decision waits for a free connection
+DECISION_DEADLINE_S = 5.0  # the longest one decision waits, its turn and the pool included
 MAX_RACES = 64  # compare-and-set races lost in a row (other processes) before giving up
 RACE_BACKOFF_S = 0.002  # up to this (random) between two tries of a decision that lost
 MGET_CHUNK = 2000  # ledger keys read per MGET
@@ -160,7 +162,8 @@ class RedisLimits:
 
     def __init__(self, url: str, timeout_s: float = ANSWER_TIMEOUT_S, *,
                  retention_days: int = RETENTION_DAYS, pool_size: int = POOL_SIZE,
-                 pool_wait_s: float = POOL_WAIT_S) -> None:
+                 pool_wait_s: float = POOL_WAIT_S,
+                 deadline_s: float = DECISION_DEADLINE_S) -> None:
         self.url, self.retention_days = url, retention_days
         # one immediate retry on a broken connection: after a restart of the server every
         # pooled connection is stale, and a new one answers (a timeout is not retried)
@@ -172,6 +175,8 @@ class RedisLimits:
         self._cas = self.client.register_script(_CAS)
         self._turns: dict[RowName, asyncio.Lock] = {}  # decisions on the same rows queue
         self._indexed = False  # the ledger's rows of older versions are indexed
+        self.deadline_s = deadline_s
+        self._failed_at = -math.inf  # (loop time) when a decision last failed
 
     @staticmethod
     def check(url: str, timeout_s: float = 2.0) -> None:
@@ -231,12 +236,25 @@ class RedisLimits:
     async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
                             op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
         """Decide on `rows` and write what changed, compare-and-set; decisions of this
-        process on the same rows take turns, a race lost to another process runs again."""
-        if not rows:
-            return await self._decide(rows, make, op, now, first_id)
-        # one lock per first row (a client's, a route's first key): as many as the config has
-        async with self._turns.setdefault(rows[0], asyncio.Lock()):
-            return await self._decide(rows, make, op, now, first_id)
+        process on the same rows take turns, a race lost to another process runs again; it all
+        takes at most `deadline_s`, and decisions waiting their turn when one fails fail at
+        once (LimitsStoreDown: the caller decides locally)."""
+        loop = asyncio.get_running_loop()
+        asked_at = loop.time()
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                if not rows:
+                    return await self._decide(rows, make, op, now, first_id)
+                # one lock per first row (a client's, a route's first key): as many as the
+                # config has
+                async with self._turns.setdefault(rows[0], asyncio.Lock()):
+                    if self._failed_at > asked_at:  # failed while this one waited its turn
+                        raise LimitsStoreDown(f"redis {self._where()}: failed meanwhile")
+                    return await self._decide(rows, make, op, now, first_id)
+        except TimeoutError as exc:
+            self._failed_at = loop.time()
+            raise LimitsStoreDown(f"redis {self._where()}: no decision within "
+                                  f"{self.deadline_s:g} s") from exc
 
     async def _decide(self, rows: Sequence[RowName], make: Callable[[int], G],
                       op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
@@ -257,6 +275,7 @@ class RedisLimits:
                 if await self._cas(keys=args[0], args=[len(keys), *read, *args[1]]):
                     return Outcome(result, after)
         except (redis.exceptions.RedisError, OSError) as exc:
+            self._failed_at = asyncio.get_running_loop().time()
             raise LimitsStoreDown(f"redis {self._where()}: {exc}") from exc
         raise LimitsStoreDown(f"redis {self._where()}: {MAX_RACES} races lost in a row")
 

@@ -181,3 +181,40 @@ def test_a_slow_answer_or_a_busy_pool_is_not_an_outage(tmp_path: Path) -> None:
             await store.close()
 
         asyncio.run(run())
+
+
+def test_a_store_that_stops_answering_fails_every_waiting_decision_at_once(
+        tmp_path: Path) -> None:
+    from meshroute_middleware.core.clients import Client
+    from meshroute_middleware.core.clients_budget import ClientGates, client_row
+    from meshroute_middleware.state.limits import LimitsStoreDown
+
+    alice = Client("alice", b"-" * 32, rpm=1000)
+
+    async def admit(store: RedisLimits, i: int) -> str:
+        try:
+            await store.transact_with([client_row("alice")], lambda f: ClientGates(first_id=f),
+                                      lambda g: g.admit(alice, 1, T0), T0, i << 10)
+        except LimitsStoreDown as exc:
+            return str(exc)
+        return "decided"
+
+    with redis_server(tmp_path) as server:
+        async def run() -> None:
+            store = RedisLimits(server.url, timeout_s=0.3, deadline_s=3.0)
+            assert await admit(store, 0) == "decided"
+            with redis.Redis.from_url(server.url) as client:
+                client.execute_command("CLIENT", "PAUSE", "2500", "ALL")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            answers = await asyncio.gather(*(admit(store, i) for i in range(1, 21)))
+            took_s = loop.time() - started
+            assert "timeout" in answers[0].lower()
+            assert all("failed meanwhile" in a for a in answers[1:])
+            # one answer timeout (0.3 s), not the deadline (3 s) nor 20 timeouts in turn
+            assert took_s < 2.0, took_s
+            await asyncio.sleep(2.6 - took_s)  # the pause is over
+            assert await admit(store, 99) == "decided"
+            await store.close()
+
+        asyncio.run(run())
