@@ -76,6 +76,7 @@ class SharedGates(KeyGates):
         # decisions taken locally, to write back: rows, the change, when, its first id
         self._owed: deque[tuple[list[RowName], Callable[[KeyGates], Any], float, int]] = deque()
         self.owed_dropped = 0
+        self._writing = asyncio.Lock()  # one write-back at a time (each entry once)
 
     @property
     def mode(self) -> str:  # type: ignore[override]
@@ -323,15 +324,18 @@ class SharedGates(KeyGates):
 
     async def _write_back(self, now: float) -> bool:
         """Write what was decided locally to the store, in order; whether all of it went."""
-        while self._owed:
-            rows, op, at, first_id = self._owed[0]
-            try:
-                self._took(await self._timed(self.store.transact(
-                    rows, op, at, first_id or self._next_ids())))
-            except LimitsStoreDown as exc:
-                self._lost(exc, now)
-                return False
-            self._owed.popleft()
+        if not self._owed:
+            return True
+        async with self._writing:
+            while self._owed:
+                rows, op, at, first_id = self._owed[0]
+                try:
+                    self._took(await self._timed(self.store.transact(
+                        rows, op, at, first_id or self._next_ids())))
+                except LimitsStoreDown as exc:
+                    self._lost(exc, now)
+                    return False
+                self._owed.popleft()
         return True
 
     def _write_back_now(self, now: float) -> bool:

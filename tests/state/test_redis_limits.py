@@ -218,3 +218,26 @@ def test_a_store_that_stops_answering_fails_every_waiting_decision_at_once(
             await store.close()
 
         asyncio.run(run())
+
+
+def test_what_was_taken_locally_is_written_back_once_under_concurrent_takes(
+        tmp_path: Path) -> None:
+    with redis_server(tmp_path) as server:
+        cfg = config(rpm=100)
+
+        async def run() -> None:
+            gates = SharedGates(cfg, RedisLimits(server.url), "t")
+            assert await take(gates, cfg, T0) is not None
+            server.stop()
+            local = [await take(gates, cfg, T0 + 0.1 + i * 0.01) for i in range(7)]
+            assert all(r is not None for r in local) and not gates.up
+            server.start()  # empty: the store holds what is written back, nothing else
+            got = await asyncio.gather(*(take(gates, cfg, T0 + RETRY_S + 1 + i * 0.001)
+                                         for i in range(10)))
+            assert all(r is not None for r in got) and gates.up
+            with redis.Redis.from_url(server.url) as client:
+                raw = client.get("meshroute:limits:windows:fastco:1")
+            assert raw is not None and b'"day_requests":17' in raw  # 7 written back once
+            await gates.store.close()  # type: ignore[attr-defined]
+
+        asyncio.run(run())
