@@ -105,7 +105,7 @@ class ClientSpend:
         self.store_failures = 0
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
-        self._settling: set[asyncio.Future[Any]] = set()  # settles under way (held here)
+        self._settling: set[asyncio.Future[Any]] = set()  # settles of cancelled requests
 
     async def admit(self, client: Client, req: ChatRequest, send: Send) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
@@ -132,13 +132,21 @@ class ClientSpend:
         if admission is None:  # admitted while the store was away: nothing to settle
             return
         now = self.clock()
-        # a task of its own, so that a request cancelled now (its client left, its deadline
-        # passed) still settles: what was used is recorded whatever happens to the request
-        settling = asyncio.ensure_future(self._transact(
-            client.name, spent.route, lambda g: g.settle(admission, spent, now), now))
-        self._settling.add(settling)
-        settling.add_done_callback(self._settling.discard)
-        await asyncio.shield(settling)
+
+        def op(g: ClientGates) -> None:
+            g.settle(admission, spent, now)
+
+        try:
+            await self._transact(client.name, spent.route, op, now)
+        except asyncio.CancelledError:
+            # the request was cancelled meanwhile (its client left, its deadline passed):
+            # the settle is finished in a task of its own (it is idempotent: one that went
+            # through before the cancel changes nothing the second time)
+            settling = asyncio.ensure_future(self._transact(client.name, spent.route, op,
+                                                            now))
+            self._settling.add(settling)
+            settling.add_done_callback(self._settling.discard)
+            raise
 
     def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
         return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))

@@ -52,7 +52,7 @@ class FallbackLimits:
         self._seen: dict[RowName, dict[str, Any]] = {}  # clients' rows as last read
         self._owed: deque[tuple[list[RowName], Callable[[Any], Any], float, int]] = deque()
         self._retry_at = -math.inf
-        self._writing = asyncio.Lock()
+        self._replay: asyncio.Task[bool] | None = None  # the one write-back under way
 
     @property
     def owed(self) -> int:
@@ -131,16 +131,22 @@ class FallbackLimits:
             return False
         if not self._owed:
             return True
-        async with self._writing:
-            while self._owed:
-                rows, op, at, first_id = self._owed[0]
-                try:
-                    await self.store.transact_with(rows, _unchecked, op, at, first_id)
-                except LimitsStoreDown as exc:
-                    self._lost(exc, now)
-                    return False
-                self._owed.popleft()
-                self._back()
+        if self._replay is None or self._replay.done():
+            # a task of its own, so that a caller cancelled meanwhile does not cut an entry
+            # in half (written, yet still owed: written again)
+            self._replay = asyncio.ensure_future(self._write_owed(now))
+        return await asyncio.shield(self._replay)
+
+    async def _write_owed(self, now: float) -> bool:
+        while self._owed:
+            rows, op, at, first_id = self._owed[0]
+            try:
+                await self.store.transact_with(rows, _unchecked, op, at, first_id)
+            except LimitsStoreDown as exc:
+                self._lost(exc, now)
+                return False
+            self._owed.popleft()
+            self._back()
         return True
 
     def _back(self) -> None:
