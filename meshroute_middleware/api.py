@@ -495,7 +495,7 @@ class UsageAPI:
             return error_response(400, "'group_by' is client, route or day (or a comma list "
                                   "of them)", "invalid_group_by")
         try:
-            rows = [] if self.spend is None else await self.spend.usage_rows()
+            rows = [] if self.spend is None else await self.spend.usage_rows(client, since)
         except LimitsStoreDown as exc:
             return error_response(503, f"the usage ledger is not available: {exc}",
                                   "limits_store_unavailable")

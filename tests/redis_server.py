@@ -18,20 +18,23 @@ PATIENCE_S = 20.0
 
 
 class RedisServer:
-    """`redis-server --port P --bind 127.0.0.1 --save '' --appendonly no`; stop and start."""
+    """`redis-server --port P --bind 127.0.0.1 --save '' --appendonly no`; stop and start.
+    `aof`: `--appendonly yes --appendfsync always` (a kill loses nothing written)."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, aof: bool = False) -> None:
         binary = shutil.which("redis-server")
         assert binary is not None, "redis-server is not installed: run scripts/ensure-redis"
         self.binary, self.workdir = binary, workdir
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.persistence = ["--appendonly", "yes", "--appendfsync", "always"] if aof else [
+            "--appendonly", "no"]
 
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+             *self.persistence, "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + PATIENCE_S
         while True:
@@ -54,8 +57,8 @@ class RedisServer:
 
 
 @contextmanager
-def redis_server(workdir: Path) -> Iterator[RedisServer]:
-    server = RedisServer(workdir).start()
+def redis_server(workdir: Path, *, aof: bool = False) -> Iterator[RedisServer]:
+    server = RedisServer(workdir, aof=aof).start()
     try:
         yield server
     finally:

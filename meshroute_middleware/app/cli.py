@@ -1,4 +1,4 @@
-"""The `meshroute` command: serve, node, bench, demo, mitm, keys; each subcommand's module
+"""The `meshroute` command: serve, node, bench, demo, mitm, keys, limits; each subcommand's module
 adds its flags and runs it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from importlib import metadata
 from types import ModuleType
 
 import node_agent.cli
-from meshroute_middleware.app import demo, keys, serve
+from meshroute_middleware.app import demo, keys, migrate, serve
 from meshroute_middleware.app.bench import cli as bench
 from meshroute_middleware.app.mitm import cli as mitm
 
@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[ModuleType, str]] = {
     "demo": (demo, "a whole mesh learning live, on this machine"),
     "mitm": (mitm, "route chat traffic passing through mitmproxy (mitmdump options pass on)"),
     "keys": (keys, "make client keys: `keys new NAME` prints one and its [[clients]] lines"),
+    "limits": (migrate, "move limits, budgets and the usage ledger: `limits migrate --from "
+               "state-file --to redis://…`"),
 }
 PASS_ON = {"mitm"}  # subcommands whose unknown options belong to the program they run
 

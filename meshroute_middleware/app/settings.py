@@ -33,6 +33,7 @@ from meshroute_middleware.http.guard import GuardConfig
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S
 from meshroute_middleware.mesh import DEFAULT_MAX_NODES
 from meshroute_middleware.middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
+from meshroute_middleware.state.limits import RETENTION_DAYS
 from node_agent.discovery import HEALTH_INTERVAL_S
 
 GC_MODES = ("paced", "python")
@@ -176,6 +177,10 @@ OPTIONS: tuple[Option, ...] = (
            "where provider key limits are shared (TOML [limits] store): 'redis://HOST:PORT/DB' "
            "across trackers, 'state-file' (the default of --workers N), 'local'",
            group=PROVIDERS),
+    Option("usage_retention_days", int, ("--usage-retention-days",),
+           ("MESHROUTE_USAGE_RETENTION_DAYS",),
+           "days the Redis usage ledger keeps a row after its UTC day (TOML [limits] "
+           "usage_retention_days)", group=PROVIDERS),
     Option("gc", str, ("--gc",), ("MESHROUTE_GC",),
            "garbage collector: 'paced' (short pauses, full collections when cheap) or "
            "'python' (CPython's own, on a frozen start-up heap)", group=LISTENING,
@@ -228,6 +233,7 @@ class ServeSettings:
     workers: int = 1
     gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
     limits_store: str | None = None  # None: "local", "state-file" with --workers N
+    usage_retention_days: int = RETENTION_DAYS  # Redis ledger rows expire after this
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -251,6 +257,9 @@ class ServeSettings:
                 or self.limits_store.startswith(("redis://", "rediss://"))):
             raise ValueError("limits_store must be redis://HOST:PORT/DB, 'state-file' or "
                              f"'local', got {self.limits_store!r}")
+        if self.usage_retention_days < 1:
+            raise ValueError("usage_retention_days must be >= 1, got "
+                             f"{self.usage_retention_days}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
 
@@ -391,11 +400,13 @@ def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig |
     except ClientConfigError as exc:
         raise SettingsError(f"{path}: {exc}") from exc
     tables = {k: data.pop(k) for k in PROVIDER_TABLES if k in data}
-    limits = data.pop("limits", {})  # [limits] store = "redis://…"
-    if not isinstance(limits, dict) or set(limits) - {"store"}:
-        raise SettingsError(f"{path}: [limits] takes one key, store")
+    limits = data.pop("limits", {})  # [limits] store = "redis://…", usage_retention_days
+    if not isinstance(limits, dict) or set(limits) - {"store", "usage_retention_days"}:
+        raise SettingsError(f"{path}: [limits] takes store and usage_retention_days")
     if "store" in limits:
         data["limits_store"] = limits["store"]
+    if "usage_retention_days" in limits:
+        data["usage_retention_days"] = limits["usage_retention_days"]
     providers = None
     if tables:
         try:

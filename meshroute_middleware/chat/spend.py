@@ -5,14 +5,16 @@ usage ledger, with its true tokens and cost.
 Both go through a LimitsStore (state/limits.py): this process's memory, the state file the
 `--workers` share (`BEGIN IMMEDIATE`), or Redis (`--limits-store`), so that limits, budgets
 and the ledger hold across workers and trackers; the decisions are the core's
-(`core/clients_budget.ClientGates`). A store that fails lets requests in (the limits are not
-enforced meanwhile, with a warning): refusing every request of every client because the
-store is down would be worse. Requests without a client are not metered (the ledger answers
-who spent; `/metrics` counts every request already).
+(`core/clients_budget.ClientGates`). The state file and Redis are wrapped in
+`state/fallback.FallbackLimits`: while they fail, decisions are taken on the rows last read
+and written back when the store answers again. A bare store that fails (this process's
+memory, in tests) lets requests in, with a warning. Requests without a client are not
+metered (the ledger answers who spent; `/metrics` counts every request already).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import secrets
@@ -28,12 +30,12 @@ from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.clients_budget import (
     BUDGET_REASONS,
     NO_ROUTE,
-    USAGE,
     Admission,
     ClientGates,
     Spent,
     client_row,
     cost_usd,
+    day_of,
     rows_of_request,
 )
 from meshroute_middleware.core.providers.config import ProvidersConfig
@@ -103,6 +105,7 @@ class ClientSpend:
         self.store_failures = 0
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
+        self._settling: set[asyncio.Future[Any]] = set()  # settles of cancelled requests
 
     async def admit(self, client: Client, req: ChatRequest, send: Send) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
@@ -129,15 +132,30 @@ class ClientSpend:
         if admission is None:  # admitted while the store was away: nothing to settle
             return
         now = self.clock()
-        await self._transact(client.name, spent.route,
-                             lambda g: g.settle(admission, spent, now), now)
+
+        def op(g: ClientGates) -> None:
+            g.settle(admission, spent, now)
+
+        try:
+            await self._transact(client.name, spent.route, op, now)
+        except asyncio.CancelledError:
+            # the request was cancelled meanwhile (its client left, its deadline passed):
+            # the settle is finished in a task of its own (it is idempotent: one that went
+            # through before the cancel changes nothing the second time)
+            settling = asyncio.ensure_future(self._transact(client.name, spent.route, op,
+                                                            now))
+            self._settling.add(settling)
+            settling.add_done_callback(self._settling.discard)
+            raise
 
     def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
         return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))
 
-    async def usage_rows(self) -> list[dict[str, Any]]:
-        """Every ledger row (GET /v1/usage); LimitsStoreDown when the store is away."""
-        return await self.store.scan(USAGE)
+    async def usage_rows(self, client: str | None = None,
+                         since: float = 0.0) -> list[dict[str, Any]]:
+        """The ledger rows of `client` (None: every client's) from the UTC day of `since` on
+        (GET /v1/usage); LimitsStoreDown when the store is away."""
+        return await self.store.usage(client, day_of(since))
 
     async def spent_now(self, client: str) -> dict[str, float]:
         """A client's counters as the store holds them now (the dashboard, tests)."""

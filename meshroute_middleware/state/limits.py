@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from meshroute_middleware.core.clients_budget import USAGE
 from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.providers.keys import (
     SHARED_SECTIONS,
@@ -27,6 +28,7 @@ from meshroute_middleware.core.providers.keys import (
 T = TypeVar("T")
 G = TypeVar("G", bound="Gates")
 TRACKERS_WINDOW_S = 60.0  # trackers that used the store within this share its limits
+RETENTION_DAYS = 400  # the Redis ledger keeps a row this long after its UTC day (a year+)
 
 
 class LimitsStoreError(MeshRouteError, ValueError):
@@ -82,6 +84,13 @@ def rows_by_section(rows: dict[RowName, dict[str, Any]]) -> Snapshot:
     return out
 
 
+def ledger_of(rows: list[dict[str, Any]], client: str | None,
+              first_day: int) -> list[dict[str, Any]]:
+    """The ledger rows of `client` (None: all) from `first_day` on."""
+    return [r for r in rows if (client is None or r["client"] == client)
+            and int(r["day"]) >= first_day]
+
+
 def encode(row: dict[str, Any]) -> str:
     """A row's data as stored: JSON without its name and key (those name the row)."""
     return json.dumps({k: v for k, v in row.items() if k not in ("name", "key")},
@@ -114,7 +123,12 @@ class LimitsStore(Protocol):
         ...
 
     async def scan(self, section: str) -> list[dict[str, Any]]:
-        """Every row of `section` (the usage ledger's, for GET /v1/usage)."""
+        """Every row of `section`."""
+        ...
+
+    async def usage(self, client: str | None, first_day: int) -> list[dict[str, Any]]:
+        """The usage ledger's rows of `client` (None: all) from UTC day `first_day` on
+        (GET /v1/usage)."""
         ...
 
     async def heartbeat(self, tracker: str, now: float) -> int:
@@ -144,6 +158,9 @@ class MemoryLimits:
         if self.down:
             raise LimitsStoreDown("memory store taken away")
         return [dict(row) for name, row in self.rows.items() if name[0] == section]
+
+    async def usage(self, client: str | None, first_day: int) -> list[dict[str, Any]]:
+        return ledger_of(await self.scan(USAGE), client, first_day)
 
     def _transact(self, rows: Sequence[RowName], make: Callable[[int], G],
                   op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:

@@ -4,10 +4,12 @@ LimitsStore (state/limits.py).
 Taking a key goes to the store (`acquire`, awaited); settling, cooldowns, revocations and
 clears are applied there too, before this process takes its next key; what the chain endpoint
 and the scores read is the rows the store last gave back. A store that fails (down, locked past
-its busy timeout) is left for RETRY_S: meanwhile decisions run on local gates that admit this
-tracker only its share of every limit (the limit divided by the trackers that used the store in
-the last minute), with one warning, `meshroute_limits_store_up 0` and a counter of those
-decisions. docs/providers.md, "Several workers, several trackers".
+its busy timeout) is left for RETRY_S: meanwhile decisions run on local gates that start from
+the rows the store last gave back and admit this tracker only its share of every limit (the
+limit divided by the trackers that used the store in the last minute), with one warning,
+`meshroute_limits_store_up 0` and a counter of those decisions. What they took and settled is
+written back to the store, before anything else, when it answers again. docs/providers.md,
+"Several workers, several trackers".
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ T = TypeVar("T")
 RETRY_S = 1.0  # a failed store is tried again after this (decisions meanwhile run locally)
 HEARTBEAT_S = 1.0  # how often a tracker says it uses the store (and counts who else does)
 MAX_QUEUED = 1024  # changes waiting for an async store; past it the store counts as failed
+MAX_OWED = 100_000  # local decisions kept for the store; past it the oldest are dropped
 LATENCY_BUCKETS_S = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.1, math.inf)
 
 
@@ -70,6 +73,10 @@ class SharedGates(KeyGates):
         self._ids = secrets.randbits(40) << 22  # reservation ids unique across processes
         self._queue: deque[tuple[list[RowName], Callable[[KeyGates], Any], float]] = deque()
         self._drainer: asyncio.Task[None] | None = None
+        # decisions taken locally, to write back: rows, the change, when, its first id
+        self._owed: deque[tuple[list[RowName], Callable[[KeyGates], Any], float, int]] = deque()
+        self.owed_dropped = 0
+        self._writing = asyncio.Lock()  # one write-back at a time (each entry once)
 
     @property
     def mode(self) -> str:  # type: ignore[override]
@@ -96,7 +103,7 @@ class SharedGates(KeyGates):
         def op(g: KeyGates) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
             return g.take(provider, model, tokens, now)
 
-        if self._usable(now):
+        if self._usable(now) and await self._write_back(now):
             try:
                 if now - self._beat_at >= HEARTBEAT_S:
                     self._beat_at = now
@@ -105,18 +112,36 @@ class SharedGates(KeyGates):
                     rows_of_route(provider, model), op, now, self._next_ids())))
             except LimitsStoreDown as exc:
                 self._lost(exc, now)
-        self.fallback_decisions += 1
-        return self._fallback().take(provider, model, tokens, now)
+        return self._take_locally(provider, model, tokens, now)
 
     def take(self, provider: Provider, model: ProviderModel, tokens: int,
              now: float) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
         """A blocking store's take (ProviderRouter.acquire); an async store's needs acquire."""
         if not self.store.blocking:
             raise RuntimeError("this limits store is taken with `await SharedGates.acquire`")
-        got = self._apply(rows_of_route(provider, model),
-                          lambda g: g.take(provider, model, tokens, now), now,
-                          lambda g: g.take(provider, model, tokens, now))
-        assert got is not None  # a blocking store answers at once
+        if self._usable(now) and self._write_back_now(now):
+            started = time.perf_counter()
+            try:
+                return self._took(self.store.transact_now(
+                    rows_of_route(provider, model),
+                    lambda g: g.take(provider, model, tokens, now), now, self._next_ids()))
+            except LimitsStoreDown as exc:
+                self._lost(exc, now)
+            finally:
+                self._count(time.perf_counter() - started)
+        return self._take_locally(provider, model, tokens, now)
+
+    def _take_locally(self, provider: Provider, model: ProviderModel, tokens: int,
+                      now: float) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
+        """`take` on the local gates; a key taken is owed to the store (reserved there)."""
+        self.fallback_decisions += 1
+        got = self._fallback(now).take(provider, model, tokens, now)
+        reservation = got[0]
+        if reservation is not None:
+            key = reservation.key
+            self._owe(rows_of_route(provider, model),
+                      lambda g: g.reserve(provider, model, key, tokens, now), now,
+                      reservation.id - 1)
         return got
 
     # -- what is applied (in order, before this process's next take) ----------------------
@@ -225,8 +250,8 @@ class SharedGates(KeyGates):
         """A store transaction went through: the rows it gave back are what this one shows."""
         if not self.up:
             log.warning("limits store (%s) answers again: provider keys are gated there "
-                        "again (%d decisions were taken locally meanwhile)", self.store.mode,
-                        self.fallback_decisions)
+                        "again (%d decisions were taken locally meanwhile, written back)",
+                        self.store.mode, self.fallback_decisions)
             self.up, self._local = True, None
         KeyGates.restore(self, outcome.rows)
         return outcome.result
@@ -243,9 +268,13 @@ class SharedGates(KeyGates):
     def _usable(self, now: float) -> bool:
         return self.up or now >= self._retry_at
 
-    def _fallback(self) -> KeyGates:
+    def _fallback(self, now: float) -> KeyGates:
+        """The local gates: this tracker's share (1/trackers) of what each limit had left in
+        the rows last read."""
         if self._local is None:
             self._local = KeyGates(first_id=self._next_ids(), share=self.trackers)
+            self._local.restore(shared_part(KeyGates.snapshot(self, now, shared=True),
+                                            self.trackers))
         return self._local
 
     def _next_ids(self) -> int:
@@ -257,36 +286,82 @@ class SharedGates(KeyGates):
         """Apply a change in the store: at once (blocking store; its result), or queued
         before this process's next take (None). Locally while the store is away."""
         if not self._usable(now):
-            return fallback(self._fallback())
+            return self._locally(rows, op, now, fallback)
         if not self.store.blocking:
             if len(self._queue) >= MAX_QUEUED:  # a store too slow to keep up is failing
                 self._lost(LimitsStoreDown(f"{MAX_QUEUED} changes waiting for the store"), now)
-                return fallback(self._fallback())
+                return self._locally(rows, op, now, fallback)
             self._queue.append((rows, op, now))
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.get_running_loop().create_task(self._drain())
             return None
+        if not self._write_back_now(now):
+            return self._locally(rows, op, now, fallback)
         started = time.perf_counter()
         try:
             return self._took(self.store.transact_now(rows, op, now, self._next_ids()))
         except LimitsStoreDown as exc:
             self._lost(exc, now)
-            return fallback(self._fallback())
+            return self._locally(rows, op, now, fallback)
         finally:
             self._count(time.perf_counter() - started)
+
+    def _locally(self, rows: list[RowName], op: Callable[[KeyGates], T], now: float,
+                 fallback: Callable[[KeyGates], T]) -> T:
+        """A change applied on the local gates, and owed to the store."""
+        self._owe(rows, op, now, 0)
+        return fallback(self._fallback(now))
+
+    def _owe(self, rows: list[RowName], op: Callable[[KeyGates], Any], now: float,
+             first_id: int) -> None:
+        if len(self._owed) >= MAX_OWED:
+            self._owed.popleft()
+            self.owed_dropped += 1
+            if self.owed_dropped == 1:
+                log.error("limits: more than %d local decisions wait for the store: the "
+                          "oldest are dropped", MAX_OWED)
+        self._owed.append((rows, op, now, first_id))
+
+    async def _write_back(self, now: float) -> bool:
+        """Write what was decided locally to the store, in order; whether all of it went."""
+        if not self._owed:
+            return True
+        async with self._writing:
+            while self._owed:
+                rows, op, at, first_id = self._owed[0]
+                try:
+                    self._took(await self._timed(self.store.transact(
+                        rows, op, at, first_id or self._next_ids())))
+                except LimitsStoreDown as exc:
+                    self._lost(exc, now)
+                    return False
+                self._owed.popleft()
+        return True
+
+    def _write_back_now(self, now: float) -> bool:
+        """`_write_back` for a blocking store, at once."""
+        while self._owed:
+            rows, op, at, first_id = self._owed[0]
+            try:
+                self._took(self.store.transact_now(rows, op, at, first_id or self._next_ids()))
+            except LimitsStoreDown as exc:
+                self._lost(exc, now)
+                return False
+            self._owed.popleft()
+        return True
 
     async def _drain(self) -> None:
         while self._queue:
             rows, op, now = self._queue[0]
             try:
-                if not self._usable(now):
-                    op(self._fallback())
+                if not self._usable(now) or not await self._write_back(now):
+                    self._locally(rows, op, now, op)
                 else:
                     self._took(await self._timed(self.store.transact(rows, op, now,
                                                                      self._next_ids())))
             except LimitsStoreDown as exc:
                 self._lost(exc, now)
-                op(self._fallback())
+                self._locally(rows, op, now, op)
             except Exception:  # a bug of ours: logged, the queue goes on
                 log.exception("limits: a queued change failed")
             finally:
@@ -301,6 +376,26 @@ class SharedGates(KeyGates):
                     rows += [r for r in rows_of_route(p, m)
                              if r[0] in ("keys", "revoked") and (key is None or r[2] == key)]
         return sorted(set(rows))
+
+
+def shared_part(rows: Snapshot, share: int) -> Snapshot:
+    """`rows` with every count divided by `share` (rounded up): on gates that admit 1/share
+    of each limit, what is left to this tracker is 1/share of what the limit had left."""
+    if share <= 1:
+        return rows
+
+    def part(n: Any) -> int:
+        return -(-int(n) // share)
+
+    out: Snapshot = dict(rows)
+    out["windows"] = [{**r, "requests": [[b, part(n)] for b, n in r["requests"]],
+                       "tokens": [[b, part(n)] for b, n in r["tokens"]],
+                       "day_requests": part(r["day_requests"]),
+                       "day_tokens": part(r["day_tokens"]),
+                       "inflight": [[i, part(n), at] for i, n, at in r.get("inflight", ())]}
+                      for r in rows.get("windows", [])]
+    out["keys"] = [{**r, "month_tokens": part(r["month_tokens"])} for r in rows.get("keys", [])]
+    return out
 
 
 def _read(gates: KeyGates) -> None:

@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from meshroute_middleware.core.clients_budget import USAGE
 from meshroute_middleware.core.providers.keys import KeyGates, RowName, Snapshot
 from meshroute_middleware.state.limits import (
     TRACKERS_WINDOW_S,
@@ -21,6 +22,7 @@ from meshroute_middleware.state.limits import (
     decode,
     encode,
     key_gates,
+    ledger_of,
     rows_by_section,
 )
 
@@ -79,6 +81,9 @@ class SqliteLimits:
         except sqlite3.Error as exc:
             raise LimitsStoreDown(f"state file {self.path}: {exc}") from exc
         return [decode((section, name, key), data) for name, key, data in found]
+
+    async def usage(self, client: str | None, first_day: int) -> list[dict[str, Any]]:
+        return ledger_of(await self.scan(USAGE), client, first_day)
 
     def _transact(self, rows: Sequence[RowName], make: Callable[[int], G],
                   op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
@@ -148,3 +153,29 @@ class SqliteLimits:
             db.execute("UPDATE route_state SET data = json_remove(data, '$.inflight') "
                        "WHERE section IN ('windows', 'clients')")
         db.close()
+
+
+MOVED_SECTIONS = ("windows", "keys", "clients", "usage")  # what `limits migrate` moves
+
+
+def rows_to_move(path: str) -> list[tuple[RowName, dict[str, Any]]]:
+    """The rows of a state file that another store takes over (`meshroute limits migrate`):
+    provider key windows and months, clients' windows and budgets, and the usage ledger;
+    reservations in flight left out (a new run has none), as revocations and positions
+    are. LimitsStoreError naming the file if it cannot be read."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0) as db:
+            found = db.execute(
+                "SELECT section, name, key_pos, data FROM route_state WHERE section IN "
+                f"({', '.join('?' * len(MOVED_SECTIONS))}) ORDER BY section, name, key_pos",
+                MOVED_SECTIONS).fetchall()
+        db.close()
+    except sqlite3.Error as exc:
+        raise LimitsStoreError(f"cannot read state file {path}: {exc}") from exc
+    out = []
+    for section, name, key, data in found:
+        row = decode((section, name, key), data)
+        if section in ("windows", "clients"):
+            row["inflight"] = []
+        out.append(((str(section), str(name), int(key)), row))
+    return out

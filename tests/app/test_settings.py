@@ -145,3 +145,24 @@ def test_the_limits_store_from_toml_env_and_flag(tmp_path: Path) -> None:
     config.write_text('[limits]\nbackend = "redis"\n')
     with pytest.raises(SettingsError, match=r"\[limits\]"):
         load_settings({"config": str(config)})
+
+
+def test_the_ledgers_retention_from_toml_env_and_flag_reaches_the_redis_store(
+        tmp_path: Path) -> None:
+    from meshroute_middleware.app.limits import client_store
+    from meshroute_middleware.state.fallback import FallbackLimits
+    from meshroute_middleware.state.redis_limits import RedisLimits
+
+    assert load_settings({}).usage_retention_days == 400
+    config = tmp_path / "m.toml"
+    config.write_text('[limits]\nstore = "redis://127.0.0.1:6390/0"\nusage_retention_days = 90\n')
+    settings = load_settings({"config": str(config)})
+    assert settings.usage_retention_days == 90
+    env = {"MESHROUTE_USAGE_RETENTION_DAYS": "30"}
+    assert load_settings({"config": str(config)}, env).usage_retention_days == 30
+    assert load_settings({"usage_retention_days": "7"}, env).usage_retention_days == 7
+    with pytest.raises(SettingsError, match="usage_retention_days"):
+        load_settings({"usage_retention_days": "0"}, {})
+    store = client_store(settings)  # building it opens no connection
+    assert isinstance(store, FallbackLimits) and isinstance(store.store, RedisLimits)
+    assert store.store.retention_days == 90

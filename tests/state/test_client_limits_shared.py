@@ -128,7 +128,7 @@ def test_two_trackers_on_one_redis_hold_one_rpm_and_one_ledger(tmp_path: Path) -
             for r in rows] == [("alice", "p/m", 25, 500)]
 
 
-def test_redis_rows_of_clients_expire_after_their_month_and_the_ledger_stays() -> None:
+def test_redis_rows_of_clients_expire_after_their_month_and_the_ledger_after_retention() -> None:
     from meshroute_middleware.core.clients_budget import Admission, ClientGates, Spent
     from meshroute_middleware.state.redis_limits import expiry_s
 
@@ -139,4 +139,6 @@ def test_redis_rows_of_clients_expire_after_their_month_and_the_ledger_stays() -
     rows = gates.snapshot(T0)
     month_end = 1_796_083_200.0  # 2026-12-01 00:00 UTC: T0 is in November
     assert expiry_s("clients", rows["clients"][0], T0) == month_end - T0
-    assert expiry_s("usage", rows["usage"][0], T0) is None
+    kept = (rows["usage"][0]["key"] + 1 + 400) * 86400.0 - T0  # 400 days after its day
+    assert expiry_s("usage", rows["usage"][0], T0) == kept
+    assert expiry_s("usage", rows["usage"][0], T0, retention_days=30) == kept - 370 * 86400

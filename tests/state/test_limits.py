@@ -144,7 +144,29 @@ def test_a_store_gone_leaves_each_tracker_its_share_and_comes_back() -> None:
     assert take(a, cfg, T0 + RETRY_S / 2) is None  # still local within RETRY_S
     assert take(a, cfg, T0 + RETRY_S + 0.5) is not None  # back to the store
     assert a.up and a.mode == "local"  # MemoryLimits' own mode name
-    assert sum(take(b, cfg, T0 + 2 + i * 0.01) is not None for i in range(20)) == 9
+    # a's 5 local takes were written back before its next: 10 - 5 - 1 left for b
+    assert sum(take(b, cfg, T0 + 2 + i * 0.01) is not None for i in range(20)) == 4
+
+
+def test_local_gates_start_from_the_rows_last_read_and_settles_are_written_back() -> None:
+    cfg = config(rpm=10)
+    store = MemoryLimits()
+    a, b = workers(cfg, store, n=2)
+    for g in (a, b):
+        g.trackers = 2
+        g._beat_at = T0
+    sent = [take(b, cfg, T0) for _ in range(4)] + [take(a, cfg, T0)]  # a reads 5 used
+    store.down = True
+    local = [take(a, cfg, T0 + 0.5 + i * 0.01) for i in range(10)]
+    assert sum(r is not None for r in local) == 2  # half of the 5 left (4 / 2 rounded down)
+    first = next(r for r in local if r is not None)
+    a.settle(first, 7, T0 + 0.7)  # applied locally, owed to the store
+    store.down = False
+    assert take(a, cfg, T0 + RETRY_S + 2) is not None  # writes back first, then takes
+    window = store.rows[("windows", "fastco", 1)]
+    assert window["day_requests"] == 5 + 2 + 1 and window["day_tokens"] == 7
+    assert first.id not in [i for i, _, _ in window["inflight"]]  # settled there too
+    assert all(r is not None for r in sent)
 
 
 def test_sqlite_rows_are_the_state_files_own(tmp_path: Path) -> None:
