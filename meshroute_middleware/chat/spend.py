@@ -9,15 +9,23 @@ and the ledger hold across workers and trackers; the decisions are the core's
 enforced meanwhile, with a warning): refusing every request of every client because the
 store is down would be worse. Requests without a client are not metered (the ledger answers
 who spent; `/metrics` counts every request already).
+
+What is spent is metered whatever happens (issue 32): a request reserves its worst case
+(tokens and USD, priced at the dearest route it may take) while in flight; a request that
+reached an upstream is charged at least its prompt, even when its client left before the
+first byte; and a settle the store failed is kept and retried by one supervised task until the
+store takes it, never dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -49,6 +57,8 @@ from meshroute_middleware.telemetry.requests import answered
 log = logging.getLogger("meshroute.clients")
 Prices = Mapping[str, tuple[float, float]]  # provider route -> (price_in, price_out) USD/Mtok
 RETRY_UNKNOWN_S = 60  # a refusal whose end is not known (a request larger than tpm): a minute
+SETTLE_RETRY_FIRST_S, SETTLE_RETRY_MAX_S = 0.05, 5.0  # a failed settle's retries back off
+_FAILED = object()  # a store transaction that did not happen
 _LIMITS = {"rpm": ("rpm", "requests a minute"), "tpm": ("tpm", "tokens a minute"),
            "daily_tokens": ("daily_tokens", "tokens a UTC day"),
            "monthly_usd": ("monthly_usd", "USD a UTC month")}
@@ -96,41 +106,102 @@ class ClientSpend:
 
     def __init__(self, store: LimitsStore, prices: Prices | None = None,
                  counters: ClientCounters | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.store, self.clock = store, clock
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.store, self.clock, self._sleep = store, clock, sleep
         self.prices = dict(prices or {})
+        # the dearest price of each kind: the worst case of a request whose route is not known
+        self._dearest = (max((p[0] for p in self.prices.values()), default=0.0),
+                         max((p[1] for p in self.prices.values()), default=0.0))
         self.counters = counters or ClientCounters()
         self.store_failures = 0
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
+        self.owed: deque[tuple[Admission, Spent]] = deque()  # settles the store failed
+        self._retrier: asyncio.Task[None] | None = None
 
-    async def admit(self, client: Client, req: ChatRequest, send: Send) -> Metered:
+    async def admit(self, client: Client, req: ChatRequest, send: Send,
+                    chain: bool = True) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
-        limit or a budget)."""
+        limit or a budget). `chain`: the request goes to provider routes (priced), else to
+        the mesh (free)."""
         try:
             payload = orjson.loads(req.body)
         except orjson.JSONDecodeError:  # parse_chat read it: never here
             payload = {}
         est = estimate(payload if isinstance(payload, dict) else {})
+        usd = cost_usd(est.prompt, est.reserve - est.prompt, self.worst_price(req, chain))
         now = self.clock()
         got = await self._transact(client.name, None,
-                                   lambda g: g.admit(client, est.reserve, now), now)
+                                   lambda g: g.admit(client, est.reserve, now, usd), now)
         if isinstance(got, Refusal):
             self.counters.count(client.name, NO_ROUTE, 429, 0, 0, 0.0)
             log.info("clients: refused a request of %s (%s)", client.name, got.reason)
             raise ClientRefused(client, got, now)
-        return Metered(self, client, got, est.prompt, send)
+        return Metered(self, client, None if got is _FAILED else got, est.prompt, req, send)
+
+    def worst_price(self, req: ChatRequest, chain: bool) -> tuple[float, float] | None:
+        """The dearest (price_in, price_out) `req` may be answered at: its pinned routes' or
+        its model's when they are priced routes, else, on a chain, the dearest of all."""
+        if req.pin and all(p in self.prices for p in req.pin):
+            return (max(self.prices[p][0] for p in req.pin),
+                    max(self.prices[p][1] for p in req.pin))
+        if req.model in self.prices:
+            return self.prices[req.model]
+        return self._dearest if chain else None
 
     async def settle(self, client: Client, admission: Admission | None, spent: Spent,
                      status: int) -> None:
-        """A request ended: counted, and settled in the store with what it used."""
+        """A request ended: counted, and settled in the store with what it used (when the
+        store fails, kept and retried until it takes it)."""
         self.counters.count(client.name, spent.route, status, spent.prompt_tokens,
                             spent.completion_tokens, spent.cost_usd)
         if admission is None:  # admitted while the store was away: nothing to settle
             return
+        if self.owed or not await self._settled(admission, spent):  # in order, after those
+            self.owed.append((admission, spent))
+            self._retry_owed()
+
+    async def flush(self) -> int:
+        """Try the owed settles once more now; how many are still owed."""
+        while self.owed and await self._settled(*self.owed[0]):
+            self.owed.popleft()
+        return len(self.owed)
+
+    async def _settled(self, admission: Admission, spent: Spent) -> bool:
+        """Whether the store took the settle (idempotent: a retry of one that landed after
+        all changes nothing)."""
         now = self.clock()
-        await self._transact(client.name, spent.route,
-                             lambda g: g.settle(admission, spent, now), now)
+        try:
+            got = await self._transact(admission.client, spent.route,
+                                       lambda g: g.settle(admission, spent, now), now)
+        except Exception:  # not the store being away: logged, kept, retried all the same
+            log.exception("clients: settling a request of %s failed", admission.client)
+            return False
+        return got is not _FAILED
+
+    def _retry_owed(self) -> None:
+        """Start the one task that retries owed settles, unless it runs."""
+        if self._retrier is None or self._retrier.done():
+            self._retrier = asyncio.get_running_loop().create_task(self._retry())
+            self._retrier.add_done_callback(self._retried)
+
+    async def _retry(self) -> None:
+        wait = SETTLE_RETRY_FIRST_S
+        while self.owed:
+            await self._sleep(wait)
+            if await self.flush():
+                wait = min(2 * wait, SETTLE_RETRY_MAX_S)
+        log.info("clients: every owed settle is recorded")
+
+    def _retried(self, task: asyncio.Task[None]) -> None:
+        """Supervision: a retrier that died while settles are owed is started again."""
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("clients: the settle retrier failed", exc_info=task.exception())
+        if self.owed:
+            self._retry_owed()
 
     def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
         return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))
@@ -149,6 +220,7 @@ class ClientSpend:
 
     async def _transact(self, client: str, route: str | None,
                         op: Callable[[ClientGates], Any], now: float) -> Any:
+        """`op`'s result in the store, or _FAILED when the store is away."""
         self._ids += 1 << 10
         try:
             out = await self.store.transact_with(rows_of_request(client, route, now),
@@ -160,7 +232,7 @@ class ClientSpend:
                 log.warning("clients: the limits store (%s) failed (%s): clients' limits and "
                             "budgets are not enforced, nor their usage recorded, until it "
                             "answers again", self.store.mode, exc)
-            return None
+            return _FAILED
         if not self._up:
             self._up = True
             log.warning("clients: the limits store (%s) answers again", self.store.mode)
@@ -177,12 +249,12 @@ class Metered:
     answer that never ended, at `close()`."""
 
     __slots__ = ("_admission", "_client", "_done", "_ended", "_last", "_meter", "_priced",
-                 "_prompt_estimate", "_route", "_send", "_spend", "_status")
+                 "_prompt_estimate", "_req", "_route", "_send", "_spend", "_status")
 
     def __init__(self, spend: ClientSpend, client: Client, admission: Admission | None,
-                 prompt_estimate: int, send: Send) -> None:
+                 prompt_estimate: int, req: ChatRequest, send: Send) -> None:
         self._spend, self._client, self._admission = spend, client, admission
-        self._prompt_estimate, self._send = prompt_estimate, send
+        self._prompt_estimate, self._req, self._send = prompt_estimate, req, send
         self._status, self._route, self._priced = 0, NO_ROUTE, False
         self._meter: TokenMeter | None = None
         self._last = b""
@@ -217,9 +289,12 @@ class Metered:
         self._done = True
         ok = self._ended and answered(self._status, self._last)
         meter = self._meter
+        reached = self._req.reached
+        if not self._status and reached is not None:  # left before the first byte came
+            self._status, (self._route, self._priced) = 499, ledger_route(reached.encode())
         prompt = meter.prompt_tokens if meter is not None else None
-        if prompt is None:  # no usage: the estimate, when a route answered at all
-            prompt = self._prompt_estimate if self._status == 200 else 0
+        if prompt is None:  # no usage: the estimate, when a route answered (or was sent it)
+            prompt = self._prompt_estimate if self._status in (200, 499) else 0
         completion = meter.completion_tokens if meter is not None else 0
         # a 429 or 5xx is the gateway's own "no route answered" (routes tried are in its
         # body), whatever x-meshroute-route says was tried last

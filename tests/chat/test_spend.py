@@ -3,6 +3,7 @@ admits a client's request before a route is chosen and records it once at its en
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from typing import Any
@@ -15,10 +16,12 @@ from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.spend import ClientSpend, ledger_route
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
+from meshroute_middleware.forwarding.memory import ASGIForwarder
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
 from meshroute_middleware.state.limits import MemoryLimits
 
 from ..conftest import FakeClock
+from ..upstream import FakeChat
 
 pytestmark = pytest.mark.anyio
 T0 = 1_796_040_000.0
@@ -169,3 +172,57 @@ async def test_a_dialects_request_is_metered_before_its_answer_is_translated(
     rows = await spend.usage_rows()
     assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         ("m", 4, 9)]
+
+
+async def test_a_settle_the_store_failed_is_retried_until_it_lands() -> None:
+    """Issue 32: the store away when a request ends; its usage is kept, and recorded once
+    the store answers again (never dropped)."""
+    store = MemoryLimits()
+
+    async def app_then_store_away(scope: Scope, receive: Receive, send: Send) -> None:
+        store.down = True  # admitted with the store up; it fails before the settle
+        await answering_app(scope, receive, send)
+
+    async def sleep(_: float) -> None:  # the retrier's backoff, without waiting it out
+        await asyncio.sleep(0)
+
+    spend = ClientSpend(store, clock=FakeClock(T0), sleep=sleep)
+    app = MeshRouteMiddleware(app_then_store_away, MiddlewareConfig(mode="annotate"),
+                              spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://127.0.0.1:1"}))
+    assert [a.status_code for a in await post(as_bob(app), 1)] == [200]
+    assert len(spend.owed) == 1
+    for _ in range(20):  # still away: retried, still owed
+        await asyncio.sleep(0)
+    assert len(spend.owed) == 1
+    store.down = False
+    for _ in range(100):
+        if not spend.owed:
+            break
+        await asyncio.sleep(0)
+    assert not spend.owed
+    rows = await spend.usage_rows()
+    assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        (1, 4, 9)]
+    assert (await spend.spent_now("bob"))["day_tokens"] == 13  # the reservation let go
+
+
+async def test_a_mesh_stream_is_asked_for_usage_and_the_client_gets_none() -> None:
+    chat = FakeChat("node", tokens=4, usage_in_stream=True)  # 3 prompt tokens, as it counts
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    app = MeshRouteMiddleware(chat.app(), MiddlewareConfig(),
+                              forwarder=ASGIForwarder({"http://node": chat.app()}),
+                              spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://node"}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_bob(app)),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/chat/completions", json={
+            "model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 400}]})
+    assert chat.seen[0]["body"]["stream_options"] == {"include_usage": True}
+    assert resp.status_code == 200 and b'"usage"' not in resp.content
+    assert resp.content.count(b"data: ") == 4 + 2  # the tokens, the stop chunk and [DONE]
+    rows = await spend.usage_rows()
+    assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        ("m", 3, 4)]  # the node's count, not the estimate (104)
