@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 from typing import Any
 
 import httpx
@@ -226,3 +227,43 @@ async def test_a_mesh_stream_is_asked_for_usage_and_the_client_gets_none() -> No
     rows = await spend.usage_rows()
     assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         ("m", 3, 4)]  # the node's count, not the estimate (104)
+
+
+async def test_a_mesh_client_that_hangs_up_before_the_first_byte_is_charged_its_prompt(
+        ) -> None:
+    """Issue 32: the node was sent the request; its client leaves before any byte came."""
+    chat = FakeChat("node", header_delay_s=5.0)  # thinks; notices the gateway leaving
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    app = MeshRouteMiddleware(chat.app(), MiddlewareConfig(),
+                              forwarder=ASGIForwarder({"http://node": chat.app()}),
+                              spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://node"}))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]})
+    left = asyncio.Event()
+    bodies = [{"type": "http.request", "body": body.encode(), "more_body": False}]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        if bodies:
+            return bodies.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"", "scheme": "http",
+             "http_version": "1.1", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 80),
+             "headers": [(b"host", b"t"), (b"content-type", b"application/json")]}
+    served = asyncio.ensure_future(as_bob(app)(scope, receive, send))
+    for _ in range(500):  # until the node has it (bounded: 5 s)
+        if chat.seen:
+            break
+        await asyncio.sleep(0.01)
+    assert chat.seen and not sent
+    left.set()
+    await asyncio.wait_for(served, 10)
+    rows = await spend.usage_rows()
+    assert [(r["route"], r["requests"], r["prompt_tokens"], r["completion_tokens"],
+             r["errors"]) for r in rows] == [("m", 1, 4000 // 4 + 4, 0, 1)]
