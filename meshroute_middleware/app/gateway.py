@@ -165,7 +165,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                                 else chat.embeddings_providers), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
-        background_services(config, mesh, keeper, clock, providers, embeddings), failures)
+        background_services(config, mesh, keeper, clock, providers, embeddings), failures,
+        spend)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id),
                          clients=config.clients)
@@ -183,13 +184,19 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
 
 @contextlib.asynccontextmanager
 async def _recorded(services: AbstractAsyncContextManager[None],
-                    failures: list[BaseException]) -> AsyncIterator[None]:
-    """The background services, their start-up failure kept in `failures`."""
+                    failures: list[BaseException],
+                    spend: ClientSpend | None = None) -> AsyncIterator[None]:
+    """The background services, their start-up failure kept in `failures`; at shutdown,
+    the clients' owed settles are tried once more."""
     entered = False
     try:
         async with services:
             entered = True
-            yield
+            try:
+                yield
+            finally:
+                if spend is not None:
+                    await spend.aclose()
     except BaseException as exc:
         if not entered:
             failures.append(exc)

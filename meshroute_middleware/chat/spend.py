@@ -162,6 +162,16 @@ class ClientSpend:
             self.owed.append((admission, spent))
             self._retry_owed()
 
+    async def aclose(self) -> None:
+        """At shutdown: the owed settles are tried once more; what is still owed is logged
+        (it is lost with the process)."""
+        if self._retrier is not None:
+            self._retrier.cancel()
+        left = await self.flush()
+        if left:
+            log.warning("clients: the usage of %d requests is lost: the limits store (%s) "
+                        "did not take it before shutdown", left, self.store.mode)
+
     async def flush(self) -> int:
         """Try the owed settles once more now; how many are still owed."""
         while self.owed and await self._settled(*self.owed[0]):

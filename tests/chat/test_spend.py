@@ -18,6 +18,7 @@ from meshroute_middleware.chat.spend import ClientSpend, ledger_route
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
 from meshroute_middleware.forwarding.memory import ASGIForwarder
+from meshroute_middleware.http.request import parse_chat
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
 from meshroute_middleware.state.limits import MemoryLimits
 
@@ -267,3 +268,30 @@ async def test_a_mesh_client_that_hangs_up_before_the_first_byte_is_charged_its_
     rows = await spend.usage_rows()
     assert [(r["route"], r["requests"], r["prompt_tokens"], r["completion_tokens"],
              r["errors"]) for r in rows] == [("m", 1, 4000 // 4 + 4, 0, 1)]
+
+
+async def test_at_shutdown_the_owed_settles_are_tried_once_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryLimits()
+
+    async def never(_: float) -> None:  # the retrier waits past the test
+        await asyncio.Event().wait()
+
+    for up_at_shutdown, owed_after in ((True, 0), (False, 1)):
+        spend = ClientSpend(store, clock=FakeClock(T0), sleep=never)
+        store.down = False
+        metered = await spend.admit(BOB, parse_chat(b'{"model": "m", "messages": []}'),
+                                    _drop)
+        store.down = True
+        await metered.close()
+        assert len(spend.owed) == 1
+        store.down = not up_at_shutdown
+        await spend.aclose()
+        assert len(spend.owed) == owed_after
+    assert sum("usage of 1 requests is lost" in r.getMessage() for r in caplog.records) == 1
+    store.down = False
+    assert [r["requests"] for r in await spend.usage_rows()] == [1]  # the first one's
+
+
+async def _drop(message: Message) -> None:
+    pass
