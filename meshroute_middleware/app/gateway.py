@@ -23,7 +23,7 @@ from meshroute_middleware.app.limits import client_store, gossip_providers, shar
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
-from meshroute_middleware.chat.spend import ClientSpend, prices_of
+from meshroute_middleware.chat.spend import ClientSpend, caps_of, prices_of
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
 from meshroute_middleware.core.aliases import NO_ALIASES
 from meshroute_middleware.core.providers.router import ProviderRouter
@@ -153,7 +153,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         telemetry.add_collector(gates.metric_families)
     clients = config.clients  # the `[[clients]]` of the config, their keys as digests
     spend = ClientSpend(client_store(settings), prices_of(settings.providers),
-                        clock=clock)
+                        clock=clock, caps=caps_of(settings.providers))
     telemetry.add_collector(spend.counters.families)
     extra = [*extra, *UsageAPI(spend, clients, admin_token=settings.admin_token
                                or settings.node_token).routes()]

@@ -46,7 +46,7 @@ from meshroute_middleware.core.clients_budget import (
 )
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal
-from meshroute_middleware.core.providers.tokens import estimate
+from meshroute_middleware.core.providers.tokens import DEFAULT_COMPLETION_TOKENS, estimate
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import ChatRequest
@@ -70,6 +70,14 @@ def prices_of(cfg: ProvidersConfig | None) -> dict[str, tuple[float, float]]:
         return {}
     return {f"{p.name}/{m.id}": (m.price_in, m.price_out) for p in cfg.providers
             for m in p.models}
+
+
+def caps_of(cfg: ProvidersConfig | None) -> dict[str, int]:
+    """Each provider route's `max_output`, where its model states one."""
+    if cfg is None:
+        return {}
+    return {f"{p.name}/{m.id}": m.max_output for p in cfg.providers for m in p.models
+            if m.max_output is not None}
 
 
 def ledger_route(header: bytes | None) -> tuple[str, bool]:
@@ -107,12 +115,11 @@ class ClientSpend:
     def __init__(self, store: LimitsStore, prices: Prices | None = None,
                  counters: ClientCounters | None = None,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 caps: Mapping[str, int] | None = None) -> None:
         self.store, self.clock, self._sleep = store, clock, sleep
-        self.prices = dict(prices or {})
-        # the dearest price of each kind: the worst case of a request whose route is not known
-        self._dearest = (max((p[0] for p in self.prices.values()), default=0.0),
-                         max((p[1] for p in self.prices.values()), default=0.0))
+        self.prices = dict(prices or {})  # every provider route (price 0: free)
+        self.caps = dict(caps or {})  # provider routes' max_output, where stated
         self.counters = counters or ClientCounters()
         self.store_failures = 0
         self._up = True
@@ -130,25 +137,36 @@ class ClientSpend:
         except orjson.JSONDecodeError:  # parse_chat read it: never here
             payload = {}
         est = estimate(payload if isinstance(payload, dict) else {})
-        usd = cost_usd(est.prompt, est.reserve - est.prompt, self.worst_price(req, chain))
+        routes = self.routes_of(req, chain)
+        completion = est.max_completion
+        if completion is None:  # the upstream's default cap: the largest stated, else ours
+            completion = max((self.caps[r] for r in routes if r in self.caps),
+                             default=DEFAULT_COMPLETION_TOKENS)
+        tokens = est.prompt + completion
+        usd = cost_usd(est.prompt, completion, self.worst_price(routes))
         now = self.clock()
         got = await self._transact(client.name, None,
-                                   lambda g: g.admit(client, est.reserve, now, usd), now)
+                                   lambda g: g.admit(client, tokens, now, usd), now)
         if isinstance(got, Refusal):
             self.counters.count(client.name, NO_ROUTE, 429, 0, 0, 0.0)
             log.info("clients: refused a request of %s (%s)", client.name, got.reason)
             raise ClientRefused(client, got, now)
         return Metered(self, client, None if got is _FAILED else got, est.prompt, req, send)
 
-    def worst_price(self, req: ChatRequest, chain: bool) -> tuple[float, float] | None:
-        """The dearest (price_in, price_out) `req` may be answered at: its pinned routes' or
-        its model's when they are priced routes, else, on a chain, the dearest of all."""
+    def routes_of(self, req: ChatRequest, chain: bool) -> list[str]:
+        """The provider routes `req` may be answered on: its pinned routes or its model when
+        they are provider routes, else, on a chain, every provider route; none on the mesh."""
         if req.pin and all(p in self.prices for p in req.pin):
-            return (max(self.prices[p][0] for p in req.pin),
-                    max(self.prices[p][1] for p in req.pin))
+            return req.pin
         if req.model in self.prices:
-            return self.prices[req.model]
-        return self._dearest if chain else None
+            return [req.model]
+        return list(self.prices) if chain else []
+
+    def worst_price(self, routes: list[str]) -> tuple[float, float] | None:
+        """The dearest (price_in, price_out) of `routes` (None: free)."""
+        if not routes:
+            return None
+        return (max(self.prices[r][0] for r in routes), max(self.prices[r][1] for r in routes))
 
     async def settle(self, client: Client, admission: Admission | None, spent: Spent,
                      status: int) -> None:

@@ -129,6 +129,25 @@ def test_fifty_requests_at_once_against_a_budget_worth_one_and_a_half(
     assert sum(r["cost_usd"] for r in rows) <= 2 * one + 1e-12
 
 
+def test_without_max_tokens_the_models_max_output_is_held(
+        providers: tuple[FakeProvider, FakeProvider], clock: FakeClock) -> None:
+    """A request without max_tokens holds the model's `max_output` (its default cap) in
+    flight: 50 at once against a budget worth 1.5 answers of that size serve at most 2
+    (holding the default 256 instead would let ~20 in)."""
+    fast, slow = providers
+    prompt, cap = 400 // 4 + 4, 4000
+    fast.default = Reply.ok(tokens=cap, prompt_tokens=prompt, ttfb_s=0.3)
+    one = (prompt * PRICE_IN + cap * PRICE_OUT) / 1e6
+    doc = roomy_doc(fast, slow)
+    doc["providers"][0]["models"][0]["max_output"] = cap
+    body = {"messages": [{"role": "user", "content": "x" * 400}]}
+    with (served(doc, [make_client("alice", monthly_usd=1.5 * one)], clock) as gw,
+          ThreadPoolExecutor(50) as pool):
+        codes = [a.status_code for a in pool.map(lambda _: gw.chat("alice", **body), range(50))]
+    assert 1 <= codes.count(200) <= 2 and codes.count(429) == 50 - codes.count(200), codes
+    assert len(fast.seen) == codes.count(200)
+
+
 def test_a_client_that_hangs_up_before_the_first_byte_is_charged_its_prompt(
         providers: tuple[FakeProvider, FakeProvider], clock: FakeClock) -> None:
     fast, slow = providers
