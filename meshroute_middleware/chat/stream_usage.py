@@ -23,6 +23,7 @@ from meshroute_middleware.http.request import loads
 
 ASK = b'"stream_options":{"include_usage":true},'
 _USAGE = b'"usage"'
+_OPENAI_NULL = b',"usage":null'
 # A usage-only chunk: `"choices": []`. Inside a JSON string a quote is escaped, so these
 # byte patterns only match the chunk's own keys.
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
@@ -75,10 +76,17 @@ class UsageStrip:
     def _filter(self, body: bytes, final: bool) -> bytes:
         data = self._rest + body if self._rest else body
         cut = len(data) if final else data.rfind(b"\n") + 1
-        self._rest = data[cut:]
+        if cut < len(data):  # an unfinished line waits for its end
+            data, self._rest = data[:cut], data[cut:]
+        else:
+            self._rest = b""
+        if _USAGE in data:  # no JSON string holds these bytes: a quote in one is escaped
+            data = data.replace(_OPENAI_NULL, b"")  # OpenAI's own spelling, at C speed
+            if _USAGE in data:
+                data = _NULL_USAGE.sub(b"", data)
         if _USAGE not in data and not self._skip_blank:  # the usual chunk: as it came
-            return data if cut == len(data) else data[:cut]
-        return b"".join(self._line(line) for line in data[:cut].splitlines(keepends=True))
+            return data
+        return b"".join(self._line(line) for line in data.splitlines(keepends=True))
 
     def _line(self, line: bytes) -> bytes:
         if self._skip_blank:
@@ -91,4 +99,4 @@ class UsageStrip:
             self.dropped += 1
             self._skip_blank = True  # the blank line that ends the dropped event
             return b""
-        return _NULL_USAGE.sub(b"", line, count=1)
+        return line

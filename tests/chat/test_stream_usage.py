@@ -97,3 +97,14 @@ async def test_a_stream_sent_with_a_content_length_loses_it() -> None:
     """What is taken out shortens the stream: a length the upstream sent would be a lie."""
     out, _, got = await strip([ASKED], [*SSE, (b"content-length", str(len(ASKED)).encode())])
     assert out == PLAIN and got[0]["headers"] == SSE
+
+
+@pytest.mark.parametrize("cut", [1, 9, 10_000])
+async def test_openais_compact_spelling_is_stripped_however_it_is_cut(cut: int) -> None:
+    def compact(data: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    plain = compact(TOKEN) + compact(STOP) + DONE
+    asked = (compact({**TOKEN, "usage": None}) + compact({**STOP, "usage": None})
+             + compact(USAGE) + DONE)
+    out, filtered, _ = await strip([asked[i:i + cut] for i in range(0, len(asked), cut)])
+    assert out == plain and filtered.dropped == 1
