@@ -13,8 +13,8 @@ who spent; `/metrics` counts every request already).
 What is spent is metered whatever happens (issue 32): a request reserves its worst case
 (tokens and USD, priced at the dearest route it may take) while in flight; a request that
 reached an upstream is charged at least its prompt, even when its client left before the
-first byte; and a settle the store failed is kept and retried by one supervised task until the
-store takes it, never dropped.
+first byte; and a settle the store failed is kept and retried until the store takes it, never
+dropped (chat/owed.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import logging
 import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -32,6 +31,7 @@ import orjson
 from starlette.types import Message, Send
 
 from meshroute_middleware.chat.headers import H_ROUTE, is_sse
+from meshroute_middleware.chat.owed import OwedSettles
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.clients_budget import (
     BUDGET_REASONS,
@@ -57,7 +57,6 @@ from meshroute_middleware.telemetry.requests import answered
 log = logging.getLogger("meshroute.clients")
 Prices = Mapping[str, tuple[float, float]]  # provider route -> (price_in, price_out) USD/Mtok
 RETRY_UNKNOWN_S = 60  # a refusal whose end is not known (a request larger than tpm): a minute
-SETTLE_RETRY_FIRST_S, SETTLE_RETRY_MAX_S = 0.05, 5.0  # a failed settle's retries back off
 _FAILED = object()  # a store transaction that did not happen
 _LIMITS = {"rpm": ("rpm", "requests a minute"), "tpm": ("tpm", "tokens a minute"),
            "daily_tokens": ("daily_tokens", "tokens a UTC day"),
@@ -117,15 +116,14 @@ class ClientSpend:
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  caps: Mapping[str, int] | None = None) -> None:
-        self.store, self.clock, self._sleep = store, clock, sleep
+        self.store, self.clock = store, clock
         self.prices = dict(prices or {})  # every provider route (price 0: free)
         self.caps = dict(caps or {})  # provider routes' max_output, where stated
         self.counters = counters or ClientCounters()
         self.store_failures = 0
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
-        self.owed: deque[tuple[Admission, Spent]] = deque()  # settles the store failed
-        self._retrier: asyncio.Task[None] | None = None
+        self.owed = OwedSettles(self._settled, sleep)  # settles the store failed
 
     async def admit(self, client: Client, req: ChatRequest, send: Send,
                     chain: bool = True) -> Metered:
@@ -177,24 +175,11 @@ class ClientSpend:
         if admission is None:  # admitted while the store was away: nothing to settle
             return
         if self.owed or not await self._settled(admission, spent):  # in order, after those
-            self.owed.append((admission, spent))
-            self._retry_owed()
+            self.owed.add(admission, spent)
 
     async def aclose(self) -> None:
-        """At shutdown: the owed settles are tried once more; what is still owed is logged
-        (it is lost with the process)."""
-        if self._retrier is not None:
-            self._retrier.cancel()
-        left = await self.flush()
-        if left:
-            log.warning("clients: the usage of %d requests is lost: the limits store (%s) "
-                        "did not take it before shutdown", left, self.store.mode)
-
-    async def flush(self) -> int:
-        """Try the owed settles once more now; how many are still owed."""
-        while self.owed and await self._settled(*self.owed[0]):
-            self.owed.popleft()
-        return len(self.owed)
+        """At shutdown: the owed settles are tried once more (chat/owed.py)."""
+        await self.owed.aclose(self.store.mode)
 
     async def _settled(self, admission: Admission, spent: Spent) -> bool:
         """Whether the store took the settle (idempotent: a retry of one that landed after
@@ -207,29 +192,6 @@ class ClientSpend:
             log.exception("clients: settling a request of %s failed", admission.client)
             return False
         return got is not _FAILED
-
-    def _retry_owed(self) -> None:
-        """Start the one task that retries owed settles, unless it runs."""
-        if self._retrier is None or self._retrier.done():
-            self._retrier = asyncio.get_running_loop().create_task(self._retry())
-            self._retrier.add_done_callback(self._retried)
-
-    async def _retry(self) -> None:
-        wait = SETTLE_RETRY_FIRST_S
-        while self.owed:
-            await self._sleep(wait)
-            if await self.flush():
-                wait = min(2 * wait, SETTLE_RETRY_MAX_S)
-        log.info("clients: every owed settle is recorded")
-
-    def _retried(self, task: asyncio.Task[None]) -> None:
-        """Supervision: a retrier that died while settles are owed is started again."""
-        if task.cancelled():
-            return
-        if task.exception() is not None:
-            log.error("clients: the settle retrier failed", exc_info=task.exception())
-        if self.owed:
-            self._retry_owed()
 
     def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
         return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))
