@@ -36,6 +36,7 @@ from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.spend import ClientSpend, Metered
+from meshroute_middleware.chat.stream_usage import UsageStrip, with_usage
 from meshroute_middleware.core import (
     InvalidPinError,
     NoRouteError,
@@ -245,13 +246,16 @@ class MeshRouteMiddleware:
                     watch.forget()  # not a routed request: the request counts leave it out
                 await translation.answer()
                 return
+            if req.stream and not req.asks_usage and kind == "chat":
+                # every upstream reports a stream's usage; the client gets what it asked for
+                req.body, send = with_usage(req.body), UsageStrip(send)
+            chain = self.providers is not None and self.providers.claims(req.model)
             if self.spend is not None and client is not None:
                 # a client's request: admitted (or a 429), then metered
-                send = metered = await self.spend.admit(client, req, send)
+                send = metered = await self.spend.admit(client, req, send, chain)
             if translation is not None:  # an app that serves it (annotate) gets a chat request
                 scope = {**scope, "path": self.config.path,
                          "raw_path": self.config.path.encode()}
-            chain = self.providers is not None and self.providers.claims(req.model)
             router = self.router_for(kind)
             decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
                                                         req.prefix, req.needs,

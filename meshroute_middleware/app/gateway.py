@@ -23,7 +23,7 @@ from meshroute_middleware.app.limits import client_store, gossip_providers, shar
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
-from meshroute_middleware.chat.spend import ClientSpend, prices_of
+from meshroute_middleware.chat.spend import ClientSpend, caps_of, prices_of
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
 from meshroute_middleware.core.aliases import NO_ALIASES
 from meshroute_middleware.core.providers.router import ProviderRouter
@@ -153,7 +153,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         telemetry.add_collector(gates.metric_families)
     clients = config.clients  # the `[[clients]]` of the config, their keys as digests
     spend = ClientSpend(client_store(settings), prices_of(settings.providers),
-                        clock=clock)
+                        clock=clock, caps=caps_of(settings.providers))
     telemetry.add_collector(spend.counters.families)
     extra = [*extra, *UsageAPI(spend, clients, admin_token=settings.admin_token
                                or settings.node_token).routes()]
@@ -165,7 +165,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                                 else chat.embeddings_providers), extra)
     failures: list[BaseException] = []
     inner.router.lifespan_context = lambda app: _recorded(
-        background_services(config, mesh, keeper, clock, providers, embeddings), failures)
+        background_services(config, mesh, keeper, clock, providers, embeddings), failures,
+        spend)
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id),
                          clients=config.clients)
@@ -183,13 +184,19 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
 
 @contextlib.asynccontextmanager
 async def _recorded(services: AbstractAsyncContextManager[None],
-                    failures: list[BaseException]) -> AsyncIterator[None]:
-    """The background services, their start-up failure kept in `failures`."""
+                    failures: list[BaseException],
+                    spend: ClientSpend | None = None) -> AsyncIterator[None]:
+    """The background services, their start-up failure kept in `failures`; at shutdown,
+    the clients' owed settles are tried once more."""
     entered = False
     try:
         async with services:
             entered = True
-            yield
+            try:
+                yield
+            finally:
+                if spend is not None:
+                    await spend.aclose()
     except BaseException as exc:
         if not entered:
             failures.append(exc)

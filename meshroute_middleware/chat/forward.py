@@ -58,12 +58,16 @@ class ForwardMode:
                       ex: Exchange) -> Failed | None:
         """One attempt at `decision`'s head (at its request kind's path), within the
         request's deadline."""
+        req = ex.req
+        reached, req.reached = req.reached, decision.signature  # charged its prompt from here
         try:
             async with asyncio.timeout_at(ex.attempts.deadline):
                 upstream = await self.forwarder.open(
-                    decision.route.head.url + ex.req.path, ex.req.body,
+                    decision.route.head.url + req.path, req.body,
                     self._headers(decision, ex))
         except ForwardError as exc:
+            if exc.kind == "connect":  # never reached the head
+                req.reached = reached
             return Failed(exc.kind, str(exc), retry_at=retry_at(exc.retry_after))
         except TimeoutError:
             return Failed("timeout", "no answer within the request's deadline")

@@ -10,6 +10,12 @@ and the ledger hold across workers and trackers; the decisions are the core's
 and written back when the store answers again. A bare store that fails (this process's
 memory, in tests) lets requests in, with a warning. Requests without a client are not
 metered (the ledger answers who spent; `/metrics` counts every request already).
+
+What is spent is metered whatever happens (issue 32): a request reserves its worst case
+(tokens and USD, priced at the dearest route it may take) while in flight; a request that
+reached an upstream is charged at least its prompt, even when its client left before the
+first byte; and a settle the store failed is kept and retried until the store takes it, never
+dropped (chat/owed.py).
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
 from starlette.types import Message, Send
 
 from meshroute_middleware.chat.headers import H_ROUTE, is_sse
+from meshroute_middleware.chat.owed import OwedSettles
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.clients_budget import (
     BUDGET_REASONS,
@@ -40,7 +47,7 @@ from meshroute_middleware.core.clients_budget import (
 )
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal
-from meshroute_middleware.core.providers.tokens import estimate
+from meshroute_middleware.core.providers.tokens import DEFAULT_COMPLETION_TOKENS, estimate
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import ChatRequest
@@ -51,6 +58,7 @@ from meshroute_middleware.telemetry.requests import answered
 log = logging.getLogger("meshroute.clients")
 Prices = Mapping[str, tuple[float, float]]  # provider route -> (price_in, price_out) USD/Mtok
 RETRY_UNKNOWN_S = 60  # a refusal whose end is not known (a request larger than tpm): a minute
+_FAILED = object()  # a store transaction that did not happen
 _LIMITS = {"rpm": ("rpm", "requests a minute"), "tpm": ("tpm", "tokens a minute"),
            "daily_tokens": ("daily_tokens", "tokens a UTC day"),
            "monthly_usd": ("monthly_usd", "USD a UTC month")}
@@ -62,6 +70,14 @@ def prices_of(cfg: ProvidersConfig | None) -> dict[str, tuple[float, float]]:
         return {}
     return {f"{p.name}/{m.id}": (m.price_in, m.price_out) for p in cfg.providers
             for m in p.models}
+
+
+def caps_of(cfg: ProvidersConfig | None) -> dict[str, int]:
+    """Each provider route's `max_output`, where its model states one."""
+    if cfg is None:
+        return {}
+    return {f"{p.name}/{m.id}": m.max_output for p in cfg.providers for m in p.models
+            if m.max_output is not None}
 
 
 def ledger_route(header: bytes | None) -> tuple[str, bool]:
@@ -98,55 +114,108 @@ class ClientSpend:
 
     def __init__(self, store: LimitsStore, prices: Prices | None = None,
                  counters: ClientCounters | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 caps: Mapping[str, int] | None = None) -> None:
         self.store, self.clock = store, clock
-        self.prices = dict(prices or {})
+        self.prices = dict(prices or {})  # every provider route (price 0: free)
+        self.caps = dict(caps or {})  # provider routes' max_output, where stated
         self.counters = counters or ClientCounters()
         self.store_failures = 0
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
         self._settling: set[asyncio.Future[Any]] = set()  # settles of cancelled requests
+        self.owed = OwedSettles(self._settled, sleep)  # settles the store failed
 
-    async def admit(self, client: Client, req: ChatRequest, send: Send) -> Metered:
+    async def admit(self, client: Client, req: ChatRequest, send: Send,
+                    chain: bool = True) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
-        limit or a budget)."""
+        limit or a budget). `chain`: the request goes to provider routes (priced), else to
+        the mesh (free)."""
         try:
             payload = orjson.loads(req.body)
         except orjson.JSONDecodeError:  # parse_chat read it: never here
             payload = {}
         est = estimate(payload if isinstance(payload, dict) else {})
+        routes = self.routes_of(req, chain)
+        completion = est.max_completion
+        if completion is None:  # the upstream's default cap: the largest stated, else ours
+            completion = max((self.caps[r] for r in routes if r in self.caps),
+                             default=DEFAULT_COMPLETION_TOKENS)
+        tokens = est.prompt + completion
+        usd = cost_usd(est.prompt, completion, self.worst_price(routes))
         now = self.clock()
         got = await self._transact(client.name, None,
-                                   lambda g: g.admit(client, est.reserve, now), now)
+                                   lambda g: g.admit(client, tokens, now, usd), now)
         if isinstance(got, Refusal):
             self.counters.count(client.name, NO_ROUTE, 429, 0, 0, 0.0)
             log.info("clients: refused a request of %s (%s)", client.name, got.reason)
             raise ClientRefused(client, got, now)
-        return Metered(self, client, got, est.prompt, send)
+        return Metered(self, client, None if got is _FAILED else got, est.prompt, req, send)
+
+    def routes_of(self, req: ChatRequest, chain: bool) -> list[str]:
+        """The provider routes `req` may be answered on: its pinned routes or its model when
+        they are provider routes, else, on a chain, every provider route; none on the mesh."""
+        if req.pin and all(p in self.prices for p in req.pin):
+            return req.pin
+        if req.model in self.prices:
+            return [req.model]
+        return list(self.prices) if chain else []
+
+    def worst_price(self, routes: list[str]) -> tuple[float, float] | None:
+        """The dearest (price_in, price_out) of `routes` (None: free)."""
+        if not routes:
+            return None
+        return (max(self.prices[r][0] for r in routes), max(self.prices[r][1] for r in routes))
 
     async def settle(self, client: Client, admission: Admission | None, spent: Spent,
                      status: int) -> None:
-        """A request ended: counted, and settled in the store with what it used."""
+        """A request ended: counted, and settled in the store with what it used (when the
+        store fails, kept and retried until it takes it)."""
         self.counters.count(client.name, spent.route, status, spent.prompt_tokens,
                             spent.completion_tokens, spent.cost_usd)
         if admission is None:  # admitted while the store was away: nothing to settle
             return
+        if self.owed or not await self._settled(admission, spent):  # in order, after those
+            self.owed.add(admission, spent)
+
+    async def aclose(self) -> None:
+        """At shutdown: the owed settles are tried once more (chat/owed.py)."""
+        await self.owed.aclose(self.store.mode)
+
+    async def _settled(self, admission: Admission, spent: Spent) -> bool:
+        """Whether the store took the settle (idempotent: a retry of one that landed after
+        all changes nothing)."""
         now = self.clock()
 
         def op(g: ClientGates) -> None:
             g.settle(admission, spent, now)
 
         try:
-            await self._transact(client.name, spent.route, op, now)
+            got = await self._transact(admission.client, spent.route, op, now)
         except asyncio.CancelledError:
             # the request was cancelled meanwhile (its client left, its deadline passed):
             # the settle is finished in a task of its own (it is idempotent: one that went
             # through before the cancel changes nothing the second time)
-            settling = asyncio.ensure_future(self._transact(client.name, spent.route, op,
-                                                            now))
+            settling = asyncio.ensure_future(self._settle_detached(admission, spent, op, now))
             self._settling.add(settling)
             settling.add_done_callback(self._settling.discard)
             raise
+        except Exception:  # not the store being away: logged, kept, retried all the same
+            log.exception("clients: settling a request of %s failed", admission.client)
+            return False
+        return got is not _FAILED
+
+    async def _settle_detached(self, admission: Admission, spent: Spent,
+                               op: Callable[[ClientGates], None], now: float) -> None:
+        """A cancelled request's settle, finished; one the store fails joins the owed."""
+        try:
+            got = await self._transact(admission.client, spent.route, op, now)
+        except Exception:
+            log.exception("clients: settling a request of %s failed", admission.client)
+            got = _FAILED
+        if got is _FAILED:
+            self.owed.add(admission, spent)
 
     def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
         return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))
@@ -167,6 +236,7 @@ class ClientSpend:
 
     async def _transact(self, client: str, route: str | None,
                         op: Callable[[ClientGates], Any], now: float) -> Any:
+        """`op`'s result in the store, or _FAILED when the store is away."""
         self._ids += 1 << 10
         try:
             out = await self.store.transact_with(rows_of_request(client, route, now),
@@ -178,7 +248,7 @@ class ClientSpend:
                 log.warning("clients: the limits store (%s) failed (%s): clients' limits and "
                             "budgets are not enforced, nor their usage recorded, until it "
                             "answers again", self.store.mode, exc)
-            return None
+            return _FAILED
         if not self._up:
             self._up = True
             log.warning("clients: the limits store (%s) answers again", self.store.mode)
@@ -195,12 +265,12 @@ class Metered:
     answer that never ended, at `close()`."""
 
     __slots__ = ("_admission", "_client", "_done", "_ended", "_last", "_meter", "_priced",
-                 "_prompt_estimate", "_route", "_send", "_spend", "_status")
+                 "_prompt_estimate", "_req", "_route", "_send", "_spend", "_status")
 
     def __init__(self, spend: ClientSpend, client: Client, admission: Admission | None,
-                 prompt_estimate: int, send: Send) -> None:
+                 prompt_estimate: int, req: ChatRequest, send: Send) -> None:
         self._spend, self._client, self._admission = spend, client, admission
-        self._prompt_estimate, self._send = prompt_estimate, send
+        self._prompt_estimate, self._req, self._send = prompt_estimate, req, send
         self._status, self._route, self._priced = 0, NO_ROUTE, False
         self._meter: TokenMeter | None = None
         self._last = b""
@@ -235,9 +305,12 @@ class Metered:
         self._done = True
         ok = self._ended and answered(self._status, self._last)
         meter = self._meter
+        reached = self._req.reached
+        if not self._status and reached is not None:  # left before the first byte came
+            self._status, (self._route, self._priced) = 499, ledger_route(reached.encode())
         prompt = meter.prompt_tokens if meter is not None else None
-        if prompt is None:  # no usage: the estimate, when a route answered at all
-            prompt = self._prompt_estimate if self._status == 200 else 0
+        if prompt is None:  # no usage: the estimate, when a route answered (or was sent it)
+            prompt = self._prompt_estimate if self._status in (200, 499) else 0
         completion = meter.completion_tokens if meter is not None else 0
         # a 429 or 5xx is the gateway's own "no route answered" (routes tried are in its
         # body), whatever x-meshroute-route says was tried last

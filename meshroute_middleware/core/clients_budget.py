@@ -6,8 +6,11 @@ Windows (the provider key gates' own, core/providers/keys.py, reused):
   against `tpm` and `daily_tokens` as "in flight".
 - `daily_tokens` (prompt + completion) is the current UTC day; `monthly_usd` the current UTC
   calendar month, priced from the provider models' `price_in` / `price_out` (USD per million
-  tokens; mesh routes are free). A budget refuses once what was spent (plus what is in
-  flight) reaches it; the refusal lasts until the window resets.
+  tokens; mesh routes are free). Each admitted request reserves its worst case while in
+  flight (tokens: its prompt estimate plus its completion maximum; USD: those priced at the
+  dearest route it may take), and settles to what it used when it ends (issue 32): a budget
+  refuses a request whose worst case, with what was spent and what is in flight, would pass
+  it; the refusal lasts until the window resets.
 
 The ledger: one row per (client, route, UTC day): requests, prompt and completion tokens, USD
 cost and errors. Rows are `Snapshot` rows like the key gates' (state/limits.py stores them):
@@ -48,6 +51,7 @@ class Admission:
     id: int
     client: str
     tokens: int
+    usd: float = 0.0  # the worst case held against monthly_usd until settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +70,13 @@ class _ClientRow:
     window: _Window = field(default_factory=_Window)
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
+    inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
 
     def roll(self, now: float) -> None:
         self.window.roll(now)
+        if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
+            held = self.window.inflight
+            self.inflight_usd = {i: v for i, v in self.inflight_usd.items() if i in held}
         month = _month_index(now)
         if month != self.month:
             self.month, self.month_usd = month, 0.0
@@ -110,8 +118,11 @@ class ClientGates:
 
     # -- deciding -------------------------------------------------------------------------
 
-    def check(self, client: Client, tokens: int, now: float) -> Refusal | None:
-        """Why `client` may not send a request of `tokens` (estimate) now; None if it may."""
+    def check(self, client: Client, tokens: int, now: float,
+              usd: float = 0.0) -> Refusal | None:
+        """Why `client` may not send a request of `tokens` and `usd` (worst cases) now; None
+        if it may (always None while not enforcing: decided on a row the store may not
+        hold, state/fallback.py)."""
         if not self.enforce:
             return None
         row = self._row(client.name, now)
@@ -123,23 +134,30 @@ class ClientGates:
             return Refusal("tpm", _frees(win.tokens, pending, client.tpm))
         if client.daily_tokens is not None and win.day_tokens + pending > client.daily_tokens:
             return Refusal("daily_tokens", (win.day + 1) * DAY_S)
-        if client.monthly_usd is not None and row.month_usd >= client.monthly_usd:
-            return Refusal("monthly_usd", _month_start(row.month + 1))
+        if client.monthly_usd is not None:
+            held = row.month_usd + sum(row.inflight_usd.values())
+            if held >= client.monthly_usd or held + max(0.0, usd) > client.monthly_usd:
+                return Refusal("monthly_usd", _month_start(row.month + 1))
         return None
 
-    def admit(self, client: Client, tokens: int, now: float) -> Admission | Refusal:
-        """`check`, and when it passes, count the request now with `tokens` in flight."""
-        refusal = self.check(client, tokens, now)
+    def admit(self, client: Client, tokens: int, now: float,
+              usd: float = 0.0) -> Admission | Refusal:
+        """`check`, and when it passes, count the request now with `tokens` and `usd` in
+        flight."""
+        refusal = self.check(client, tokens, now, usd)
         if refusal is not None:
             return refusal
-        win = self._row(client.name, now).window
+        row = self._row(client.name, now)
+        win = row.window
         self._dirty.add(client_row(client.name))
         self._next_id += 1
         second = int(now // 1)
         win.requests[second] = win.requests.get(second, 0) + 1
         win.day_requests += 1
         win.inflight[self._next_id] = (max(0, tokens), now)
-        return Admission(self._next_id, client.name, max(0, tokens))
+        if usd > 0:
+            row.inflight_usd[self._next_id] = usd
+        return Admission(self._next_id, client.name, max(0, tokens), max(0.0, usd))
 
     # -- recording ------------------------------------------------------------------------
 
@@ -150,6 +168,7 @@ class ClientGates:
         win = row.window
         if win.inflight.pop(admission.id, None) is None:
             return
+        row.inflight_usd.pop(admission.id, None)
         self._dirty.add(client_row(admission.client))
         used = max(0, spent.prompt_tokens) + max(0, spent.completion_tokens)
         if used:
@@ -194,6 +213,7 @@ class ClientGates:
                 "tokens": sorted([b, n] for b, n in win.tokens.items()), "day": win.day,
                 "day_requests": win.day_requests, "day_tokens": win.day_tokens,
                 "inflight": [[i, n, at] for i, (n, at) in win.inflight.items()],
+                "inflight_usd": [[i, usd] for i, usd in row.inflight_usd.items()],
                 "month": row.month, "month_usd": row.month_usd})
         usage = [{**data, "name": f"{client} {route}", "key": day}
                  for (client, route, day), data in self._usage.items()
@@ -208,8 +228,9 @@ class ClientGates:
                           int(r["day_requests"]), int(r["day_tokens"]))
             for i, n, at in r.get("inflight", ()):
                 win.inflight[int(i)] = (int(n), float(at))
-            self._clients[str(r["name"])] = _ClientRow(win, int(r["month"]),
-                                                       float(r["month_usd"]))
+            self._clients[str(r["name"])] = _ClientRow(
+                win, int(r["month"]), float(r["month_usd"]),
+                {int(i): float(usd) for i, usd in r.get("inflight_usd", ())})
         for r in data.get(USAGE, []):
             self._usage[(str(r["client"]), str(r["route"]), int(r["day"]))] = {
                 "client": str(r["client"]), "route": str(r["route"]), "day": int(r["day"]),

@@ -1,10 +1,11 @@
 """Counting completion tokens in a response as it passes, without holding a byte back.
 
 A JSON body carries `usage.completion_tokens`; an SSE stream may end with a usage chunk, and
-otherwise every `data:` event whose delta carries non-empty content counts as one token
-(OpenAI-compatible servers send one chunk per token). Anthropic's Messages answers (a route
-with `api = "anthropic"`) count the same way: `usage.output_tokens` (a stream's last
-`message_delta` carries the total), else one per `text_delta` / `input_json_delta` event.
+otherwise every `data:` event whose delta carries non-empty content, tool-call arguments or
+reasoning (`reasoning_content`, `reasoning`) counts as one token (OpenAI-compatible servers
+send one chunk per token). Anthropic's Messages answers (a route with `api = "anthropic"`)
+count the same way: `usage.output_tokens` (a stream's last `message_delta` carries the
+total), else one per `text_delta` / `input_json_delta` / `thinking_delta` event.
 `usage.prompt_tokens` (Anthropic: `input_tokens`) is read from the same places (None when the
 upstream sent none).
 A completions stream carries its tokens as `choices[].text`: its meter looks for non-empty
@@ -21,7 +22,8 @@ __all__ = ["TokenMeter", "sse_error_event"]
 
 _COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_NONEMPTY_CONTENT = re.compile(rb'"content"\s*:\s*"(?!")|"type"\s*:\s*"(?:text|input_json)_delta"')
+_NONEMPTY_CONTENT = re.compile(rb'"(?:content|arguments|reasoning_content|reasoning)"\s*:\s*"(?!")'
+                               rb'|"type"\s*:\s*"(?:text|input_json|thinking)_delta"')
 _NONEMPTY_TEXT = re.compile(rb'"text"\s*:\s*"(?!")')  # completions' choices[].text
 _MAX_JSON_TAIL = 64 * 1024  # a non-stream body is scanned in its last 64 KiB for usage
 _MAX_LINE = 1024 * 1024  # a longer SSE line is not ours to parse; drop it rather than grow

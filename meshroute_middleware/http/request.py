@@ -64,6 +64,11 @@ class ChatRequest:
         """The path a node serves this kind of request at (a provider's: without `/v1`)."""
         return PATHS[self.kind]
     objective: Objective = DEFAULT_OBJECTIVE  # what it asks its route to be best at (issue 26)
+    stream: bool = False  # `"stream": true`
+    asks_usage: bool = False  # `"stream_options": {"include_usage": true}` (issue 32)
+    # the route (`x-meshroute-route`'s form) an upstream was last sent it on: a request that
+    # reached one is charged at least its prompt, whatever its client does (issue 32)
+    reached: str | None = None
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -171,9 +176,13 @@ def parse_chat(body: bytes, objective: bytes | None = None,
     prompt's conversation explicitly: a hint that recognises it when its messages no longer
     match (issue 26)."""
     payload, model, pin, body, chosen = parse_common(body, objective)
+    options = payload.get("stream_options")
     return ChatRequest(body, model, pin, answer_bound(payload),
                        message_chain(payload.get("messages"), session_id),
-                       needs=request_needs(body, payload), objective=chosen)
+                       needs=request_needs(body, payload), objective=chosen,
+                       stream=payload.get("stream") is True,
+                       asks_usage=isinstance(options, dict)
+                       and options.get("include_usage") is True)
 
 
 def parse_common(body: bytes, objective: bytes | None = None

@@ -3,8 +3,10 @@ admits a client's request before a route is chosen and records it once at its en
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import json
 from typing import Any
 
 import httpx
@@ -15,10 +17,13 @@ from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.spend import ClientSpend, ledger_route
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
+from meshroute_middleware.forwarding.memory import ASGIForwarder
+from meshroute_middleware.http.request import parse_chat
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
 from meshroute_middleware.state.limits import MemoryLimits
 
 from ..conftest import FakeClock
+from ..upstream import FakeChat
 
 pytestmark = pytest.mark.anyio
 T0 = 1_796_040_000.0
@@ -169,3 +174,124 @@ async def test_a_dialects_request_is_metered_before_its_answer_is_translated(
     rows = await spend.usage_rows()
     assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         ("m", 4, 9)]
+
+
+async def test_a_settle_the_store_failed_is_retried_until_it_lands() -> None:
+    """Issue 32: the store away when a request ends; its usage is kept, and recorded once
+    the store answers again (never dropped)."""
+    store = MemoryLimits()
+
+    async def app_then_store_away(scope: Scope, receive: Receive, send: Send) -> None:
+        store.down = True  # admitted with the store up; it fails before the settle
+        await answering_app(scope, receive, send)
+
+    async def sleep(_: float) -> None:  # the retrier's backoff, without waiting it out
+        await asyncio.sleep(0)
+
+    spend = ClientSpend(store, clock=FakeClock(T0), sleep=sleep)
+    app = MeshRouteMiddleware(app_then_store_away, MiddlewareConfig(mode="annotate"),
+                              spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://127.0.0.1:1"}))
+    assert [a.status_code for a in await post(as_bob(app), 1)] == [200]
+    assert len(spend.owed) == 1
+    for _ in range(20):  # still away: retried, still owed
+        await asyncio.sleep(0)
+    assert len(spend.owed) == 1
+    store.down = False
+    for _ in range(100):
+        if not spend.owed:
+            break
+        await asyncio.sleep(0)
+    assert not spend.owed
+    rows = await spend.usage_rows()
+    assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        (1, 4, 9)]
+    assert (await spend.spent_now("bob"))["day_tokens"] == 13  # the reservation let go
+
+
+async def test_a_mesh_stream_is_asked_for_usage_and_the_client_gets_none() -> None:
+    chat = FakeChat("node", tokens=4, usage_in_stream=True)  # 3 prompt tokens, as it counts
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    app = MeshRouteMiddleware(chat.app(), MiddlewareConfig(),
+                              forwarder=ASGIForwarder({"http://node": chat.app()}),
+                              spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://node"}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_bob(app)),
+                                 base_url="http://t") as client:
+        resp = await client.post("/v1/chat/completions", json={
+            "model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 400}]})
+    assert chat.seen[0]["body"]["stream_options"] == {"include_usage": True}
+    assert resp.status_code == 200 and b'"usage"' not in resp.content
+    assert resp.content.count(b"data: ") == 4 + 2  # the tokens, the stop chunk and [DONE]
+    rows = await spend.usage_rows()
+    assert [(r["route"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        ("m", 3, 4)]  # the node's count, not the estimate (104)
+
+
+async def test_a_mesh_client_that_hangs_up_before_the_first_byte_is_charged_its_prompt(
+        ) -> None:
+    """Issue 32: the node was sent the request; its client leaves before any byte came."""
+    chat = FakeChat("node", header_delay_s=5.0)  # thinks; notices the gateway leaving
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    app = MeshRouteMiddleware(chat.app(), MiddlewareConfig(),
+                              forwarder=ASGIForwarder({"http://node": chat.app()}),
+                              spend=spend)
+    app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
+                                       "layers": 10, "url": "http://node"}))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]})
+    left = asyncio.Event()
+    bodies = [{"type": "http.request", "body": body.encode(), "more_body": False}]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        if bodies:
+            return bodies.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"", "scheme": "http",
+             "http_version": "1.1", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 80),
+             "headers": [(b"host", b"t"), (b"content-type", b"application/json")]}
+    served = asyncio.ensure_future(as_bob(app)(scope, receive, send))
+    for _ in range(500):  # until the node has it (bounded: 5 s)
+        if chat.seen:
+            break
+        await asyncio.sleep(0.01)
+    assert chat.seen and not sent
+    left.set()
+    await asyncio.wait_for(served, 10)
+    rows = await spend.usage_rows()
+    assert [(r["route"], r["requests"], r["prompt_tokens"], r["completion_tokens"],
+             r["errors"]) for r in rows] == [("m", 1, 4000 // 4 + 4, 0, 1)]
+
+
+async def test_at_shutdown_the_owed_settles_are_tried_once_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryLimits()
+
+    async def never(_: float) -> None:  # the retrier waits past the test
+        await asyncio.Event().wait()
+
+    for up_at_shutdown, owed_after in ((True, 0), (False, 1)):
+        spend = ClientSpend(store, clock=FakeClock(T0), sleep=never)
+        store.down = False
+        metered = await spend.admit(BOB, parse_chat(b'{"model": "m", "messages": []}'),
+                                    _drop)
+        store.down = True
+        await metered.close()
+        assert len(spend.owed) == 1
+        store.down = not up_at_shutdown
+        await spend.aclose()
+        assert len(spend.owed) == owed_after
+    assert sum("usage of 1 requests is lost" in r.getMessage() for r in caplog.records) == 1
+    store.down = False
+    assert [r["requests"] for r in await spend.usage_rows()] == [1]  # the first one's
+
+
+async def _drop(message: Message) -> None:
+    pass

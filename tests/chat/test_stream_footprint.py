@@ -35,7 +35,9 @@ N = 40
 # (benchmarks/bench_stream_objects.py). 97.3 on 2026-12-01, one object (or less) for each of:
 # the request's `via` entry (the loop check), the answered/failed counter's send wrapper,
 # the request guard's Host check, the answer's one deadline timer (request_timeout_s).
-MAX_OBJECTS_PER_STREAM = 100
+# +1 on 2026-12-04 (issue 32): the filter that keeps a stream as its client asked while the
+# upstream is asked for usage (chat/stream_usage.py), 99.0 -> 99.7-100.6 in five runs.
+MAX_OBJECTS_PER_STREAM = 102
 # A /v1/responses stream adds its translation: the request's echo (its tools, text format),
 # the stream's items and the SSE line splitter. Measured 2026-12-02: 114.3 per stream (98.6
 # for chat in the same runs), the same in three runs; a list or closure per chunk crosses it.

@@ -153,3 +153,33 @@ def test_usage_report_groups_filters_and_sorts() -> None:
     assert usage_report(rows, ("client",), client="a")[0]["cost_usd"] == pytest.approx(0.1)
     assert [r["requests"] for r in usage_report(rows, ("client",), since=T0)] == [2, 4]
     assert [r["day"] for r in usage_report(rows, ("day",))] == [day - 1, day]
+
+
+def test_monthly_usd_holds_each_requests_worst_case_while_in_flight() -> None:
+    """Issue 32: 50 requests at once against a budget worth 1.5 of them: one is let in."""
+    c, g = client(monthly_usd=1.5), ClientGates()
+    got = [g.admit(c, 10, T0, usd=1.0) for _ in range(50)]
+    admitted = [a for a in got if isinstance(a, Admission)]
+    assert len(admitted) == 1
+    assert {r.reason for r in got if isinstance(r, Refusal)} == {"monthly_usd"}
+    g.settle(admitted[0], spent(10, 5, usd=0.25), T0 + 1)  # the truth: cheaper than held
+    assert isinstance(g.admit(c, 10, T0 + 2, usd=1.0), Admission)  # 0.25 + 1.0 <= 1.5
+    assert isinstance(g.admit(c, 10, T0 + 2, usd=1.0), Refusal)
+
+
+def test_a_worst_case_held_in_flight_survives_the_rows_roundtrip_and_expires() -> None:
+    c, g = client(monthly_usd=1.0), ClientGates()
+    assert isinstance(g.admit(c, 10, T0, usd=0.75), Admission)
+    loaded = roundtrip(g, T0)  # what another worker loads from the shared store
+    assert isinstance(loaded.admit(c, 10, T0 + 1, usd=0.5), Refusal)
+    assert isinstance(loaded.admit(c, 10, T0 + 1, usd=0.25), Admission)
+    later = T0 + 24 * 3600  # a reservation never settled (a crashed worker) expires
+    assert isinstance(roundtrip(loaded, later).admit(c, 10, later, usd=0.9), Admission)
+
+
+def test_spent_exactly_the_budget_refuses_even_a_free_request() -> None:
+    c, g = client(monthly_usd=1.0), ClientGates()
+    a = g.admit(c, 10, T0, usd=0.5)
+    assert isinstance(a, Admission)
+    g.settle(a, spent(10, 5, usd=1.0), T0 + 1)
+    assert isinstance(g.admit(c, 10, T0 + 2), Refusal)

@@ -149,3 +149,25 @@ def test_a_completions_meter_counts_text_deltas_and_a_chat_meter_does_not() -> N
     content = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
     text.feed(content)  # a completions stream has no content deltas: not a token there
     assert text.completion_tokens == 3
+
+
+@pytest.mark.parametrize("delta", [
+    {"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\":"}}]},
+    {"reasoning_content": "let me think"},
+    {"reasoning": "let me think"},
+    {"content": None, "reasoning_content": "x"},
+])
+def test_tool_call_arguments_and_reasoning_count_as_tokens_without_usage(
+        delta: dict[str, object]) -> None:
+    """Issue 32: a stream of tool-call arguments or reasoning counted 0 when no usage came."""
+    chunk = b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode()
+    empty = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {
+        "tool_calls": [{"index": 0, "function": {"arguments": ""}}]}}]}).encode()
+    body = b"\n\n".join([chunk] * 5 + [empty]) + b"\n\n"
+    assert feed(TokenMeter(streaming=True), body, 7) == 5
+
+
+def test_a_messages_thinking_delta_counts() -> None:
+    event = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+             b'"delta":{"type":"thinking_delta","thinking":"hm"}}\n\n')
+    assert feed(TokenMeter(streaming=True), event * 3, 4096) == 3

@@ -55,6 +55,11 @@ class Reply:
     # the answer's content-encoding: "gzip" compresses it; any other is only its label
     encoding: str = ""
     role_first: bool = False  # streaming: a role-only chunk (no content) before the tokens
+    # streaming: usage as OpenAI sends it, only when the request asks for it
+    # (`stream_options.include_usage`): `"usage": null` in every chunk, the counts in a last
+    # chunk of their own (`"choices": []`)
+    asked_usage: bool = False
+    delta: str = "content"  # streaming: what each token is ("reasoning_content", "tool_calls")
 
     @classmethod
     def ok(cls, tokens: int = 8, **kw: Any) -> Reply:
@@ -261,15 +266,23 @@ class FakeProvider:
             yield event[:cut]
             await asyncio.sleep(0.2)
             yield event[cut:]
+        options = body.get("stream_options")
+        asked = isinstance(options, dict) and options.get("include_usage") is True
+        openai_usage = reply.asked_usage and asked
         for i in range(reply.tokens):
             if reply.break_after is not None and i == reply.break_after:
                 if reply.break_when is not None:
                     await asyncio.to_thread(reply.break_when.wait, 60)
                 raise ConnectionResetError("scripted broken stream")
             await asyncio.sleep(reply.token_delay_s)
-            yield _sse(self._chunk(body, {"content": f"t{i} "}, None))
+            chunk = self._chunk(body, _delta(reply.delta, i), None)
+            yield _sse({**chunk, "usage": None} if openai_usage else chunk)
         last = self._chunk(body, {}, "stop")
-        if reply.usage:
+        if reply.asked_usage:
+            if openai_usage:
+                yield _sse({**last, "usage": None})
+                last = {**last, "choices": [], "usage": _usage(reply)}
+        elif reply.usage:
             last["usage"] = _usage(reply)
         yield _sse(last)
         yield b"data: [DONE]\n\n"
@@ -290,6 +303,17 @@ class FakeProvider:
         if reply.usage:
             out["usage"] = _usage(reply)
         return out
+
+
+def _delta(kind: str, i: int) -> dict[str, Any]:
+    """The delta of the stream's `i`-th token: content, reasoning or a tool call's arguments."""
+    if kind == "tool_calls":
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": f"a{i}"}}
+        if i == 0:
+            call.update(id="call_0", type="function")
+            call["function"]["name"] = "lookup"
+        return {"tool_calls": [call]}
+    return {kind: f"t{i} "}
 
 
 def _usage(reply: Reply) -> dict[str, int]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 
 from ..upstream import serve_process
-from .fake_provider import FakeProvider
+from .fake_provider import FakeProvider, Reply
 from .gateway import ENV, HI
 from .test_serve_process import config_text
 
@@ -103,3 +104,39 @@ daily_tokens = 30
     assert [(r["client"], r["requests"], r["prompt_tokens"] + r["completion_tokens"])
             for r in usage] == [("alice", 2, 26)]
     assert len(fast.seen) == 2
+
+
+def test_two_workers_hold_each_requests_worst_case_in_flight(
+        providers: tuple[FakeProvider, FakeProvider], tmp_path: Path) -> None:
+    """Issue 32: 20 requests at once over two workers, against a `monthly_usd` worth 1.5 of
+    them: the reservations are rows of the state file both workers read, so at most 2 are
+    served (the example's big-model: 0.50 / 1.50 USD per million tokens)."""
+    fast, slow = providers
+    prompt, completion = 8000 // 4 + 4, 1000  # the estimate of 8,000 characters; max_tokens
+    fast.default = Reply.ok(tokens=completion, prompt_tokens=prompt, ttfb_s=0.5)
+    one = (prompt * 0.50 + completion * 1.50) / 1e6
+    config = tmp_path / "meshroute.toml"
+    config.write_text(config_text(fast, slow) + f"""
+
+[[clients]]
+name = "alice"
+key = "sha256:{hashlib.sha256(KEY.encode()).hexdigest()}"
+monthly_usd = {1.5 * one!r}
+""")
+    flags = ["--config", str(config), "--state-file", str(tmp_path / "state.db"),
+             "--workers", "2", "--admin-token", ADMIN, "--log-level", "warning"]
+    body = {"model": "fastco/big-model", "max_tokens": completion,
+            "messages": [{"role": "user", "content": "x" * 8000}]}
+
+    def post(_: int) -> int:  # a fresh connection each: both workers take some
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60,
+                          headers={"authorization": f"Bearer {KEY}"}).status_code
+
+    with serve_process(flags, tmp_path / "log", ENV) as (url, _):
+        with ThreadPoolExecutor(20) as pool:
+            codes = list(pool.map(post, range(20)))
+        wait_for(lambda: sum(r["requests"] for r in httpx.get(
+            f"{url}/v1/usage", headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=10).json()["data"]) == codes.count(200))
+    assert 1 <= codes.count(200) <= 2 and codes.count(429) == 20 - codes.count(200), codes
+    assert len(fast.seen) + len(slow.seen) == codes.count(200)

@@ -41,8 +41,10 @@ def test_a_5000_digit_token_count_neither_raises_nor_counts(
     caplog.set_level(logging.ERROR)
     with _answer("9" * 5000, streaming=stream) as liar, EdgeGateway() as gw:
         assert gw.register("liar", liar.url).status_code in (200, 201)
+        # a stream's client asks for usage: the node's usage chunk is then its to see
+        asked = {"stream_options": {"include_usage": True}} if stream else {}
         resp = httpx.post(gw.url + "/v1/chat/completions", timeout=10,
-                          json=chat(max_tokens=64, stream=stream))
+                          json=chat(max_tokens=64, stream=stream, **asked))
         assert resp.status_code == 200
         assert resp.text.count("9" * 5000) == 1  # relayed untouched, complete
         [outcome] = gw.outcomes()

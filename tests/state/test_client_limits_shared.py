@@ -24,7 +24,11 @@ T0 = 1_796_040_000.0
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 25}'
 CLIENTS = {"rpm": Client("alice", hashlib.sha256(b"k").digest(), rpm=25),
            # 10 answers of 30 tokens fit, not 11
-           "daily": Client("alice", hashlib.sha256(b"k").digest(), daily_tokens=300)}
+           "daily": Client("alice", hashlib.sha256(b"k").digest(), daily_tokens=300),
+           # issue 32: each request's worst case, 30 tokens at 1,000 USD per million, is held
+           # while in flight: a budget of 1.5 of them lets one in across every process
+           "usd": Client("alice", hashlib.sha256(b"k").digest(), monthly_usd=0.045)}
+PRICES = {"p/m": (1000.0, 1000.0)}
 ATTEMPTS = 40  # per process: more than the limit alone
 PROCESSES = 2
 
@@ -35,16 +39,18 @@ async def _noop(message: Any) -> None:
 
 async def spend_all(store: LimitsStore, kind: str) -> tuple[int, int]:
     """Try ATTEMPTS requests of CLIENTS[kind] at T0, each answered with usage 10 + 20
-    tokens: (admitted, refused)."""
-    spend = ClientSpend(store, clock=lambda: T0)
+    tokens (for "usd": admitted and left in flight): (admitted, refused)."""
+    spend = ClientSpend(store, PRICES, clock=lambda: T0)
     admitted = refused = 0
     for _ in range(ATTEMPTS):
         try:
-            send = await spend.admit(CLIENTS[kind], ChatRequest(BODY, "m", None), _noop)
+            send = await spend.admit(CLIENTS[kind], ChatRequest(BODY, "p/m", None), _noop)
         except RequestError:
             refused += 1
             continue
         admitted += 1
+        if kind == "usd":
+            continue
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"x-meshroute-route", b"p/m#1")]})
         await send({"type": "http.response.body", "more_body": False,
@@ -105,6 +111,23 @@ def test_two_processes_on_one_state_file_hold_one_rpm_and_one_ledger(tmp_path: P
 def test_two_processes_on_one_state_file_hold_one_daily_budget(tmp_path: Path) -> None:
     results = run_processes(_sqlite_worker, fresh_state_file(tmp_path), "daily")
     assert sum(a for a, _ in results) == 10
+
+
+def test_two_processes_on_one_state_file_hold_each_requests_worst_usd_in_flight(
+        tmp_path: Path) -> None:
+    results = run_processes(_sqlite_worker, fresh_state_file(tmp_path), "usd")
+    assert sum(a for a, _ in results) == 1
+
+
+def test_two_trackers_on_one_redis_hold_each_requests_worst_usd_in_flight(
+        tmp_path: Path) -> None:
+    from tests.redis_server import RedisServer
+    server = RedisServer(tmp_path).start()
+    try:
+        results = run_processes(_redis_worker, server.url, "usd")
+    finally:
+        server.stop()
+    assert sum(a for a, _ in results) == 1
 
 
 def test_two_trackers_on_one_redis_hold_one_rpm_and_one_ledger(tmp_path: Path) -> None:

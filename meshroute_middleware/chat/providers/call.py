@@ -58,10 +58,10 @@ from meshroute_middleware.http.errors import error_body
 log = logging.getLogger("meshroute.providers")
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a non-streamed answer held to read its usage
 MAX_HELD_BYTES = 64 * 1024  # a stream's start held back while it carries no content
-# the first content of a stream: chat completions' text or tool call, a completions choice's
-# `text`, Messages' first delta
-_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{'
-                      rb'|data: \[DONE\]|event: content_block_delta')
+# the first content of a stream: chat completions' text, reasoning or tool call, a completions
+# choice's `text`, Messages' first delta
+_CONTENT = re.compile(rb'"(?:content|text|reasoning_content|reasoning)"\s*:\s*"(?!")'
+                      rb'|"tool_calls"\s*:\s*\[\s*\{|data: \[DONE\]|event: content_block_delta')
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')  # Messages' usage
 _OUTPUT_TOKENS = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
@@ -121,11 +121,15 @@ class ProviderCall:
                        headers: list[tuple[bytes, bytes]]) -> PassedOver | None:
         budget = self._budget(cr)
         sent = time.perf_counter()
+        req = cr.ex.req
+        reached, req.reached = req.reached, got.route  # sent: charged its prompt from here
         try:
             upstream = await asyncio.wait_for(self.forwarder.open(url, body, headers), budget)
         except TimeoutError:
             return self.outcomes.failed(got, "timeout", cr.session)
         except ForwardError as exc:
+            if exc.kind == "connect":  # never reached the provider
+                req.reached = reached
             if exc.kind == "http_429":
                 return self.outcomes.record(
                     got, OutcomeKind.RATE_LIMITED, session=cr.session,

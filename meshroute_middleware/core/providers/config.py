@@ -50,6 +50,10 @@ class ProviderModel:
     # "openai": POST {base_url}/chat/completions; "anthropic": POST {base_url}/messages, which
     # takes /v1/messages requests untranslated and chat requests translated (docs/apis.md)
     api: str = "openai"
+    # tokens: the most one answer writes when the request sets no max_tokens (the upstream's
+    # default cap); a client's request without one holds this much completion in flight
+    # (issue 32). None = not stated (DEFAULT_COMPLETION_TOKENS is held)
+    max_output: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +253,7 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{here} must be a table")
     _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens",
-                          "capabilities", "api"})
+                          "capabilities", "api", "max_output"})
     model_id = t.get("id")
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ProviderConfigError(f"{here}: id must be a non-empty string")
@@ -261,7 +265,8 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
                          _number(t, "price_in", here, 0.0, low=0.0),
                          _number(t, "price_out", here, 0.0, low=0.0),
                          _opt_int(t, "monthly_tokens", here), _capabilities(t, here),
-                         _choice(t, "api", APIS, here, "openai") or "openai")
+                         _choice(t, "api", APIS, here, "openai") or "openai",
+                         _opt_int(t, "max_output", here))
 
 
 def _capabilities(t: Mapping[str, Any], where: str) -> frozenset[str]:

@@ -2,8 +2,13 @@
 
 Upstreams settle the truth in `usage`; until then the gates hold an estimate. Prompt tokens are
 estimated as characters / 4 (the usual rule of thumb for English BPE vocabularies) plus 4 per
-message for the chat template, rounded up; the completion as the request's `max_tokens` (or
-`max_completion_tokens`), else DEFAULT_COMPLETION_TOKENS for the reservation only.
+message for the chat template, rounded up. The characters counted are every message's text
+(content parts' `text`, not images), its tool calls (names and arguments), its reasoning
+(`reasoning_content` / `reasoning`), and the request's tool schemas (`tools`, `functions`):
+every string in them, keys included, since the upstream renders them all into the prompt
+(issue 32: a prompt hidden in a tool schema was estimated at 0). The completion is the
+request's `max_tokens` (or `max_completion_tokens`), else DEFAULT_COMPLETION_TOKENS for the
+reservation only.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class TokenEstimate:
         return self.prompt + (self.max_completion or 0)
 
 
+_MESSAGE_EXTRAS = ("tool_calls", "function_call", "reasoning_content", "reasoning")
+_REQUEST_EXTRAS = ("tools", "functions")
+
+
 def estimate(body: Mapping[str, Any]) -> TokenEstimate:
     """Estimate a chat completion request's tokens from its parsed JSON body."""
     messages = body.get("messages")
@@ -44,7 +53,10 @@ def estimate(body: Mapping[str, Any]) -> TokenEstimate:
     if isinstance(messages, list):
         for message in messages:
             count += 1
-            chars += _chars(message.get("content") if isinstance(message, Mapping) else None)
+            if isinstance(message, Mapping):
+                chars += _chars(message.get("content"))
+                chars += sum(_strings(message.get(k)) for k in _MESSAGE_EXTRAS if k in message)
+    chars += sum(_strings(body.get(k)) for k in _REQUEST_EXTRAS if k in body)
     prompt = math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * count
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     ok = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
@@ -59,3 +71,19 @@ def _chars(content: object) -> int:
         return sum(len(p["text"]) for p in content
                    if isinstance(p, Mapping) and isinstance(p.get("text"), str))
     return 0
+
+
+def _strings(value: object) -> int:
+    """Characters of every string in a JSON value, object keys included (iteratively: a
+    parsed body is nested at most MAX_JSON_DEPTH deep, but no recursion is needed)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, Mapping):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total

@@ -69,8 +69,8 @@ def test_defaults_of_a_minimal_config() -> None:
     assert cfg.routing.max_attempts == DEFAULT_MAX_ATTEMPTS
     assert cfg.routing.total_budget_s == DEFAULT_TOTAL_BUDGET_S
     model = cfg.providers[0].models[0]
-    assert (model.context, model.price_in, model.price_out, model.monthly_tokens) == (
-        None, 0.0, 0.0, None)
+    assert (model.context, model.price_in, model.price_out, model.monthly_tokens,
+            model.max_output) == (None, 0.0, 0.0, None, None)
     assert cfg.providers[0].limits == Limits()
     assert cfg.mesh_tier("anything") == "medium"
 
@@ -141,6 +141,8 @@ BAD = [
     ("providers.0.models.0.price_in", -0.1, "price_in must be >= 0"),
     ("providers.0.models.0.context", 0, "context must be >= 1"),
     ("providers.0.models.0.monthly_tokens", 1e9, "monthly_tokens must be an integer"),
+    ("providers.0.models.0.max_output", 0, "max_output must be >= 1"),
+    ("providers.0.models.0.max_output", "4k", "max_output must be an integer"),
     ("providers.0.models.0.free", True, "unknown key(s) free"),
     ("mesh.qwen", {"tier": "giant"}, "[mesh.qwen]: tier must be one of"),
     ("mesh.qwen", {"tier": "small", "context": 4}, "[mesh.qwen]: unknown key(s) context"),
@@ -198,3 +200,9 @@ def test_an_unknown_api_is_refused(api: Any) -> None:
     with pytest.raises(ProviderConfigError) as info:
         parse_providers_config(doc)
     assert "model 'big-model': api must be one of openai | anthropic" in str(info.value)
+
+
+def test_a_models_max_output_is_read() -> None:
+    doc = copy.deepcopy(minimal())
+    _set(doc, "providers.0.models.0.max_output", 4096)
+    assert parse_providers_config(doc).providers[0].models[0].max_output == 4096

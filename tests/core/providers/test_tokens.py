@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -29,6 +30,16 @@ from meshroute_middleware.core.providers.tokens import (
     ({"messages": [None, {"content": None}], "max_tokens": True}, 8, None),
     ({}, 0, None),
     ({"messages": [], "max_tokens": -5}, 0, None),
+    # issue 32: tool schemas, tool calls and reasoning are prompt too (every string, keys too)
+    ({"messages": [], "tools": [{"type": "function", "function": {"name": "f" * 12}}]},
+     math.ceil((4 + 8 + 8 + 4 + 12) / 4), None),
+    ({"messages": [], "functions": [{"name": "abcd", "parameters": {"x": 1}}]},
+     math.ceil((4 + 4 + 10 + 1) / 4), None),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "a" * 40}}]}]},
+     math.ceil((2 + 1 + 4 + 8 + 8 + 4 + 1 + 9 + 40) / 4) + 4, None),
+    ({"messages": [{"role": "assistant", "content": "ab", "reasoning_content": "r" * 14}]},
+     4 + 4, None),
 ])
 def test_estimate(body: dict[str, Any], prompt: int, max_completion: int | None) -> None:
     assert estimate(body) == TokenEstimate(prompt, max_completion)
