@@ -7,7 +7,10 @@ The forwarder never follows a redirect (a head answering 3xx is a failed attempt
 would let a node point the gateway at any URL it likes), asks for an identity encoding and keeps
 `content-encoding` if a head compresses anyway (the bytes are relayed as they came, so the
 header must stay with them), and gives up on a head that stays silent between two chunks for
-longer than `ForwardTimeouts.idle_s`.
+longer than `ForwardTimeouts.idle_s`. Until the body's first byte the first-byte timeout holds:
+a streaming server may send its headers at once and its first chunk only after the prompt's
+prefill (llama.cpp's server does: 28 s for a cold 1,200-token prompt on a loaded 2-core
+machine), and that wait is the first byte's, not a stall mid-answer.
 
 A pooled keep-alive connection the head closed while idle can be handed out just as the close
 is under way: the request then fails before a byte of answer (`ServerDisconnectedError`,
@@ -97,20 +100,27 @@ class _AiohttpResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     raw: aiohttp.ClientResponse
+    idle_s: float
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        # The silence between two chunks is bounded by aiohttp's own read timer, set to
-        # idle_s when the headers arrived (`_idle_timer`): no second timer per chunk, whose
-        # objects (a Timeout, its timer handle and context) each open stream kept alive.
+        # The silence between two chunks is bounded by aiohttp's own read timer, the
+        # first-byte timeout until the body's first chunk, then idle_s (`_idle_timer`): no
+        # second timer per chunk, whose objects (a Timeout, its timer handle and context)
+        # each open stream kept alive.
         content = self.raw.content
+        first = True
         try:
             while True:
                 chunk = await content.readany()
                 if not chunk:
                     return
+                if first:
+                    first = False
+                    _idle_timer(self.raw, self.idle_s)
                 yield chunk
         except TimeoutError as exc:  # aiohttp's SocketTimeoutError is one
-            raise ForwardError("stream", "the head stalled mid-response") from exc
+            what = "mid-response" if not first else "before its answer's first byte"
+            raise ForwardError("stream", f"the head stalled {what}") from exc
         except aiohttp.ClientError as exc:
             raise ForwardError("stream", f"the head failed mid-response: {exc!r}") from exc
 
@@ -196,8 +206,7 @@ class AiohttpForwarder:
         out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]
         if (cl := raw.headers.get("content-length")) is not None:
             out.append((b"content-length", cl.encode()))
-        _idle_timer(raw, self.idle_s)
-        return _AiohttpResponse(raw.status, out, raw)
+        return _AiohttpResponse(raw.status, out, raw, self.idle_s)
 
     async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes,
                     hdrs: list[tuple[str, str]], reuse: _Reuse | None) -> aiohttp.ClientResponse:
@@ -236,10 +245,11 @@ class AiohttpForwarder:
 
 
 def _idle_timer(raw: aiohttp.ClientResponse, idle_s: float) -> None:
-    """From the headers on, aiohttp's read timer (`ClientTimeout.sock_read`, restarted by
-    every byte that arrives and stopped while reading is paused) bounds the head's silence
-    by `idle_s` instead of the first-byte timeout; it restarts now. aiohttp does the same
-    for a websocket's receive timeout. A body already complete has no timer to restart."""
+    """From the body's first chunk on, aiohttp's read timer (`ClientTimeout.sock_read`,
+    restarted by every byte that arrives and stopped while reading is paused) bounds the
+    head's silence by `idle_s` instead of the first-byte timeout; it restarts now. aiohttp
+    does the same for a websocket's receive timeout. A body already complete has no timer
+    to restart."""
     conn = raw.connection
     if conn is None or conn.protocol is None or raw.content.is_eof():
         return

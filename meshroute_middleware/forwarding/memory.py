@@ -22,17 +22,23 @@ class _MemoryResponse:
         self.status, self.headers = status, headers
         self._queue, self._task = queue, task
         self.idle_s = ForwardTimeouts().idle_s
+        self.first_byte_s = ForwardTimeouts().first_byte_s
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        """As the real forwarder's: the first-byte timeout until the body's first chunk."""
+        first = True
         while True:
             try:
-                item = await asyncio.wait_for(self._queue.get(), self.idle_s)
+                item = await asyncio.wait_for(self._queue.get(),
+                                              self.first_byte_s if first else self.idle_s)
             except TimeoutError:
-                raise ForwardError("stream", "the app stalled mid-response") from None
+                what = "before its answer's first byte" if first else "mid-response"
+                raise ForwardError("stream", f"the app stalled {what}") from None
             if isinstance(item, BaseException):
                 raise ForwardError("stream", f"the app failed mid-response: {item!r}")
             body = item.get("body", b"")
             if body:
+                first = False
                 yield body
             if not item.get("more_body", False):
                 return
@@ -69,7 +75,7 @@ class ASGIForwarder:
             raise ForwardError("http_5xx", f"{url} crashed: {start!r}", 500)
         status = int(start["status"])
         response = _MemoryResponse(status, list(start.get("headers", [])), queue, task)
-        response.idle_s = self.idle_s
+        response.idle_s, response.first_byte_s = self.idle_s, self.first_byte_timeout_s
         if 300 <= status < 400:  # like the real forwarder: never followed
             task.cancel()
             raise ForwardError("redirect", f"{url} answered {status} (a redirect, not "

@@ -57,6 +57,37 @@ def test_a_head_silent_between_chunks_past_the_idle_timeout_ends_the_stream() ->
         assert outcome["ok"] is False
 
 
+def prefiller(prefill_s: float, count: int) -> RawNode:
+    """A head that sends its headers at once and its first chunk after `prefill_s` (as
+    llama.cpp's server does while it prefills the prompt), then `count` tokens."""
+    def script(sock: socket.socket, head: bytes) -> None:
+        sock.sendall(SSE_HEAD)
+        time.sleep(prefill_s)
+        for i in range(count):
+            sock.sendall(token(i))
+        sock.sendall(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    return RawNode(script)
+
+
+def test_the_wait_for_the_first_chunk_after_early_headers_is_the_first_bytes() -> None:
+    """Headers at once, the first chunk 1 s later (a prefill) against an idle timeout of
+    0.2 s: the answer is whole; the first-byte timeout (5 s) bounds that wait."""
+    with prefiller(1.0, 5) as node, EdgeGateway(idle_timeout_s=0.2) as gw:
+        gw.register("prefill", node.url)
+        resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True), timeout=30)
+        assert resp.status_code == 200
+        assert "[DONE]" in resp.text and '"error"' not in resp.text
+        assert [o["ok"] for o in gw.outcomes()] == [True]
+    with prefiller(3.0, 5) as node, EdgeGateway(idle_timeout_s=0.2,
+                                                first_byte_timeout_s=1.0) as gw:
+        gw.register("prefill", node.url)
+        started = time.monotonic()
+        resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True), timeout=30)
+        assert time.monotonic() - started < 2.9  # cut at the first-byte timeout
+        assert "[DONE]" not in resp.text
+        assert [o["ok"] for o in gw.outcomes()] == [False]
+
+
 def test_a_json_answer_that_goes_silent_is_cut_off_not_completed() -> None:
     """A non-stream answer dripping past the idle timeout: the client's connection is
     aborted (no clean 200 with part of a body) and the attempt is a failure."""
