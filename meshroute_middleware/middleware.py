@@ -51,6 +51,7 @@ from meshroute_middleware.core.clients import (
     MissingKeyError,
     ModelNotAllowedError,
     check_model,
+    check_pin,
 )
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
@@ -238,6 +239,9 @@ class MeshRouteMiddleware:
             # `provider/model` or a chain (`auto`, `auto:coding`), before the request spends
             # anything (issue 24)
             check_model(client, req.model)
+            chain = self.providers is not None and self.providers.claims(req.model)
+            if chain and req.pin is not None:  # a chain's pin names a route: the same rule
+                check_pin(client, req.pin)
             req.translation = translation
             if translation is not None and isinstance(translation, Local):  # answered by the
                 # dialect, routed nowhere (a runtime Protocol check costs µs: only for dialects)
@@ -251,7 +255,6 @@ class MeshRouteMiddleware:
             if translation is not None:  # an app that serves it (annotate) gets a chat request
                 scope = {**scope, "path": self.config.path,
                          "raw_path": self.config.path.encode()}
-            chain = self.providers is not None and self.providers.claims(req.model)
             router = self.router_for(kind)
             decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
                                                         req.prefix, req.needs,
