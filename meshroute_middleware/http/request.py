@@ -22,7 +22,13 @@ from meshroute_middleware.core.objectives import (
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
-from meshroute_middleware.http.shape import MAX_JSON_DEPTH, BodyLimits, check_messages, scan
+from meshroute_middleware.http.shape import (
+    MAX_JSON_DEPTH,
+    BodyLimits,
+    check_messages,
+    scan,
+    value_bound,
+)
 
 if TYPE_CHECKING:
     from meshroute_middleware.chat.dialects import Translation
@@ -120,11 +126,13 @@ def loads(body: bytes) -> Any:
 
 
 def check_large(body: bytes, limits: BodyLimits) -> None:
-    """RequestError when a body passes one of `limits`: its values and depth scanned before
-    it is parsed, then its messages and content parts counted (http/shape.py). Meant for a
-    worker thread: what grows with the body gives up the GIL every few ms, except the one
-    parse, bounded by `max_json_values`."""
-    scan(body, limits.max_depth, limits.max_json_values)
+    """RequestError when a body passes one of `limits`: its values scanned before it is
+    parsed (when byte counts cannot rule out too many), then its messages and content parts
+    counted (http/shape.py); its depth is `load_object`'s to check. Meant for a worker
+    thread: what grows with the body gives up the GIL every few ms, except the parse,
+    bounded by `max_json_values`."""
+    if value_bound(body) > limits.max_json_values:
+        scan(body, limits.max_depth, limits.max_json_values)
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -16,6 +16,7 @@ from meshroute_middleware.http.shape import (
     BodyLimits,
     check_messages,
     scan,
+    value_bound,
 )
 
 
@@ -42,6 +43,13 @@ def values_of(body: bytes) -> int:
 ])
 def test_values_are_counted_outside_strings(doc: Any, values: int) -> None:
     assert values_of(json.dumps(doc).encode()) == values
+
+
+@pytest.mark.parametrize("doc", [{"a": [1, 2, 3]}, {"a": "x,y,[z],{w}"}, [[], {}, [[]]]])
+def test_the_byte_count_bound_is_never_below_the_scan(doc: Any) -> None:
+    body = json.dumps(doc).encode()
+    assert value_bound(body) >= values_of(body)
+    assert value_bound(body * 3000) >= 3000 * (values_of(body) - 1)  # counted a MiB at a time
 
 
 def test_too_many_values_is_413_and_the_scan_stops_there() -> None:
