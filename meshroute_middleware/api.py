@@ -87,8 +87,10 @@ class GatewayAPI:
                  clock: Callable[[], float] = time.monotonic,
                  providers: ProviderRouter | None = None,
                  embeddings_router: Router | None = None,
-                 embeddings_providers: ProviderRouter | None = None) -> None:
+                 embeddings_providers: ProviderRouter | None = None,
+                 admin_token: str | None = None) -> None:
         self.mesh, self.node_token = mesh, node_token
+        self.admin_token = admin_token  # who sees each client's series in /metrics
         self.providers = providers
         # embeddings' statistics (mesh routes, provider routes), shown apart from chat's
         self.embeddings_router, self.embeddings_providers = embeddings_router, embeddings_providers
@@ -272,9 +274,19 @@ class GatewayAPI:
                                  headers={"cache-control": "no-cache"})
 
     async def metrics(self, request: Request) -> Response:
-        """Prometheus text exposition."""
-        return Response(self.telemetry.render_cached(self.clock(), self.cache_s),
+        """Prometheus text exposition: each client's series for a loopback peer or the admin
+        token's bearer, their sums without the `client` label for anyone else (issue 32)."""
+        return Response(self.telemetry.render_cached(self.clock(), self.cache_s,
+                                                     self._sees_clients(request)),
                         media_type=CONTENT_TYPE)
+
+    def _sees_clients(self, request: Request) -> bool:
+        """Whether this request may see what each client spent."""
+        if is_loopback_client(request):
+            return True
+        given = request.headers.get("authorization", "")
+        return bool(self.admin_token) and hmac.compare_digest(
+            given.encode(), f"Bearer {self.admin_token}".encode())
 
     async def dashboard(self, request: Request) -> Response:
         """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard), with the

@@ -12,6 +12,7 @@ modes, the attempt lifecycle, the watchdog and the headers live in `meshroute_mi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import re
@@ -52,6 +53,7 @@ from meshroute_middleware.core.clients import (
     MissingKeyError,
     ModelNotAllowedError,
     check_model,
+    check_pin,
 )
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
@@ -61,12 +63,15 @@ from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
     H_OBJECTIVE,
     PATHS,
+    ChatRequest,
     RequestKind,
+    check_large,
     check_session_id,
     header_value,
     read_body,
     replay,
 )
+from meshroute_middleware.http.shape import BodyLimits
 from meshroute_middleware.telemetry.metrics import Telemetry
 from meshroute_middleware.telemetry.requests import RequestTally, Watch
 
@@ -96,6 +101,8 @@ class MiddlewareConfig:
     loop_marker: str = ""
     # who may spend (issue 24): with any client, every inference request needs its key
     clients: tuple[Client, ...] = field(default=(), repr=False)
+    # the shape a body may have, judged before it is read (http/shape.py: issue 32)
+    body_limits: BodyLimits = field(default_factory=BodyLimits)
 
     def __post_init__(self) -> None:
         if self.mode not in ("forward", "annotate"):
@@ -212,6 +219,19 @@ class MeshRouteMiddleware:
             await send(message)
         return _send
 
+    @staticmethod
+    def _read(body: bytes, translation: Translation | None, kind: RequestKind,
+              objective: bytes | None, session_id: str | None) -> ChatRequest:
+        """The request a body holds, in its API's translation (RequestError when invalid)."""
+        return PARSERS[kind](body if translation is None else translation.request(body),
+                             objective, session_id)
+
+    def _read_large(self, body: bytes, translation: Translation | None, kind: RequestKind,
+                    objective: bytes | None, session_id: str | None) -> ChatRequest:
+        """`_read`, once the body's shape is within the limits (in a worker thread)."""
+        check_large(body, self.config.body_limits)
+        return self._read(body, translation, kind, objective, session_id)
+
     def router_for(self, kind: RequestKind) -> Router:
         """The Router whose statistics a kind of request reads and writes."""
         return self.embeddings_router if kind == "embeddings" else self.router
@@ -227,18 +247,31 @@ class MeshRouteMiddleware:
                                    "loop_detected")
             session_id = check_session_id(scope)
             add_via(scope, self._via_header)
+            client = client_of(scope)
+            if (translation is not None and client is not None and self.spend is not None
+                    and isinstance(translation, Local)):  # count_tokens: under the client's rpm
+                await self.spend.admit_free(client)
             body = await read_body(scope, receive, self.config.max_body_bytes,
                                    self.config.body_timeout_s)
-            req = PARSERS[kind](body if translation is None else translation.request(body),
-                                header_value(scope, H_OBJECTIVE), session_id)
+            objective = header_value(scope, H_OBJECTIVE)
+            if self.config.body_limits.inline(body):  # small: read at once
+                req = self._read(body, translation, kind, objective, session_id)
+            else:  # a client over its rpm first; then its shape judged and read, off the loop
+                if self.spend is not None and client is not None:
+                    await self.spend.check(client)
+                req = await asyncio.to_thread(self._read_large, body, translation, kind,
+                                              objective, session_id)
             target = self.aliases.resolve(req.model) if self.aliases else None
             if target is not None:  # the answer names the model the client asked for
                 req, send = with_model(req, target), answer_model(send, req.model)
-            req.client = client = client_of(scope)
+            req.client = client
             # the allow-list by the name asked for (after `[aliases]`): a mesh model,
             # `provider/model` or a chain (`auto`, `auto:coding`), before the request spends
             # anything (issue 24)
             check_model(client, req.model)
+            chain = self.providers is not None and self.providers.claims(req.model)
+            if chain and req.pin is not None:  # a chain's pin names a route: the same rule
+                check_pin(client, req.pin)
             req.translation = translation
             if translation is not None and isinstance(translation, Local):  # answered by the
                 # dialect, routed nowhere (a runtime Protocol check costs µs: only for dialects)

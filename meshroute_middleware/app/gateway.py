@@ -154,10 +154,12 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     clients = config.clients  # the `[[clients]]` of the config, their keys as digests
     spend = ClientSpend(client_store(settings), prices_of(settings.providers),
                         clock=clock, caps=caps_of(settings.providers))
-    telemetry.add_collector(spend.counters.families)
+    telemetry.add_client_collector(spend.counters.families, spend.counters.aggregate_families)
     extra = [*extra, *UsageAPI(spend, clients, admin_token=settings.admin_token
                                or settings.node_token).routes()]
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
+                                                admin_token=settings.admin_token
+                                                or settings.node_token,
                                                 warnings=config_warnings(config),
                                                 providers=providers,
                                                 embeddings_router=embeddings,

@@ -31,6 +31,12 @@ from meshroute_middleware.core.providers.config import (
 from meshroute_middleware.forwarding.client import ForwardTimeouts
 from meshroute_middleware.http.guard import GuardConfig
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S
+from meshroute_middleware.http.shape import (
+    DEFAULT_MAX_CONTENT_PARTS,
+    DEFAULT_MAX_JSON_VALUES,
+    DEFAULT_MAX_MESSAGES,
+    BodyLimits,
+)
 from meshroute_middleware.mesh import DEFAULT_MAX_NODES
 from meshroute_middleware.middleware import DEFAULT_MAX_BODY_BYTES, MiddlewareConfig
 from meshroute_middleware.state.limits import RETENTION_DAYS
@@ -106,6 +112,16 @@ OPTIONS: tuple[Option, ...] = (
            "JSON file listing a static mesh", group=NODES),
     Option("max_body_bytes", int, ("--max-body-bytes",), ("MESHROUTE_MAX_BODY_BYTES",),
            "largest request body accepted", group=LISTENING),
+    Option("max_messages", int, ("--max-messages",), ("MESHROUTE_MAX_MESSAGES",),
+           "most messages (or Responses input items) a request may hold (413 past it)",
+           group=LISTENING),
+    Option("max_content_parts", int, ("--max-content-parts",),
+           ("MESHROUTE_MAX_CONTENT_PARTS",),
+           "most content parts a request's messages may hold in all (413 past it)",
+           group=LISTENING),
+    Option("max_json_values", int, ("--max-json-values",), ("MESHROUTE_MAX_JSON_VALUES",),
+           "most JSON values (outside strings) a request body may hold (413 past it)",
+           group=LISTENING),
     Option("connect_timeout_s", float, ("--connect-timeout",), ("MESHROUTE_CONNECT_TIMEOUT",),
            "seconds to connect to a route head", group=FORWARDING),
     Option("first_byte_timeout_s", float, ("--first-byte-timeout",),
@@ -201,6 +217,9 @@ class ServeSettings:
     nodes_file: str | None = None
     max_nodes: int = DEFAULT_MAX_NODES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_messages: int = DEFAULT_MAX_MESSAGES  # http/shape.py: a body's shape (issue 32)
+    max_content_parts: int = DEFAULT_MAX_CONTENT_PARTS
+    max_json_values: int = DEFAULT_MAX_JSON_VALUES
     connect_timeout_s: float = _TIMEOUTS.connect_s
     first_byte_timeout_s: float = _TIMEOUTS.first_byte_s
     idle_timeout_s: float = _TIMEOUTS.idle_s
@@ -245,7 +264,8 @@ class ServeSettings:
         for name in ("connect_timeout_s", "first_byte_timeout_s", "health_interval_s",
                      "gossip_interval_s", "idle_timeout_s", "request_timeout_s",
                      "body_timeout_s", "header_timeout_s", "max_connections",
-                     "max_header_bytes", "max_headers"):
+                     "max_header_bytes", "max_headers", "max_messages", "max_content_parts",
+                     "max_json_values"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 1 <= self.workers <= 64:
@@ -273,7 +293,10 @@ class ServeSettings:
         return MiddlewareConfig(mode="forward", max_body_bytes=self.max_body_bytes,
                                 forward_headers=self.forward_headers,
                                 request_timeout_s=self.request_timeout_s,
-                                body_timeout_s=self.body_timeout_s)
+                                body_timeout_s=self.body_timeout_s,
+                                body_limits=BodyLimits(self.max_messages,
+                                                       self.max_content_parts,
+                                                       self.max_json_values))
 
     def guard(self) -> GuardConfig:
         """What the request guard allows: origins, Host names, and the listening address."""

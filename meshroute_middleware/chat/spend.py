@@ -168,6 +168,25 @@ class ClientSpend:
             return None
         return (max(self.prices[r][0] for r in routes), max(self.prices[r][1] for r in routes))
 
+    async def check(self, client: Client) -> None:
+        """ClientRefused when `client` is over a limit or a budget already (nothing counted):
+        asked before a large body is judged and read, so that work is never done for a
+        request its rpm refuses (issue 32)."""
+        now = self.clock()
+        got = await self._transact(client.name, None, lambda g: g.check(client, 0, now), now)
+        if isinstance(got, Refusal):
+            raise ClientRefused(client, got, now)
+
+    async def admit_free(self, client: Client) -> None:
+        """A request that spends no tokens (`/v1/messages/count_tokens`), counted against
+        `client`'s rpm (ClientRefused past it) and in its usage as route `none`."""
+        now = self.clock()
+        got = await self._transact(client.name, None, lambda g: g.admit(client, 0, now), now)
+        if isinstance(got, Refusal):
+            self.counters.count(client.name, NO_ROUTE, 429, 0, 0, 0.0)
+            raise ClientRefused(client, got, now)
+        await self.settle(client, got, Spent(NO_ROUTE, 0, 0, 0.0, False), 200)
+
     async def settle(self, client: Client, admission: Admission | None, spent: Spent,
                      status: int) -> None:
         """A request ended: counted, and settled in the store with what it used (when the

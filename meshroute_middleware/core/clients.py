@@ -150,6 +150,17 @@ def check_model(client: Client | None, model: str) -> None:
         raise ModelNotAllowedError(f"client {client.name!r} may not use model {model!r}")
 
 
+def check_pin(client: Client | None, pin: Iterable[str]) -> None:
+    """ModelNotAllowedError when a chain's pin (`"route": ["provider/model"]`, routes by
+    name) names a route `client` may not ask for by name: a pin is no way around the
+    allow-list (issue 32)."""
+    for route in pin:
+        if not may_use(client, route):
+            assert client is not None
+            raise ModelNotAllowedError(f"client {client.name!r} may not use model {route!r} "
+                                       "(pinned with 'route')")
+
+
 def _table(i: int, t: object) -> ClientTable:
     where = f"[[clients]] #{i + 1}"
     if not isinstance(t, Mapping):

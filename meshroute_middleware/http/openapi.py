@@ -26,7 +26,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "invalid request", 401: "missing or wrong bearer token",
             403: "not allowed for this key (model_not_allowed; /v1/usage: another client)",
             404: "not found",
-            413: "body too large",
+            413: "body too large, or past a shape limit (too_many_messages, "
+                 "too_many_content_parts, too_many_values)",
             429: "a route was rate limited, cooling down or out of budget (Retry-After)",
             500: "internal error (a bug; logged by the server)",
             502: "every route tried failed upstream, or its keys were refused "
@@ -143,7 +144,7 @@ def openapi_document() -> dict[str, Any]:
                     "200": _json({"type": "object", "required": ["input_tokens"],
                                   "properties": {"input_tokens": {"type": "integer"}}},
                                  "the estimate"),
-                    **_anthropic_errors(400, 401, 413)}}},
+                    **_anthropic_errors(400, 401, 413, 429)}}},
             "/v1/embeddings": {"post": _routed(
                 "Route an embeddings request to a route declaring `embeddings`",
                 "EmbeddingsRequest", "the route's vectors, relayed")},

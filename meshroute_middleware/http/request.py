@@ -22,12 +22,20 @@ from meshroute_middleware.core.objectives import (
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
 from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.shape import (
+    MAX_JSON_DEPTH,
+    BodyLimits,
+    check_messages,
+    scan,
+    value_bound,
+)
 
 if TYPE_CHECKING:
     from meshroute_middleware.chat.dialects import Translation
 
 __all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
-           "load_object", "loads", "parse_chat", "parse_common", "read_body", "replay"]
+           "check_large", "load_object", "loads", "parse_chat", "parse_common", "read_body",
+           "replay"]
 
 # The routed endpoints (issue 25): each kind's path, the same on the gateway, on a node and,
 # without its `/v1`, below a provider's base URL.
@@ -36,9 +44,6 @@ CHAT_PATH = "/v1/chat/completions"
 PATHS: dict[RequestKind, str] = {"chat": CHAT_PATH, "embeddings": "/v1/embeddings",
                                  "completions": "/v1/completions"}
 MAX_PIN_HOPS = 64
-# Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
-# library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
-MAX_JSON_DEPTH = 128
 DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
 
 
@@ -125,18 +130,20 @@ def loads(body: bytes) -> Any:
         return json.loads(body)
 
 
-def _too_deep(payload: Any, limit: int) -> bool:
-    """Whether a parsed value nests containers deeper than `limit` (iteratively)."""
-    stack: list[tuple[Any, int]] = [(payload, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
-    return False
+def check_large(body: bytes, limits: BodyLimits) -> None:
+    """RequestError when a body passes one of `limits`: its values scanned before it is
+    parsed (when byte counts cannot rule out too many), then its messages and content parts
+    counted (http/shape.py); its depth is `load_object`'s to check. Meant for a worker
+    thread: what grows with the body gives up the GIL every few ms, except the parse,
+    bounded by `max_json_values`."""
+    if value_bound(body) > limits.max_json_values:
+        scan(body, limits.max_depth, limits.max_json_values)
+    try:
+        payload = loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return  # invalid JSON: its reader answers why
+    if isinstance(payload, dict):
+        check_messages(payload, limits)
 
 
 H_SESSION = b"x-session-id"
@@ -234,16 +241,15 @@ def _objective(value: object, where: str) -> Objective:
 def load_object(body: bytes) -> dict[str, Any]:
     """A request body's JSON object, or RequestError(400): not JSON, nested deeper than
     MAX_JSON_DEPTH, or not an object (every API's body is read by this one rule)."""
+    # Before it is parsed; cheap first: fewer opening brackets than the limit cannot nest
+    # deeper than it.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        scan(body, MAX_JSON_DEPTH)
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise RequestError(400, "request body is not valid JSON (or nests deeper than "
                            f"{MAX_JSON_DEPTH} levels)", "invalid_json") from None
-    # Cheap first: fewer opening brackets than the limit cannot nest deeper than it.
-    if (body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
-            and _too_deep(payload, MAX_JSON_DEPTH)):
-        raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
-                           "invalid_json")
     if not isinstance(payload, dict):
         raise RequestError(400, "request body must be a JSON object", "invalid_request")
     return payload

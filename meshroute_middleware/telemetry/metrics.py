@@ -15,7 +15,7 @@ Every event names the request's `objective` (issue 26: `throughput`, `ttft` or `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -240,9 +240,14 @@ class Telemetry:
         # Chat requests by what their client got; kept by the MeshRouteMiddleware that
         # serves them (None where none does: the mitm addon counts attempts only).
         self.requests: RequestTally | None = None
-        self._rendered: tuple[float, bytes] | None = None  # (when, exposition)
+        # (when, exposition), by whether it holds per-client series
+        self._rendered: dict[bool, tuple[float, bytes]] = {}
         self.registry.register(_RouterCollector(router))
         self.registry.register(_CallbackCollector(self._families))
+        # series labelled by client, for the admin and loopback, and their sums without the
+        # label for everyone else (docs/security.md, "Who sees spend")
+        self._per_client = CollectorRegistry()
+        self._aggregate = CollectorRegistry()
 
     def _families(self) -> Iterator[Metric]:
         yield _counter("meshroute_decisions", "Routing decisions", ["model", "mode"],
@@ -271,6 +276,13 @@ class Telemetry:
     def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
         """Export more metrics (gossip, discovery) computed at scrape time."""
         self.registry.register(_CallbackCollector(produce))
+
+    def add_client_collector(self, per_client: Callable[[], Iterable[Metric]],
+                             aggregate: Callable[[], Iterable[Metric]]) -> None:
+        """Export series labelled by client (`per_client`), shown only to whom may see each
+        client's spend; everyone else gets `aggregate`, the same sums without the label."""
+        self._per_client.register(_CallbackCollector(per_client))
+        self._aggregate.register(_CallbackCollector(aggregate))
 
     def asked(self, objective: Objective) -> None:
         """A chat request is routed by `objective`."""
@@ -337,15 +349,18 @@ class Telemetry:
         self.rejected_by[key] = self.rejected_by.get(key, 0) + 1
         self.events.publish("rejected", {"source": source, "reason": reason[:300]})
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition."""
-        return generate_latest(self.registry)
+    def render(self, per_client: bool = True) -> bytes:
+        """The Prometheus text exposition; without `per_client`, the client collectors'
+        series summed over clients (no `client` label)."""
+        return generate_latest(self.registry) + generate_latest(
+            self._per_client if per_client else self._aggregate)
 
-    def render_cached(self, now: float, max_age_s: float) -> bytes:
+    def render_cached(self, now: float, max_age_s: float, per_client: bool = True) -> bytes:
         """The exposition, computed again only when the last one is `max_age_s` old."""
-        if self._rendered is None or not 0 <= now - self._rendered[0] < max_age_s:
-            self._rendered = (now, self.render())
-        return self._rendered[1]
+        last = self._rendered.get(per_client)
+        if last is None or not 0 <= now - last[0] < max_age_s:
+            last = self._rendered[per_client] = (now, self.render(per_client))
+        return last[1]
 
 
 MAX_CLIENT_SERIES = 4096  # label sets per client family; then the route is counted as `other`
@@ -380,22 +395,31 @@ class ClientCounters:
         self.cost[client] = self.cost.get(client, 0.0) + cost_usd
 
     def families(self) -> Iterator[Metric]:
-        """The three families, for /metrics."""
+        """The three families, by client (for the admin and loopback: /metrics)."""
+        yield from self._families(by_client=True)
+
+    def aggregate_families(self) -> Iterator[Metric]:
+        """The three families summed over clients, without the `client` label (for anyone
+        else: /metrics)."""
+        yield from self._families(by_client=False)
+
+    def _families(self, by_client: bool) -> Iterator[Metric]:
+        who = ["client"] if by_client else []
         requests = CounterMetricFamily("meshroute_client_requests",
-                                       "Chat requests of a configured client, by route and "
-                                       "status", labels=["client", "route", "status"])
-        for labels, n in self.requests.items():
+                                       "Chat requests of configured clients, by route and "
+                                       "status", labels=[*who, "route", "status"])
+        for labels, n in _summed(self.requests, by_client).items():
             requests.add_metric(list(labels), n)
         tokens = CounterMetricFamily("meshroute_client_tokens",
-                                     "Tokens a configured client spent, by route and kind "
-                                     "(prompt|completion)", labels=["client", "route", "kind"])
-        for labels, n in self.tokens.items():
+                                     "Tokens configured clients spent, by route and kind "
+                                     "(prompt|completion)", labels=[*who, "route", "kind"])
+        for labels, n in _summed(self.tokens, by_client).items():
             tokens.add_metric(list(labels), n)
         cost = CounterMetricFamily("meshroute_client_cost_usd",
-                                   "USD a configured client spent (provider prices; mesh "
-                                   "routes are free)", labels=["client"])
-        for client, usd in self.cost.items():
-            cost.add_metric([client], usd)
+                                   "USD configured clients spent (provider prices; mesh "
+                                   "routes are free)", labels=who)
+        for labels, usd in _summed({(c,): v for c, v in self.cost.items()}, by_client).items():
+            cost.add_metric(list(labels), usd)
         yield from (requests, tokens, cost)
 
     def _route(self, client: str, route: str) -> str:
@@ -403,3 +427,14 @@ class ClientCounters:
                 k[0] == client and k[1] == route for k in self.requests):
             return route
         return OTHER_MODEL
+
+
+def _summed(table: Mapping[Any, float], by_client: bool
+            ) -> dict[tuple[str, ...], float]:
+    """`table` (keyed by client first) as it is, or summed over its clients."""
+    if by_client:
+        return dict(table)
+    out: dict[tuple[str, ...], float] = {}
+    for key, n in table.items():
+        out[key[1:]] = out.get(key[1:], 0) + n
+    return out

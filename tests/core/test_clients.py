@@ -15,6 +15,7 @@ from meshroute_middleware.core.clients import (
     ModelNotAllowedError,
     check_distinct,
     check_model,
+    check_pin,
     find_client,
     key_digest,
     may_use,
@@ -130,6 +131,24 @@ def test_the_allow_list_matches_the_name_asked_for(patterns: tuple[str, ...], mo
 def test_no_client_may_use_everything() -> None:
     assert may_use(None, "fastco/big-model")
     check_model(None, "auto")
+    check_pin(None, ["fastco/big-model"])
+
+
+@pytest.mark.parametrize(("patterns", "pin", "allowed"), [
+    (("auto",), ["fastco/big-model"], False),  # allowed `auto`: not a way to any route
+    (("auto", "fastco/*"), ["fastco/big-model"], True),
+    (("auto", "qwen"), ["qwen"], True),  # a chain's mesh entry, by its model name
+    (("auto",), ["qwen"], False),
+    ((), ["fastco/big-model"], True),  # no allow-list: everything
+])
+def test_a_pin_is_judged_as_the_name_it_pins(patterns: tuple[str, ...], pin: list[str],
+                                             allowed: bool) -> None:
+    client = Client("c", b"d", patterns)
+    if allowed:
+        check_pin(client, pin)
+    else:
+        with pytest.raises(ModelNotAllowedError, match=f"may not use model {pin[0]!r}"):
+            check_pin(client, pin)
 
 
 def test_find_client_compares_every_digest_whichever_matches(

@@ -170,9 +170,9 @@ async def test_metrics_and_routing_are_computed_at_most_once_a_second() -> None:
         calls["routing"] += 1
         return table(model)
 
-    def counted_render() -> bytes:
+    def counted_render(per_client: bool = True) -> bytes:
         calls["render"] += 1
-        return render()
+        return render(per_client)
 
     gw.router.routing_table = counted_table  # type: ignore[method-assign]
     gw.telemetry.render = counted_render  # type: ignore[method-assign]

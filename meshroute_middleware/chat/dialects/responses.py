@@ -24,6 +24,7 @@ from starlette.types import Message, Send
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
 from meshroute_middleware.core.contracts.responses_answer import (
+    MAX_KEPT_CHARS,
     ResponsesAnswerError,
     ResponsesStream,
     completion_events,
@@ -199,6 +200,10 @@ class ResponsesTranslation:
             events += self._event(stream, data)
         if not more:
             events += stream.end()  # the stream ended without [DONE]: what came is all
+            if stream.cut:
+                log.warning("meshroute: a /v1/responses stream passed %d characters of text: "
+                            "its closing events repeat only the first ones (its deltas carried "
+                            "all of it)", MAX_KEPT_CHARS)
         if events or not more:
             await self._body(encode_events(events), more)
 

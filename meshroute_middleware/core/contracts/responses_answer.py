@@ -2,9 +2,11 @@
 answer, and the Responses SSE events of a stream, translated chunk by chunk.
 
 The stream keeps, per output item, the text or arguments it has passed on: the Responses
-protocol repeats them whole in its `.done` events and in `response.completed`, so memory grows
-with the answer (as a JSON answer's does), never with the time it streams. Pure: parsed chat
-chunks in, JSON-ready events out; the adapter (chat/dialects/responses.py) does the bytes.
+protocol repeats them whole in its `.done` events and in `response.completed`. What one stream
+keeps is bounded (MAX_KEPT_CHARS over all its items, issue 32): every delta is passed on, but
+past the bound the `.done` events and `response.completed` repeat only the first MAX_KEPT_CHARS
+characters (docs/apis.md). Pure: parsed chat chunks in, JSON-ready events out; the adapter
+(chat/dialects/responses.py) does the bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from typing import Any
 from ..errors import MeshRouteError
 from .responses_request import Echo
 
+# Text and arguments one stream keeps for its closing events, in characters: 8x the longest
+# answer a model writes today (128k output tokens at ~4 characters each, 0.5 Mi characters),
+# and a few copies of it while the closing events are encoded stay far under 150 MB.
+MAX_KEPT_CHARS = 4 * 1024 * 1024
+JOIN_EVERY = 1024  # deltas kept apart before they are joined into one block
 # chat finish_reason -> Responses incomplete_details.reason (any other: completed)
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -158,13 +165,21 @@ class _Item:
     kind: str  # "message" | "function_call"
     item_id: str
     index: int  # output_index
-    pieces: list[str] = field(default_factory=list)  # text or argument deltas passed on
+    pieces: list[str] = field(default_factory=list)  # the latest deltas kept
+    blocks: list[str] = field(default_factory=list)  # the earlier ones, joined JOIN_EVERY at a time
     call_id: str = ""
     name: str = ""
 
+    def add(self, delta: str) -> None:
+        """Keep a delta (a str object per delta costs ~50 bytes more than its text: joined)."""
+        self.pieces.append(delta)
+        if len(self.pieces) >= JOIN_EVERY:
+            self.blocks.append("".join(self.pieces))
+            self.pieces.clear()
+
     def whole(self, status: str, custom: frozenset[str] = frozenset()) -> dict[str, Any]:
-        joined = "".join(self.pieces)
-        self.pieces = [joined]
+        joined = "".join(self.blocks + self.pieces)
+        self.blocks, self.pieces = [], [joined]
         if self.kind == "message":
             return message_item(self.item_id, joined, status)
         return call_item(self.item_id, self.call_id, self.name, joined, status,
@@ -174,12 +189,15 @@ class _Item:
 class ResponsesStream:
     """Chat SSE chunks in, Responses SSE events out, one chunk at a time."""
 
-    __slots__ = ("_calls", "_finish", "_items", "_message", "_seq", "_usage", "created_at",
-                 "echo", "ended", "response_id")
+    __slots__ = ("_calls", "_finish", "_items", "_message", "_room", "_seq", "_usage",
+                 "created_at", "cut", "echo", "ended", "response_id")
 
-    def __init__(self, echo: Echo, response_id: str, created_at: int) -> None:
+    def __init__(self, echo: Echo, response_id: str, created_at: int,
+                 max_kept_chars: int = MAX_KEPT_CHARS) -> None:
         self.echo, self.response_id, self.created_at = echo, response_id, created_at
         self.ended = False
+        self._room = max_kept_chars  # characters the closing events may still repeat
+        self.cut = False  # whether a delta went past them (the closing events are cut short)
         self._seq = 0
         self._items: list[_Item] = []
         self._message: _Item | None = None
@@ -242,7 +260,7 @@ class ResponsesStream:
             events.append(self._event("response.content_part.added", item_id=item.item_id,
                                       output_index=item.index, content_index=0,
                                       part=_text_part("")))
-        item.pieces.append(delta)
+        self._keep(item, delta)
         events.append(self._event("response.output_text.delta", item_id=item.item_id,
                                   output_index=item.index, content_index=0, delta=delta,
                                   logprobs=[]))
@@ -267,12 +285,20 @@ class ResponsesStream:
             item.name += str(function.get("name") or "")
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
-            item.pieces.append(arguments)
+            self._keep(item, arguments)
             if not self._custom(item):  # a custom call's input is JSON-wrapped: told at end
                 events.append(self._event("response.function_call_arguments.delta",
                                           item_id=item.item_id, output_index=item.index,
                                           delta=arguments))
         return events
+
+    def _keep(self, item: _Item, delta: str) -> None:
+        """Keep a delta for the closing events, as far as the stream's room goes."""
+        if len(delta) > self._room:
+            delta, self.cut = delta[:self._room], True
+        if delta:
+            item.add(delta)
+            self._room -= len(delta)
 
     def _custom(self, item: _Item) -> bool:
         return item.kind == "function_call" and item.name in self.echo.custom_tools

@@ -146,6 +146,30 @@ def test_text_then_parallel_tool_calls() -> None:
     assert final[1]["arguments"] == '{"q":"x"}' and final[2]["call_id"] == "c2"
 
 
+def test_the_closing_events_repeat_a_bounded_text_and_every_delta_passes() -> None:
+    stream = ResponsesStream(ECHO, RID, 5, max_kept_chars=10)
+    deltas = ["abcd"] * 3000 + ["efgh"]  # many more than are joined at once
+    call = chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                  "function": {"name": "a", "arguments": '{"q":1}'}}]})
+    events = run(stream, [*(chunk({"content": d}) for d in deltas), call, chunk({}, "stop")])
+    passed = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert passed == deltas  # the client gets all of it as it streams
+    assert stream.cut
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["text"] == "abcdabcdab"  # the first 10 characters
+    final = events[-1]["response"]["output"]
+    assert final[0]["content"][0]["text"] == "abcdabcdab"
+    assert final[1]["arguments"] == ""  # no room left: its deltas passed, none kept
+
+
+def test_under_the_bound_nothing_is_cut() -> None:
+    stream = ResponsesStream(ECHO, RID, 5, max_kept_chars=3000 * 4)
+    events = run(stream, [*(chunk({"content": "abcd"}) for _ in range(3000)),
+                          chunk({}, "stop")])
+    assert not stream.cut
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "abcd" * 3000
+
+
 def test_a_cut_stream_is_incomplete() -> None:
     events = run(ResponsesStream(ECHO, RID, 5), [chunk({"content": "a"}), chunk({}, "length")])
     assert events[-1]["type"] == "response.incomplete"
