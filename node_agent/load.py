@@ -14,8 +14,9 @@ announces what they mean (docs/architecture.md, "What a node agent reads"):
 - `cache_hit` / `cache_tokens` (core/cache_prior.py), only where the engine says something
   that means them: a hit rate from its prefix-cache counters over at least 512 queried
   prompt tokens (vLLM, llama.cpp), or its own hit-rate gauge (SGLang, vLLM V0), announced
-  once a window found hits; 0 only where the engine says prefix caching is off (vLLM's
-  `cache_config_info`); the tokens one slot holds from llama.cpp's context (`n_ctx`).
+  once a window found hits and dropped at a restart (the new process's cache is empty); 0
+  only where the engine says prefix caching is off (vLLM's `cache_config_info`); the tokens
+  one slot holds from llama.cpp's context (`n_ctx`).
 
 Malformed cache or context fields give no figure and are counted (`LoadReader.rejected`) and
 logged; the load part is read as before. The parsing is pure; `LoadReader` is the thin
@@ -151,6 +152,8 @@ class LoadReader:
                 self.speed.add(reading.decode)
             except ValueError as exc:
                 log.warning("load: %s: decode counters refused: %s", self.base, exc)
+            if self.speed.restarts + self.hits.restarts != restarts:
+                self.hits.hit_rate = None  # a new process: the old cache's rate is gone
         load = ServerLoad(reading.source, reading.running, reading.waiting,
                           self._slot_count(reading.slots), self.speed.tokens_per_s,
                           self._cache(reading), reading.kv_cache_usage)

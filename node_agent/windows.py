@@ -12,7 +12,9 @@ reads, with three rules:
   a window needs a second of decoding, which no run of such answers adds up to, and a read
   holding only such answers (faster than any engine decodes) is left out of it;
 - a counter that goes backwards is a restart: the window is dropped and the new process's
-  counters (which started at 0) open the next one; never a negative rate;
+  counters (which started at 0) open the next one; never a negative rate. The speed keeps
+  its last figure (the same machine); the hit rate is dropped (the new process's cache is
+  empty);
 - a window with nothing in it (idle) keeps the last good figure rather than inventing one.
 
 A hit-rate window whose prompts found nothing cached says the prompts were new, not that
@@ -74,6 +76,7 @@ class _Window:
             self.restarts += 1
             self._part = self._whole = 0.0
             last = Counters(0.0, 0.0)
+            self._restarted()
         self._last = counters
         self._part += part - last.part
         self._whole += whole - last.whole
@@ -82,6 +85,9 @@ class _Window:
         closed = Counters(self._part, self._whole)
         self._part = self._whole = 0.0
         return closed
+
+    def _restarted(self) -> None:
+        """What a restart does to the figure beyond dropping the window: nothing here."""
 
 
 @dataclass(slots=True)
@@ -114,6 +120,9 @@ class HitWindow(_Window):
     min_part: float = 0.0
     min_whole: float = MIN_CACHE_WINDOW_TOKENS
     hit_rate: float | None = None  # the last closed window's figure that had hits
+
+    def _restarted(self) -> None:
+        self.hit_rate = None  # a new process starts with an empty cache: the old rate is gone
 
     def add(self, counters: Counters) -> float | None:
         """Fold one read in; the figure to announce. ValueError for hits above queries."""

@@ -102,4 +102,4 @@ async def test_the_agent_reads_a_live_llama_server_right(server: LlamaServer) ->
               f"{after['predicted_per_second']:.1f}")
         assert reader.speed.restarts == 1 and tps == before_restart
         assert within_2x(tps, after["predicted_per_second"])
-        assert reader.cache_prior() is not None
+        assert reader.cache_prior() == CachePrior(None, CONTEXT)  # a new, empty cache

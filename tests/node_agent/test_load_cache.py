@@ -55,6 +55,8 @@ def test_vllm_hit_rate_from_its_prefix_cache_counters() -> None:
     assert reader.cache_prior() == CachePrior(pytest.approx(0.9))
     reader.take(metrics("vllm_metrics_cache.txt"))  # counters went back: a restart
     assert reader.hits.restarts == 1
+    # the new process's whole history is its first window: 120,000 of 200,000
+    assert reader.cache_prior() == CachePrior(0.6)
     assert reader_after("vllm_metrics.txt").cache_prior() is None  # no prefix-cache metrics
 
 

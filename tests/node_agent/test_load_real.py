@@ -77,6 +77,7 @@ def test_after_a_restart_the_last_figure_stays_and_nothing_goes_negative() -> No
     _, tps = reader.announcement()
     assert reader.speed.restarts == 1 and tps == before > 0
     assert within_2x(tps, measured("after_restart"))  # 17.5 announced, 20.5 measured
+    assert reader.cache_prior() == CachePrior(None, 4096)  # the hit rate was the old cache's
     # the restart's 16 tokens open the next window: with its next answers it closes
     metrics = (REAL / "metrics_after_restart.txt").read_text().replace(
         "tokens_predicted_total 16", "tokens_predicted_total 80").replace(
@@ -123,10 +124,10 @@ def test_vllm_speed_restart_and_cache_through_the_reader() -> None:
     assert reader.cache_prior() == CachePrior(pytest.approx(0.9))  # 9,000 of 10,000
     reader.take(metrics("vllm_v1_metrics_restarted.txt"))  # counters back to 1,000 / 600
     assert reader.speed.restarts == 1 and reader.hits.restarts == 1
-    # the new process decoded 1,000 tokens in 20 s (a window); its 600 cold prompt tokens
-    # found nothing cached, which says nothing of its caching: 0.9 stays
+    # the new process decoded 1,000 tokens in 20 s (a window); its cache started empty:
+    # the old process's 0.9 is gone, and 600 cold prompt tokens make no new figure
     assert reader.announcement() == (0, pytest.approx(50.0))
-    assert reader.cache_prior() == CachePrior(pytest.approx(0.9))
+    assert reader.cache_prior() is None
 
 
 def test_vllm_with_prefix_caching_off_says_so() -> None:
@@ -148,3 +149,9 @@ def test_sglang_through_the_reader() -> None:
     reader.take(metrics("sglang_metrics_idle.txt"))  # idle: no tokens, hit gauge at 0
     assert reader.announcement() == (0, pytest.approx(8.0))
     assert reader.cache_prior() == CachePrior(0.25)
+    # a restart: its decode histogram starts again, and the old process's rate is gone
+    reader.take(read_metrics("sglang:num_queue_reqs 0\nsglang:cache_hit_rate 0\n"
+                             "sglang:time_per_output_token_seconds_count 10\n"
+                             "sglang:time_per_output_token_seconds_sum 1\n"))
+    assert reader.speed.restarts == 1 and reader.cache_prior() is None
+    assert reader.announcement() == (0, pytest.approx(8.0))

@@ -64,7 +64,8 @@ def test_a_hit_rate_needs_a_window_of_prompts_and_hits() -> None:
 def test_a_hit_window_restarts_and_refuses_hits_above_queries() -> None:
     window = HitWindow()
     assert window.add(Counters(900.0, 1000.0)) == pytest.approx(0.9)
-    assert window.add(Counters(100.0, 600.0)) == pytest.approx(100 / 600)  # a new process
+    assert window.add(Counters(10.0, 100.0)) is None  # a new process: its cache is empty
+    assert window.add(Counters(110.0, 700.0)) == pytest.approx(110 / 700)
     assert window.restarts == 1
     with pytest.raises(ValueError, match="above"):
         window.add(Counters(700.0, 650.0))
