@@ -100,8 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mdns-interfaces", help="'all' (default) or comma-separated addresses")
     parser.add_argument("--mesh-secret", help="sign the record with this mesh secret")
     parser.add_argument("--load-from", choices=LOAD_SOURCES,
-                        help="read the fronted server's live queue and speed from its metrics "
-                             "(default auto: vLLM, llama.cpp or TGI, whichever answers)")
+                        help="read the fronted server's live queue, speed, slots and cache "
+                             "from its own pages (default auto: llama.cpp, vLLM, SGLang or "
+                             "TGI, whichever answers)")
     parser.add_argument("--caps", help="what the node serves beyond plain chat, comma-separated "
                                        f"({', '.join(CAPABILITIES)}; default: tools,json_schema)")
     parser.add_argument("--api-key-env", help="environment variable holding the fronted "

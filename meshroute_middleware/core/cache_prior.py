@@ -3,12 +3,16 @@
 A node fronting a server that exports its cache state announces two optional fields
 (node_agent/load.py reads them):
 
-- `cache_hit`: the share of prompt tokens the server found in its prefix cache lately
-  (vLLM: Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries`, or the older
-  `vllm:gpu_prefix_cache_hit_rate`; llama.cpp: Σ`n_prompt_tokens_cache` / Σ`n_prompt_tokens`
-  over its slots), in [0, 1];
-- `cache_tokens`: the most prompt tokens one of its slots holds (llama.cpp's
-  `n_prompt_tokens`, or the older `n_past`): a prefix longer than that is not all kept.
+- `cache_hit`: the share of prompt tokens the server found in its prefix cache lately, in
+  [0, 1]: from its counters over a window of at least 512 queried prompt tokens that found
+  some (vLLM Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries`; llama.cpp
+  Δ`prompt_tokens_cached_total` over that plus Δ`prompt_tokens_total`), or its own gauge
+  (SGLang `sglang:cache_hit_rate`, vLLM V0 `vllm:gpu_prefix_cache_hit_rate`) when above 0;
+  0 only where the server says its prefix caching is off (vLLM `cache_config_info`). A
+  window of new prompts that found nothing says nothing of caching and is not announced;
+- `cache_tokens`: the most tokens one of its slots holds, its context (llama.cpp `/props`
+  `n_ctx`): a prefix longer than that is not all kept. A slot's last prompt (llama.cpp
+  `/slots` `n_prompt_tokens`) is not a capacity and is not announced.
 
 The router knows which routes served which prefixes (core/prefix.py) and takes every served
 prefix as warm. The prior tempers that belief while the route has few measured samples: a

@@ -1,7 +1,8 @@
 """A server's slot count as a prior for a route's saturation knee.
 
 A node may announce `slots`: how many requests its server runs at once (its batch; more
-queue). llama.cpp's `/slots` lists them (node_agent/load.py reads it), vLLM's is its
+queue). llama.cpp's `/props` counts them (`total_slots`) and `/slots` lists them, SGLang
+exports `max_running_requests` (node_agent/engines.py reads them); vLLM's is its
 `--max-num-seqs`, which an operator states with `meshroute node --slots`. A chain runs no
 more requests at once than its narrowest hop, so a route's slots are its hops' smallest,
 and unknown when any hop does not say: the router never believes a route batches more than

@@ -1,4 +1,5 @@
-"""Reading a real server's live load: recorded metric pages of vLLM, llama.cpp and TGI."""
+"""Reading a real server's live load over HTTP: recorded pages of vLLM, llama.cpp, SGLang
+and TGI served by a stand-in, the speed followed from read to read."""
 
 from __future__ import annotations
 
@@ -13,18 +14,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from node_agent.cli import node_settings
-from node_agent.load import (
-    LoadFormatError,
-    LoadReader,
-    ServerLoad,
-    detect,
-    llamacpp_load,
-    parse_prometheus,
-    parse_slots,
-    server_base,
-    tgi_load,
-    vllm_load,
-)
+from node_agent.engines import read_metrics
+from node_agent.load import LoadReader, ServerLoad, server_base
 from node_agent.serving import serve_app
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -34,49 +25,24 @@ def page(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-def test_prometheus_text_is_parsed_and_label_sets_summed() -> None:
-    m = parse_prometheus('# HELP x y\nx{a="1"} 2\nx{a="2",b="}"} 3.5\ny 7 1700000000\n'
-                         "z NaN\n")
-    assert m["x"] == 5.5 and m["y"] == 7.0
-    for bad in ("x{a=1 2", "x", "x abc"):
-        with pytest.raises(LoadFormatError):
-            parse_prometheus(bad)
+def test_each_engine_read_once() -> None:
+    cases = [("vllm_metrics.txt", ServerLoad("vllm", 3, 2, None, pytest.approx(50.0),
+                                             kv_cache_usage=0.0421)),
+             ("tgi_metrics.txt", ServerLoad("tgi", 8, 5, None, pytest.approx(40.0))),
+             ("llamacpp_metrics.txt", ServerLoad("llamacpp", 2, 1, None, pytest.approx(50.0)))]
+    for name, load in cases:
+        reader = LoadReader("http://127.0.0.1:1", "auto", 12.0)
+        assert reader.take(read_metrics(page(name))) == load
 
 
-@pytest.mark.parametrize(("name", "source"), [("vllm_metrics.txt", "vllm"),
-                                              ("llamacpp_metrics.txt", "llamacpp"),
-                                              ("tgi_metrics.txt", "tgi")])
-def test_the_server_is_recognised_from_its_metrics(name: str, source: str) -> None:
-    assert detect(parse_prometheus(page(name))) == source
-    assert detect({"process_cpu_seconds_total": 1.0}) is None
-
-
-def test_vllm_running_waiting_and_speed_between_two_reads() -> None:
-    first = parse_prometheus(page("vllm_metrics.txt"))
-    # the whole history: 51,000 tokens in 1,020 s of per-token time -> 50 tok/s
-    assert vllm_load(first) == ServerLoad("vllm", 3, 2, None, pytest.approx(50.0))
-    later = parse_prometheus(page("vllm_metrics_later.txt"))
+def test_vllm_speed_between_two_reads() -> None:
+    reader = LoadReader("http://127.0.0.1:1", "vllm", 12.0)
+    reader.take(read_metrics(page("vllm_metrics.txt")))  # 51,000 tokens in 1,020 s
     # since the first read: 1,000 tokens in 25 s -> 40 tok/s (the batch grew to 4)
-    assert vllm_load(later, first) == ServerLoad("vllm", 4, 0, None, pytest.approx(40.0))
-    assert vllm_load(first, first).tokens_per_s is None  # nothing generated in between
-
-
-def test_llamacpp_from_metrics_and_slots() -> None:
-    metrics = parse_prometheus(page("llamacpp_metrics.txt"))
-    slots = parse_slots(page("llamacpp_slots.json"))
-    load = llamacpp_load(metrics, slots)
-    # 9,120 tokens over 182.4 s of prediction -> 50 tok/s per request
-    assert load == ServerLoad("llamacpp", 2, 1, 4, pytest.approx(50.0))
-    assert llamacpp_load(None, slots) == ServerLoad("llamacpp", 2, 0, 4)
-    old = parse_slots(page("llamacpp_slots_old.json"))  # servers before `is_processing`
-    assert llamacpp_load(None, old) == ServerLoad("llamacpp", 1, 0, 2)
-    with pytest.raises(LoadFormatError):
-        llamacpp_load(None, {"slots": 4})
-
-
-def test_tgi_queue_batch_and_speed() -> None:
-    load = tgi_load(parse_prometheus(page("tgi_metrics.txt")))
-    assert load == ServerLoad("tgi", 8, 5, None, pytest.approx(40.0))  # 10 s / 400 tokens
+    later = reader.take(read_metrics(page("vllm_metrics_later.txt")))
+    assert later == ServerLoad("vllm", 4, 0, None, pytest.approx(40.0), kv_cache_usage=0.0421)
+    again = reader.take(read_metrics(page("vllm_metrics_later.txt")))  # nothing generated
+    assert again is not None and again.tokens_per_s == pytest.approx(40.0)
 
 
 def test_server_base_drops_the_openai_suffix() -> None:
@@ -100,7 +66,7 @@ def _server(pages: dict[str, str]) -> Starlette:
         if text is None:
             return PlainTextResponse("not found", status_code=404)
         return PlainTextResponse(text)
-    return Starlette(routes=[Route(p, serve) for p in ("/metrics", "/slots")])
+    return Starlette(routes=[Route(p, serve) for p in ("/metrics", "/slots", "/props")])
 
 
 @pytest.mark.anyio
@@ -110,6 +76,10 @@ def _server(pages: dict[str, str]) -> Starlette:
     ({"/metrics": "llamacpp_metrics.txt", "/slots": "llamacpp_slots.json"}, "llamacpp", 1,
      50.0),
     ({"/slots": "llamacpp_slots.json"}, "llamacpp", 0, 12.0),  # no --metrics: the prior
+    ({"/metrics": "sglang_metrics.txt"}, "sglang", 2826, 8.536),
+    ({"/metrics": "llamacpp_real/metrics_after_max1.txt",
+      "/slots": "llamacpp_real/slots_after_max1.json", "/props": "llamacpp_real/props.json"},
+     "llamacpp", 0, 12.0),  # one `max_tokens: 1` answer: no speed yet
     ({}, "auto", 0, 12.0),  # nothing exported: queue 0 and the configured figure
 ])
 async def test_the_reader_detects_the_server_over_http(pages: dict[str, str], source: str,
@@ -119,7 +89,7 @@ async def test_the_reader_detects_the_server_over_http(pages: dict[str, str], so
         reader = LoadReader(url + "/v1", "auto", 12.0)
         await reader.read_once(session)
     assert reader.source == source
-    assert reader.announcement() == (queue, pytest.approx(tps))
+    assert reader.announcement() == (queue, pytest.approx(tps, rel=1e-3))
 
 
 @pytest.mark.anyio
@@ -134,6 +104,11 @@ async def test_the_reader_follows_the_speed_between_reads() -> None:
         assert reader.announcement() == (0, pytest.approx(40.0))
         await reader.read_once(session)  # nothing generated since: the last speed stays
         assert reader.announcement() == (0, pytest.approx(40.0))
+
+
+def test_load_from_takes_sglang() -> None:
+    base = {"model": "m", "url": "http://127.0.0.1:1"}
+    assert node_settings({**base, "load_from": "sglang"}, {}).load_from == "sglang"
 
 
 def test_an_unknown_source_is_refused() -> None:

@@ -1,5 +1,6 @@
-"""A real server's prefix-cache state read as the node's prior: recorded vLLM and llama.cpp
-pages, old and new formats, and malformed ones (refused, counted, the load still read)."""
+"""A real server's prefix-cache state read as the node's prior: only what the engine says
+that means it (recorded vLLM and llama.cpp pages, old and new formats, and malformed ones:
+refused, counted, the load still read)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,8 @@ from meshroute_middleware.core.cache_prior import CachePrior, route_prior
 from meshroute_middleware.core.contracts.txt import NODE_SERVICE
 from node_agent.announcer import NodeAnnouncer, announced_cache
 from node_agent.discovery import Discovery
-from node_agent.load import (
-    LoadFormatError,
-    LoadReader,
-    llamacpp_cache,
-    parse_prometheus,
-    parse_slots,
-    server_cache,
-    vllm_cache,
-)
+from node_agent.engines import MetricsPage, parse_slots, read_metrics
+from node_agent.load import LoadReader
 from node_agent.serving import serve_app
 
 from .fakes import RecordingService
@@ -37,85 +31,58 @@ from .fakes import RecordingService
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def metrics(name: str) -> dict[str, float]:
-    return parse_prometheus((FIXTURES / name).read_text())
+def metrics(name: str) -> MetricsPage:
+    return read_metrics((FIXTURES / name).read_text())
 
 
 def slots(name: str) -> Any:
     return parse_slots((FIXTURES / name).read_text())
 
 
+def reader_after(*pages: str) -> LoadReader:
+    reader = LoadReader("http://127.0.0.1:1/v1", "auto", 12.0)
+    for name in pages:
+        reader.take(metrics(name))
+    return reader
+
+
 def test_vllm_hit_rate_from_its_prefix_cache_counters() -> None:
-    first = metrics("vllm_metrics_cache.txt")
-    assert vllm_cache(first) == CachePrior(0.6)  # 120,000 of 200,000 tokens, all history
-    later = metrics("vllm_metrics_cache_later.txt")
-    assert vllm_cache(later, first) == CachePrior(pytest.approx(0.9))  # 9,000 of 10,000
-    assert vllm_cache(later, later) is None  # nothing queried in between
-    assert vllm_cache(first, later) is None  # counters went back: a restart, no reading
-    assert vllm_cache(metrics("vllm_metrics.txt")) is None  # no prefix-cache metrics
+    reader = reader_after("vllm_metrics_cache.txt")
+    assert reader.cache_prior() == CachePrior(0.6)  # 120,000 of 200,000 tokens, all history
+    reader.take(metrics("vllm_metrics_cache_later.txt"))
+    assert reader.cache_prior() == CachePrior(pytest.approx(0.9))  # 9,000 of 10,000
+    reader.take(metrics("vllm_metrics_cache_later.txt"))  # nothing queried: 0.9 stays
+    assert reader.cache_prior() == CachePrior(pytest.approx(0.9))
+    reader.take(metrics("vllm_metrics_cache.txt"))  # counters went back: a restart
+    assert reader.hits.restarts == 1
+    # the new process's whole history is its first window: 120,000 of 200,000
+    assert reader.cache_prior() == CachePrior(0.6)
+    assert reader_after("vllm_metrics.txt").cache_prior() is None  # no prefix-cache metrics
 
 
 def test_the_older_vllm_hit_rate_gauge() -> None:
-    assert vllm_cache(metrics("vllm_metrics_v0_hit_rate.txt")) == CachePrior(0.4375)
-    with pytest.raises(LoadFormatError, match="hit_rate"):
-        vllm_cache({"vllm:gpu_prefix_cache_hit_rate": 3.0})
+    assert reader_after("vllm_metrics_v0_hit_rate.txt").cache_prior() == CachePrior(0.4375)
 
 
-def test_vllm_hits_above_queries_are_refused() -> None:
-    with pytest.raises(LoadFormatError, match="above"):
-        vllm_cache(metrics("vllm_metrics_cache_bad.txt"))
-    with pytest.raises(LoadFormatError, match="finite"):
-        vllm_cache({"vllm:prefix_cache_hits_total": float("inf"),
-                    "vllm:prefix_cache_queries_total": 5.0})
-
-
-def test_llamacpp_slots_newer_format() -> None:
-    # 3,900 of 4,210 + 0 of 1,790 prompt tokens were cached; the fullest slot holds 4,210
-    assert llamacpp_cache(slots("llamacpp_slots_cache.json")) == CachePrior(0.65, 4210)
-
-
-def test_llamacpp_slots_older_formats() -> None:
-    # n_past in next_token: tokens held, no hit rate
-    assert llamacpp_cache(slots("llamacpp_slots_n_past.json")) == CachePrior(None, 1540)
-    assert llamacpp_cache(slots("llamacpp_slots_old.json")) is None  # says nothing of it
-    assert llamacpp_cache(slots("llamacpp_slots.json")) is None
-
-
-@pytest.mark.parametrize("page", [
-    [{"id": 0, "n_prompt_tokens": "4210", "n_prompt_tokens_cache": 3}],
-    [{"id": 0, "n_prompt_tokens": 10, "n_prompt_tokens_cache": -1}],
-    [{"id": 0, "n_prompt_tokens": True}],
-    [{"id": 0, "n_past": 10**12}],
-    [{"id": 0, "next_token": {"n_past": 1.5}}],
-    {"slots": []},
-    [3],
-])
-def test_malformed_llamacpp_slots_are_refused(page: Any) -> None:
-    with pytest.raises(LoadFormatError):
-        llamacpp_cache(page)
-
-
-def test_malformed_recorded_slots_page_is_refused() -> None:
-    with pytest.raises(LoadFormatError, match="above"):
-        llamacpp_cache(slots("llamacpp_slots_cache_bad.json"))
-
-
-def test_the_reader_keeps_the_load_and_drops_a_malformed_cache_report(
+def test_vllm_hits_above_queries_are_refused_and_the_load_kept(
         caplog: pytest.LogCaptureFixture) -> None:
-    reader = LoadReader("http://127.0.0.1:1/v1", "llamacpp", 12.0)
     with caplog.at_level(logging.WARNING, "meshroute.node_agent"):
-        load = reader.take(None, slots("llamacpp_slots_cache_bad.json"))
-    assert load is not None and load.running == 1 and load.slots == 4
-    assert load.cache is None and reader.cache_prior() is None
-    assert reader.rejected == 1 and "cache state refused" in caplog.text
-    reader.take(None, slots("llamacpp_slots_cache.json"))
-    assert reader.cache_prior() == CachePrior(0.65, 4210) and reader.rejected == 1
+        reader = reader_after("vllm_metrics_cache_bad.txt")
+    assert reader.cache_prior() is None and reader.rejected == 1
+    assert "cache counters refused" in caplog.text
+    assert reader.latest is not None and reader.latest.running == 3
 
 
-def test_server_cache_reads_the_page_each_server_exports() -> None:
-    assert server_cache("vllm", metrics("vllm_metrics_cache.txt"), None) == CachePrior(0.6)
-    assert server_cache("tgi", metrics("tgi_metrics.txt"), None) is None
-    assert server_cache("llamacpp", None, None) is None
+@pytest.mark.parametrize(("name", "context"), [("llamacpp_slots_cache.json", 8192),
+                                               ("llamacpp_slots_n_past.json", 4096),
+                                               ("llamacpp_slots_cache_bad.json", 8192)])
+def test_llamacpps_per_slot_prompt_figures_are_no_cache_claim(name: str, context: int) -> None:
+    """`n_prompt_tokens`, `n_prompt_tokens_cache`, `n_past` describe each slot's last
+    prompt: neither a capacity nor a hit rate. Only each slot's context is."""
+    reader = LoadReader("http://127.0.0.1:1/v1", "llamacpp", 12.0)
+    load = reader.take(None, slots(name))
+    assert load is not None and load.cache == CachePrior(None, context)
+    assert reader.rejected == 0
 
 
 def _server(pages: dict[str, str]) -> Starlette:
@@ -124,16 +91,17 @@ def _server(pages: dict[str, str]) -> Starlette:
         if text is None:
             return PlainTextResponse("not found", status_code=404)
         return PlainTextResponse(text)
-    return Starlette(routes=[Route(p, serve) for p in ("/metrics", "/slots")])
+    return Starlette(routes=[Route(p, serve) for p in ("/metrics", "/slots", "/props")])
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(("pages", "cache"), [
     ({"/metrics": "vllm_metrics_cache.txt"}, CachePrior(0.6)),
-    # llama.cpp with --metrics: /slots is still read, for its cache state
-    ({"/metrics": "llamacpp_metrics.txt", "/slots": "llamacpp_slots_cache.json"},
-     CachePrior(0.65, 4210)),
-    ({"/slots": "llamacpp_slots_n_past.json"}, CachePrior(None, 1540)),
+    # llama.cpp with --metrics: its counters, 659 of 1,295 prompt tokens reused, and the
+    # context of a slot from /props
+    ({"/metrics": "llamacpp_real/metrics_busy.txt", "/slots": "llamacpp_real/slots_busy.json",
+      "/props": "llamacpp_real/props.json"}, CachePrior(pytest.approx(659 / 1295), 4096)),
+    ({"/slots": "llamacpp_slots_n_past.json"}, CachePrior(None, 4096)),
     ({"/metrics": "vllm_metrics.txt"}, None),
 ])
 async def test_the_reader_reads_the_cache_state_over_http(pages: dict[str, str],
@@ -176,9 +144,9 @@ async def test_the_announcer_sends_the_cache_report_in_the_txt_record() -> None:
 
 @pytest.mark.anyio
 async def test_a_servers_cache_state_reaches_the_trackers_router() -> None:
-    """llama.cpp's /slots page -> the node's reader -> its TXT record -> a tracker's
+    """vLLM's /metrics page -> the node's reader -> its TXT record -> a tracker's
     discovery -> the node record the router reads, as `meshroute node --load-from` runs."""
-    app = _server({"/slots": (FIXTURES / "llamacpp_slots_cache.json").read_text()})
+    app = _server({"/metrics": (FIXTURES / "vllm_metrics_cache.txt").read_text()})
     async with serve_app(app) as url, aiohttp.ClientSession() as session:
         reader = LoadReader(url + "/v1", "auto", 12.0)
         await reader.read_once(session)
@@ -190,4 +158,4 @@ async def test_a_servers_cache_state_reaches_the_trackers_router() -> None:
     gw = build_gateway(ServeSettings(mdns=False, seed=1))
     Discovery(gw.mesh).announced(f"n.{NODE_SERVICE}", service.sent[-1].properties)
     (route,) = gw.router.candidates("m")
-    assert route_prior(h.node.cache for h in route.hops) == CachePrior(0.65, 4210)
+    assert route_prior(h.node.cache for h in route.hops) == CachePrior(0.6)

@@ -18,7 +18,8 @@ from meshroute_middleware.core import NodeRecord
 from node_agent.announcer import NodeAnnouncer
 from node_agent.cli import _serve, node_record, node_settings
 from node_agent.discovery import tracker_discovery
-from node_agent.load import LoadReader, parse_prometheus, parse_slots
+from node_agent.engines import parse_slots, read_metrics
+from node_agent.load import LoadReader
 from node_agent.serving import serve_app
 
 from .conftest import LOOPBACK, PATIENCE_S, RecordingSink
@@ -44,8 +45,17 @@ def test_the_reader_takes_llamacpps_slot_count(name: str, count: int) -> None:
 
 def test_vllm_says_no_slot_count() -> None:
     reader = LoadReader("http://127.0.0.1:1/v1", "auto", 12.0)
-    reader.take(parse_prometheus((FIXTURES / "vllm_metrics.txt").read_text()))
+    reader.take(read_metrics((FIXTURES / "vllm_metrics.txt").read_text()))
     assert reader.latest is not None and reader.slot_count() is None
+
+
+def test_llamacpps_props_give_the_slot_count_and_sglang_its_batch() -> None:
+    reader = LoadReader("http://127.0.0.1:1/v1", "llamacpp", 12.0)
+    reader.take(None, None, {"total_slots": 3, "default_generation_settings": {"n_ctx": 512}})
+    assert reader.slot_count() == 3
+    sglang = LoadReader("http://127.0.0.1:1/v1", "auto", 12.0)
+    sglang.take(read_metrics("sglang:num_running_reqs 1\nsglang:max_running_requests 64\n"))
+    assert sglang.slot_count() == 64
 
 
 def test_an_empty_slots_page_is_no_count_counted_and_logged(
