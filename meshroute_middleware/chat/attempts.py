@@ -30,7 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 from meshroute_middleware.chat.headers import is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
-from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.core.kinds import CONTEXT, ErrorKind
 from meshroute_middleware.core.providers.exhaustion import (
     exhaustion_message,
     exhaustion_status,
@@ -198,7 +198,10 @@ class Attempts:
             failed = await attempt(decision, measurement, ctx)
             if failed is None:
                 return decision, None
-            self.record(decision, measurement.failure(failed.kind))
+            if failed.kind == CONTEXT:  # the request's size, refused: nothing of the route
+                self.router.cancel(decision)
+            else:
+                self.record(decision, measurement.failure(failed.kind))
             if self.failures is None:
                 self.failures = {}
             self.failures[decision.signature] = failed
