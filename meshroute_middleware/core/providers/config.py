@@ -336,6 +336,16 @@ def _check_chains(cfg: ProvidersConfig) -> None:
                                   f"[profiles.{cfg.routing.profile}] table")
 
 
+def unserved_chain_entries(cfg: ProvidersConfig) -> list[tuple[str, str]]:
+    """(where, entry) for each chain entry that names no provider model and no declared
+    `[mesh.NAME]` table: nothing may ever serve it (a typo), unless a mesh node announces a
+    model of that name (issue 33). Chains are read in file order, `[routing]` first."""
+    chains = [("[routing] chain", cfg.routing.chain)]
+    chains += [(f"[profiles.{p.name}] chain", p.chain) for p in cfg.profiles]
+    return [(where, entry) for where, chain in chains for entry in chain
+            if cfg.split_route(entry) is None and entry not in cfg.mesh_limits]
+
+
 def _check_aliases(cfg: ProvidersConfig) -> None:
     """An alias onto `auto:NAME` needs that strategy or profile; onto `provider/model`,
     that provider model (a mesh model's nodes come and go: never checked here)."""
