@@ -37,6 +37,7 @@ from meshroute_middleware.core.providers.exhaustion import (
     retry_after_s,
 )
 from meshroute_middleware.core.providers.keys import parse_retry_after
+from meshroute_middleware.core.retry_text import retry_text
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import (
     INTERNAL_ERROR,
@@ -243,8 +244,13 @@ class Attempts:
                 "no route answered within the request's deadline of "
                 f"{self.timeout_s:g} s", routes))
         kinds = [f.kind for f in failures.values()]
-        answer = _EXHAUSTED[exhaustion_status(kinds)]
-        return ErrorAnswer.of(answer(exhaustion_message(self.model, kinds), routes))
+        status = exhaustion_status(kinds)
+        message = exhaustion_message(self.model, kinds)
+        retry = self.retry_after_s() if status == 429 else None
+        if retry is not None:
+            now = time.time()
+            message += f"; {retry_text(now + retry, now)}"
+        return ErrorAnswer.of(_EXHAUSTED[status](message, routes))
 
     def retry_after_s(self) -> int | None:
         """The exhaustion 429's `Retry-After`: the soonest any failed route's node said to

@@ -39,6 +39,7 @@ from meshroute_middleware.core.clients_budget import (
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal
 from meshroute_middleware.core.providers.tokens import estimate
+from meshroute_middleware.core.retry_text import retry_text
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import ChatRequest
@@ -84,8 +85,8 @@ class ClientRefused(RequestError):
         self.retry_after_s = (RETRY_UNKNOWN_S if until is None
                               else max(1, math.ceil(until - now)))
         super().__init__(429, f"client {client.name!r} is over its {field} "
-                         f"({getattr(client, field)} {unit}); retry after "
-                         f"{self.retry_after_s} s",
+                         f"({getattr(client, field)} {unit}); "
+                         f"{retry_text(now + self.retry_after_s, now)}",
                          "budget_exceeded" if budget else "client_rate_limited",
                          [(b"retry-after", str(self.retry_after_s).encode())])
         self.reason = refusal.reason
