@@ -18,6 +18,7 @@ from meshroute_middleware.core.providers.exhaustion import PassedOver, exhaustio
 from meshroute_middleware.core.retry_text import retry_text, span_text
 from meshroute_middleware.core.topology import MAX_DEPARTED, Topology
 
+from ..chat.test_mesh_retry_after import forward_429
 from ..conftest import FakeClock
 from ..upstream import FakeChat, ServerThread
 from .fake_provider import FakeProvider, Reply
@@ -130,3 +131,11 @@ def test_a_provider_answer_that_cannot_be_read_is_upstream_invalid(
         answer = gw.chat("auto")
     assert answer.status_code == 502
     assert {r["reason"] for r in answer.json()["error"]["routes"]} == {"upstream_invalid"}
+
+
+@pytest.mark.anyio
+async def test_the_mesh_paths_429_says_when_to_retry_as_a_time() -> None:
+    resp = await forward_429("90", "600")
+    message = resp.json()["error"]["message"]
+    assert resp.headers["retry-after"] == "90"
+    assert message.endswith(" (1 min 30 s)") and "; retry after 20" in message, message
