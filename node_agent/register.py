@@ -10,7 +10,8 @@ The record is posted at start (retried every RETRY_S until a tracker takes it), 
 announced load changes (the mDNS announcer's rule: `announcer.meaningful_change`, at most
 once a second), and every REFRESH_S whatever happens, so a tracker that restarted, or whose
 health checks dropped the node, has it back within that time. A tracker that cannot be
-reached is logged once until it answers again; it never stops the node.
+reached is said once (on stdout, as the node's other lines) until it answers again; it never
+stops the node.
 """
 
 from __future__ import annotations
@@ -103,7 +104,6 @@ class HttpRegistrar:
 
     def _succeeded(self, tracker: str) -> None:
         if tracker not in self.registered:
-            log.info("registered %s with %s", self.record.node_id, tracker)
             print(f"meshroute node: registered {self.record.node_id} with {tracker}",
                   flush=True)
         self.registered.add(tracker)
@@ -113,7 +113,6 @@ class HttpRegistrar:
         self.registered.discard(tracker)
         if tracker not in self._failing:  # once until it answers again
             self._failing.add(tracker)
-            log.warning("tracker %s %s; retrying every %g s", tracker, why, self._retry_s)
             print(f"meshroute node: tracker {tracker} {why}; retrying every {self._retry_s:g} s",
                   flush=True)
 
