@@ -80,7 +80,11 @@ class HttpRegistrar:
     async def start(self) -> None:
         """Open the session and post the record to every tracker once (no wait for success:
         `run` retries whoever did not take it)."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
+        # a connection per request: behind `meshroute serve --workers N` (one port, the
+        # kernel spreading connections) each POST may reach another worker, so every worker
+        # learns the node over successive refreshes; a kept-alive connection would hold one
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+                                              connector=aiohttp.TCPConnector(force_close=True))
         await self.post_all()
 
     async def post_all(self) -> None:
