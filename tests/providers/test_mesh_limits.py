@@ -4,9 +4,11 @@ request (`max_tokens: 32000`, the anthropic SDK on /v1/messages) included."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -27,9 +29,9 @@ from meshroute_middleware.core.providers.config import (
     parse_providers_config,
 )
 
-from ..upstream import FakeChat, ServerThread
+from ..upstream import FakeChat, ServerThread, serve_process
 from .fake_provider import FakeProvider
-from .gateway import Running, gateway, providers_doc
+from .gateway import ENV, Running, gateway, providers_doc
 
 CLAUDE_CODE_MAX_TOKENS = 32000  # what Claude Code asks for unless told otherwise
 
@@ -105,9 +107,9 @@ class Streamed:
     text: str
 
 
-def claude_code(gw: Running) -> Streamed:
+def claude_code(url: str) -> Streamed:
     """Claude Code's default request (streamed, as it does), with the anthropic client."""
-    client = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
     raw = client.messages.with_raw_response.create(
         model="claude-sonnet-4-5", max_tokens=CLAUDE_CODE_MAX_TOKENS, stream=True,
         messages=[{"role": "user", "content": "hi"}])
@@ -122,7 +124,7 @@ def test_a_request_larger_than_the_mesh_model_goes_to_a_route_that_fits(
     with mesh_and_provider(providers, node, {"max_tokens": 4096}) as gw:
         big = gw.chat("auto", max_tokens=CLAUDE_CODE_MAX_TOKENS)
         small = gw.chat("auto", max_tokens=100)
-        raw = claude_code(gw)
+        raw = claude_code(gw.url)
     assert big.status_code == 200
     assert big.headers["x-meshroute-route"] == "fastco/big-model#1"
     assert big.headers["x-meshroute-tried"] == "fastco/big-model#1"  # qwen never tried
@@ -138,7 +140,7 @@ def test_a_node_refusing_max_tokens_falls_over_to_the_next_route(
     node = FakeChat("n1", tokens=4, max_tokens_limit=4096)
     with mesh_and_provider(providers, node, {}) as gw:  # declared, size not stated
         over = gw.chat("auto", max_tokens=CLAUDE_CODE_MAX_TOKENS, )
-        raw = claude_code(gw)
+        raw = claude_code(gw.url)
         node.status = 400  # a 400 about something else is still the client's own answer
         relayed = gw.chat("auto", max_tokens=100, )
         routing = httpx.get(f"{gw.url}/v1/routing", params={"model": "qwen"}).json()
@@ -158,7 +160,7 @@ def test_clamp_serves_on_the_mesh_with_max_tokens_lowered(
     with mesh_and_provider(providers, node, {"max_tokens": 4096, "clamp": True}) as gw:
         answer = gw.chat("auto", max_tokens=CLAUDE_CODE_MAX_TOKENS)
         asked_less = gw.chat("auto", max_tokens=50)
-        raw = claude_code(gw)
+        raw = claude_code(gw.url)
     assert answer.status_code == 200
     assert answer.headers["x-meshroute-route"] == "qwen|n1[0-0]"
     assert answer.headers["x-meshroute-clamped"] == "max_tokens=4096; asked=32000"
@@ -177,3 +179,56 @@ def test_a_chain_of_routes_all_too_small_answers_413(
     assert answer.status_code == 413
     assert {r["reason"] for r in answer.json()["error"]["routes"]} == {"context"}
     assert node.seen == []
+
+
+def test_claude_codes_default_request_through_a_meshroute_serve_process(
+        providers: tuple[FakeProvider, FakeProvider], tmp_path: Path) -> None:
+    """`meshroute serve --config` as a process of its own, `auto = [qwen, fastco/big-model]`:
+    with `[mesh.qwen] max_tokens = 4096` the request goes straight to the provider; with
+    nothing declared, the node's own 400 falls over to it. Both answered 200."""
+    fast, slow = providers
+    node = FakeChat("n1", tokens=4, max_tokens_limit=4096)
+    with ServerThread(node.app()) as head:
+        for qwen, tried in (({"max_tokens": 4096}, "fastco/big-model#1"),
+                            ({}, "qwen,fastco/big-model#1")):
+            doc = providers_doc(fast, slow, chain=("qwen", "fastco/big-model"),
+                                mesh={"qwen": qwen}, routing={"strategy": "priority"})
+            doc["providers"][0]["models"][0]["context"] = 32768
+            doc["aliases"] = {"claude-*": "auto"}
+            config = tmp_path / "meshroute.toml"
+            config.write_text(toml_text(doc))
+            flags = ["--config", str(config), "--state-file", ":memory:"]
+            with serve_process(flags, tmp_path / "serve.log", ENV) as (url, _):
+                assert httpx.post(f"{url}/v1/nodes", json={
+                    "node_id": "n1", "model": "qwen", "start": 0, "end": 0, "layers": 1,
+                    "url": head.url, "tps": 50}).status_code == 201
+                raw = claude_code(url)
+            assert raw.status_code == 200 and raw.text
+            assert raw.headers["x-meshroute-tried"] == tried
+
+
+def toml_text(doc: dict[str, Any]) -> str:
+    """The few TOML shapes a providers document uses (tables, arrays of tables, strings,
+    numbers, lists of strings)."""
+    def value(v: Any) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    out: list[str] = []
+    for name, table in doc.items():
+        if isinstance(table, list):
+            for item in table:
+                out.append(f"[[{name}]]")
+                out += [f"{k} = {value(v)}" for k, v in item.items() if k != "models"]
+                for model in item.get("models", []):
+                    out.append(f"[[{name}.models]]")
+                    out += [f"{k} = {value(v)}" for k, v in model.items()]
+        elif name == "mesh":
+            for model, fields in table.items():
+                out.append(f"[mesh.{model}]")
+                out += [f"{k} = {value(v)}" for k, v in fields.items()]
+        else:
+            out.append(f"[{name}]")
+            out += [f"{json.dumps(k)} = {value(v)}" for k, v in table.items()]
+    return "\n".join(out) + "\n"
