@@ -30,6 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 from meshroute_middleware.chat.headers import is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
+from meshroute_middleware.core.contracts.retry_text import retry_text
 from meshroute_middleware.core.kinds import CONTEXT, ErrorKind
 from meshroute_middleware.core.providers.exhaustion import (
     exhaustion_message,
@@ -37,7 +38,6 @@ from meshroute_middleware.core.providers.exhaustion import (
     retry_after_s,
 )
 from meshroute_middleware.core.providers.keys import parse_retry_after
-from meshroute_middleware.core.retry_text import retry_text
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import (
     INTERNAL_ERROR,

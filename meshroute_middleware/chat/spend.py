@@ -36,10 +36,10 @@ from meshroute_middleware.core.clients_budget import (
     cost_usd,
     rows_of_request,
 )
+from meshroute_middleware.core.contracts.retry_text import retry_text
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal
 from meshroute_middleware.core.providers.tokens import estimate
-from meshroute_middleware.core.retry_text import retry_text
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import ChatRequest

@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from meshroute_middleware.core import Router, UnknownModelError, parse_node
+from meshroute_middleware.core.contracts.retry_text import retry_text, span_text
 from meshroute_middleware.core.errors import ModelGoneError
 from meshroute_middleware.core.providers.chain import Resolution, provider_candidate
 from meshroute_middleware.core.providers.config import parse_providers_config
 from meshroute_middleware.core.providers.exhaustion import PassedOver, exhaustion
-from meshroute_middleware.core.retry_text import retry_text, span_text
 from meshroute_middleware.core.topology import MAX_DEPARTED, Topology
 
 from ..chat.test_mesh_retry_after import forward_429

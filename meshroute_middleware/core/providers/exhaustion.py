@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contracts.error_body import error_object, error_type
-from ..retry_text import retry_text
+from ..contracts.retry_text import retry_text
 from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 

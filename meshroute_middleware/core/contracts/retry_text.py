@@ -5,12 +5,12 @@ HTTP says (RFC 9110 §10.2.3); this is the message's wording."""
 from __future__ import annotations
 
 import math
-import time
+from datetime import UTC, datetime
 
 
 def retry_text(until: float, now: float) -> str:
     """`retry after <UTC time, ISO 8601, whole seconds> (<how long from now>)`."""
-    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(until)))
+    at = datetime.fromtimestamp(math.ceil(until), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return f"retry after {at} ({span_text(until - now)})"
 
 
