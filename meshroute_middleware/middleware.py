@@ -55,6 +55,7 @@ from meshroute_middleware.core.clients import (
     check_model,
     check_pin,
 )
+from meshroute_middleware.core.errors import ModelGoneError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
@@ -212,6 +213,17 @@ class MeshRouteMiddleware:
             log.debug("client %s: %s", client.name, scope["path"])
         return True
 
+    def _unknown(self, exc: UnknownModelError, model: str) -> ErrorAnswer:
+        """A model no node serves: 503 when it is known (its last node left, or it has a
+        `[mesh.MODEL]` table), else 404."""
+        if isinstance(exc, ModelGoneError):
+            return ErrorAnswer.of(exc)
+        if self.providers is not None and model in self.providers.providers.cfg.mesh_limits:
+            return ErrorAnswer.of(ModelGoneError(
+                f"no node serves model {model!r} now: it is a declared mesh model "
+                f"([mesh.{model}]), routed as soon as a node serves it"))
+        return ErrorAnswer.of(exc, f"model {model!r} is not served by any known route")
+
     def _lifespan_send(self, send: Send) -> Send:
         async def _send(message: Message) -> None:
             if message["type"] == "lifespan.shutdown.complete":
@@ -306,8 +318,7 @@ class MeshRouteMiddleware:
             if self.annotate and req.pin is None:  # the app may serve it by itself
                 await self.app(scope, replay(req.body, receive), send)
                 return
-            await ErrorAnswer.of(exc, f"model {req.model!r} is not served by any known "
-                                 "route").send(send)
+            await self._unknown(exc, req.model).send(send)
             return
         except UnsupportedCapabilityError as exc:
             if self.annotate and req.pin is None and kind != "chat":

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import EllipsisType, TracebackType
+from typing import Protocol
 
 import anyio
 from zeroconf import ServiceInfo
@@ -54,6 +55,41 @@ def _rounded(prior: CachePrior | None) -> CachePrior | None:
     if prior is None or prior.hit_rate is None:
         return prior
     return prior._replace(hit_rate=round(prior.hit_rate, 2))
+
+
+def next_record(record: NodeRecord, queue: int, tps: float,
+                cache: CachePrior | EllipsisType | None = ...,
+                slots: int | EllipsisType | None = ...) -> NodeRecord:
+    """`record` with new load, and the server's cache report and slot count where given."""
+    new = replace(record, queue=queue, tps=round(tps, 3))
+    if not isinstance(cache, EllipsisType):
+        new = replace(new, cache=announced_cache(record.cache, cache))
+    if not isinstance(slots, EllipsisType):
+        new = replace(new, slots=slots)
+    return new
+
+
+class Publisher(Protocol):
+    """What keeps a node's record known: the mDNS announcer, the HTTP registrar."""
+
+    async def refresh(self, queue: int, tps: float,
+                      cache: CachePrior | EllipsisType | None = ...,
+                      slots: int | EllipsisType | None = ...) -> bool: ...
+
+
+async def follow(publishers: Sequence[Publisher], load: Callable[[], tuple[int, float]],
+                 poll_s: float = LOAD_POLL_S,
+                 cache: Callable[[], CachePrior | None] | None = None,
+                 slots: Callable[[], int | None] | None = None) -> None:
+    """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report, and
+    `slots()`, its slot count) forever, refreshing every publisher's record."""
+    while True:
+        await anyio.sleep(poll_s)
+        queue, tps = load()
+        got_cache = ... if cache is None else cache()
+        got_slots = ... if slots is None else slots()
+        for publisher in publishers:
+            await publisher.refresh(queue, tps, got_cache, got_slots)
 
 
 class _Registered:
@@ -114,11 +150,7 @@ class NodeAnnouncer:
                       slots: int | EllipsisType | None = ...) -> bool:
         """Announce new load (and the server's cache report and slot count, where given) if
         it changed meaningfully and the rate limit allows; say if sent."""
-        new = replace(self.record, queue=queue, tps=round(tps, 3))
-        if not isinstance(cache, EllipsisType):
-            new = replace(new, cache=announced_cache(self.record.cache, cache))
-        if not isinstance(slots, EllipsisType):
-            new = replace(new, slots=slots)
+        new = next_record(self.record, queue, tps, cache, slots)
         if not meaningful_change(self.record, new):
             return False
         if self._clock() - self._updated_at < self._min_interval_s:
@@ -133,11 +165,7 @@ class NodeAnnouncer:
                      slots: Callable[[], int | None] | None = None) -> None:
         """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report,
         and `slots()`, its slot count) forever, refreshing the announcement."""
-        while True:
-            await anyio.sleep(poll_s)
-            queue, tps = load()
-            await self.refresh(queue, tps, ... if cache is None else cache(),
-                               ... if slots is None else slots())
+        await follow([self], load, poll_s, cache, slots)
 
     async def close(self) -> None:
         """Unregister with a goodbye."""

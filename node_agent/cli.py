@@ -1,4 +1,5 @@
-"""`meshroute node`: announce a shard over mDNS, optionally serving an emulated node too."""
+"""`meshroute node`: announce a shard over mDNS and/or register it with trackers over HTTP
+(`--register`), optionally serving an emulated node too."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from meshroute_middleware.core.capabilities import CAPABILITIES, parse_caps
 from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.slot_count import slot_count
 
-from .announcer import LOAD_POLL_S, NodeAnnouncer
+from .announcer import LOAD_POLL_S, NodeAnnouncer, Publisher, follow
 from .emulator import EmulatedNode, EmulatorConfig, serve_node
 from .load import LOAD_SOURCES, LoadReader
 from .mdns import addresses_for, parse_interfaces
+from .register import HttpRegistrar, parse_trackers
 from .serving import ListenError, one_line
 
 # option -> (environment variable, type); the CLI flag wins over the variable.
@@ -37,6 +39,8 @@ ENV: dict[str, tuple[str, type]] = {
     "load_from": ("MESHROUTE_NODE_LOAD_FROM", str),
     "caps": ("MESHROUTE_NODE_CAPS", str), "api_key_env": ("MESHROUTE_NODE_API_KEY_ENV", str),
     "slots": ("MESHROUTE_NODE_SLOTS", int),
+    "register": ("MESHROUTE_NODE_REGISTER", str),  # comma-separated tracker URLs
+    "node_token": ("MESHROUTE_NODE_TOKEN", str),  # the trackers' --node-token
 }
 EMULATOR_KNOBS: dict[str, tuple[type, str]] = {
     "seconds_per_layer": (float, "seconds of compute per layer per token"),
@@ -87,6 +91,10 @@ class NodeSettings:
     # --slots: the slot count to announce (core/slot_count.py), over what the server's pages
     # say; None: the emulator's own (its `slots` knob) or the server's /slots, if any.
     slots: int | None = None
+    # --register: trackers' base URLs to POST the record to (node_agent/register.py)
+    register: tuple[str, ...] = ()
+    node_token: str | None = field(default=None, repr=False)  # their --node-token
+    mdns: bool = True  # --no-mdns: no mDNS announcement (HTTP registration only)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +115,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        f"({', '.join(CAPABILITIES)}; default: tools,json_schema)")
     parser.add_argument("--api-key-env", help="environment variable holding the fronted "
                                               "server's own API key (vLLM --api-key)")
+    parser.add_argument("--register", action="append", metavar="URL",
+                        help="register with the tracker at this base URL over HTTP (POST "
+                             "/v1/nodes, refreshed, DELETE on exit); repeatable or "
+                             "comma-separated for several trackers (MESHROUTE_NODE_REGISTER)")
+    parser.add_argument("--node-token", help="the trackers' --node-token, sent as a bearer "
+                                             "token with --register (better: "
+                                             "MESHROUTE_NODE_TOKEN, which ps does not show)")
+    parser.add_argument("--mdns", action=argparse.BooleanOptionalAction, default=None,
+                        help="announce over mDNS (default on; --no-mdns: only --register)")
     parser.add_argument("--emulate", action="store_true", help="also serve an emulated node")
     parser.add_argument("--host", default="127.0.0.1", help="emulator listen address")
     parser.add_argument("--port", type=int, default=0, help="emulator port (0: any free)")
@@ -125,6 +142,8 @@ def _shard(text: str) -> tuple[int, int]:
 def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSettings:
     """Flags over MESHROUTE_* variables over defaults; ValueError names the bad value."""
     values = dict(cli)
+    if isinstance(values.get("register"), list):  # the repeatable flag
+        values["register"] = ",".join(values["register"]) or None
     for name, (var, kind) in ENV.items():
         if values.get(name) is None and environ.get(var):
             try:
@@ -142,6 +161,11 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
     if values.get("url") is None and not emulate:
         raise ValueError("--url is required without --emulate")
     parse_interfaces(values.get("mdns_interfaces") or "all")
+    register = parse_trackers([values["register"]] if values.get("register") else [])
+    mdns = values.get("mdns") is not False
+    if not mdns and not register:
+        raise ValueError("--no-mdns needs --register URL: nothing else would make the node "
+                         "known to a tracker")
     load_from = values.get("load_from") or "auto"
     if load_from not in LOAD_SOURCES:
         raise ValueError(f"--load-from must be one of {', '.join(LOAD_SOURCES)}, "
@@ -156,7 +180,8 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
         load_from=load_from,
         caps=None if values.get("caps") is None else parse_caps(values["caps"], "--caps"),
         api_key=_api_key(values.get("api_key_env"), environ),
-        slots=None if values.get("slots") is None else slot_count(values["slots"], "--slots"))
+        slots=None if values.get("slots") is None else slot_count(values["slots"], "--slots"),
+        register=register, node_token=values.get("node_token") or None, mdns=mdns)
 
 
 def _api_key(name: str | None, environ: Mapping[str, str]) -> str | None:
@@ -224,27 +249,21 @@ async def _serve(s: NodeSettings) -> int:
             slots = config.slots
         assert url is not None
         record = node_record(s, url, node_id, tps, slots)
-        announcer = NodeAnnouncer(record, interfaces=s.mdns_interfaces,
-                                  mesh_secret=s.mesh_secret)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            try:
-                await announcer.start()
-            except Exception as exc:
-                raise StartError(f"cannot announce over mDNS: {one_line(exc)}") from exc
-            stack.push_async_callback(announcer.close)
-            print(f"meshroute node: announced {record.node_id} ({record.model} layers "
-                  f"{record.start}-{record.end} of {record.layers}) at {record.url} "
-                  f"on mDNS interfaces {s.mdns_interfaces}", flush=True)
+            publishers = await _publish(s, record, stack)
             async with anyio.create_task_group() as tg:
+                for publisher in publishers:
+                    if isinstance(publisher, HttpRegistrar):
+                        tg.start_soon(publisher.run)
                 if node is not None:
                     emulated = node
-                    tg.start_soon(announcer.follow,
+                    tg.start_soon(follow, publishers,
                                   lambda: (emulated.queue_depth, emulated.measured_tps))
                 elif s.load_from != "none":  # a real server: its own metrics are the prior
                     reader = LoadReader(url, s.load_from, tps, api_key=s.api_key)
                     tg.start_soon(reader.run)
                     # an operator's --slots wins over what the server's pages say
-                    tg.start_soon(announcer.follow, reader.announcement, LOAD_POLL_S,
+                    tg.start_soon(follow, publishers, reader.announcement, LOAD_POLL_S,
                                   reader.cache_prior,
                                   reader.slot_count if s.slots is None else None)
                 async for signum in signals:
@@ -253,6 +272,34 @@ async def _serve(s: NodeSettings) -> int:
                     tg.cancel_scope.cancel()
                     break
     return 0
+
+
+async def _publish(s: NodeSettings, record: NodeRecord,
+                   stack: AsyncExitStack) -> list[Publisher]:
+    """Start what makes the record known (mDNS, then each --register tracker), each closed
+    with `stack` (the goodbye, the DELETE); StartError when mDNS cannot announce."""
+    publishers: list[Publisher] = []
+    if s.mdns:
+        announcer = NodeAnnouncer(record, interfaces=s.mdns_interfaces,
+                                  mesh_secret=s.mesh_secret)
+        try:
+            await announcer.start()
+        except Exception as exc:
+            raise StartError(f"cannot announce over mDNS: {one_line(exc)}") from exc
+        stack.push_async_callback(announcer.close)
+        publishers.append(announcer)
+        print(f"meshroute node: announced {record.node_id} ({record.model} layers "
+              f"{record.start}-{record.end} of {record.layers}) at {record.url} "
+              f"on mDNS interfaces {s.mdns_interfaces}", flush=True)
+    if s.register:
+        registrar = HttpRegistrar(record, s.register, token=s.node_token)
+        stack.push_async_callback(registrar.close)
+        await registrar.start()
+        publishers.append(registrar)
+        print(f"meshroute node: registering {record.node_id} ({record.model} layers "
+              f"{record.start}-{record.end} of {record.layers}) at {record.url} with "
+              f"{', '.join(s.register)} over HTTP", flush=True)
+    return publishers
 
 
 def run(args: argparse.Namespace) -> int:

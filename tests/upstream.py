@@ -38,6 +38,7 @@ class FakeChat:
     seen: list[dict[str, Any]] = field(default_factory=list)  # headers + body of each request
     cancelled: int = 0
     extra_headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
+    max_tokens_limit: int | None = None  # refuse a larger max_tokens as vLLM does (400)
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -58,6 +59,13 @@ class FakeChat:
                     self.cancelled += 1
                     return Response(status_code=499)
                 await asyncio.sleep(0.01)
+        asked = body.get("max_tokens")
+        if self.max_tokens_limit is not None and isinstance(asked, int) \
+                and asked > self.max_tokens_limit:
+            return JSONResponse({"error": {
+                "message": f"max_tokens must be at least 1 and at most "
+                           f"{self.max_tokens_limit}, got {asked}.",
+                "type": "BadRequestError", "param": None, "code": 400}}, status_code=400)
         if self.status != 200:
             return JSONResponse({"error": {"message": f"{self.name} says {self.status}",
                                            "type": "server_error", "code": "x"}},

@@ -7,6 +7,10 @@ Starts (all on 127.0.0.1, mDNS bound to loopback):
 then waits until the tracker has discovered the node, sends a chat through the tracker and
 prints the answer and the route the tracker learned.
 
+The tracker and the node share a mesh secret made for this run (MESHROUTE_MESH_SECRET):
+the tracker takes only records signed with it, so nodes that other programs announce nearby
+(another example, the demo, a real mesh on the same interface) never join this one.
+
     .venv/bin/python examples/node_agent/run.py
     .venv/bin/python examples/node_agent/run.py --server-url http://127.0.0.1:8080 --model smollm2
 """
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -32,6 +38,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=24)
     args = parser.parse_args()
     tracker = f"http://{LOOPBACK}:{free_port()}"
+    # this run's own mesh: the children inherit the secret (kept off their command lines)
+    os.environ["MESHROUTE_MESH_SECRET"] = secrets.token_hex(16)
+    node_id = f"stub-node-{secrets.token_hex(3)}"  # a name nobody else announces
     with contextlib.ExitStack() as stack:
         server = args.server_url
         if server is None:
@@ -47,8 +56,9 @@ def main() -> int:
         stack.enter_context(running(
             *MESHROUTE, "node", "--model", args.model, "--shard", f"0-{args.layers - 1}",
             "--layers", str(args.layers), "--url", server, "--tps", "50",
-            "--node-id", "stub-node", "--mdns-interfaces", LOOPBACK))
-        nodes = wait_until(lambda: http("GET", tracker + "/v1/nodes")[2].get("nodes"),
+            "--node-id", node_id, "--mdns-interfaces", LOOPBACK))
+        nodes = wait_until(lambda: [n for n in http("GET", tracker + "/v1/nodes")[2]["nodes"]
+                                    if n["node_id"] == node_id],
                            "the tracker to discover the node over mDNS")
         print(f"tracker discovered: {[n['node_id'] for n in nodes]} -> {nodes[0]['url']}")
         for stream in (False, True):

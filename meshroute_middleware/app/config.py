@@ -19,6 +19,7 @@ from meshroute_middleware.chat.keyring import (
     resolve_node_keys,
 )
 from meshroute_middleware.core.clients import Client, ClientConfigError
+from meshroute_middleware.core.providers.config import ProvidersConfig, unserved_chain_entries
 from meshroute_middleware.http.guard import is_loopback_host
 from node_agent.mdns import parse_interfaces
 
@@ -92,6 +93,18 @@ def config_warnings(config: GatewayConfig) -> list[str]:
                    "(--anonymous-clients, no [[clients]]); anyone who reaches the port can "
                    "spend the provider keys")
     return out
+
+
+def chain_warnings(providers: ProvidersConfig | None) -> list[str]:
+    """One line per chain entry no provider model and no `[mesh.NAME]` table declares
+    (a typo, or a mesh model not declared): logged at start and shown in /v1/routing."""
+    if providers is None:
+        return []
+    return [f"unserved-chain-entry: {where} names {entry!r}, which is no provider model and "
+            f"has no [mesh.{entry}] table: requests skip it until a mesh node serves a model "
+            f"of that name; declare a mesh model with an (even empty) [mesh.{entry}] table, "
+            "or fix the name"
+            for where, entry in unserved_chain_entries(providers)]
 
 
 def exposure(config: GatewayConfig) -> str:

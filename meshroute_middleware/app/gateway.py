@@ -18,7 +18,12 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, UsageAPI, build_api_app
-from meshroute_middleware.app.config import GatewayConfig, config_warnings, loop_marker
+from meshroute_middleware.app.config import (
+    GatewayConfig,
+    chain_warnings,
+    config_warnings,
+    loop_marker,
+)
 from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
@@ -160,7 +165,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 admin_token=settings.admin_token
                                                 or settings.node_token,
-                                                warnings=config_warnings(config),
+                                                warnings=config_warnings(config)
+                                                + chain_warnings(settings.providers),
                                                 providers=providers,
                                                 embeddings_router=embeddings,
                                                 embeddings_providers=None if chat is None

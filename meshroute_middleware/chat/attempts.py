@@ -30,7 +30,8 @@ from starlette.types import Message, Receive, Scope, Send
 from meshroute_middleware.chat.headers import is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
-from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.core.contracts.retry_text import retry_text
+from meshroute_middleware.core.kinds import CONTEXT, ErrorKind
 from meshroute_middleware.core.providers.exhaustion import (
     exhaustion_message,
     exhaustion_status,
@@ -198,7 +199,10 @@ class Attempts:
             failed = await attempt(decision, measurement, ctx)
             if failed is None:
                 return decision, None
-            self.record(decision, measurement.failure(failed.kind))
+            if failed.kind == CONTEXT:  # the request's size, refused: nothing of the route
+                self.router.cancel(decision)
+            else:
+                self.record(decision, measurement.failure(failed.kind))
             if self.failures is None:
                 self.failures = {}
             self.failures[decision.signature] = failed
@@ -240,8 +244,13 @@ class Attempts:
                 "no route answered within the request's deadline of "
                 f"{self.timeout_s:g} s", routes))
         kinds = [f.kind for f in failures.values()]
-        answer = _EXHAUSTED[exhaustion_status(kinds)]
-        return ErrorAnswer.of(answer(exhaustion_message(self.model, kinds), routes))
+        status = exhaustion_status(kinds)
+        message = exhaustion_message(self.model, kinds)
+        retry = self.retry_after_s() if status == 429 else None
+        if retry is not None:
+            now = time.time()
+            message += f"; {retry_text(now + retry, now)}"
+        return ErrorAnswer.of(_EXHAUSTED[status](message, routes))
 
     def retry_after_s(self) -> int | None:
         """The exhaustion 429's `Retry-After`: the soonest any failed route's node said to

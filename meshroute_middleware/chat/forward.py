@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Literal
 
@@ -20,12 +21,25 @@ from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision
 from meshroute_middleware.core.kinds import ErrorKind
-from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
+from meshroute_middleware.forwarding.client import (
+    Forwarder,
+    ForwardError,
+    HeldAnswer,
+    UpstreamResponse,
+)
 from meshroute_middleware.forwarding.measure import sse_error_event
 from meshroute_middleware.http.request import CHAT_PATH
 
 __all__ = ["CHAT_PATH", "ForwardMode"]
 log = logging.getLogger("meshroute.forward")
+SIZE_STATUSES = frozenset({400, 413})
+MAX_REFUSAL_BYTES = 64 * 1024  # of a head's 400 read to see whether it refuses the size
+# what a server's refusal of a request's size says: OpenAI's and vLLM's `max_tokens` /
+# context-length messages, llama.cpp's "exceeds the available context size" and
+# "n_predict", Anthropic's "prompt is too long"
+SIZE_REFUSAL = re.compile(rb"max_(?:completion_)?tokens|context[_ ](?:length|size|window)"
+                          rb"|maximum context|too many tokens|prompt is too long|n_predict",
+                          re.I)
 
 
 class ForwardMode:
@@ -34,8 +48,9 @@ class ForwardMode:
 
     def __init__(self, forwarder: Forwarder, *,
                  forward_headers: frozenset[bytes] = frozenset(),
-                 node_keys: NodeSecrets | None = None) -> None:
+                 node_keys: NodeSecrets | None = None, size_falls_over: bool = False) -> None:
         self.forwarder = forwarder
+        self.size_falls_over = size_falls_over
         self.forward_headers = forward_headers  # credentials the operator lets through
         self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
         self._watchdog = Watchdog()
@@ -57,7 +72,9 @@ class ForwardMode:
     async def attempt(self, decision: Decision, measurement: Measurement,
                       ex: Exchange) -> Failed | None:
         """One attempt at `decision`'s head (at its request kind's path), within the
-        request's deadline."""
+        request's deadline. With `size_falls_over` (a chain's mesh entries, issue 33), a
+        head's 400 or 413 refusing the request's size (`max_tokens`, the context) is a
+        `context` failure the chain falls over from, not the client's answer."""
         req = ex.req
         reached, req.reached = req.reached, decision.signature  # charged its prompt from here
         try:
@@ -71,6 +88,11 @@ class ForwardMode:
             return Failed(exc.kind, str(exc), retry_at=retry_at(exc.retry_after))
         except TimeoutError:
             return Failed("timeout", "no answer within the request's deadline")
+        if self.size_falls_over and upstream.status in SIZE_STATUSES:
+            refused = await _size_refusal(upstream, ex)
+            if isinstance(refused, Failed):
+                return refused
+            upstream = refused
         await self._relay(decision, measurement, upstream, ex, ex.attempts)
         return None
 
@@ -148,6 +170,24 @@ class ForwardMode:
                 attempts.settle(decision, m, error, gone=ex.gone)
                 raise
         attempts.settle(decision, m, error, gone=ex.gone)
+
+
+async def _size_refusal(upstream: UpstreamResponse, ex: Exchange) -> UpstreamResponse | Failed:
+    """A head's 400/413 read whole (bounded): a `context` Failed when it names `max_tokens`
+    or the context, else the same answer to relay as it came."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout_at(ex.attempts.deadline):
+            async for chunk in upstream.chunks():
+                body += chunk
+                if len(body) > MAX_REFUSAL_BYTES:
+                    break
+    except (ForwardError, TimeoutError):
+        pass
+    upstream.close()
+    if SIZE_REFUSAL.search(body):
+        return Failed("context", f"the head refused the request's size ({upstream.status})")
+    return HeldAnswer(upstream.status, upstream.headers, bytes(body))
 
 
 async def _pipe_plain(decision: Decision, upstream: UpstreamResponse, ex: Exchange) -> None:

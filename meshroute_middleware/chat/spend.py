@@ -45,6 +45,7 @@ from meshroute_middleware.core.clients_budget import (
     day_of,
     rows_of_request,
 )
+from meshroute_middleware.core.contracts.retry_text import retry_text
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal
 from meshroute_middleware.core.providers.tokens import DEFAULT_COMPLETION_TOKENS, estimate
@@ -102,8 +103,8 @@ class ClientRefused(RequestError):
         self.retry_after_s = (RETRY_UNKNOWN_S if until is None
                               else max(1, math.ceil(until - now)))
         super().__init__(429, f"client {client.name!r} is over its {field} "
-                         f"({getattr(client, field)} {unit}); retry after "
-                         f"{self.retry_after_s} s",
+                         f"({getattr(client, field)} {unit}); "
+                         f"{retry_text(now + self.retry_after_s, now)}",
                          "budget_exceeded" if budget else "client_rate_limited",
                          [(b"retry-after", str(self.retry_after_s).encode())])
         self.reason = refusal.reason

@@ -25,3 +25,9 @@ class NoRouteError(MeshRouteError):
     def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.reasons: dict[str, str] = dict(reasons or {})
+
+
+class ModelGoneError(NoRouteError, UnknownModelError):
+    """Every node of a model that had nodes left: known, not served now (HTTP 503, not the
+    404 of a model never seen). Still an UnknownModelError for an adapter that lets another
+    server answer a model the mesh does not serve (annotate mode, the mitmproxy addon)."""

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from .cache_prior import prior_warm_tokens, route_prior
 from .capabilities import CAPABILITIES, NO_NEEDS, UnsupportedCapabilityError
 from .config import RouterConfig
-from .errors import NoRouteError, UnknownModelError
+from .errors import ModelGoneError, NoRouteError, UnknownModelError
 from .kinds import (
     FAILURE,
     FALLBACK,
@@ -193,6 +193,9 @@ class Router:
         UnsupportedCapabilityError. The decision counts as in flight until `record`."""
         topo = self.topology.model(model)
         if topo is None or not topo.nodes:
+            if self.topology.departed(model) is not None:  # known, gone for now: 503
+                raise ModelGoneError(f"no node serves model {model!r} now: its last node left "
+                                     "(it is routed again as soon as a node serves it)")
             raise UnknownModelError(f"no node serves model {model!r}")
         if pin is not None:
             route = pinned_route(model, pin, topo.nodes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -215,6 +216,9 @@ class ModelTopology:
     version: int = 0  # bumped by any change, including queue/tps refreshes
 
 
+MAX_DEPARTED = 1024  # model names remembered after their last node left (as --max-nodes)
+
+
 class Topology:
     """Node records per model. Pure: callers pass `now`; nothing here does I/O.
 
@@ -225,6 +229,13 @@ class Topology:
         self._models: dict[str, ModelTopology] = {}
         self._model_of: dict[str, str] = {}
         self.networks = tuple(networks)
+        # models whose last node left, and when: a request for one is told the model is
+        # gone for now (503), not unknown (404); bounded, oldest forgotten first
+        self._departed: OrderedDict[str, float] = OrderedDict()
+
+    def departed(self, model: str) -> float | None:
+        """When the last node of `model` left, if it had nodes and has none now."""
+        return self._departed.get(model)
 
     def models(self) -> list[str]:
         """Every model with at least one node, sorted."""
@@ -256,6 +267,7 @@ class Topology:
             self.remove(record.node_id, now)
             old_model = None
         topo = self._models.setdefault(record.model, ModelTopology())
+        self._departed.pop(record.model, None)
         old = topo.nodes.get(record.node_id)
         record = replace(record, seen_at=now)
         topo.nodes[record.node_id] = record
@@ -282,14 +294,19 @@ class Topology:
         del topo.nodes[node_id]
         topo.version += 1
         self._bump(topo, now)
-        self._drop_if_empty(model, topo)
+        self._drop_if_empty(model, topo, now)
         return True
 
-    def _drop_if_empty(self, model: str, topo: ModelTopology) -> None:
-        """A model without nodes is forgotten (bounded: models never outnumber nodes). A node
-        joining it again bumps its change time to that moment, so nothing is lost."""
+    def _drop_if_empty(self, model: str, topo: ModelTopology, now: float) -> None:
+        """A model without nodes is forgotten (bounded: models never outnumber nodes), all but
+        its name among the departed (MAX_DEPARTED). A node joining it again bumps its change
+        time to that moment, so nothing is lost."""
         if not topo.nodes:
             del self._models[model]
+            self._departed[model] = now
+            self._departed.move_to_end(model)
+            while len(self._departed) > MAX_DEPARTED:
+                self._departed.popitem(last=False)
 
     def note_change(self, model: str, changed_at: float) -> None:
         """Adopt a topology change time learned elsewhere (gossip) if it is newer. A model

@@ -96,6 +96,23 @@ class Forwarder(Protocol):
 
 
 @dataclass(slots=True)
+class HeldAnswer:
+    """An UpstreamResponse whose body was read whole already (to look at it before deciding
+    whether to relay it), served again from memory."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self.body:
+            yield self.body
+
+    def close(self) -> None:
+        """Nothing to release: the upstream response was closed once read."""
+
+
+@dataclass(slots=True)
 class _AiohttpResponse:
     status: int
     headers: list[tuple[bytes, bytes]]

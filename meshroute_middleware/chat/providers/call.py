@@ -186,8 +186,10 @@ class ProviderCall:
             body = await self._read_all(upstream, budget)
         except TimeoutError:
             return self.outcomes.failed(got, "timeout", cr.session)
-        except (ForwardError, UndecodableError):
+        except ForwardError:
             return self.outcomes.failed(got, "connect", cr.session)
+        except UndecodableError:  # a body it cannot have meant: a bad answer, not a cut
+            return self.outcomes.failed(got, "upstream_invalid", cr.session)
         done = time.perf_counter()
         meter = TokenMeter(streaming=False)
         meter.feed(body)
@@ -197,7 +199,7 @@ class ProviderCall:
                 answer = json.dumps(chat_completion(json.loads(body),
                                                     got.candidate.upstream_model)).encode()
             except (ValueError, UnicodeDecodeError, AttributeError):
-                return self.outcomes.failed(got, "connect", cr.session)
+                return self.outcomes.failed(got, "upstream_invalid", cr.session)
         seconds = max(done - sent, 1e-6)
         # an embeddings answer is measured in inputs/s, recorded in the embeddings lane's
         # own statistics (docs/architecture.md, "Statistics per request kind")
@@ -224,8 +226,10 @@ class ProviderCall:
                                                max(until - time.perf_counter(), 0.001))
         except TimeoutError:
             return self.outcomes.failed(got, "timeout", cr.session)
-        except (ForwardError, UndecodableError):
+        except ForwardError:
             return self.outcomes.failed(got, "connect", cr.session)
+        except UndecodableError:
+            return self.outcomes.failed(got, "upstream_invalid", cr.session)
         except StopAsyncIteration:  # ended without content: relay what it said, if anything
             if not held:
                 return self.outcomes.failed(got, "connect", cr.session)

@@ -39,7 +39,12 @@ from meshroute_middleware.chat.providers.tally import Tally, TallySend, with_tri
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
-from meshroute_middleware.core.providers.chain import Candidate, InvalidModelError, Resolution
+from meshroute_middleware.core.providers.chain import (
+    Candidate,
+    InvalidModelError,
+    Resolution,
+    mesh_fit,
+)
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.tokens import estimate
@@ -84,7 +89,8 @@ class ProviderChat:
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
-        forward = ForwardMode(forwarder, node_keys=node_keys)
+        # a mesh entry's node refusing the request's size falls over to the next route
+        forward = ForwardMode(forwarder, node_keys=node_keys, size_falls_over=True)
 
         def lane(ranking: ProviderRouter, mesh_router: Router, kind: str = "chat") -> _Lane:
             outcomes = ChainOutcomes(ranking, telemetry, clock,
@@ -154,7 +160,7 @@ class ProviderChat:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
                           header(ex.scope, H_SESSION), self.clock(), tally, opened,
-                          ex.req.objective)
+                          ex.req.objective, est.prompt, est.max_completion)
         needs, serves = ex.req.needs, self.router.serves
         passed = self.providers.incapable(res, needs, serves)  # none capable: 400 here
         for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
@@ -183,6 +189,12 @@ class ProviderChat:
                          passed: list[PassedOver]) -> bool:
         """Try one candidate (each of its keys in turn after a 429); True once answered."""
         tried = cr.tally.tried
+        fit = mesh_fit(c, cr.prompt, cr.asked)
+        if not fit.fits:  # larger than its [mesh.MODEL] allows: a route that fits, instead
+            passed.append(PassedOver(c.route, "context"))
+            log.info("providers: %s passed over (context: max_tokens %s, prompt ~%d tokens)",
+                     c.route, cr.asked, cr.prompt)
+            return False
         while (self.providers.may_attempt(len(tried), cr.started, self.clock())
                and not cr.opened[0].too_late()):
             got = (self.providers.acquire(c, cr.reserve, self.clock(),
@@ -194,7 +206,8 @@ class ProviderChat:
                 return False
             tried.append(got.route)
             lane = self._lanes[cr.ex.req.kind]
-            over = await (lane.call(cr, got) if c.is_provider else lane.mesh(cr, got))
+            over = await (lane.call(cr, got) if c.is_provider
+                          else lane.mesh(cr, got, fit.max_tokens))
             if over is None:
                 return True
             if cr.ex.started:  # a client error relayed as it was: the request is over

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from meshroute_middleware.chat.attempts import Attempts
 from meshroute_middleware.chat.forward import ForwardMode
@@ -15,6 +16,7 @@ from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.chat.providers.tally import TallySend
 from meshroute_middleware.core import NoRouteError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
+from meshroute_middleware.core.kinds import CONTEXT
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt
 from meshroute_middleware.core.providers.scoring import OutcomeKind
@@ -30,10 +32,15 @@ class MeshEntry:
         self.router, self.telemetry, self.forward = router, telemetry, forward
         self.outcomes = outcomes
 
-    async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
-        """The mesh model's attempts; None once answered, else why it was passed over."""
+    async def __call__(self, cr: ChainRequest, got: ChainAttempt,
+                       clamp_to: int | None = None) -> PassedOver | None:
+        """The mesh model's attempts (with `max_tokens` lowered to `clamp_to` when its
+        `[mesh.MODEL]` clamps, core/providers/chain.mesh_fit); None once answered, else why
+        it was passed over."""
         model = got.candidate.route
-        bound = answer_bound(cr.payload)
+        payload = cr.payload if clamp_to is None else clamped(cr.payload, clamp_to)
+        cr.tally.clamped = None if clamp_to is None else (clamp_to, cr.asked)
+        bound = answer_bound(payload)
         kind, inputs = cr.ex.req.kind, cr.ex.req.inputs
         router = self.router  # the kind's: an embeddings lane has the embeddings Router
         try:
@@ -49,13 +56,18 @@ class MeshEntry:
         cr.opened.append(attempts)
         ex = cr.ex
         ex.attempts = attempts
-        ex.req = ChatRequest(json.dumps({**{k: v for k, v in cr.payload.items()
+        ex.req = ChatRequest(json.dumps({**{k: v for k, v in payload.items()
                                             if k != "route"}, "model": model}).encode(),
                              model, None, bound, kind=kind, inputs=inputs)
         send = ex.send
         assert isinstance(send, TallySend)
         sent = time.perf_counter()
         _, failed = await attempts.run(decision, self.forward.attempt, ex)
+        if not ex.started:  # nothing was answered with the lowered bound
+            cr.tally.clamped = None
+        if failed is not None and failed.kind == CONTEXT:  # the node refused the size
+            return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
+                                        session=cr.session)
         if failed is not None:
             return self.outcomes.failed(got, failure_reason(failed.kind), cr.session)
         if send.status is not None and 400 <= send.status < 500:
@@ -73,3 +85,10 @@ class MeshEntry:
                              tokens_per_s=self.outcomes.tps(tokens, seconds),
                              ttfb_ms=(first_at - sent) * 1000, session=cr.session)
         return None
+
+
+def clamped(payload: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The request with its answer bound lowered to `max_tokens` (`max_completion_tokens`
+    and `max_tokens`, whichever it sets)."""
+    keys = [k for k in ("max_completion_tokens", "max_tokens") if k in payload]
+    return {**payload, **{k: max_tokens for k in keys or ["max_tokens"]}}

@@ -29,6 +29,8 @@ class ChainRequest:
     tally: Tally
     opened: list[Attempts]
     objective: Objective = DEFAULT_OBJECTIVE
+    prompt: int = 0  # the prompt's estimated tokens (core/providers/tokens.py)
+    asked: int | None = None  # the answer's `max_tokens` the client asked for, if any
 
     @property
     def deadline(self) -> float:

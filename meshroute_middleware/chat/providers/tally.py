@@ -1,5 +1,7 @@
 """What a client is told about a chain's attempts: `x-meshroute-route` (`fastco/big-model#2`:
-the key's position, never the key), `x-meshroute-attempts` and `x-meshroute-tried`."""
+the key's position, never the key), `x-meshroute-attempts`, `x-meshroute-tried`, and
+`x-meshroute-clamped` (`max_tokens=4096; asked=32000`) when a mesh model's `clamp` lowered
+the request's `max_tokens` (issue 33)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from meshroute_middleware.chat.attempts import Attempts
 from meshroute_middleware.chat.headers import H_ROUTE, OURS
 
 H_ATTEMPTS, H_TRIED = b"x-meshroute-attempts", b"x-meshroute-tried"
+H_CLAMPED = b"x-meshroute-clamped"
 
 
 @dataclass(slots=True)
@@ -20,11 +23,16 @@ class Tally:
     tried: list[str]
     route: str | None = None
     chain: str = ""  # the model the client asked for (telemetry's `chain`)
+    clamped: tuple[int, int | None] | None = None  # (max_tokens sent, max_tokens asked)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         route = self.route or (self.tried[-1] if self.tried else "none")
-        return [(H_ROUTE, route.encode()), (H_ATTEMPTS, str(len(self.tried)).encode()),
-                (H_TRIED, ",".join(self.tried).encode())]
+        out = [(H_ROUTE, route.encode()), (H_ATTEMPTS, str(len(self.tried)).encode()),
+               (H_TRIED, ",".join(self.tried).encode())]
+        if self.clamped is not None:
+            out.append((H_CLAMPED, f"max_tokens={self.clamped[0]}; "
+                                   f"asked={self.clamped[1]}".encode()))
+        return out
 
 
 class TallySend:

@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..errors import MeshRouteError, UnknownModelError
-from .config import Profile, Provider, ProviderModel, ProvidersConfig
+from .config import NO_MESH_LIMITS, MeshLimits, Profile, Provider, ProviderModel, ProvidersConfig
 from .scoring import AUTO_ALIASES
 
 SESSION_TTL_S = 3600.0  # a session forgets its route after an hour of silence
@@ -43,6 +43,7 @@ class Candidate:
     tier: str
     provider: Provider | None = None
     model: ProviderModel | None = None
+    size: MeshLimits = NO_MESH_LIMITS  # a mesh model's `[mesh.MODEL]` context and max_tokens
 
     @property
     def is_provider(self) -> bool:
@@ -106,7 +107,40 @@ def provider_candidate(provider: Provider, model: ProviderModel) -> Candidate:
 
 
 def mesh_candidate(cfg: ProvidersConfig, model: str) -> Candidate:
-    return Candidate(model, cfg.mesh_tier(model))
+    return Candidate(model, cfg.mesh_tier(model), size=cfg.mesh_size(model))
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Whether a request fits a mesh route's declared size (issue 33), and the `max_tokens`
+    it is served with when the route clamps it (None: as asked)."""
+
+    fits: bool
+    max_tokens: int | None = None
+
+
+FITS = Fit(True)
+TOO_BIG = Fit(False)
+
+
+def mesh_fit(c: Candidate, prompt: int, asked: int | None) -> Fit:
+    """How a request of `prompt` tokens (estimated) asking for at most `asked` answer tokens
+    fits candidate `c`'s `[mesh.MODEL]` limits: as it is; with `max_tokens` lowered to the
+    room left (the model's `max_tokens`, and its `context` less the prompt) when the model
+    clamps; or not at all, to be passed over for a route that fits. A provider model's
+    context is the key gates' business (ProviderRouter.admit)."""
+    size = c.size
+    if c.is_provider or size is NO_MESH_LIMITS:
+        return FITS
+    if size.context is not None and prompt >= size.context:
+        return TOO_BIG  # no answer fits beside the prompt
+    rooms = [r for r in (size.max_tokens,
+                         None if size.context is None else size.context - prompt)
+             if r is not None]
+    room = min(rooms) if rooms else None
+    if asked is None or room is None or asked <= room:
+        return FITS
+    return Fit(True, room) if size.clamp else TOO_BIG
 
 
 def _strategy(cfg: ProvidersConfig, profile: Profile | None) -> str:

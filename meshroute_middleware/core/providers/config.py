@@ -91,6 +91,21 @@ class NodeKey:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshLimits:
+    """What a `[mesh.MODEL]` table says of a mesh model's size (issue 33): its nodes' context
+    and largest answer, in tokens (None: not stated, never refused for size), and whether a
+    request asking for a longer answer is served with `max_tokens` lowered (`clamp`) rather
+    than passed over for a route that fits."""
+
+    context: int | None = None
+    max_tokens: int | None = None
+    clamp: bool = False
+
+
+NO_MESH_LIMITS = MeshLimits()
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """One `[profiles.NAME]` table: its chain and, optionally, its own strategy."""
 
@@ -121,6 +136,8 @@ class ProvidersConfig:
     mesh_tiers: Mapping[str, str] = field(default_factory=dict)
     aliases: Aliases = NO_ALIASES  # `[aliases]`: requested model names onto routable ones
     node_keys: tuple[NodeKey, ...] = ()  # `[[node_keys]]`: nodes' own API keys (references)
+    # `[mesh.MODEL]` context, max_tokens and clamp, by model (declared models only)
+    mesh_limits: Mapping[str, MeshLimits] = field(default_factory=dict)
 
     def provider(self, name: str) -> Provider | None:
         return next((p for p in self.providers if p.name == name), None)
@@ -143,6 +160,10 @@ class ProvidersConfig:
     def mesh_tier(self, model: str) -> str:
         return self.mesh_tiers.get(model, DEFAULT_MESH_TIER)
 
+    def mesh_size(self, model: str) -> MeshLimits:
+        """A mesh model's declared size limits (none when it has no `[mesh.MODEL]` table)."""
+        return self.mesh_limits.get(model, NO_MESH_LIMITS)
+
 
 def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
     """Build the config from a parsed TOML document; other top-level tables are ignored."""
@@ -152,7 +173,9 @@ def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
     if dup:
         raise ProviderConfigError(f"[[providers]]: name {dup[0]!r} is configured twice")
     profiles = tuple(_profile(n, t) for n, t in _table(doc, "profiles", "").items())
-    mesh = {str(n): _mesh_tier(n, t) for n, t in _table(doc, "mesh", "").items()}
+    mesh_tables = _table(doc, "mesh", "")
+    mesh = {str(n): _mesh_tier(n, t) for n, t in mesh_tables.items()}
+    limits = {str(n): _mesh_limits(n, t) for n, t in mesh_tables.items()}
     try:
         aliases = parse_aliases(_table(doc, "aliases", ""))
     except ValueError as exc:
@@ -161,7 +184,7 @@ def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
     if len({k.node for k in node_keys}) != len(node_keys):
         raise ProviderConfigError("[[node_keys]]: a node is listed twice")
     cfg = ProvidersConfig(_routing(_table(doc, "routing", "")), profiles, providers, mesh,
-                          aliases, node_keys)
+                          aliases, node_keys, limits)
     _check_chains(cfg)
     _check_aliases(cfg)
     return cfg
@@ -286,8 +309,23 @@ def _mesh_tier(name: object, t: object) -> str:
     where = f"[mesh.{name}]"
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{where} must be a table")
-    _no_unknown(t, where, {"tier"})
+    _no_unknown(t, where, {"tier", "context", "max_tokens", "clamp"})
     return _choice(t, "tier", TIERS, where, DEFAULT_MESH_TIER) or DEFAULT_MESH_TIER
+
+
+def _mesh_limits(name: object, t: Mapping[str, Any]) -> MeshLimits:
+    """`context`, `max_tokens` and `clamp` of a `[mesh.MODEL]` table (checked by _mesh_tier)."""
+    where = f"[mesh.{name}]"
+    clamp = t.get("clamp", False)
+    if not isinstance(clamp, bool):
+        raise ProviderConfigError(f"{where}: clamp must be true or false, got {clamp!r}")
+    context, max_tokens = _opt_int(t, "context", where), _opt_int(t, "max_tokens", where)
+    if context is not None and max_tokens is not None and max_tokens > context:
+        raise ProviderConfigError(f"{where}: max_tokens ({max_tokens}) cannot exceed context "
+                                  f"({context})")
+    if clamp and context is None and max_tokens is None:
+        raise ProviderConfigError(f"{where}: clamp needs context or max_tokens to clamp to")
+    return MeshLimits(context, max_tokens, clamp)
 
 
 def _check_chains(cfg: ProvidersConfig) -> None:
@@ -301,6 +339,16 @@ def _check_chains(cfg: ProvidersConfig) -> None:
     if cfg.routing.profile is not None and cfg.profile(cfg.routing.profile) is None:
         raise ProviderConfigError(f"[routing] profile {cfg.routing.profile!r}: no "
                                   f"[profiles.{cfg.routing.profile}] table")
+
+
+def unserved_chain_entries(cfg: ProvidersConfig) -> list[tuple[str, str]]:
+    """(where, entry) for each chain entry that names no provider model and no declared
+    `[mesh.NAME]` table: nothing may ever serve it (a typo), unless a mesh node announces a
+    model of that name (issue 33). Chains are read in file order, `[routing]` first."""
+    chains = [("[routing] chain", cfg.routing.chain)]
+    chains += [(f"[profiles.{p.name}] chain", p.chain) for p in cfg.profiles]
+    return [(where, entry) for where, chain in chains for entry in chain
+            if cfg.split_route(entry) is None and entry not in cfg.mesh_limits]
 
 
 def _check_aliases(cfg: ProvidersConfig) -> None:

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contracts.error_body import error_object, error_type
+from ..contracts.retry_text import retry_text
 from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 
+# capability: lacks what the request needs; upstream_invalid: an answer that cannot be read
+# (a body that is not what its headers say, or not the API's JSON)
 ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
-                   "http_403", "capability")  # capability: lacks what the request needs
+                   "http_403", "capability", "upstream_invalid")
 REASONS = GATE_REASONS + ATTEMPT_REASONS
 ERROR_CODE = "routes_exhausted"  # the chain's 429, 413 and 503
 UPSTREAM_FAILED = "upstream_failed"  # the code of a 502, on every path
@@ -35,7 +38,8 @@ UPSTREAM_FAILED = "upstream_failed"  # the code of a 502, on every path
 # for the request, or the request's own fault.
 LIMITED = frozenset({"cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "http_429"})
 KEY_REFUSED = frozenset({"revoked", "http_401", "http_403"})
-UPSTREAM = KEY_REFUSED | {"http_5xx", "timeout", "connect", "stream", "redirect", "app_error"}
+UPSTREAM = KEY_REFUSED | {"http_5xx", "timeout", "connect", "stream", "redirect", "app_error",
+                          "upstream_invalid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,10 @@ def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float)
     reasons = [p.reason for p in passed]
     status = exhaustion_status(reasons)
     retry = retry_after_s((p.until for p in passed), now) if status == 429 else None
-    return Exhaustion(status, exhaustion_message(model, reasons), tuple(passed), retry)
+    message = exhaustion_message(model, reasons)
+    if retry is not None:
+        message += f"; {retry_text(now + retry, now)}"
+    return Exhaustion(status, message, tuple(passed), retry)
 
 
 def retry_after_s(untils: Iterable[float | None], now: float) -> int | None:

@@ -145,7 +145,7 @@ BAD = [
     ("providers.0.models.0.max_output", "4k", "max_output must be an integer"),
     ("providers.0.models.0.free", True, "unknown key(s) free"),
     ("mesh.qwen", {"tier": "giant"}, "[mesh.qwen]: tier must be one of"),
-    ("mesh.qwen", {"tier": "small", "context": 4}, "[mesh.qwen]: unknown key(s) context"),
+    ("mesh.qwen", {"tier": "small", "ctx": 4}, "[mesh.qwen]: unknown key(s) ctx"),
     ("mesh", "qwen", "[mesh] must be a table"),
     ("providers", {"name": "x"}, "providers must be an array of tables"),
 ]

@@ -51,7 +51,7 @@ def run(router: ProviderRouter, model: str, tokens: int, now: float,
 def test_every_reason_is_known() -> None:
     assert set(REASONS) == {"cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "revoked",
                             "http_429", "http_5xx", "timeout", "connect", "context", "http_401",
-                            "http_403", "capability"}
+                            "http_403", "capability", "upstream_invalid"}
     with pytest.raises(ValueError):
         PassedOver("x", "broken")
 
