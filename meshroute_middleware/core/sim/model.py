@@ -135,6 +135,11 @@ class Scenario:
     quick_requests: int = 800
     changes: tuple[int, ...] = field(default=())  # requests where the best route may change
     conversations: Conversations | None = None  # multi-turn prompts (issue 26); None: none
+    # Several trackers in front of one mesh (issue 31): closed-loop clients per tracker, in
+    # client order (e.g. (4, 1, 1)); each tracker sees only its own clients' requests in
+    # flight, and their statistics gossip every gossip_s. (): one tracker.
+    trackers: tuple[int, ...] = ()
+    gossip_s: float = 1.0  # gossip's default round (gossip/service.py)
 
     def change_points(self) -> tuple[int, ...]:
         """Request indices after which convergence is measured: 0 and every event."""

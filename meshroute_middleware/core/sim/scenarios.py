@@ -129,10 +129,29 @@ CONVERSATION_SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+# Issue 31: a mesh whose fast node has few slots (llama.cpp --parallel 2 on a GPU: 2 at once
+# at 2,000 tok/s each, more wait in FIFO order) beside a node serving 8 at once at 500 tok/s;
+# 6 closed-loop clients. The best fixed split keeps 2 on the fast node (6,000 tok/s; a third
+# there: 5,500). Then the same mesh in front of three trackers, each seeing only its own
+# clients' requests. Not in the default set: `meshroute bench learning --mesh` runs them.
+SLOTTED = (whole("gpu", 2000.0, slots=2), whole("cpu", 500.0, slots=8))
+MESH_CLIENTS = 6
+
+MESH_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("20-slots-one", "fast node with 2 slots beside an 8-slot one, 6 clients",
+             SLOTTED, 3000, clients=MESH_CLIENTS),
+    Scenario("21-slots-three", "20's mesh, three trackers with 2 clients each",
+             SLOTTED, 3000, clients=MESH_CLIENTS, trackers=(2, 2, 2)),
+    Scenario("22-slots-skewed", "20's mesh, three trackers with 4 / 1 / 1 clients",
+             SLOTTED, 3000, clients=MESH_CLIENTS, trackers=(4, 1, 1)),
+)
+
+
 def by_name(name: str) -> Scenario:
     """The scenario called `name` (or whose name starts with `name`, e.g. "3")."""
-    for s in (*SCENARIOS, *CONVERSATION_SCENARIOS):
+    every = (*SCENARIOS, *CONVERSATION_SCENARIOS, *MESH_SCENARIOS)
+    for s in every:
         if s.name == name or s.name.split("-")[0] == name:
             return s
-    known = ", ".join(s.name for s in (*SCENARIOS, *CONVERSATION_SCENARIOS))
+    known = ", ".join(s.name for s in every)
     raise KeyError(f"unknown scenario {name!r}; known: {known}")
