@@ -18,7 +18,8 @@ from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measu
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.watchdog import Watchdog
-from meshroute_middleware.core import Decision
+from meshroute_middleware.core import Decision, Router
+from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import Forwarder, ForwardError, UpstreamResponse
 from meshroute_middleware.forwarding.measure import sse_error_event
@@ -91,6 +92,7 @@ class ForwardMode:
             return
         send = ex.send
         meter = m.answer(upstream.headers)
+        note_node_load(attempts.router, decision, upstream.headers)
         deadline = attempts.deadline
         error: ErrorKind | Literal[""] = ""
         try:
@@ -144,6 +146,20 @@ class ForwardMode:
                 attempts.settle(decision, m, error, gone=ex.gone)
                 raise
         attempts.settle(decision, m, error, gone=ex.gone)
+
+
+_LOAD_KEY = LOAD_HEADER.encode()
+
+
+def note_node_load(router: Router, decision: Decision, headers: Headers) -> None:
+    """The head's `x-meshroute-load`, when it sends one: the requests it holds from every
+    tracker, which the router counts beside its own (core/node_load.py)."""
+    for key, value in headers:
+        if key.lower() == _LOAD_KEY:
+            held = parse_held(value)
+            if held is not None:
+                router.note_load(decision.route.head.node_id, held)
+            return
 
 
 async def _pipe_plain(decision: Decision, upstream: UpstreamResponse, ex: Exchange) -> None:

@@ -24,7 +24,7 @@ from ..policies import Outcome
 from ..prefix import Prefix, PrefixCache, chain
 from ..router import Decision, Router
 from ..routes import Route
-from .model import MODEL, Conversations, Event, NodeSpec, Scenario
+from .model import ANSWERS, EXACT, MODEL, Conversations, Event, NodeSpec, Scenario
 from .oracle import FIXED_SPLIT, GOOD_WITHIN, FixedSplitPolicy, OraclePolicy, gain_score
 
 ARRIVE, FINISH, ANNOUNCE, TOKENS, GOSSIP = 0, 1, 2, 3, 4
@@ -45,6 +45,11 @@ class NodeState:
     def busy(self) -> int:
         """Slots in use."""
         return len(self.running)
+
+    @property
+    def held(self) -> int:
+        """Requests it holds, running and queued (what its agent reports, issue 31)."""
+        return len(self.running) + self.queued
 
 
 @dataclass(slots=True, eq=False)
@@ -115,6 +120,10 @@ class Simulator:
                         for k in range(max(len(scenario.trackers), 1))]
         self.router = self.routers[0]
         self.tracker_of = [k for k, n in enumerate(scenario.trackers) for _ in range(n)]
+        # Several trackers: Σ |a tracker's view of a route's load - the truth| and how many
+        # views, at every decision; Σ age of the nodes' last reports and how many.
+        self.load_error = [0.0, 0]
+        self.report_age = [0.0, 0]
         self.conversing = scenario.conversations is not None
         self.requests = (_draw_conversations(scenario, scenario.conversations,
                                              random.Random(seed))
@@ -261,6 +270,8 @@ class Simulator:
             self._apply(self._events.pop(0))
         self.current = req
         router = self.router_of(req)
+        if len(self.routers) > 1:
+            self._view_error(router)
         try:
             decision = (router.choose(MODEL, max_tokens=req.max_tokens, prefix=req.prompt)
                         if req.prompt is not None
@@ -331,6 +342,10 @@ class Simulator:
         return total * req.noise
 
     def _begin_tokens(self, req: Request) -> None:
+        if self.scenario.load_view == ANSWERS:  # the answer's header: its nodes' load
+            router = self.router_of(req)
+            for node_id in req.nodes:
+                router.note_load(node_id, self.nodes[node_id].held)
         req.updated_s = self.now
         req.rate = 1.0  # marks the token phase; _rerate sets the true rate
         per_token = self.per_token_s(req.nodes, req.compute_s, req.hop_s) * req.noise
@@ -391,7 +406,27 @@ class Simulator:
                 record = state.spec.record(self._advertised(state.spec))
                 for router in self.routers:
                     router.upsert_node(replace(record, queue=state.queued))
+                    if self.scenario.load_view == ANSWERS:  # the agent pushes its reading
+                        router.note_load(state.spec.node_id, state.held)
         self._push(self.now + self.scenario.announce_s, ANNOUNCE, None)
+
+    def _view_error(self, router: Router) -> None:
+        """Before a decision: how far the tracker's view of each route's load is from the
+        truth (issue 31's staleness), and with `exact` the truth handed to it first."""
+        now = self.now
+        present = [n for n, s in self.nodes.items() if s.present]
+        if self.scenario.load_view == EXACT:
+            for node_id in present:
+                router.note_load(node_id, self.nodes[node_id].held)
+        for arm in router.arms(MODEL, now):
+            truth = max(self.nodes[n].held for n in arm.route.node_ids)
+            self.load_error[0] += abs(arm.in_flight - truth)
+            self.load_error[1] += 1
+        for node_id in present:
+            age = router.loads.age(node_id, now)
+            if age is not None:
+                self.report_age[0] += age
+                self.report_age[1] += 1
 
     def _gossip(self) -> None:
         """One round of statistics gossip: every tracker merges every other's state (as
@@ -412,7 +447,9 @@ class Simulator:
         else:
             state.spec, state.present = spec, True
         # A node that (re)joins starts with an empty prefix cache.
-        state.cache = PrefixCache(spec.cache_tokens) if spec.cache_tokens > 0 else None
+        state.cache = (PrefixCache(spec.cache_tokens,
+                                   spec.slots if spec.cache_per_slot else None)
+                       if spec.cache_tokens > 0 else None)
         for router in self.routers:
             router.upsert_node(spec.record(self._advertised(spec)))
 
