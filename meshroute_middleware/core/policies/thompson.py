@@ -5,7 +5,10 @@ once (`saturation.CurveBelief`: a posterior over a knee and a per-neighbour slow
 to end-to-end tokens/s samples recorded with the concurrency they ran at), and a Beta posterior
 on its success rate. A decision draws one curve and one reliability per route and sends the
 request where it adds the most expected delivered tokens/s given what is in flight now: its
-own speed minus half of what its batch neighbours lose. On a batching server that means "stay
+own speed minus half of what its batch neighbours lose, or all of it when the route's
+announced slots are full (a request that queues adds nothing and delays those behind it:
+its marginal cost to the mesh, issue 31). "What is in flight" is this tracker's requests and
+the others' its nodes reported (`core/node_load.py`). On a batching server that means "stay
 on the fast route while its batch has room"; on a serial one, or a saturated batch, it comes
 close to shortest expected delay. Exploration comes from the
 posterior; a CUSUM on the speed residuals and one on the failures cut the old mass when a
@@ -463,14 +466,18 @@ class ThompsonPolicy:
         """The net goodput of `score` with the request's own speed counting its expected
         time to first token: the answer's tokens over (decode + prefill of what the route
         does not hold + TTFT_WEIGHT x (that prefill + the wait for a slot)), minus the same
-        share of what its batch neighbours lose. The wait (`_wait_s`): as learned at this
+        share of what its batch neighbours lose (all of it for a prompt cold everywhere on a
+        route whose announced slots are full). The wait (`_wait_s`): as learned at this
         count ahead, else past the drawn curve's knee times the belief that it queues."""
         p, s1, j = drawn
         n = arm.in_flight
         own = p * s1 * g_at(j, n + 1) if n else p * s1
         slots = arm.route.slots
         if n and slots is not None and n >= slots and weight == NEIGHBOUR_WEIGHT:
-            weight = 1.0  # a new prompt on a full route: it delays all behind it
+            # A prompt cold everywhere on a route whose slots are full delays all behind
+            # it (as `gain`); a warm one keeps its share: moving costs its prefill
+            # (scenario 24, seeds 1-4: TTFT 1.28x -> 1.19x the oracle's; 17 1.022x -> 1.012x).
+            weight = 1.0
         lost = p * neighbours_loss(s1, j, n)[1] * weight if n else 0.0
         prefix = arm.prefix
         if prefix is not None and own > 0.0:

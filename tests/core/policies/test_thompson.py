@@ -9,12 +9,15 @@ import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
 from meshroute_middleware.core.policies.thompson import (
+    CONVERSATION_NEIGHBOUR_WEIGHT,
     NEIGHBOUR_WEIGHT,
     QUEUE_TIE,
     ArmBelief,
     ThompsonPolicy,
     gain,
+    neighbours_loss,
 )
+from meshroute_middleware.core.prefix import chain
 from meshroute_middleware.core.routes import Hop, make_route
 from meshroute_middleware.core.saturation import CURVES, MAX_TABULATED, log_g
 from meshroute_middleware.core.stats import Curve, MergedRoute, StatEntry
@@ -495,3 +498,21 @@ def test_reading_the_estimate_changes_no_decision() -> None:
         picks.append(seq)
     assert picks[0] == picks[1]
     assert 20 < picks[0].count(1) < 580  # both routes in play: reads could have moved picks
+
+
+@pytest.mark.parametrize(("slots", "weight", "counted"), [
+    (2, NEIGHBOUR_WEIGHT, 1.0),  # a new prompt on a full route: all its neighbours lose
+    (None, NEIGHBOUR_WEIGHT, NEIGHBOUR_WEIGHT),  # slots unsaid: the half weight
+    (4, NEIGHBOUR_WEIGHT, NEIGHBOUR_WEIGHT),  # a slot free
+    (2, CONVERSATION_NEIGHBOUR_WEIGHT, CONVERSATION_NEIGHBOUR_WEIGHT),  # warm elsewhere
+])
+def test_a_prompts_score_counts_its_neighbours_by_the_routes_slots(
+        slots: int | None, weight: float, counted: float) -> None:
+    node = NodeRecord("n", "m", 0, 31, 32, "http://n.test", 100.0, slots=slots)
+    a = Arm(make_route("m", [Hop(node, 0, 31)]), UNSAMPLED, 2)
+    a.prefix = chain([b"system"], [500])
+    j = curve_index(2.0, 0.1) if slots == 2 else curve_index(4.0, 0.1)
+    own, lost = neighbours_loss(100.0, j, 2)
+    # nothing learned of the prefill or the wait: the score is own less the counted loss
+    got = ThompsonPolicy().with_prefill(a, (1.0, 100.0, j), 100.0, weight)
+    assert got == pytest.approx(own - counted * lost, rel=1e-9)
