@@ -5,6 +5,7 @@
   python benchmarks/bench_realtime.py --conversation [--seconds 20] [--clients 4,16]
       [--case equal|slow-a]
   python benchmarks/bench_realtime.py --mesh [--seconds 20] [--layout one|2/2/2|4/1/1]
+      [--before DIR]
 
 `--conversation` (issue 26) runs the conversation case instead: see `run_conversation`.
 
@@ -32,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -182,9 +184,16 @@ def direct_urls(case: Case, node_urls: dict[str, str], clients: int) -> list[str
     return out
 
 
-def start(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+def start(cmd: list[str], tree: Path | None = None) -> subprocess.Popen[bytes]:
+    """Run `cmd` on this checkout, or (`tree`: another checkout of the package, e.g. a
+    `git archive` of an older commit) on that one, site-packages kept for the dependencies
+    but not this checkout's editable install (`python -S`)."""
+    if tree is None:
+        return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path = f"{tree}{os.pathsep}{sysconfig.get_paths()['purelib']}"
+    return subprocess.Popen([cmd[0], "-S", *cmd[1:]], cwd=tree, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": path})
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -247,7 +256,8 @@ async def requests_per_route(url: str) -> dict[str, Any]:
 
 async def gateway(case: Case, node_urls: dict[str, str], policy: str,
                   procs: list[subprocess.Popen[bytes]], trace: str | None = None,
-                  slots: bool = False, extra: list[str] | None = None) -> str:
+                  slots: bool = False, extra: list[str] | None = None,
+                  tree: Path | None = None) -> str:
     """Start `meshroute serve` over the nodes; return its URL. `slots`: the records carry
     the nodes' slots, as `meshroute node` announces them (the conversation case; the
     issue-14 cases were measured before records had them, and keep their shape)."""
@@ -258,7 +268,7 @@ async def gateway(case: Case, node_urls: dict[str, str], policy: str,
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"nodes": nodes}, f)
     port = free_port()
-    procs.append(start(gateway_command(f.name, port, policy, trace, extra)))
+    procs.append(start(gateway_command(f.name, port, policy, trace, extra), tree))
     url = f"http://127.0.0.1:{port}"
     await wait_up(url + "/v1/routing")
     return url
@@ -492,11 +502,15 @@ MESH_TOKENS = 64
 MESH_LAYOUTS: dict[str, tuple[int, ...]] = {"one": (6,), "2/2/2": (2, 2, 2), "4/1/1": (4, 1, 1)}
 
 
-async def run_mesh(seconds: float, layouts: list[str]) -> dict[str, Any]:
-    """Every layout of trackers on fresh nodes and gateways; interleaved with the best."""
+async def run_mesh(seconds: float, layouts: list[str],
+                   before: Path | None = None) -> dict[str, Any]:
+    """Every layout of trackers on fresh nodes and gateways, after the best fixed split;
+    with `before` (an older checkout), each layout's gateways from it too, interleaved."""
     case = Case("slots", "2 slots at 400 tok/s beside 8 at 100", MESH_NODES)
     out: dict[str, Any] = {}
-    for variant in ("best", *layouts):
+    variants = [v for layout in layouts
+                for v in (layout, *((f"{layout} before",) if before else ()))]
+    for variant in ("best", *variants):
         procs: list[subprocess.Popen[bytes]] = []
         try:
             node_urls = {}
@@ -509,24 +523,25 @@ async def run_mesh(seconds: float, layouts: list[str]) -> dict[str, Any]:
             if variant == "best":
                 urls = direct_urls(case, node_urls, MESH_CLIENTS)
             else:
-                gateways = await gossiping_gateways(case, node_urls, len(MESH_LAYOUTS[variant]),
-                                                    procs)
-                urls = [g for g, k in zip(gateways, MESH_LAYOUTS[variant], strict=True)
-                        for _ in range(k)]
+                layout = MESH_LAYOUTS[variant.removesuffix(" before")]
+                tree = before if variant.endswith(" before") else None
+                gateways = await gossiping_gateways(case, node_urls, len(layout), procs, tree)
+                urls = [g for g, k in zip(gateways, layout, strict=True) for _ in range(k)]
             out[variant] = await load(urls, seconds, MESH_TOKENS)
         finally:
             for proc in procs:
                 stop(proc)
     best = out["best"]["tokens_per_s"]
-    for variant in layouts:
+    for variant in variants:
         out[variant]["fraction_of_best"] = out[variant]["tokens_per_s"] / best
-        print(f"slots {variant:6s}: {out[variant]['fraction_of_best']:.3f} of the best fixed "
+        print(f"slots {variant:13s}: {out[variant]['fraction_of_best']:.3f} of the best fixed "
               f"split ({best:.0f} tok/s)", flush=True)
     return out
 
 
 async def gossiping_gateways(case: Case, node_urls: dict[str, str], count: int,
-                             procs: list[subprocess.Popen[bytes]]) -> list[str]:
+                             procs: list[subprocess.Popen[bytes]],
+                             tree: Path | None = None) -> list[str]:
     """`count` gateways over the nodes (their slots announced), gossiping over loopback."""
     gossip = [f"127.0.0.1:{free_port()}" for _ in range(count)]
     urls = []
@@ -537,7 +552,8 @@ async def gossiping_gateways(case: Case, node_urls: dict[str, str], count: int,
             for j in range(count):
                 if j != k:
                     extra += ["--gossip-peer", gossip[j]]
-        urls.append(await gateway(case, node_urls, "thompson", procs, slots=True, extra=extra))
+        urls.append(await gateway(case, node_urls, "thompson", procs, slots=True, extra=extra,
+                                  tree=tree))
     return urls
 
 
@@ -562,11 +578,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the slot-limited mesh, one gateway and three (issue 31)")
     parser.add_argument("--layout", action="append", choices=tuple(MESH_LAYOUTS),
                         help="with --mesh: only this layout of trackers (repeatable)")
+    parser.add_argument("--before", type=Path, metavar="DIR",
+                        help="with --mesh: also run each layout's gateways from this older "
+                             "checkout (e.g. `git archive COMMIT | tar -x -C DIR`)")
     args = parser.parse_args(argv)
     if args.mesh:
         path = args.json if args.json != RESULTS else RESULTS.with_name("realtime_mesh.json")
         mesh = {"seconds": args.seconds, "tokens": MESH_TOKENS, "load_average": os.getloadavg(),
-                "runs": asyncio.run(run_mesh(args.seconds, args.layout or list(MESH_LAYOUTS))),
+                "runs": asyncio.run(run_mesh(args.seconds, args.layout or list(MESH_LAYOUTS),
+                                             args.before)),
                 "load_average_after": os.getloadavg()}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(mesh, indent=2) + "\n")

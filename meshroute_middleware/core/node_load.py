@@ -18,7 +18,8 @@ from .contracts.load import MAX_HELD
 
 # A report older than this says nothing: the others' requests it counted have long ended
 # (answers of a few seconds; reports come on every answer and every push, well under a
-# second apart on a busy node, docs/benchmarks.md "Several trackers").
+# second apart on a busy node: docs/benchmarks.md, "Slot-limited meshes and several
+# trackers").
 REPORT_TTL_S = 5.0
 MAX_NODES = 4096  # reports kept before the oldest are dropped
 

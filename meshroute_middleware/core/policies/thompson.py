@@ -108,12 +108,10 @@ NEIGHBOUR_WEIGHT = 0.5
 # to the mesh's throughput and delays every request behind it: it counts all its
 # neighbours lose (its marginal cost, as a queueing-aware scheduler prices congestion),
 # plus this share of its own speed, which ranks routes that are all full by their
-# expected delay (the oracle's tie-break, core/sim/oracle.py). Before, it counted half
-# the loss, and one tracker kept a third of scenario 20's requests queued on the 2-slot
-# node (0.90 of the best fixed split, docs/benchmarks.md "Several trackers"). Only the
-# announced slots say "full": a knee merely drawn from the posterior (a route silent on
-# its slots, or one re-learnt after an outage) keeps the half weight (held out, 14
-# lost 0.01 when a drawn knee decided it).
+# expected delay (the oracle's tie-break, core/sim/oracle.py). Only the announced slots
+# say "full": a knee merely drawn from the posterior (a route silent on its slots, or one
+# re-learnt after an outage) keeps the half weight (docs/benchmarks.md, "Slot-limited
+# meshes and several trackers").
 QUEUE_TIE = 0.05
 # A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
 # at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
@@ -475,8 +473,7 @@ class ThompsonPolicy:
         slots = arm.route.slots
         if n and slots is not None and n >= slots and weight == NEIGHBOUR_WEIGHT:
             # A prompt cold everywhere on a route whose slots are full delays all behind
-            # it (as `gain`); a warm one keeps its share: moving costs its prefill
-            # (scenario 24, seeds 1-4: TTFT 1.28x -> 1.19x the oracle's; 17 1.022x -> 1.012x).
+            # it (as `gain`); a warm one keeps its share: moving costs its prefill.
             weight = 1.0
         lost = p * neighbours_loss(s1, j, n)[1] * weight if n else 0.0
         prefix = arm.prefix
