@@ -4,6 +4,8 @@
       [--policy NAME] [--trace DIR] [--json PATH]
   python benchmarks/bench_realtime.py --conversation [--seconds 20] [--clients 4,16]
       [--case equal|slow-a]
+  python benchmarks/bench_realtime.py --mesh [--seconds 20] [--layout one|2/2/2|4/1/1]
+      [--before DIR]
   python benchmarks/bench_realtime.py --engine llama-server [--runs 5]
 
 `--engine llama-server` (issue 31) runs the conversation workload on two real llama.cpp
@@ -35,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -85,11 +88,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def node_command(spec: NodeSpec, port: int) -> list[str]:
+def node_command(spec: NodeSpec, port: int, tokens: int = TOKENS) -> list[str]:
     """An emulated node with the spec's solo speed, slots and batch slowdown."""
     config = {"node_id": spec.node_id, "model": MODEL, "tps": spec.shard_tps,
               "slots": spec.slots, "slot_slowdown": spec.slot_slowdown,
-              "max_tokens_default": TOKENS, "max_queue": 4096}
+              "max_tokens_default": tokens, "max_queue": 4096}
     code = ("import anyio, json, sys\n"
             "from node_agent.emulator import EmulatorConfig, serve_node\n"
             "async def main():\n"
@@ -121,9 +124,10 @@ TRACE_WRAPPER = (
 
 
 def gateway_command(nodes_file: str, port: int, policy: str,
-                    trace: str | None = None) -> list[str]:
+                    trace: str | None = None, extra: list[str] | None = None) -> list[str]:
     args = ["serve", "--no-mdns", "--host", "127.0.0.1", "--port", str(port), "--nodes-file",
-            nodes_file, "--policy", policy, "--seed", "1", "--log-level", "warning"]
+            nodes_file, "--policy", policy, "--log-level", "warning",
+            *(extra or ["--seed", "1"])]
     if trace is not None:
         return [PY, "-c", TRACE_WRAPPER, trace, *args]
     return [PY, "-m", "meshroute_middleware.app.cli", *args]
@@ -142,9 +146,10 @@ async def wait_up(url: str, deadline_s: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def client(session: aiohttp.ClientSession, url: str, stop_at: float) -> tuple[int, int]:
+async def client(session: aiohttp.ClientSession, url: str, stop_at: float,
+                 max_tokens: int = TOKENS) -> tuple[int, int]:
     """One closed-loop client until `stop_at`: (completion tokens delivered, failures)."""
-    body = {"model": MODEL, "max_tokens": TOKENS,
+    body = {"model": MODEL, "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": "count to thirty-two"}]}
     tokens = failures = 0
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -162,12 +167,13 @@ async def client(session: aiohttp.ClientSession, url: str, stop_at: float) -> tu
     return tokens, failures
 
 
-async def load(urls: list[str], seconds: float) -> dict[str, float]:
+async def load(urls: list[str], seconds: float, tokens: int = TOKENS) -> dict[str, float]:
     """Closed-loop clients, client i on urls[i]; delivered tokens/s over the wall time."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         began = time.monotonic()
-        results = await asyncio.gather(*(client(session, u, began + seconds) for u in urls))
+        results = await asyncio.gather(*(client(session, u, began + seconds, tokens)
+                                         for u in urls))
         elapsed = time.monotonic() - began
     tokens = sum(t for t, _ in results)
     return {"tokens_per_s": tokens / elapsed, "failures": float(sum(f for _, f in results))}
@@ -182,9 +188,16 @@ def direct_urls(case: Case, node_urls: dict[str, str], clients: int) -> list[str
     return out
 
 
-def start(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+def start(cmd: list[str], tree: Path | None = None) -> subprocess.Popen[bytes]:
+    """Run `cmd` on this checkout, or (`tree`: another checkout of the package, e.g. a
+    `git archive` of an older commit) on that one, site-packages kept for the dependencies
+    but not this checkout's editable install (`python -S`)."""
+    if tree is None:
+        return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path = f"{tree}{os.pathsep}{sysconfig.get_paths()['purelib']}"
+    return subprocess.Popen([cmd[0], "-S", *cmd[1:]], cwd=tree, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": path})
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -247,7 +260,8 @@ async def requests_per_route(url: str) -> dict[str, Any]:
 
 async def gateway(case: Case, node_urls: dict[str, str], policy: str,
                   procs: list[subprocess.Popen[bytes]], trace: str | None = None,
-                  slots: bool = False) -> str:
+                  slots: bool = False, extra: list[str] | None = None,
+                  tree: Path | None = None) -> str:
     """Start `meshroute serve` over the nodes; return its URL. `slots`: the records carry
     the nodes' slots, as `meshroute node` announces them (the conversation case; the
     issue-14 cases were measured before records had them, and keep their shape)."""
@@ -258,7 +272,7 @@ async def gateway(case: Case, node_urls: dict[str, str], policy: str,
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"nodes": nodes}, f)
     port = free_port()
-    procs.append(start(gateway_command(f.name, port, policy, trace)))
+    procs.append(start(gateway_command(f.name, port, policy, trace, extra), tree))
     url = f"http://127.0.0.1:{port}"
     await wait_up(url + "/v1/routing")
     return url
@@ -479,6 +493,74 @@ async def run_conversation(case: str, clients_list: list[int],
     return out
 
 
+# -- the slot-limited mesh and several trackers (issue 31) -------------------------------------
+# A fast node serving 2 at once beside one serving 8 at a quarter of its speed (the
+# simulator's scenario 20, scaled to 400 / 100 tok/s: the emulator sleeps per token), 6
+# closed-loop clients of MESH_TOKENS-token answers. The yardstick is the best fixed split
+# (2 clients on the fast node, 4 on the other) calling the nodes directly; then one gateway
+# for all six, and three gossiping gateways with 2 / 2 / 2 and 4 / 1 / 1 clients, each
+# seeing its own requests and the nodes' x-meshroute-load on every answer.
+MESH_NODES = (batching("gpu", 400.0, 2, 0.0), batching("cpu", 100.0, 8, 0.0))
+MESH_CLIENTS = 6
+MESH_TOKENS = 64
+MESH_LAYOUTS: dict[str, tuple[int, ...]] = {"one": (6,), "2/2/2": (2, 2, 2), "4/1/1": (4, 1, 1)}
+
+
+async def run_mesh(seconds: float, layouts: list[str],
+                   before: Path | None = None) -> dict[str, Any]:
+    """Every layout of trackers on fresh nodes and gateways, after the best fixed split;
+    with `before` (an older checkout), each layout's gateways from it too, interleaved."""
+    case = Case("slots", "2 slots at 400 tok/s beside 8 at 100", MESH_NODES)
+    out: dict[str, Any] = {}
+    variants = [v for layout in layouts
+                for v in (layout, *((f"{layout} before",) if before else ()))]
+    for variant in ("best", *variants):
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            node_urls = {}
+            for spec in case.nodes:
+                port = free_port()
+                procs.append(start(node_command(spec, port, MESH_TOKENS)))
+                node_urls[spec.node_id] = f"http://127.0.0.1:{port}"
+            for url in node_urls.values():
+                await wait_up(url + "/v1/models")
+            if variant == "best":
+                urls = direct_urls(case, node_urls, MESH_CLIENTS)
+            else:
+                layout = MESH_LAYOUTS[variant.removesuffix(" before")]
+                tree = before if variant.endswith(" before") else None
+                gateways = await gossiping_gateways(case, node_urls, len(layout), procs, tree)
+                urls = [g for g, k in zip(gateways, layout, strict=True) for _ in range(k)]
+            out[variant] = await load(urls, seconds, MESH_TOKENS)
+        finally:
+            for proc in procs:
+                stop(proc)
+    best = out["best"]["tokens_per_s"]
+    for variant in variants:
+        out[variant]["fraction_of_best"] = out[variant]["tokens_per_s"] / best
+        print(f"slots {variant:13s}: {out[variant]['fraction_of_best']:.3f} of the best fixed "
+              f"split ({best:.0f} tok/s)", flush=True)
+    return out
+
+
+async def gossiping_gateways(case: Case, node_urls: dict[str, str], count: int,
+                             procs: list[subprocess.Popen[bytes]],
+                             tree: Path | None = None) -> list[str]:
+    """`count` gateways over the nodes (their slots announced), gossiping over loopback."""
+    gossip = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+    urls = []
+    for k in range(count):
+        extra = ["--tracker-id", f"bench-{k}", "--seed", str(k + 1)]
+        if count > 1:
+            extra += ["--gossip-listen", gossip[k]]
+            for j in range(count):
+                if j != k:
+                    extra += ["--gossip-peer", gossip[j]]
+        urls.append(await gateway(case, node_urls, "thompson", procs, slots=True, extra=extra,
+                                  tree=tree))
+    return urls
+
+
 def _places(run: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v['turns']}/{v['cold']}/{v['mean_ttft_s']:.2f}"
                      for k, v in run["per_node"].items())
@@ -499,12 +581,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("llama-server",),
                         help="conversations on real engines (meshroute, pinned, round-robin)")
     parser.add_argument("--runs", type=int, default=5, help="--engine runs (default 5)")
+    parser.add_argument("--mesh", action="store_true",
+                        help="the slot-limited mesh, one gateway and three (issue 31)")
+    parser.add_argument("--layout", action="append", choices=tuple(MESH_LAYOUTS),
+                        help="with --mesh: only this layout of trackers (repeatable)")
+    parser.add_argument("--before", type=Path, metavar="DIR",
+                        help="with --mesh: also run each layout's gateways from this older "
+                             "checkout (e.g. `git archive COMMIT | tar -x -C DIR`)")
     args = parser.parse_args(argv)
     if args.engine is not None:
         sys.path.insert(0, str(ROOT))  # the engine harness lives in tests/engines/
         from benchmarks._engine_conv import run_engine
         path = args.json if args.json != RESULTS else RESULTS.with_name("realtime_engine.json")
         run_engine(args.runs, path)
+        return 0
+    if args.mesh:
+        path = args.json if args.json != RESULTS else RESULTS.with_name("realtime_mesh.json")
+        mesh = {"seconds": args.seconds, "tokens": MESH_TOKENS, "load_average": os.getloadavg(),
+                "runs": asyncio.run(run_mesh(args.seconds, args.layout or list(MESH_LAYOUTS),
+                                             args.before)),
+                "load_average_after": os.getloadavg()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(mesh, indent=2) + "\n")
         return 0
     if args.conversation:
         clients = [int(c) for c in (args.clients if args.clients != "1,4,16"

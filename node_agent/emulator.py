@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from meshroute_middleware.core.contracts.cache import CACHE_HEADER, cache_note, encode_cache
 from meshroute_middleware.core.contracts.error_body import error_object
+from meshroute_middleware.core.contracts.load import LOAD_HEADER
 from meshroute_middleware.core.prefix import Prefix
 
 from .chat import (
@@ -289,7 +290,10 @@ class EmulatedNode:
                  note: bytes | None = None) -> list[tuple[bytes, bytes]]:
         # No x-meshroute-route echo: the gateway sets that header on what the client sees.
         headers = [(b"content-type", content_type), (b"cache-control", b"no-cache"),
-                   (b"x-meshroute-node", self.config.node_id.encode())]
+                   (b"x-meshroute-node", self.config.node_id.encode()),
+                   # what it holds, this answer's request too (issue 31: several trackers
+                   # see one node's load on every answer; core/node_load.py)
+                   (LOAD_HEADER.encode(), str(self.worker.held).encode())]
         if note is not None:
             headers.append((CACHE_HEADER.encode(), note))
         return headers

@@ -171,6 +171,11 @@ class ShardWorker:
         return self.waiting
 
     @property
+    def held(self) -> int:
+        """Requests it holds: running and waiting for a slot."""
+        return self.running + self.waiting
+
+    @property
     def measured_tps(self) -> float:
         """Tokens/s of this node's whole shard, from measured compute (configured before)."""
         layer_s = self.config.layer_s if self._layer_s_ewma is None else self._layer_s_ewma

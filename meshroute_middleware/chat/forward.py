@@ -19,7 +19,8 @@ from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measu
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.watchdog import Watchdog
-from meshroute_middleware.core import Decision
+from meshroute_middleware.core import Decision, Router
+from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import (
     Forwarder,
@@ -117,6 +118,7 @@ class ForwardMode:
             return
         send = ex.send
         meter = m.answer(upstream.headers)
+        note_node_load(attempts.router, decision, upstream.headers)
         deadline = attempts.deadline
         error: ErrorKind | Literal[""] = ""
         try:
@@ -188,6 +190,18 @@ async def _size_refusal(upstream: UpstreamResponse, ex: Exchange) -> UpstreamRes
     if SIZE_REFUSAL.search(body):
         return Failed("context", f"the head refused the request's size ({upstream.status})")
     return HeldAnswer(upstream.status, upstream.headers, bytes(body))
+_LOAD_KEY = LOAD_HEADER.encode()
+
+
+def note_node_load(router: Router, decision: Decision, headers: Headers) -> None:
+    """The head's `x-meshroute-load`, when it sends one: the requests it holds from every
+    tracker, which the router counts beside its own (core/node_load.py)."""
+    for key, value in headers:
+        if key.lower() == _LOAD_KEY:
+            held = parse_held(value)
+            if held is not None:
+                router.note_load(decision.route.head.node_id, held)
+            return
 
 
 async def _pipe_plain(decision: Decision, upstream: UpstreamResponse, ex: Exchange) -> None:

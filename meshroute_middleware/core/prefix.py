@@ -189,10 +189,13 @@ class PrefixTable:
 
 
 class PrefixCache:
-    """A server's prefix cache: whole prompts in LRU order, at most `capacity` tokens."""
+    """A server's prefix cache: whole prompts in LRU order, at most `capacity` tokens (and
+    at most `max_entries` prompts: a cache per slot, as llama.cpp's, keeps each slot's last
+    prompt and no more; None: no limit)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_entries: int | None = None) -> None:
         self.capacity = capacity
+        self.max_entries = max_entries
         self.used = 0
         self._entries: OrderedDict[int, Prefix] = OrderedDict()  # by last hash
         self._owner: dict[int, int] = {}  # prefix hash -> the entry holding it
@@ -224,7 +227,9 @@ class PrefixCache:
         for h in prefix.hashes:
             self._owner[h] = key
         self.used += prefix.prompt_tokens
-        while self.used > self.capacity and self._entries:
+        limit = self.max_entries
+        while self._entries and (self.used > self.capacity
+                                 or (limit is not None and len(self._entries) > limit)):
             self._remove(next(iter(self._entries)))
 
     def _remove(self, key: int) -> None:

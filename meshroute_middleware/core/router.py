@@ -22,6 +22,7 @@ from .kinds import (
     DecisionMode,
     RecordResult,
 )
+from .node_load import NodeLoads
 from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
@@ -100,7 +101,11 @@ class Router:
         # (model, needs) -> the candidates over the nodes having `needs`, per topology version
         self._needs_cache: dict[tuple[str, frozenset[str]], tuple[int, tuple[Route, ...]]] = {}
         self._in_flight: dict[str, int] = {}
-        self._load: dict[str, tuple[float, float]] = {}  # sig -> ∫ in_flight dt, as of t
+        # sig -> (∫ load dt, as of t, the load since t): own in flight plus the others'
+        # requests its nodes reported (several trackers, issue 31)
+        self._load: dict[str, tuple[float, float, int]] = {}
+        self._flying_nodes: dict[str, tuple[str, ...]] = {}  # sig in flight -> its nodes
+        self.loads = NodeLoads()  # the nodes' reported load beyond our own requests
         self._recent: dict[str, deque[str]] = {}  # model -> signatures of recent attempts
         self.prefixes = PrefixTable()  # which routes served which prompt prefixes
 
@@ -177,6 +182,10 @@ class Router:
         routes = self._candidates(model, topo, needs)
         merged = self.stats.merged_many(model, [r.signature for r in routes], topo.changed_at)
         flying = self._in_flight
+        if self.loads.others:  # nodes reported requests other trackers sent
+            others = self.loads.others_on
+            return [Arm(r, None, flying.get(r.signature, 0) + others(r.node_ids, now), m, now,
+                        max_tokens) for r, m in zip(routes, merged, strict=True)]
         return [Arm(r, None, flying.get(r.signature, 0), m, now, max_tokens)
                 for r, m in zip(routes, merged, strict=True)]
 
@@ -247,8 +256,13 @@ class Router:
         sig = decision.signature
         now = self.clock()
         decision._load0 = (self._tick(sig, now), now)
-        decision.ahead = ahead = self._in_flight.get(sig, 0)
-        self._in_flight[sig] = ahead + 1
+        own = self._in_flight.get(sig, 0)
+        nodes = decision.route.node_ids
+        decision.ahead = own + (self.loads.others_on(nodes, now) if self.loads.others else 0)
+        self._in_flight[sig] = own + 1
+        self._flying_nodes[sig] = nodes
+        self.loads.begin(nodes)
+        self._tick(sig, now)  # the load from now on counts this attempt
         recent = self._recent.get(decision.model)
         if recent is None:
             recent = self._recent[decision.model] = deque(maxlen=RECENT_ATTEMPTS)
@@ -257,11 +271,27 @@ class Router:
         return decision
 
     def _tick(self, sig: str, now: float) -> float:
-        """The route's in-flight count integrated over time up to `now`."""
-        area, t = self._load.get(sig, (0.0, now))
-        area += self._in_flight.get(sig, 0) * max(now - t, 0.0)
-        self._load[sig] = (area, now)
+        """The route's load (own in flight plus the others' its nodes reported) integrated
+        over time up to `now`; the load from `now` on is read afresh."""
+        area, t, load = self._load.get(sig, (0.0, now, 0))
+        area += load * max(now - t, 0.0)
+        load = self._in_flight.get(sig, 0)
+        if load and self.loads.others:
+            load += self.loads.others_on(self._flying_nodes.get(sig, ()), now)
+        self._load[sig] = (area, now, load)
         return area
+
+    def note_load(self, node_id: str, held: int) -> None:
+        """A node says it holds `held` requests now, running and queued, every tracker's
+        (its answer's `x-meshroute-load` header, or a push): the others' requests beside
+        ours count in every route through it until the next report (core/node_load.py)."""
+        now = self.clock()
+        touched = [sig for sig, nodes in self._flying_nodes.items() if node_id in nodes]
+        for sig in touched:  # close the load integral at the old count
+            self._tick(sig, now)
+        self.loads.report(node_id, held, now)
+        for sig in touched:
+            self._tick(sig, now)
 
     def concurrency(self, decision: Decision, now: float) -> float:
         """The route's mean in-flight count over an open attempt's life so far."""
@@ -269,7 +299,7 @@ class Router:
         area = self._tick(decision.signature, now)
         if now > t0:
             return (area - area0) / (now - t0)
-        return float(self._in_flight.get(decision.signature, 0))
+        return float(self._load[decision.signature][2])
 
     def cancel(self, decision: Decision) -> None:
         """End an attempt that says nothing about the route (the client's own 4xx, or it
@@ -278,12 +308,16 @@ class Router:
             return
         decision._open = False
         sig = decision.signature
-        self._tick(sig, self.clock())
+        now = self.clock()
+        self._tick(sig, now)
+        self.loads.end(decision.route.node_ids)
         left = self._in_flight.get(sig, 0) - 1
         if left > 0:
             self._in_flight[sig] = left
+            self._tick(sig, now)
         else:
             self._in_flight.pop(sig, None)
+            self._flying_nodes.pop(sig, None)
             self._load.pop(sig, None)  # no attempt open on it: nothing refers to its area
 
     def record(self, decision: Decision, outcome: Outcome) -> RecordResult:

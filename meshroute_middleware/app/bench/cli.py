@@ -22,7 +22,12 @@ from meshroute_middleware.app.bench.harness import (
     report,
     summarize,
 )
-from meshroute_middleware.core.sim.scenarios import CONVERSATION_SCENARIOS, SCENARIOS, by_name
+from meshroute_middleware.core.sim.scenarios import (
+    CONVERSATION_SCENARIOS,
+    MESH_SCENARIOS,
+    SCENARIOS,
+    by_name,
+)
 
 BENCHMARKS = ("learning",)
 # The default policy's constants were tuned on seeds 1-4 of every scenario but the held-out
@@ -45,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversations", action="store_true",
                         help="the multi-turn scenarios on prefix-caching nodes instead "
                              "(issue 26; not in the default set)")
+    parser.add_argument("--mesh", action="store_true",
+                        help="the slot-limited meshes, one tracker and three "
+                             "(issue 31; not in the default set)")
     parser.add_argument("--seeds", type=int, default=None,
                         help=f"seeds per (scenario, policy) (default {FULL_SEEDS}; --quick: "
                              f"{QUICK_SEEDS})")
@@ -57,10 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def learning(quick: bool = False, seed: int = 1, scenarios: list[str] | None = None,
              workers: int = 0, progress: bool = True, seeds: int | None = None,
-             policies: list[str] | None = None, conversations: bool = False) -> Cells:
+             policies: list[str] | None = None, conversations: bool = False,
+             mesh: bool = False) -> Cells:
     """Run the learning-quality benchmark: per scenario and policy, the averaged results
-    (`conversations`: the multi-turn scenarios when none is named)."""
-    default = CONVERSATION_SCENARIOS if conversations else SCENARIOS
+    (when none is named, `conversations`: the multi-turn scenarios; `mesh`: the
+    slot-limited meshes and several trackers)."""
+    default = (CONVERSATION_SCENARIOS if conversations else MESH_SCENARIOS if mesh
+               else SCENARIOS)
     chosen = [by_name(n) for n in scenarios] if scenarios else list(default)
     names = ("oracle", *policies) if policies else POLICIES
     jobs = plan(quick, seed, chosen, names, seeds=seeds)
@@ -77,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         HELD_OUT_SEED if args.held_out else TUNING_SEED)
     try:
         cells = learning(args.quick, seed, args.scenario, args.workers, seeds=args.seeds,
-                         policies=args.policy, conversations=args.conversations)
+                         policies=args.policy, conversations=args.conversations,
+                         mesh=args.mesh)
     except KeyError as exc:
         print(f"meshroute bench: {exc.args[0]}", file=sys.stderr)
         return 2

@@ -14,7 +14,8 @@ from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.core.sim.engine import run
 from meshroute_middleware.core.sim.metrics import RunMetrics, measure
 from meshroute_middleware.core.sim.model import Scenario
-from meshroute_middleware.core.sim.scenarios import SCENARIOS
+from meshroute_middleware.core.sim.oracle import FIXED_SPLIT
+from meshroute_middleware.core.sim.scenarios import MESH_SCENARIOS, SCENARIOS
 
 POLICIES = ("oracle", "thompson", "adr0021", "epsilon-greedy", "litellm-latency", "petals",
             "freellmapi")
@@ -22,6 +23,9 @@ POLICIES = ("oracle", "thompson", "adr0021", "epsilon-greedy", "litellm-latency"
 # self-hosted routers beside the default policy.
 CONVERSATION_POLICIES = ("oracle", "thompson", "thompson-blind", "session-sticky",
                          "least-loaded", "sglang-cache", "litellm-latency")
+# Issue 31: slot-limited meshes and several trackers, against the best fixed split too.
+MESH_POLICIES = ("oracle", FIXED_SPLIT, "thompson", "least-loaded", "litellm-latency")
+MESH_NAMES = frozenset(s.name for s in MESH_SCENARIOS)
 FULL_SEEDS, QUICK_SEEDS = 20, 1  # 20 seeds: standard errors of ~0.003 or less
 
 Job = tuple[Scenario, str, int]
@@ -82,8 +86,15 @@ def plan(quick: bool, seed: int, scenarios: Sequence[Scenario] = SCENARIOS,
     jobs = []
     for s in scenarios:
         sized = s.scaled(s.quick_requests) if quick else s
-        names = (CONVERSATION_POLICIES if s.conversations is not None
-                 and policies is POLICIES else policies)
+        names = policies
+        mesh = s.name in MESH_NAMES
+        if policies is POLICIES:
+            if s.conversations is not None:
+                names = CONVERSATION_POLICIES
+            elif mesh:
+                names = MESH_POLICIES
+        if mesh and FIXED_SPLIT not in names:
+            names = (*names, FIXED_SPLIT)
         jobs += [(sized, p, k) for p in names for k in seed_list]
     return jobs
 
@@ -195,6 +206,13 @@ def markdown(cells: Cells) -> str:
             lines.append(f"| {scenario} | {policy} | {c.fraction_of_oracle:.3f} "
                          f"± {c.fraction_se:.3f} | {c.p95_latency_s:.1f} | "
                          f"{c.failed_rate:.3f} | {'never' if rc is None else round(rc)} |")
+    splits = [(s, b) for s, b in cells.items() if FIXED_SPLIT in b]
+    if splits:  # issue 31: each policy against the best fixed split of the same runs
+        lines += ["", "| scenario | policy | fraction of the best fixed split |", "|---|---|---:|"]
+        for scenario, by_policy in splits:
+            base = by_policy[FIXED_SPLIT].fraction_of_oracle
+            lines += [f"| {scenario} | {policy} | {c.fraction_of_oracle / base:.3f} |"
+                      for policy, c in by_policy.items() if policy != FIXED_SPLIT]
     if talks:  # the conversation scenarios' own table, after the others' if any
         table = conversation_table(talks)
         lines = [*lines, "", *table] if len(lines) > 2 else table

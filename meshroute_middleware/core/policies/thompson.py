@@ -5,7 +5,10 @@ once (`saturation.CurveBelief`: a posterior over a knee and a per-neighbour slow
 to end-to-end tokens/s samples recorded with the concurrency they ran at), and a Beta posterior
 on its success rate. A decision draws one curve and one reliability per route and sends the
 request where it adds the most expected delivered tokens/s given what is in flight now: its
-own speed minus half of what its batch neighbours lose. On a batching server that means "stay
+own speed minus half of what its batch neighbours lose, or all of it when the route's
+announced slots are full (a request that queues adds nothing and delays those behind it:
+its marginal cost to the mesh, issue 31). "What is in flight" is this tracker's requests and
+the others' its nodes reported (`core/node_load.py`). On a batching server that means "stay
 on the fast route while its batch has room"; on a serial one, or a saturated batch, it comes
 close to shortest expected delay. Exploration comes from the
 posterior; a CUSUM on the speed residuals and one on the failures cut the old mass when a
@@ -101,6 +104,15 @@ MAX_TRACKED = 4096  # arms kept before old ones are pruned
 # seeds 1-2): 1 gives up latency under open-loop load (scenario 5 p95 +40 %), 0 overloads a
 # saturating batch (scenario 10: 0.89 of the oracle against 0.99).
 NEIGHBOUR_WEIGHT = 0.5
+# A request that would queue (every slot its route's server announced taken) adds nothing
+# to the mesh's throughput and delays every request behind it: it counts all its
+# neighbours lose (its marginal cost, as a queueing-aware scheduler prices congestion),
+# plus this share of its own speed, which ranks routes that are all full by their
+# expected delay (the oracle's tie-break, core/sim/oracle.py). Only the announced slots
+# say "full": a knee merely drawn from the posterior (a route silent on its slots, or one
+# re-learnt after an outage) keeps the half weight (docs/benchmarks.md, "Slot-limited
+# meshes and several trackers").
+QUEUE_TIE = 0.05
 # A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
 # at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
 PRIOR_REFIT_LOG = 0.02
@@ -232,9 +244,9 @@ def _alike(a: Curve, b: Curve) -> bool:
     return abs(ma - mb) <= REFIT_SHARE * max(ma, mb)
 
 
-def gain(s1: float, curve: int, in_flight: int) -> float:
-    """A request's own tokens/s on a route running `in_flight` others (saturation curve
-    `CURVES[curve]`), minus NEIGHBOUR_WEIGHT × the tokens/s those others lose."""
+def neighbours_loss(s1: float, curve: int, in_flight: int) -> tuple[float, float]:
+    """(a request's own tokens/s, the tokens/s its `in_flight` neighbours lose by its
+    joining) on a route whose saturation curve is `CURVES[curve]`."""
     n = in_flight
     if n < MAX_TABULATED:  # both g values tabulated: one row lookup (this is per decision)
         row = G_TABLE[curve]
@@ -242,9 +254,20 @@ def gain(s1: float, curve: int, in_flight: int) -> float:
     else:
         g_n, g_next = g_at(curve, n), g_at(curve, n + 1)
     own = s1 * g_next
+    return own, n * (s1 * g_n - own)
+
+
+def gain(s1: float, curve: int, in_flight: int, full: bool = False) -> float:
+    """A request's own tokens/s on a route running `in_flight` others (saturation curve
+    `CURVES[curve]`), minus NEIGHBOUR_WEIGHT x the tokens/s those others lose; when it
+    would queue (`full`: the route's announced slots all taken), minus all they lose,
+    plus QUEUE_TIE x its own: its marginal cost to the mesh (zero past the knee)."""
+    n = in_flight
+    own, lost = neighbours_loss(s1, curve, n)
     if not n:
         return own
-    lost = n * (s1 * g_n - own)
+    if full:  # it waits, and delays every request behind it
+        return own - lost + QUEUE_TIE * own
     return own - NEIGHBOUR_WEIGHT * lost
 
 
@@ -383,7 +406,8 @@ class ThompsonPolicy:
         n = arm.in_flight
         if not n:
             return p * s1
-        return p * gain(s1, j, n)
+        slots = arm.route.slots
+        return p * gain(s1, j, n, slots is not None and n >= slots)
 
     def draw(self, arm: Arm, belief: ArmBelief | None, now: float, rng: random.Random,
              decisions: int = 0, drift_per_decision: float = DRIFT_VAR_PER_DECISION,
@@ -443,12 +467,18 @@ class ThompsonPolicy:
         """The net goodput of `score` with the request's own speed counting its expected
         time to first token: the answer's tokens over (decode + prefill of what the route
         does not hold + TTFT_WEIGHT x (that prefill + the wait for a slot)), minus the same
-        share of what its batch neighbours lose. The wait (`_wait_s`): as learned at this
+        share of what its batch neighbours lose (all of it for a prompt cold everywhere on a
+        route whose announced slots are full). The wait (`_wait_s`): as learned at this
         count ahead, else past the drawn curve's knee times the belief that it queues."""
         p, s1, j = drawn
         n = arm.in_flight
         own = p * s1 * g_at(j, n + 1) if n else p * s1
-        lost = (own - p * gain(s1, j, n)) * (weight / NEIGHBOUR_WEIGHT) if n else 0.0
+        slots = arm.route.slots
+        if n and slots is not None and n >= slots and weight == NEIGHBOUR_WEIGHT:
+            # A prompt cold everywhere on a route whose slots are full delays all behind
+            # it (as `gain`); a warm one keeps its share: moving costs its prefill.
+            weight = 1.0
+        lost = p * neighbours_loss(s1, j, n)[1] * weight if n else 0.0
         prefix = arm.prefix
         if prefix is not None and own > 0.0:
             uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)

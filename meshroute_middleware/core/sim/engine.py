@@ -24,10 +24,10 @@ from ..policies import Outcome
 from ..prefix import Prefix, PrefixCache, chain
 from ..router import Decision, Router
 from ..routes import Route
-from .model import MODEL, Conversations, Event, NodeSpec, Scenario
-from .oracle import GOOD_WITHIN, OraclePolicy, gain_score
+from .model import ANSWERS, EXACT, MODEL, Conversations, Event, NodeSpec, Scenario
+from .oracle import FIXED_SPLIT, GOOD_WITHIN, FixedSplitPolicy, OraclePolicy, gain_score
 
-ARRIVE, FINISH, ANNOUNCE, TOKENS = 0, 1, 2, 3
+ARRIVE, FINISH, ANNOUNCE, TOKENS, GOSSIP = 0, 1, 2, 3, 4
 
 
 @dataclass(slots=True)
@@ -45,6 +45,11 @@ class NodeState:
     def busy(self) -> int:
         """Slots in use."""
         return len(self.running)
+
+    @property
+    def held(self) -> int:
+        """Requests it holds, running and queued (what its agent reports, issue 31)."""
+        return len(self.running) + self.queued
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +85,7 @@ class Request:
     prefill_s: tuple[float, ...] = ()  # seconds per uncached prompt token on each hop
     cached_tokens: int = -1  # the prompt's tokens found cached at its head when it started
     turn_of: int = 0  # its turn in its conversation (0: the first)
+    client: int = 0  # the closed-loop client that sent it (open loop: 0)
 
     def __hash__(self) -> int:
         return self.index
@@ -107,11 +113,17 @@ class Simulator:
         self.seed = seed
         self.now = 0.0
         self.nodes: dict[str, NodeState] = {}
-        oracle = OraclePolicy(self) if policy == "oracle" else None
         config = config or RouterConfig()
-        self.router = Router(config if oracle else replace(config, policy=policy),
-                             clock=lambda: self.now, rng=random.Random(seed * 7919 + 17),
-                             policy=oracle)
+        # One tracker (Router) per entry of scenario.trackers, each serving its own clients
+        # and seeing only their requests in flight; their statistics gossip every gossip_s.
+        self.routers = [self._tracker(config, policy, seed, k)
+                        for k in range(max(len(scenario.trackers), 1))]
+        self.router = self.routers[0]
+        self.tracker_of = [k for k, n in enumerate(scenario.trackers) for _ in range(n)]
+        # Several trackers: Σ |a tracker's view of a route's load - the truth| and how many
+        # views, at every decision; Σ age of the nodes' last reports and how many.
+        self.load_error = [0.0, 0]
+        self.report_age = [0.0, 0]
         self.conversing = scenario.conversations is not None
         self.requests = (_draw_conversations(scenario, scenario.conversations,
                                              random.Random(seed))
@@ -129,6 +141,21 @@ class Simulator:
         self.done: dict[int, tuple[float, int, bool]] = {}
         for spec in scenario.nodes:
             self._join(spec)
+
+    def _tracker(self, config: RouterConfig, policy: str, seed: int, k: int) -> Router:
+        """Tracker k's Router: the policy under test, or the oracle / fixed split (which
+        read the simulator's ground truth); the first keeps the single tracker's rng."""
+        chosen = (OraclePolicy(self) if policy == "oracle"
+                  else FixedSplitPolicy(self) if policy == FIXED_SPLIT else None)
+        return Router(config if chosen else replace(config, policy=policy),
+                      clock=lambda: self.now, rng=random.Random(seed * 7919 + 17 + 1009 * k),
+                      origin="local" if not k else f"tracker-{k}", policy=chosen)
+
+    def router_of(self, req: Request) -> Router:
+        """The tracker whose client sent the request."""
+        if len(self.routers) == 1:
+            return self.router
+        return self.routers[self.tracker_of[req.client % len(self.tracker_of)]]
 
     # -- ground truth ---------------------------------------------------------------
     def route_truth(self, route: Route) -> tuple[tuple[float, ...], float, float, float]:
@@ -194,23 +221,27 @@ class Simulator:
                 self._push(t, ARRIVE, r)
                 t += r.gap_s
         else:
-            for _ in range(min(self.scenario.clients, len(self.requests))):
-                self._push(0.0, ARRIVE, None)
+            for client in range(min(self.scenario.clients, len(self.requests))):
+                self._push(0.0, ARRIVE, None, client)
         if self.scenario.announce_s > 0:
             self._push(self.scenario.announce_s, ANNOUNCE, None)
+        if len(self.routers) > 1:
+            self._push(self.scenario.gossip_s, GOSSIP, None)
         while self._heap:
             t, _, kind, req, version = heapq.heappop(self._heap)
             if req is not None and kind == FINISH and version != req.version:
                 continue  # re-rated since
             self.now = t
             if kind == ARRIVE:
-                self._arrive(req)
+                self._arrive(req, version)
             elif kind == FINISH:
                 assert req is not None
                 self._finish(req)
             elif kind == TOKENS:
                 assert req is not None
                 self._begin_tokens(req)
+            elif kind == GOSSIP:
+                self._gossip()
             else:
                 self._announce()
         return self._trace()
@@ -219,7 +250,7 @@ class Simulator:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, req, version))
 
-    def _arrive(self, req: Request | None) -> None:
+    def _arrive(self, req: Request | None, client: int = 0) -> None:
         if req is None:  # closed loop: the next request of the sequence
             if self._next >= len(self.requests):
                 return
@@ -230,6 +261,7 @@ class Simulator:
             else:
                 req = self.requests[self._next]
             req.arrival_s = self.now
+            req.client = client
         if self.conversing:  # numbered in arrival order (events count arrivals)
             req.index, req.arrival_s = self._arrived, self.now
             self._arrived += 1
@@ -237,11 +269,13 @@ class Simulator:
         while self._events and self._events[0].at_request <= req.index:
             self._apply(self._events.pop(0))
         self.current = req
+        router = self.router_of(req)
+        if len(self.routers) > 1:
+            self._view_error(router)
         try:
-            decision = (self.router.choose(MODEL, max_tokens=req.max_tokens,
-                                           prefix=req.prompt)
+            decision = (router.choose(MODEL, max_tokens=req.max_tokens, prefix=req.prompt)
                         if req.prompt is not None
-                        else self.router.choose(MODEL, max_tokens=req.max_tokens))
+                        else router.choose(MODEL, max_tokens=req.max_tokens))
         except MeshRouteError:
             self._end(req, ok=False)
             return
@@ -308,6 +342,10 @@ class Simulator:
         return total * req.noise
 
     def _begin_tokens(self, req: Request) -> None:
+        if self.scenario.load_view == ANSWERS:  # the answer's header: its nodes' load
+            router = self.router_of(req)
+            for node_id in req.nodes:
+                router.note_load(node_id, self.nodes[node_id].held)
         req.updated_s = self.now
         req.rate = 1.0  # marks the token phase; _rerate sets the true rate
         per_token = self.per_token_s(req.nodes, req.compute_s, req.hop_s) * req.noise
@@ -350,10 +388,13 @@ class Simulator:
         if req.decision is not None:
             outcome = (Outcome(req.tokens, seconds, min(seconds, req.ttfb_s)) if ok
                        else Outcome(0, seconds, 0.0, error))
-            self.router.record(req.decision, outcome)
+            self.router_of(req).record(req.decision, outcome)
         self.done[req.index] = (self.now, req.tokens if ok else 0, not ok)
         if self.scenario.poisson_rate <= 0:
-            self._push(self.now, ARRIVE, req.next_turn if self.conversing else None)
+            nxt = req.next_turn if self.conversing else None
+            if nxt is not None:
+                nxt.client = req.client
+            self._push(self.now, ARRIVE, nxt, req.client)
 
     # -- topology -----------------------------------------------------------------------
     def _announce(self) -> None:
@@ -363,8 +404,41 @@ class Simulator:
         for state in self.nodes.values():
             if state.present:
                 record = state.spec.record(self._advertised(state.spec))
-                self.router.upsert_node(replace(record, queue=state.queued))
+                for router in self.routers:
+                    router.upsert_node(replace(record, queue=state.queued))
+                    if self.scenario.load_view == ANSWERS:  # the agent pushes its reading
+                        router.note_load(state.spec.node_id, state.held)
         self._push(self.now + self.scenario.announce_s, ANNOUNCE, None)
+
+    def _view_error(self, router: Router) -> None:
+        """Before a decision: how far the tracker's view of each route's load is from the
+        truth (issue 31's staleness), and with `exact` the truth handed to it first."""
+        now = self.now
+        present = [n for n, s in self.nodes.items() if s.present]
+        if self.scenario.load_view == EXACT:
+            for node_id in present:
+                router.note_load(node_id, self.nodes[node_id].held)
+        for arm in router.arms(MODEL, now):
+            truth = max(self.nodes[n].held for n in arm.route.node_ids)
+            self.load_error[0] += abs(arm.in_flight - truth)
+            self.load_error[1] += 1
+        for node_id in present:
+            age = router.loads.age(node_id, now)
+            if age is not None:
+                self.report_age[0] += age
+                self.report_age[1] += 1
+
+    def _gossip(self) -> None:
+        """One round of statistics gossip: every tracker merges every other's state (as
+        push-pull anti-entropy converges to, without loss or delay)."""
+        if len(self.done) == len(self.requests):
+            return  # the run is over
+        states = [r.stats.state() for r in self.routers]
+        for k, router in enumerate(self.routers):
+            for j, state in enumerate(states):
+                if j != k:
+                    router.stats.merge(state, self.now)
+        self._push(self.now + self.scenario.gossip_s, GOSSIP, None)
 
     def _join(self, spec: NodeSpec) -> None:
         state = self.nodes.get(spec.node_id)
@@ -373,8 +447,11 @@ class Simulator:
         else:
             state.spec, state.present = spec, True
         # A node that (re)joins starts with an empty prefix cache.
-        state.cache = PrefixCache(spec.cache_tokens) if spec.cache_tokens > 0 else None
-        self.router.upsert_node(spec.record(self._advertised(spec)))
+        state.cache = (PrefixCache(spec.cache_tokens,
+                                   spec.slots if spec.cache_per_slot else None)
+                       if spec.cache_tokens > 0 else None)
+        for router in self.routers:
+            router.upsert_node(spec.record(self._advertised(spec)))
 
     def _advertised(self, spec: NodeSpec) -> float:
         """What a node announces: its stated figure, else one noisy benchmark of its shard
@@ -409,7 +486,8 @@ class Simulator:
     def _leave(self, node_id: str) -> None:
         """A node leaves: running requests drain, waiting ones fail to connect."""
         self.nodes[node_id].present = False
-        self.router.remove_node(node_id)
+        for router in self.routers:
+            router.remove_node(node_id)
         stranded = [r for r in self._waiting if node_id in r.nodes]
         self._waiting = [r for r in self._waiting if node_id not in r.nodes]
         for req in stranded:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from ..topology import NodeRecord
 
 MODEL = "sim-model"
+ANSWERS, EXACT, NONE = "answers", "exact", "none"  # Scenario.load_view
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,9 @@ class NodeSpec:
     # uncached tokens / prefill speed.
     prefill_tps: float = 0.0
     cache_tokens: int = 0  # prefix-cache capacity in tokens (LRU); 0: no cache
+    # The cache is per slot (issue 31; llama.cpp): it keeps at most `slots` prompts, each
+    # slot's last, so a third conversation on a 2-slot server evicts one of the two.
+    cache_per_slot: bool = False
 
     @property
     def span(self) -> int:
@@ -135,6 +139,16 @@ class Scenario:
     quick_requests: int = 800
     changes: tuple[int, ...] = field(default=())  # requests where the best route may change
     conversations: Conversations | None = None  # multi-turn prompts (issue 26); None: none
+    # Several trackers in front of one mesh (issue 31): closed-loop clients per tracker, in
+    # client order (e.g. (4, 1, 1)); each tracker sees only its own clients' requests in
+    # flight, and their statistics gossip every gossip_s. (): one tracker.
+    trackers: tuple[int, ...] = ()
+    gossip_s: float = 1.0  # gossip's default round (gossip/service.py)
+    # What a tracker learns of the requests others sent (issue 31): ANSWERS, each node's
+    # count of the requests it holds on every answer's first byte (the agent's header) and
+    # with every announcement; EXACT, the true counts before every decision (what perfect,
+    # instant sharing would give); NONE, nothing (each tracker sees its own requests only).
+    load_view: str = "answers"
 
     def change_points(self) -> tuple[int, ...]:
         """Request indices after which convergence is measured: 0 and every event."""

@@ -48,6 +48,37 @@ class OraclePolicy:
         """The oracle needs no learning."""
 
 
+FIXED_SPLIT = "fixed-split"
+
+
+class FixedSplitPolicy:
+    """The best fixed split (`best_split`) of a closed loop's clients over single-node
+    routes: client c always goes to the same node, the first `split[0]` clients to the
+    first node, and so on (issue 31's reference for slot-limited meshes)."""
+
+    name: ClassVar[str] = FIXED_SPLIT
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        split, _ = best_split(sim.scenario.nodes, sim.scenario.clients)
+        self.node_of = [sim.scenario.nodes[i].node_id
+                        for i, n in enumerate(split) for _ in range(n)]
+
+    def choose(self, arms: Sequence[Arm], now: float,
+               rng: random.Random) -> tuple[int, DecisionMode]:
+        """The arm whose route runs on the current client's node."""
+        req = self.sim.current
+        client = req.client if req is not None else 0
+        node = self.node_of[client % len(self.node_of)]
+        for i, arm in enumerate(arms):
+            if arm.route.node_ids == (node,):
+                return i, EXPLOIT
+        return 0, EXPLOIT
+
+    def observe(self, signature: str, outcome: Outcome, now: float) -> None:
+        """A fixed split learns nothing."""
+
+
 def best_route(routes: Sequence[Route], sim: Simulator, tokens: int) -> int:
     """Index of the route with the best score (the first on a tie)."""
     scores = [sim.gain(r, tokens) for r in routes]

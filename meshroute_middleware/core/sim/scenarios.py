@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .model import Conversations, Event, NodeSpec, Scenario, batching, caching, serial, whole
 
 # ADR-0020's mesh: a 40-layer model (Qwen3.6-35B-A3B), a fast GPU node on layers 0-21 and slow
@@ -129,10 +131,49 @@ CONVERSATION_SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+# Issue 31: a mesh whose fast node has few slots (llama.cpp --parallel 2 on a GPU: 2 at once
+# at 2,000 tok/s each, more wait in FIFO order) beside a node serving 8 at once at 500 tok/s;
+# 6 closed-loop clients. The best fixed split keeps 2 on the fast node (6,000 tok/s; a third
+# there: 5,500). Then the same mesh in front of three trackers, each seeing only its own
+# clients' requests; each node's load reaches a tracker on every answer and with the
+# agent's refresh every 2 s (Scenario.load_view). Not in the default set: `meshroute bench
+# learning --mesh` runs them.
+SLOTTED = (whole("gpu", 2000.0, slots=2), whole("cpu", 500.0, slots=8))
+MESH_CLIENTS = 6
+
+# And conversations on engines whose cache is per slot (llama.cpp --parallel 2: each slot
+# keeps its last prompt): 4 conversations on two such servers; pinned two a server, every
+# returning turn finds its slot warm.
+PER_SLOT = tuple(replace(caching(name, 60.0, slots=2, slot_slowdown=0.05),
+                         cache_per_slot=True) for name in ("a", "b"))
+# ... and 6 conversations from three trackers on a 2-slot GPU server beside an 8-slot CPU
+# one, both caching per slot.
+GPU_CPU_PER_SLOT = (replace(caching("gpu", 120.0, slots=2, slot_slowdown=0.05),
+                            cache_per_slot=True),
+                    replace(caching("cpu", 40.0, slots=8, slot_slowdown=0.05),
+                            cache_per_slot=True))
+
+MESH_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("20-slots-one", "fast node with 2 slots beside an 8-slot one, 6 clients",
+             SLOTTED, 3000, clients=MESH_CLIENTS),
+    Scenario("21-slots-three", "20's mesh, three trackers with 2 clients each",
+             SLOTTED, 3000, clients=MESH_CLIENTS, trackers=(2, 2, 2), announce_s=ANNOUNCE_S),
+    Scenario("22-slots-skewed", "20's mesh, three trackers with 4 / 1 / 1 clients",
+             SLOTTED, 3000, clients=MESH_CLIENTS, trackers=(4, 1, 1), announce_s=ANNOUNCE_S),
+    Scenario("23-conv-per-slot", "4 conversations on two 2-slot servers caching per slot",
+             PER_SLOT, 1200, clients=4, tokens=ANSWERS, conversations=CONVERSE),
+    Scenario("24-conv-slots-three", "6 conversations from three trackers, a 2-slot GPU "
+             "server beside an 8-slot CPU one, caches per slot",
+             GPU_CPU_PER_SLOT, 1800, clients=MESH_CLIENTS, tokens=ANSWERS,
+             conversations=CONVERSE, trackers=(2, 2, 2), announce_s=ANNOUNCE_S),
+)
+
+
 def by_name(name: str) -> Scenario:
     """The scenario called `name` (or whose name starts with `name`, e.g. "3")."""
-    for s in (*SCENARIOS, *CONVERSATION_SCENARIOS):
+    every = (*SCENARIOS, *CONVERSATION_SCENARIOS, *MESH_SCENARIOS)
+    for s in every:
         if s.name == name or s.name.split("-")[0] == name:
             return s
-    known = ", ".join(s.name for s in (*SCENARIOS, *CONVERSATION_SCENARIOS))
+    known = ", ".join(s.name for s in every)
     raise KeyError(f"unknown scenario {name!r}; known: {known}")

@@ -9,11 +9,15 @@ import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
 from meshroute_middleware.core.policies.thompson import (
+    CONVERSATION_NEIGHBOUR_WEIGHT,
     NEIGHBOUR_WEIGHT,
+    QUEUE_TIE,
     ArmBelief,
     ThompsonPolicy,
     gain,
+    neighbours_loss,
 )
+from meshroute_middleware.core.prefix import chain
 from meshroute_middleware.core.routes import Hop, make_route
 from meshroute_middleware.core.saturation import CURVES, MAX_TABULATED, log_g
 from meshroute_middleware.core.stats import Curve, MergedRoute, StatEntry
@@ -120,13 +124,54 @@ def test_a_batching_route_keeps_its_traffic_while_its_batch_has_room() -> None:
 def test_gain_reads_the_g_table_and_computes_past_it_alike() -> None:
     """gain() reads both g values from one row of the table while n + 1 is tabulated and
     computes them beyond: the same formula either way (own speed minus half the neighbours'
-    loss), checked against log_g at the table's edge."""
+    loss; with every announced slot taken all they lose plus QUEUE_TIE of its own), checked
+    against log_g at the table's edge."""
     for j in (0, 13, 40, len(CURVES) - 1):
         knee, slowdown = CURVES[j]
         for n in (0, 1, 3, MAX_TABULATED - 1, MAX_TABULATED, MAX_TABULATED + 1):
             own = 50.0 * math.exp(log_g(n + 1, knee, slowdown))
             lost = n * (50.0 * math.exp(log_g(n, knee, slowdown)) - own) if n else 0.0
             assert gain(50.0, j, n) == pytest.approx(own - NEIGHBOUR_WEIGHT * lost, rel=1e-12)
+            full = own - lost + QUEUE_TIE * own if n else own
+            assert gain(50.0, j, n, True) == pytest.approx(full, rel=1e-12)
+
+
+def curve_index(knee: float, slowdown: float) -> int:
+    return CURVES.index((knee, slowdown))
+
+
+@pytest.mark.parametrize(("s1", "knee", "slowdown", "in_flight", "want"), [
+    # A free slot: its own speed less half what a slowing batch costs its neighbours.
+    (2000.0, 2.0, 0.0, 0, 2000.0),
+    (2000.0, 2.0, 0.0, 1, 2000.0),
+    (100.0, 4.0, 0.1, 1, 100 / 1.1 - NEIGHBOUR_WEIGHT * (100 - 100 / 1.1)),
+    # Every slot taken (issue 31, scenario 20): it waits and delays all behind it; the mesh
+    # gains nothing (T(n+1) - T(n) = 0), only the tie-break of its own expected speed.
+    (2000.0, 2.0, 0.0, 2, QUEUE_TIE * 2000 * 2 / 3),
+    (2000.0, 2.0, 0.0, 3, QUEUE_TIE * 2000 * 2 / 4),
+    (90.0, 1.0, 0.0, 1, QUEUE_TIE * 45.0),
+])
+def test_the_marginal_cost_of_a_request(s1: float, knee: float, slowdown: float,
+                                        in_flight: int, want: float) -> None:
+    full = in_flight >= knee  # the server announced `knee` slots
+    got = gain(s1, curve_index(knee, slowdown), in_flight, full)
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize(("fast_in_flight", "slow_in_flight", "want"), [
+    (0, 0, "fast"), (1, 0, "fast"), (1, 7, "fast"),  # a free fast slot wins
+    (2, 0, "slow"), (2, 7, "slow"),  # the fast slots full: the slow node adds 500 tok/s
+    (2, 8, "fast"),  # both full: the shorter expected delay
+])
+def test_a_full_fast_node_is_not_queued_on_while_a_slower_one_has_room(
+        fast_in_flight: int, slow_in_flight: int, want: str) -> None:
+    # Scenario 20's mesh: 2 slots at 2,000 tok/s beside 8 at 500. Counting half the loss
+    # (before issue 31) scored the third request on the fast node 667 against 500.
+    fast = curve_index(2.0, 0.0)
+    slow = curve_index(8.0, 0.0)
+    scores = {"fast": gain(2000.0, fast, fast_in_flight, fast_in_flight >= 2),
+              "slow": gain(500.0, slow, slow_in_flight, slow_in_flight >= 8)}
+    assert max(scores, key=lambda k: scores[k]) == want
 
 
 def test_a_saturating_route_shares_its_load_past_the_knee() -> None:
@@ -331,10 +376,11 @@ def test_a_peers_curve_is_refitted_when_its_speed_moves_at_the_mass_cap() -> Non
     policy = ThompsonPolicy()
     roomy = [peer_arm("a", 81.0, 30.0, SERIAL, in_flight=1), peer_arm("b", 60.0, 20.0, ROOMY)]
     assert shares(policy, roomy)[1] >= 0.99
-    # the same bins and masses, b now 20 tok/s at every concurrency: a's second slot (~25,
-    # less half of what the first loses) is worth more than b
-    slow = tuple((k, m, math.log(20.0)) for k, m, _ in ROOMY)
-    assert shares(policy, [roomy[0], peer_arm("b", 20.0, 20.0, slow)])[0] >= 0.9
+    # the same bins and masses, b now 1 tok/s at every concurrency: queueing behind a's one
+    # slot adds nothing to the mesh, but its tie-break (QUEUE_TIE x ~50 tok/s: shortest
+    # expected delay) is worth more than b's 1
+    slow = tuple((k, m, math.log(1.0)) for k, m, _ in ROOMY)
+    assert shares(policy, [roomy[0], peer_arm("b", 1.0, 20.0, slow)])[0] >= 0.9
 
 
 def test_the_routing_table_shows_the_policys_estimate_which_follows_a_slowdown(clock) -> None:  # type: ignore[no-untyped-def]
@@ -452,3 +498,21 @@ def test_reading_the_estimate_changes_no_decision() -> None:
         picks.append(seq)
     assert picks[0] == picks[1]
     assert 20 < picks[0].count(1) < 580  # both routes in play: reads could have moved picks
+
+
+@pytest.mark.parametrize(("slots", "weight", "counted"), [
+    (2, NEIGHBOUR_WEIGHT, 1.0),  # a new prompt on a full route: all its neighbours lose
+    (None, NEIGHBOUR_WEIGHT, NEIGHBOUR_WEIGHT),  # slots unsaid: the half weight
+    (4, NEIGHBOUR_WEIGHT, NEIGHBOUR_WEIGHT),  # a slot free
+    (2, CONVERSATION_NEIGHBOUR_WEIGHT, CONVERSATION_NEIGHBOUR_WEIGHT),  # warm elsewhere
+])
+def test_a_prompts_score_counts_its_neighbours_by_the_routes_slots(
+        slots: int | None, weight: float, counted: float) -> None:
+    node = NodeRecord("n", "m", 0, 31, 32, "http://n.test", 100.0, slots=slots)
+    a = Arm(make_route("m", [Hop(node, 0, 31)]), UNSAMPLED, 2)
+    a.prefix = chain([b"system"], [500])
+    j = curve_index(2.0, 0.1) if slots == 2 else curve_index(4.0, 0.1)
+    own, lost = neighbours_loss(100.0, j, 2)
+    # nothing learned of the prefill or the wait: the score is own less the counted loss
+    got = ThompsonPolicy().with_prefill(a, (1.0, 100.0, j), 100.0, weight)
+    assert got == pytest.approx(own - counted * lost, rel=1e-9)

@@ -88,3 +88,25 @@ def test_conversations_flag_runs_the_conversation_scenarios_with_ttft(
     table = capsys.readouterr().out
     assert "| 15-conv-roomy | sglang-cache |" in table and "mean TTFT s" in table
     assert {s.name for s in CONVERSATION_SCENARIOS}.isdisjoint(s.name for s in SCENARIOS)
+
+
+def test_mesh_flag_runs_the_slot_limited_meshes_beside_the_best_fixed_split(
+        tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: `--mesh` runs scenarios 20-24 (not in the default set) with the best fixed
+    split beside the oracle, and prints each policy over it; a named policy keeps it."""
+    from meshroute_middleware.app.bench.harness import MESH_POLICIES
+    from meshroute_middleware.core.sim.scenarios import MESH_SCENARIOS
+
+    out = tmp_path / "mesh.json"
+    assert main(["bench", "learning", "--quick", "--mesh", "--scenario", "21",
+                 "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["scenarios"]["21-slots-three"]
+    assert set(cells) == {*MESH_POLICIES, "default"}
+    table = capsys.readouterr().out
+    assert "fraction of the best fixed split" in table
+    assert "| 21-slots-three | thompson |" in table
+    assert main(["bench", "learning", "--quick", "--scenario", "20", "--policy", "thompson",
+                 "--json", str(out)]) == 0
+    assert set(json.loads(out.read_text())["scenarios"]["20-slots-one"]) == {
+        "oracle", "thompson", "fixed-split", "default"}
+    assert {s.name for s in MESH_SCENARIOS}.isdisjoint(s.name for s in SCENARIOS)

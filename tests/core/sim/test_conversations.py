@@ -116,6 +116,21 @@ def test_a_prompt_larger_than_the_cache_is_not_kept() -> None:
     assert cache.used == 0 and cache.match(chain([b"big"], [500])) == 0
 
 
+def test_a_cache_per_slot_keeps_each_slots_last_prompt_only() -> None:
+    # llama.cpp --parallel 2 (issue 31): two conversations stay warm, a third evicts the
+    # least recently used one whatever room the tokens leave; a returning turn that
+    # extends its prompt keeps its slot.
+    cache = PrefixCache(100_000, max_entries=2)
+    a, b, c = (chain([name], [500]) for name in (b"a", b"b", b"c"))
+    cache.store(a)
+    cache.store(b)
+    cache.store(a.extended(b"a2", 100))  # a's next turn: still two entries
+    assert len(cache) == 2 and cache.match(b) == 500
+    cache.store(c)  # a third conversation: a (the least recently used) goes
+    assert cache.match(a) == 0
+    assert cache.match(b) == 500 and cache.match(c) == 500
+
+
 # -- the simulator ----------------------------------------------------------------------------
 def one_node(cache_tokens: int, turns: int = 3, prefill: float = 1000.0) -> Scenario:
     node = caching("n", 50.0, prefill_tps=prefill, cache_tokens=cache_tokens)
