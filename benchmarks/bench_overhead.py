@@ -6,6 +6,9 @@
 - gateway: a bare pass-through vs the `meshroute serve` app, both forwarding to the same
   in-process chat app through the same in-memory forwarder (meshroute_middleware.forwarding.memory).
 The difference is what routing, measuring, recording, events and metrics cost per request.
+- keyed: the same gateway with one `[[clients]]` client and its key on every request, once with
+  no limits and once with rpm/tpm/daily_tokens/monthly_usd set high enough never to refuse
+  (the in-memory limits store): what a client key costs, as a ratio to the unkeyed gateway.
 Rounds interleave the variants; medians are reported.
 """
 
@@ -28,6 +31,7 @@ from benchmarks._apps import chat, wrapped  # noqa: E402
 from meshroute_middleware.app.gateway import build_gateway  # noqa: E402
 from meshroute_middleware.app.settings import ServeSettings  # noqa: E402
 from meshroute_middleware.core import parse_node  # noqa: E402
+from meshroute_middleware.core.clients import ClientTable, key_digest  # noqa: E402
 from meshroute_middleware.forwarding.memory import ASGIForwarder  # noqa: E402
 from meshroute_middleware.http.request import replay  # noqa: E402
 
@@ -38,6 +42,9 @@ SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
                      (b"content-length", str(len(BODY)).encode())],
          "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
          "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "state": {}}
+KEY = "mr-bench-0123456789abcdef"
+KEYED_SCOPE = {**SCOPE, "headers": [*SCOPE["headers"],
+                                    (b"authorization", f"Bearer {KEY}".encode())]}
 
 
 class PassThrough:
@@ -63,6 +70,24 @@ class PassThrough:
         upstream.close()
 
 
+class Keyed:
+    """The request presents the bench client's key."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app({**scope, "headers": KEYED_SCOPE["headers"]}, receive, send)
+
+
+def gateway_app(forwarder: ASGIForwarder, clients: tuple[ClientTable, ...] = ()) -> Any:
+    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=1, clients=clients),
+                            forwarder=forwarder)
+    gateway.mesh.upsert(parse_node({"node_id": "b", "model": "m", "start": 0, "end": 39,
+                                    "layers": 40, "url": HEAD}))
+    return gateway.app
+
+
 async def per_request_us(app: Any, n: int) -> float:
     """Mean wall time of n sequential requests, µs."""
     refused = 0
@@ -77,7 +102,7 @@ async def per_request_us(app: Any, n: int) -> float:
 
     start = time.perf_counter()
     for _ in range(n):
-        await app(dict(SCOPE), replay(BODY, never), send)
+        await app({**SCOPE, "state": {}}, replay(BODY, never), send)  # state: per request
     took = (time.perf_counter() - start) / n * 1e6
     if refused:  # an error answer is cheaper than a routed one: it would flatter the figure
         raise SystemExit(f"{refused} of {n} requests were not answered 200")
@@ -86,11 +111,14 @@ async def per_request_us(app: Any, n: int) -> float:
 
 async def measure(requests: int, rounds: int) -> dict[str, float]:
     forwarder = ASGIForwarder({HEAD: chat})
-    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=1), forwarder=forwarder)
-    gateway.mesh.upsert(parse_node({"node_id": "b", "model": "m", "start": 0, "end": 39,
-                                    "layers": 40, "url": HEAD}))
+    digest = "sha256:" + key_digest(KEY).hex()
+    plain = ClientTable("bench", digest)
+    limited = ClientTable("bench", digest, rpm=10**9, tpm=10**12, daily_tokens=10**12,
+                          monthly_usd=1e12)
     apps = {"bare app": chat, "middleware (annotate)": wrapped(),
-            "pass-through": PassThrough(forwarder), "gateway (forward)": gateway.app}
+            "pass-through": PassThrough(forwarder), "gateway (forward)": gateway_app(forwarder),
+            "gateway keyed (no limits)": Keyed(gateway_app(forwarder, (plain,))),
+            "gateway keyed (limits)": Keyed(gateway_app(forwarder, (limited,)))}
     for app in apps.values():
         await per_request_us(app, 500)  # warm up: caches, first enumeration
     samples: dict[str, list[float]] = {name: [] for name in apps}
@@ -115,8 +143,13 @@ def main() -> int:
     mw = res["middleware (annotate)"] - res["bare app"]
     gw = res["gateway (forward)"] - res["pass-through"]
     print(f"| middleware's own cost | {mw:.1f} |\n| gateway's own cost | {gw:.1f} |")
+    keyed = {f"{name} / gateway (forward)": res[name] / res["gateway (forward)"]
+             for name in ("gateway keyed (no limits)", "gateway keyed (limits)")}
+    for name, ratio in keyed.items():
+        print(f"| {name} | {ratio:.2f}× |")
     Path(args.json).write_text(json.dumps({"us_per_request": res, "middleware_cost_us": mw,
-                                           "gateway_cost_us": gw}, indent=2))
+                                           "gateway_cost_us": gw, "keyed_ratio": keyed},
+                                          indent=2))
     return 0
 
 
