@@ -89,7 +89,7 @@ def start_mesh(workdir: Path, names: tuple[str, ...] = ("a", "b"),
                serve_args: tuple[str, ...] = ()) -> Mesh:
     """Servers `llama-<name>-<n>` of the model `smollm2-<n>`, n this mesh's number."""
     require_engine()
-    number = next(_MESHES)
+    number = f"{os.getpid()}x{next(_MESHES)}"  # unique across test processes too
     node_ids = tuple(f"llama-{name}-{number}" for name in names)
     mesh = Mesh(workdir, {}, model=f"{MODEL}-{number}")
     try:
