@@ -1,8 +1,12 @@
-"""Shared fixtures: anyio on asyncio, a fake clock."""
+"""Shared fixtures: anyio on asyncio, a fake clock; the parallel run's isolation (xdist)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import subprocess
+import warnings
 
 import pytest
 
@@ -18,6 +22,50 @@ else:
     # 0.4 ms on rerun). The suite checks properties, not speed; benchmarks/ measures speed.
     settings.register_profile("meshroute", deadline=None)
     settings.load_profile("meshroute")
+
+
+CLONE_NEWNET = 0x40000000  # <sched.h>; os.unshare arrives only in Python 3.12
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker runs in a network namespace of its own, with only loopback up.
+    Tests announce and browse mDNS on `lo` and bind loopback ports: in one shared namespace the
+    workers would see each other's nodes (same node ids, same service names). A namespace per
+    worker keeps every test as alone as in a serial run. Unsharing needs CAP_SYS_ADMIN (root, or
+    inside `scripts/isolated`'s user namespace); where it fails the workers share the network."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    # the calling thread moves; the threads and processes it starts from now on follow it, and
+    # xdist runs the tests in this (the main) thread
+    if libc.unshare(CLONE_NEWNET) != 0:
+        warnings.warn(f"xdist worker without a network namespace of its own "
+                      f"({os.strerror(ctypes.get_errno())}): mDNS tests may see each other",
+                      stacklevel=1)
+        return
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+
+# Tests that must share one process under `--dist loadgroup`: a module-scoped fixture is built
+# once per worker that runs any of its module's tests, so a module whose fixture starts servers
+# stays on one worker; tests/engines/ stays on one worker as a whole (each module starts two
+# llama-servers: two modules at once would be four on the machine's cores).
+SHARED_SCOPES = ("module", "package", "session")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith("tests/engines/"):
+            item.add_marker(pytest.mark.xdist_group("engines"))
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        for defs in info.name2fixturedefs.values():
+            if any(d.scope in SHARED_SCOPES and d.baseid.startswith("tests") for d in defs):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+                break
 
 
 @pytest.fixture
