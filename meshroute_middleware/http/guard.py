@@ -14,7 +14,8 @@ rebinding could make the gateway do (docs/security.md, "Browsers and DNS rebindi
   chat/dialects) that carries a Content-Type that is not
   JSON is refused with 403 `invalid_content_type` (a page can send text/plain, a form's
   urlencoded or multipart body without any preflight, never application/json).
-A refusal on a dialect's path (`/v1/messages`) leaves in that API's error shape.
+A refusal on a dialect's path (`/v1/messages`) leaves in that API's error shape (the
+dialects are given to the guard: chat/ sits above http/).
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from meshroute_middleware.chat.dialects import DIALECTS
+from meshroute_middleware.endpoints import DIALECT_PATHS, PATHS, Dialect
 from meshroute_middleware.http.errors import send_error
-from meshroute_middleware.http.request import PATHS
 
 log = logging.getLogger("meshroute.guard")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # the routed endpoints (chat, embeddings, completions) and the other APIs over chat
-CHAT_PATHS = frozenset({*PATHS.values(), *DIALECTS})
+CHAT_PATHS = frozenset({*PATHS.values(), *DIALECT_PATHS})
 UNSPECIFIED = frozenset({"", "0.0.0.0", "::"})
 LOG_EVERY_S = 1.0
 HOST_CACHE = 256  # distinct (Host, local address) verdicts kept; a flood of names resets it
@@ -169,12 +169,15 @@ class Policy:
 
 
 class RequestGuard:
-    """Pure ASGI middleware applying `Policy` to every HTTP request (starlette style)."""
+    """Pure ASGI middleware applying `Policy` to every HTTP request (starlette style);
+    `dialects` (path -> Dialect, chat/dialects' DIALECTS) shape refusals on their paths."""
 
     def __init__(self, app: ASGIApp, config: GuardConfig | None = None, *,
                  reject: Callable[[str, str], None] | None = None,
-                 own: Iterable[str] | None = None) -> None:
+                 own: Iterable[str] | None = None,
+                 dialects: Mapping[str, Dialect] | None = None) -> None:
         self.app = app
+        self.dialects: Mapping[str, Dialect] = dialects or {}
         self.policy = (Policy(config or GuardConfig()) if own is None
                        else Policy(config or GuardConfig(), frozenset(own)))
         self.reject = reject  # Telemetry.reject: counted as source="http"
@@ -199,7 +202,7 @@ class RequestGuard:
             self._logged_at, self._held = now, 0
         else:
             self._held += 1
-        dialect = DIALECTS.get(scope["path"]) if scope["method"] == "POST" else None
+        dialect = self.dialects.get(scope["path"]) if scope["method"] == "POST" else None
         if dialect is not None:  # refused in its API's shape (Anthropic's on /v1/messages)
             send = dialect.open(send).send
         await send_error(send, refusal.status, refusal.message, refusal.code)

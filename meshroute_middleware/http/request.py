@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import orjson
 from starlette.types import Message, Receive, Scope
@@ -21,6 +21,7 @@ from meshroute_middleware.core.objectives import (
 )
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
+from meshroute_middleware.endpoints import CHAT_PATH, PATHS, RequestKind, Translation
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.shape import (
     MAX_JSON_DEPTH,
@@ -30,19 +31,10 @@ from meshroute_middleware.http.shape import (
     value_bound,
 )
 
-if TYPE_CHECKING:
-    from meshroute_middleware.chat.dialects import Translation
-
 __all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
            "check_large", "load_object", "loads", "parse_chat", "parse_common", "read_body",
            "replay"]
 
-# The routed endpoints (issue 25): each kind's path, the same on the gateway, on a node and,
-# without its `/v1`, below a provider's base URL.
-RequestKind = Literal["chat", "embeddings", "completions"]
-CHAT_PATH = "/v1/chat/completions"
-PATHS: dict[RequestKind, str] = {"chat": CHAT_PATH, "embeddings": "/v1/embeddings",
-                                 "completions": "/v1/completions"}
 MAX_PIN_HOPS = 64
 DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
 

@@ -27,14 +27,13 @@ from meshroute_middleware.core.contracts.anthropic import (
 from meshroute_middleware.core.contracts.anthropic_stream import MessageStream
 from meshroute_middleware.core.contracts.error_body import error_message
 from meshroute_middleware.core.providers.tokens import estimate
+from meshroute_middleware.endpoints import COUNT_TOKENS_PATH, MESSAGES_PATH
 from meshroute_middleware.http.errors import RequestError
 from meshroute_middleware.http.request import loads
 
 __all__ = ["COUNT_TOKENS", "COUNT_TOKENS_PATH", "MESSAGES", "MESSAGES_PATH",
            "CountTokensDialect", "MessagesDialect", "MessagesTranslation"]
 
-MESSAGES_PATH = "/v1/messages"
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 _DROPPED = frozenset({b"content-length", b"content-type", b"content-encoding"})
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a JSON answer held to translate it (as call.py holds)
 

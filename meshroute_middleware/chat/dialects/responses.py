@@ -36,10 +36,10 @@ from meshroute_middleware.core.contracts.responses_request import (
     ResponsesRequestError,
     to_chat,
 )
+from meshroute_middleware.endpoints import RESPONSES_PATH
 from meshroute_middleware.http.errors import RequestError, send_error
 from meshroute_middleware.http.request import load_object
 
-RESPONSES_PATH = "/v1/responses"
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a JSON answer held to be translated, at most
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # one SSE event of a chat stream, at most (else dropped)
 # The headers of a translated answer that no longer hold: its length and coding change.
