@@ -7,6 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Send
 
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
@@ -127,3 +130,34 @@ async def send_error(send: Send, status: int, message: str, code: str,
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None,
+                   **extra: Any) -> Response:
+    """An OpenAI-style JSON error response."""
+    return Response(error_body(status, message, code, **extra), status, headers=headers,
+                    media_type="application/json")
+
+
+def answer(error: ErrorAnswer) -> Response:
+    """An error of the table as a response."""
+    return Response(error.body(), error.status, media_type="application/json")
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's HTTP errors (404, 405, ...) as OpenAI-style JSON."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        return error_response(404, f"no such endpoint: {request.method} {request.url.path}",
+                              "not_found")
+    if status == 405:
+        return error_response(405, f"method {request.method} not allowed on "
+                              f"{request.url.path}", "method_not_allowed",
+                              headers=getattr(exc, "headers", None))  # Allow (RFC 9110)
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    return error_response(status, str(detail), "http_error")
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """Any unexpected exception: logged by the server, a JSON 500 for the client."""
+    return answer(INTERNAL_ERROR)
