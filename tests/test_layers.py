@@ -22,6 +22,9 @@ BREAKS = {
     # two independent siblings (mesh | forwarding | state): neither may import the other
     "sibling": ("meshroute_middleware/forwarding/client.py",
                 "import meshroute_middleware.state.limits  # noqa: F401"),
+    # the dialects' wire formats stay pure (no ASGI, no I/O)
+    "impure wire": ("meshroute_middleware/chat/dialects/wire/anthropic.py",
+                    "import starlette.types  # noqa: F401"),
 }
 
 

@@ -1,7 +1,7 @@
 """Anthropic's Messages API over the chat path: `POST /v1/messages` and
 `POST /v1/messages/count_tokens` (issue 25).
 
-The request is translated to chat completions (core/contracts/anthropic.py); every answer of
+The request is translated to chat completions (chat/dialects/wire/anthropic.py); every answer of
 the chat path passes through `MessagesTranslation.send`: a chat completion becomes a
 `message`, an SSE stream Anthropic's events (translated as it passes), every OpenAI-shaped
 error `{"type": "error", "error": {"type", "message"}}` with its status and headers
@@ -16,15 +16,15 @@ import secrets
 
 from starlette.types import Message, Send
 
-from meshroute_middleware.chat.headers import is_sse
-from meshroute_middleware.core.contracts.anthropic import (
+from meshroute_middleware.chat.dialects.wire.anthropic import (
     Asked,
     MessagesError,
     chat_request,
     error_object,
     message,
 )
-from meshroute_middleware.core.contracts.anthropic_stream import MessageStream
+from meshroute_middleware.chat.dialects.wire.anthropic_stream import MessageStream
+from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import error_message
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.endpoints import COUNT_TOKENS_PATH, MESSAGES_PATH

@@ -1,6 +1,6 @@
 """`POST /v1/responses` (OpenAI Responses, the stateless subset) over the one chat path.
 
-The request becomes a chat-completions request (core.contracts.responses_request); the chat
+The request becomes a chat-completions request (chat.dialects.wire.responses_request); the chat
 path's 200 answers become Responses answers on their way to the client: a JSON completion a
 `response` object, an SSE stream the Responses events, translated as each chunk passes (a
 split line is joined when its end arrives; nothing is held back), and the SSE error event
@@ -21,9 +21,7 @@ from typing import Any
 
 from starlette.types import Message, Send
 
-from meshroute_middleware.chat.headers import is_sse
-from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
-from meshroute_middleware.core.contracts.responses_answer import (
+from meshroute_middleware.chat.dialects.wire.responses_answer import (
     MAX_KEPT_CHARS,
     ResponsesAnswerError,
     ResponsesStream,
@@ -31,11 +29,13 @@ from meshroute_middleware.core.contracts.responses_answer import (
     encode_events,
     from_completion,
 )
-from meshroute_middleware.core.contracts.responses_request import (
+from meshroute_middleware.chat.dialects.wire.responses_request import (
     Echo,
     ResponsesRequestError,
     to_chat,
 )
+from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
 from meshroute_middleware.endpoints import RESPONSES_PATH
 from meshroute_middleware.http.errors import RequestError, send_error
 from meshroute_middleware.http.request import load_object

@@ -13,7 +13,14 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .anthropic import Asked, sse, sse_error, stop_reason, tool_use_block, usage
+from meshroute_middleware.chat.dialects.wire.anthropic import (
+    Asked,
+    sse,
+    sse_error,
+    stop_reason,
+    tool_use_block,
+    usage,
+)
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a longer SSE line is not a chunk we can read: skipped
 

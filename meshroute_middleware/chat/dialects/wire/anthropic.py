@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from ..errors import MeshRouteError
+from meshroute_middleware.core.errors import MeshRouteError
 
 ANTHROPIC_VERSION = "2023-06-01"  # sent upstream when the client named none
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # what the API accepts
