@@ -21,7 +21,7 @@ from meshroute_middleware.core.objectives import (
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.http.access import has_bearer, is_loopback_client, peer_of
-from meshroute_middleware.http.errors import error_response
+from meshroute_middleware.http.errors import HttpError, error_response
 from meshroute_middleware.http.gateway_api import MAX_NODE_BODY
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 
@@ -55,19 +55,19 @@ class ProviderRoutingAPI:
         """The ordered chain a request for `model` would try now; nothing is sent."""
         model = request.query_params.get("model")
         if not model:
-            return error_response(400, "'model' is required: /v1/routing/chain?model=M",
-                                  "invalid_model")
+            return HttpError.INVALID_MODEL.response(
+                "'model' is required: /v1/routing/chain?model=M")
         asked = request.query_params.get("objective")
         try:
             res = self.providers.resolve(model, self.router.models())
             objective = (DEFAULT_OBJECTIVE if asked is None
                          else parse_objective(asked, "'objective'"))
         except InvalidModelError as exc:
-            return error_response(400, str(exc), "invalid_model")
+            return HttpError.INVALID_MODEL.response(str(exc))
         except UnknownModelError as exc:
-            return error_response(404, str(exc), "model_not_found")
+            return HttpError.MODEL_NOT_FOUND.response(str(exc))
         except InvalidObjectiveError as exc:
-            return error_response(400, str(exc), "invalid_objective")
+            return HttpError.INVALID_OBJECTIVE.response(str(exc))
         if self.refresh is not None:
             await self.refresh(self.clock())
         return JSONResponse(self.providers.chain_view(res, self.clock(), objective))
@@ -78,15 +78,16 @@ class ProviderRoutingAPI:
         if self.admin_token:
             if has_bearer(request, self.admin_token):
                 return None
-            return error_response(401, "a valid admin bearer token is required to clear "
-                                  "cooldowns", "invalid_token")
+            return HttpError.INVALID_TOKEN.response(
+                "a valid admin bearer token is required to clear "
+                "cooldowns")
         if is_loopback_client(request):
             return None
         log.warning("refused clearing cooldowns from %r: no --admin-token is set, so only "
                     "loopback clients may", peer_of(request))
-        return error_response(401, "only loopback clients may clear cooldowns on this "
-                              "gateway (start it with --admin-token to allow others)",
-                              "unauthorized")
+        return HttpError.UNAUTHORIZED.response(
+            "only loopback clients may clear cooldowns on this "
+            "gateway (start it with --admin-token to allow others)")
 
     async def clear(self, request: Request) -> Response:
         """Clear cooldowns and 429 penalties: all (an empty body or `{}`), or
@@ -104,13 +105,14 @@ class ProviderRoutingAPI:
             try:
                 data = json.loads(body)
             except (ValueError, UnicodeDecodeError):
-                return error_response(400, "request body is not valid JSON", "invalid_json")
+                return HttpError.INVALID_JSON.response("request body is not valid JSON")
             if not isinstance(data, dict) or not isinstance(data.get("route", ""), str):
-                return error_response(400, "the body is {\"route\": \"provider/model\"}, "
-                                      "{} or nothing", "invalid_request")
+                return HttpError.INVALID_REQUEST.response(
+                    "the body is {\"route\": \"provider/model\"}, "
+                    "{} or nothing")
             route = data.get("route") or None
         if route is not None and not self.providers.knows_route(route):
-            return error_response(404, f"no route {route!r}", "route_not_found")
+            return HttpError.ROUTE_NOT_FOUND.response(f"no route {route!r}")
         if self.refresh is not None:
             await self.refresh(self.clock())
         cleared = self.providers.clear(route, self.clock())  # the time: gossip's clears

@@ -24,8 +24,8 @@ from meshroute_middleware.endpoints import DIALECT_PATHS
 from meshroute_middleware.http.access import has_bearer, is_loopback_client, peer_of
 from meshroute_middleware.http.errors import (
     ErrorAnswer,
+    HttpError,
     answer,
-    error_response,
     http_error,
     server_error,
 )
@@ -131,8 +131,9 @@ class GatewayAPI:
 
     async def chat_unrouted(self, request: Request) -> Response:
         """Only reached without MeshRouteMiddleware in front (it serves POSTs here)."""
-        return error_response(503, "this app routes chat requests only behind "
-                              "MeshRouteMiddleware", "not_routed")
+        return HttpError.NOT_ROUTED.response(
+            "this app routes chat requests only behind "
+            "MeshRouteMiddleware")
 
     async def nodes(self, request: Request) -> Response:
         """GET lists the node records, POST registers one."""
@@ -156,15 +157,15 @@ class GatewayAPI:
             if has_bearer(request, self.node_token):
                 return None
             self.mesh.reject("http", f"{client}: missing or wrong bearer token")
-            return error_response(401, f"a valid bearer token is required to {what}",
-                                  "invalid_token")
+            return HttpError.INVALID_TOKEN.response(f"a valid bearer token is required to {what}")
         if is_loopback_client(request):
             return None
         self.mesh.reject("http", f"{client}: node write from a non-loopback address")
         log.warning("refused a node write from %s: no --node-token is set, so only loopback "
                     "clients may change the mesh", client)
-        return error_response(401, f"only loopback clients may {what} on this tracker "
-                              "(start it with --node-token to allow others)", "unauthorized")
+        return HttpError.UNAUTHORIZED.response(
+            f"only loopback clients may {what} on this tracker "
+            "(start it with --node-token to allow others)")
 
     async def post_node(self, request: Request) -> Response:
         """Register or refresh a node record."""
@@ -175,12 +176,12 @@ class GatewayAPI:
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_NODE_BODY:
-                return error_response(413, "node record too large", "request_too_large")
+                return HttpError.REQUEST_TOO_LARGE.response("node record too large")
         try:
             data = json.loads(body)
         except ValueError:
             self.mesh.reject("http", "invalid JSON")
-            return error_response(400, "request body is not valid JSON", "invalid_json")
+            return HttpError.INVALID_JSON.response("request body is not valid JSON")
         try:
             record, change = self.mesh.upsert_raw(data, "http")
         except MeshFullError as exc:
@@ -197,15 +198,15 @@ class GatewayAPI:
             return refusal
         node_id = request.path_params["node_id"]
         if not self.mesh.remove(node_id):
-            return error_response(404, f"no node {node_id!r}", "node_not_found")
+            return HttpError.NODE_NOT_FOUND.response(f"no node {node_id!r}")
         return JSONResponse({"removed": node_id})
 
     async def routing(self, request: Request) -> Response:
         """The learned routing table, optionally for one model."""
         model = request.query_params.get("model")
         if model is not None and model not in self.router.models():
-            return error_response(404, f"model {model!r} is not served by any known route",
-                                  "model_not_found")
+            return HttpError.MODEL_NOT_FOUND.response(
+                f"model {model!r} is not served by any known route")
         return Response(self._routing_body(model), media_type="application/json")
 
     def _routing_body(self, model: str | None) -> bytes:
@@ -236,7 +237,7 @@ class GatewayAPI:
         try:
             since = int(raw)
         except ValueError:
-            return error_response(400, "'since' must be an event id (integer)", "invalid_since")
+            return HttpError.INVALID_SINCE.response("'since' must be an event id (integer)")
 
         async def stream() -> AsyncIterator[bytes]:
             yield b": meshroute routing events\n\n"
@@ -277,7 +278,8 @@ class GatewayAPI:
         degraded = self.telemetry.services.degraded()
         if not degraded:
             return JSONResponse(body)
-        return JSONResponse({**body, "ok": False, "degraded": degraded}, 503)
+        return JSONResponse({**body, "ok": False, "degraded": degraded},
+                            HttpError.DEGRADED.status)
 
 
 def build_api_app(api: GatewayAPI, extra_routes: list[Route] | None = None) -> Starlette:

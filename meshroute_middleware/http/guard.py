@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from meshroute_middleware.endpoints import DIALECT_PATHS, PATHS, Dialect
-from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.errors import HttpError
 
 log = logging.getLogger("meshroute.guard")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -112,11 +112,18 @@ def _is_json(content_type: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a request is refused: status, OpenAI error code, message."""
+    """Why a request is refused: the error (its status and code) and a message."""
 
-    status: int
-    code: str
+    error: HttpError
     message: str
+
+    @property
+    def status(self) -> int:
+        return self.error.status
+
+    @property
+    def code(self) -> str:
+        return self.error.code
 
 
 @dataclass(slots=True)
@@ -141,8 +148,8 @@ class Policy:
                 or (server is not None and host == host_of(server))
                 or any(host_matches(p, host) for p in self.config.allowed_hosts)):
             return None
-        return Refusal(421, "invalid_host", f"the Host {host_header[:100]!r} does not name this "
-                       "gateway (add it to --allowed-hosts to serve it under that name)")
+        return Refusal(HttpError.INVALID_HOST, f"the Host {host_header[:100]!r} does not name "
+                       "this gateway (add it to --allowed-hosts to serve it under that name)")
 
     def write_refusal(self, method: str, path: str, origin: str | None,
                       content_type: str | None, host_header: str | None) -> Refusal | None:
@@ -150,12 +157,12 @@ class Policy:
         if method in SAFE_METHODS or path in self.config.ticket_paths:
             return None
         if origin is not None and not self._origin_allowed(origin, host_header):
-            return Refusal(403, "origin_not_allowed", f"requests from the origin "
+            return Refusal(HttpError.ORIGIN_NOT_ALLOWED, f"requests from the origin "
                            f"{origin[:100]!r} are not allowed (see --allowed-origins)")
         if (path not in self.config.chat_paths and content_type is not None
                 and not _is_json(content_type)):
-            return Refusal(403, "invalid_content_type", "a request that changes the gateway "
-                           "must be sent as application/json")
+            return Refusal(HttpError.INVALID_CONTENT_TYPE, "a request that changes the "
+                           "gateway must be sent as application/json")
         return None
 
     def _origin_allowed(self, origin: str, host_header: str | None) -> bool:
@@ -205,7 +212,7 @@ class RequestGuard:
         dialect = self.dialects.get(scope["path"]) if scope["method"] == "POST" else None
         if dialect is not None:  # refused in its API's shape (Anthropic's on /v1/messages)
             send = dialect.open(send).send
-        await send_error(send, refusal.status, refusal.message, refusal.code)
+        await refusal.error.send(send, refusal.message)
 
     def refusal(self, scope: Scope) -> Refusal | None:
         """The policy's verdict on one request (the headers read in one pass; a Host already

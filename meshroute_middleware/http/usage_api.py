@@ -16,7 +16,7 @@ from meshroute_middleware.core.clients import Client, find_client
 from meshroute_middleware.core.clients_budget import GROUPS, usage_report
 from meshroute_middleware.http.access import is_loopback_client
 from meshroute_middleware.http.auth import presented_keys
-from meshroute_middleware.http.errors import error_response
+from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.state.limits import LimitsStoreDown
 
 __all__ = ["UsageAPI", "UsageLedger"]
@@ -56,25 +56,24 @@ class UsageAPI:
         client = query.get("client") or None
         if who is not None:
             if client is not None and client != who.name:
-                return error_response(403, "a client's key sees its own usage only",
-                                      "forbidden")
+                return HttpError.FORBIDDEN.response("a client's key sees its own usage only")
             client = who.name
         try:
             since = float(query.get("since", "0"))  # given empty (`since=`): refused
         except ValueError:
             since = math.nan
         if not (math.isfinite(since) and since >= 0):
-            return error_response(400, "'since' must be UNIX seconds (a number >= 0)",
-                                  "invalid_since")
+            return HttpError.INVALID_SINCE.response("'since' must be UNIX seconds (a number >= 0)")
         groups = tuple((query.get("group_by") or "client").split(","))
         if not groups or any(g not in GROUPS for g in groups) or len(set(groups)) < len(groups):
-            return error_response(400, "'group_by' is client, route or day (or a comma list "
-                                  "of them)", "invalid_group_by")
+            return HttpError.INVALID_GROUP_BY.response(
+                "'group_by' is client, route or day (or a comma list "
+                "of them)")
         try:
             rows = [] if self.spend is None else await self.spend.usage_rows(client, since)
         except LimitsStoreDown as exc:
-            return error_response(503, f"the usage ledger is not available: {exc}",
-                                  "limits_store_unavailable")
+            return HttpError.LIMITS_STORE_UNAVAILABLE.response(
+                f"the usage ledger is not available: {exc}")
         data = usage_report(rows, groups, client=client, since=since)
         for row in data:
             if "day" in row:
@@ -88,13 +87,14 @@ class UsageAPI:
         if not keys:
             if not self.admin_token and is_loopback_client(request):
                 return None
-            return error_response(401, "/v1/usage needs the admin token or a client's key "
-                                  "(Authorization: Bearer KEY or x-api-key)", "missing_api_key")
+            return HttpError.MISSING_API_KEY.response(
+                "/v1/usage needs the admin token or a client's key "
+                "(Authorization: Bearer KEY or x-api-key)")
         given = keys[0]
         if self.admin_token and hmac.compare_digest(given, self.admin_token.encode()):
             return None
         found = find_client(self.clients, given)  # every digest compared, in constant time
         if found is not None:
             return found
-        return error_response(401, "the key is neither the admin token nor a client's",
-                              "invalid_api_key")
+        return HttpError.INVALID_API_KEY.response(
+            "the key is neither the admin token nor a client's")

@@ -28,7 +28,7 @@ from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import error_message
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.endpoints import COUNT_TOKENS_PATH, MESSAGES_PATH
-from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import loads
 
 __all__ = ["COUNT_TOKENS", "COUNT_TOKENS_PATH", "MESSAGES", "MESSAGES_PATH",
@@ -66,11 +66,11 @@ class MessagesTranslation:
         try:
             payload = loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise RequestError(400, "the request body is not valid JSON", "invalid_json") from None
+            raise HttpError.INVALID_JSON.error("the request body is not valid JSON") from None
         try:
             chat, self.asked = chat_request(payload, count_only=self.count_only)
         except MessagesError as exc:
-            raise RequestError(400, str(exc), "invalid_request") from None
+            raise HttpError.INVALID_REQUEST.error(str(exc)) from None
         self.body = body
         self.input_tokens = estimate(chat).prompt
         return json.dumps(chat).encode()
@@ -119,13 +119,18 @@ class MessagesTranslation:
         self._held.clear()
         status, answer = (self._translated(int(start["status"]), body)
                           if self._held_bytes <= MAX_ANSWER_BYTES else
-                          (502, json.dumps(error_object(502, "the route's answer is larger "
-                                                        "than meshroute holds")).encode()))
+                          self._invalid("the route's answer is larger than meshroute holds"))
         kept = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in _DROPPED]
         await self._client({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(answer)).encode()), *kept]})
         await self._client({"type": "http.response.body", "body": answer, "more_body": False})
+
+    @staticmethod
+    def _invalid(message: str) -> tuple[int, bytes]:
+        """The answer for a route's answer that cannot be translated."""
+        status = HttpError.UPSTREAM_ANSWER_INVALID.status
+        return status, json.dumps(error_object(status, message)).encode()
 
     def _translated(self, status: int, body: bytes) -> tuple[int, bytes]:
         """A whole JSON answer in Messages' shape (an error for what cannot be read)."""
@@ -140,8 +145,7 @@ class MessagesTranslation:
         if self.asked is None:  # an answer to no request of ours: passed as it is
             return status, body
         if not isinstance(decoded, dict) or not isinstance(decoded.get("choices"), list):
-            return 502, json.dumps(error_object(
-                502, "the route's answer is not a chat completion")).encode()
+            return self._invalid("the route's answer is not a chat completion")
         return status, json.dumps(message(decoded, self.asked, message_id(),
                                           self.input_tokens)).encode()
 

@@ -37,7 +37,7 @@ from meshroute_middleware.chat.dialects.wire.responses_request import (
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
 from meshroute_middleware.endpoints import RESPONSES_PATH
-from meshroute_middleware.http.errors import RequestError, send_error
+from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.request import load_object
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a JSON answer held to be translated, at most
@@ -134,7 +134,8 @@ class ResponsesTranslation:
         try:
             chat, self._echo = to_chat(load_object(body))
         except ResponsesRequestError as exc:
-            raise RequestError(400, str(exc), exc.code, param=exc.param) from None
+            raise RequestError(HttpError.INVALID_REQUEST.status, str(exc), exc.code,  # its own code
+                               param=exc.param) from None
         return json.dumps(chat).encode()
 
     async def _translate(self, message: Message) -> None:
@@ -169,9 +170,9 @@ class ResponsesTranslation:
         if coding:  # the forwarder asks for identity; a head may compress anyway
             if coding not in DECODABLE:
                 self._mode = "drop"  # the chat path's body is not sent: this error is
-                await send_error(self._client, 502, f"the route answered in the content "
-                                 f"coding {coding[:40]!r}, which meshroute does not read",
-                                 "upstream_failed")
+                await HttpError.UPSTREAM_FAILED.send(
+                    self._client, f"the route answered in the content "
+                    f"coding {coding[:40]!r}, which meshroute does not read")
                 return
             self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32 if coding != "deflate"
                                                else zlib.MAX_WBITS)

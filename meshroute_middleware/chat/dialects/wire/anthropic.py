@@ -59,6 +59,11 @@ def sse_error(status: int, message: str) -> bytes:
     return sse("error", error_object(status, message))
 
 
+def stream_failed(message: str) -> bytes:
+    """The `error` event that ends a Messages stream whose route failed mid-answer."""
+    return sse("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+
+
 def sse(event: str, data: Mapping[str, Any]) -> bytes:
     """One server-sent event of a Messages stream."""
     return b"event: " + event.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
