@@ -21,7 +21,7 @@ from meshroute_middleware.core.objectives import (
 from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.http.access import has_bearer, is_loopback_client, peer_of
-from meshroute_middleware.http.errors import HttpError, error_response
+from meshroute_middleware.http.errors import ErrorAnswer, HttpError, answer
 from meshroute_middleware.http.gateway_api import MAX_NODE_BODY
 from meshroute_middleware.http.request import DEFAULT_BODY_TIMEOUT_S, RequestError, read_body
 
@@ -99,7 +99,7 @@ class ProviderRoutingAPI:
             body = await read_body(request.scope, request.receive, self.max_body_bytes,
                                    self.body_timeout_s)
         except RequestError as exc:
-            return error_response(exc.status, str(exc), exc.code)
+            return answer(ErrorAnswer.of(exc))
         route: str | None = None
         if body:
             try:
