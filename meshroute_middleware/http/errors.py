@@ -1,5 +1,6 @@
-"""Errors as OpenAI-style JSON answers: one table maps each error type to its HTTP status and
-code (the OpenAI `type` follows from the status), and every path answers through it."""
+"""Errors as OpenAI-style JSON answers: one table (`HttpError`) holds every client-visible
+error's HTTP status and code (the OpenAI `type` follows from the status), exception types map
+to its kinds (`ERROR_TABLE`), and every path answers through it."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.exhaustion import UPSTREAM_FAILED
 from meshroute_middleware.mesh import MeshFullError
 
-__all__ = ["ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer", "HttpError",
-           "RequestError",
-           "RoutesFailed", "RoutesRateLimited", "UpstreamFailed", "error_body", "send_error"]
+__all__ = ["ERROR_TABLE", "ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer",
+           "HttpError", "RequestError", "RoutesFailed", "RoutesRateLimited", "UpstreamFailed",
+           "answer", "error_body", "error_response", "http_error", "send_error", "server_error"]
 
 INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 
