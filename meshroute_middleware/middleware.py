@@ -58,7 +58,7 @@ from meshroute_middleware.core.clients import (
 from meshroute_middleware.core.errors import ModelGoneError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
-from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
+from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, HttpError, RequestError
 from meshroute_middleware.http.inference import PARSERS
 from meshroute_middleware.http.request import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -254,9 +254,9 @@ class MeshRouteMiddleware:
         metered: Metered | None = None
         try:
             if came_back(scope, self._via):
-                raise RequestError(508, "this request already passed through this gateway: "
-                                   "a node URL leads back to it (a forwarding loop)",
-                                   "loop_detected")
+                raise HttpError.LOOP_DETECTED.error(
+                    "this request already passed through this gateway: "
+                    "a node URL leads back to it (a forwarding loop)")
             session_id = check_session_id(scope)
             add_via(scope, self._via_header)
             client = client_of(scope)

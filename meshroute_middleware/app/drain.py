@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import sse_error_event
-from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import PATHS
 from meshroute_middleware.telemetry.events import EventBus
 
@@ -69,7 +69,7 @@ class Drain:
         elif scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
         elif self.draining:
-            await send_error(send, 503, SHUTTING_DOWN, "shutting_down")
+            await HttpError.SHUTTING_DOWN.send(send, SHUTTING_DOWN)
         else:
             await self._chat(scope, receive, send)
 
@@ -112,7 +112,7 @@ class Drain:
 async def _cut_short(send: Send, state: _Open) -> None:
     try:
         if not state.started:
-            await send_error(send, 503, SHUTTING_DOWN, "shutting_down")
+            await HttpError.SHUTTING_DOWN.send(send, SHUTTING_DOWN)
         elif state.first is not None and is_sse(state.first.get("headers", ())):
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event(f"{SHUTTING_DOWN}; partial response",

@@ -38,7 +38,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from meshroute_middleware.http.errors import error_body
+from meshroute_middleware.http.errors import HttpError
 
 log = logging.getLogger("meshroute.edge")
 
@@ -134,8 +134,8 @@ def edge_protocol(limits: EdgeLimits,
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
-                self._refuse(503, f"the gateway holds its maximum of {limits.max_connections} "
-                             "connections; retry later", "too_many_connections")
+                self._refuse(HttpError.TOO_MANY_CONNECTIONS, f"the gateway holds its maximum "
+                             f"of {limits.max_connections} connections; retry later")
                 return
             self._arm()
 
@@ -155,13 +155,13 @@ def edge_protocol(limits: EdgeLimits,
         def _timeout(self) -> None:
             self._head_timer = None
             if not self._head_done and not self._refused:
-                self._refuse(408, f"the request head did not arrive within "
-                             f"{limits.header_timeout_s:g} s", "request_timeout")
+                self._refuse(HttpError.REQUEST_TIMEOUT, f"the request head did not arrive within "
+                             f"{limits.header_timeout_s:g} s")
 
-        def _refuse(self, status: int, message: str, code: str) -> None:
+        def _refuse(self, error: HttpError, message: str) -> None:
             self._refused = True
             self._disarm()
-            body = error_body(status, message, code)
+            status, code, body = error.status, error.code, error.answer(message).body()
             head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
                     "content-type: application/json\r\n"
                     f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
@@ -185,13 +185,13 @@ def edge_protocol(limits: EdgeLimits,
             if was_in_head or not self._completed:
                 self._raw_head += len(data)
                 if self._raw_head > limits.max_header_bytes:
-                    self._refuse(431, f"the request head exceeds {limits.max_header_bytes} "
-                                 "bytes", "headers_too_large")
+                    self._refuse(HttpError.HEADERS_TOO_LARGE, f"the request head exceeds "
+                                 f"{limits.max_header_bytes} bytes")
 
         def send_400_response(self, msg: str) -> None:
             """A malformed request: an OpenAI-style 400 (uvicorn answers plain text)."""
             if not self._refused:
-                self._refuse(400, "malformed HTTP request", "invalid_request")
+                self._refuse(HttpError.INVALID_REQUEST, "malformed HTTP request")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -219,8 +219,8 @@ def edge_protocol(limits: EdgeLimits,
             if self._refused:
                 return
             if self._too_large:
-                self._refuse(431, f"the request head exceeds {limits.max_headers} lines or "
-                             f"{limits.max_header_bytes} bytes", "headers_too_large")
+                self._refuse(HttpError.HEADERS_TOO_LARGE, f"the request head exceeds "
+                             f"{limits.max_headers} lines or {limits.max_header_bytes} bytes")
                 return
             super().on_headers_complete()
 

@@ -27,6 +27,7 @@ from meshroute_middleware.app.config import (
 from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.chat.spend import ClientSpend, caps_of, prices_of
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
@@ -185,7 +186,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
                                            if settings.providers else NO_ALIASES,
                                            node_keys=config.node_secrets,
                                            embeddings_router=embeddings),
-                       settings.guard(), reject=telemetry.reject)
+                       settings.guard(), reject=telemetry.reject, dialects=DIALECTS)
     return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, spend,
                    failures, embeddings)
 

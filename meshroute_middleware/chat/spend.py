@@ -50,7 +50,7 @@ from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal
 from meshroute_middleware.core.providers.tokens import DEFAULT_COMPLETION_TOKENS, estimate
 from meshroute_middleware.forwarding.measure import TokenMeter
-from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.state.limits import LimitsStore, LimitsStoreDown
 from meshroute_middleware.telemetry.metrics import ClientCounters
@@ -60,6 +60,7 @@ log = logging.getLogger("meshroute.clients")
 Prices = Mapping[str, tuple[float, float]]  # provider route -> (price_in, price_out) USD/Mtok
 RETRY_UNKNOWN_S = 60  # a refusal whose end is not known (a request larger than tpm): a minute
 _FAILED = object()  # a store transaction that did not happen
+REFUSED = HttpError.CLIENT_RATE_LIMITED.status  # the status a refused request is counted under
 _LIMITS = {"rpm": ("rpm", "requests a minute"), "tpm": ("tpm", "tokens a minute"),
            "daily_tokens": ("daily_tokens", "tokens a UTC day"),
            "monthly_usd": ("monthly_usd", "USD a UTC month")}
@@ -102,10 +103,10 @@ class ClientRefused(RequestError):
         until = refusal.until
         self.retry_after_s = (RETRY_UNKNOWN_S if until is None
                               else max(1, math.ceil(until - now)))
-        super().__init__(429, f"client {client.name!r} is over its {field} "
+        kind = HttpError.BUDGET_EXCEEDED if budget else HttpError.CLIENT_RATE_LIMITED
+        super().__init__(kind.status, f"client {client.name!r} is over its {field} "
                          f"({getattr(client, field)} {unit}); "
-                         f"{retry_text(now + self.retry_after_s, now)}",
-                         "budget_exceeded" if budget else "client_rate_limited",
+                         f"{retry_text(now + self.retry_after_s, now)}", kind.code,
                          [(b"retry-after", str(self.retry_after_s).encode())])
         self.reason = refusal.reason
 
@@ -149,7 +150,7 @@ class ClientSpend:
         got = await self._transact(client.name, None,
                                    lambda g: g.admit(client, tokens, now, usd), now)
         if isinstance(got, Refusal):
-            self.counters.count(client.name, NO_ROUTE, 429, 0, 0, 0.0)
+            self.counters.count(client.name, NO_ROUTE, REFUSED, 0, 0, 0.0)
             log.info("clients: refused a request of %s (%s)", client.name, got.reason)
             raise ClientRefused(client, got, now)
         return Metered(self, client, None if got is _FAILED else got, est.prompt, req, send)
@@ -184,7 +185,7 @@ class ClientSpend:
         now = self.clock()
         got = await self._transact(client.name, None, lambda g: g.admit(client, 0, now), now)
         if isinstance(got, Refusal):
-            self.counters.count(client.name, NO_ROUTE, 429, 0, 0, 0.0)
+            self.counters.count(client.name, NO_ROUTE, REFUSED, 0, 0, 0.0)
             raise ClientRefused(client, got, now)
         await self.settle(client, got, Spent(NO_ROUTE, 0, 0, 0.0, False), 200)
 

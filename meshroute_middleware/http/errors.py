@@ -1,12 +1,17 @@
-"""Errors as OpenAI-style JSON answers: one table maps each error type to its HTTP status and
-code (the OpenAI `type` follows from the status), and every path answers through it."""
+"""Errors as OpenAI-style JSON answers: one table (`HttpError`) holds every client-visible
+error's HTTP status and code (the OpenAI `type` follows from the status), exception types map
+to its kinds (`ERROR_TABLE`), and every path answers through it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Send
 
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
@@ -27,8 +32,9 @@ from meshroute_middleware.core.providers.chain import InvalidModelError
 from meshroute_middleware.core.providers.exhaustion import UPSTREAM_FAILED
 from meshroute_middleware.mesh import MeshFullError
 
-__all__ = ["ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer", "RequestError",
-           "RoutesFailed", "RoutesRateLimited", "UpstreamFailed", "error_body", "send_error"]
+__all__ = ["ERROR_TABLE", "ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer",
+           "HttpError", "RequestError", "RoutesFailed", "RoutesRateLimited", "UpstreamFailed",
+           "answer", "error_body", "error_response", "http_error", "send_error", "server_error"]
 
 INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 
@@ -60,23 +66,110 @@ class DeadlineExceeded(RoutesFailed):
     """The request's deadline ran out before any route answered."""
 
 
-# The one table: error type -> (HTTP status, OpenAI error code); the most specific type wins
-# (looked up along the exception's MRO). RequestError carries its own status and code.
-ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
-    InvalidNodeError: (400, "invalid_node"),
-    MeshFullError: (409, "too_many_nodes"),
-    InvalidModelError: (400, "invalid_model"),
-    InvalidPinError: (400, "invalid_route"),
-    UnsupportedCapabilityError: (400, "unsupported_capability"),
-    UnknownModelError: (404, "model_not_found"),
-    NoRouteError: (503, "no_route_available"),
-    RoutesFailed: (503, "no_route_available"),
-    RoutesRateLimited: (429, "rate_limited"),
-    UpstreamFailed: (502, UPSTREAM_FAILED),
-    DeadlineExceeded: (504, "request_timeout"),
-    MissingKeyError: (401, "missing_api_key"),  # [[clients]] (issue 24)
-    InvalidKeyError: (401, "invalid_api_key"),
-    ModelNotAllowedError: (403, "model_not_allowed"),
+class HttpError(Enum):
+    """The one table of client-visible errors: each kind's HTTP status and OpenAI error code
+    (the OpenAI `type` follows from the status). Every error answer names its kind here; no
+    status is written anywhere else (tests/http/test_error_literals.py)."""
+
+    # 400: the request is not one we can serve
+    INVALID_JSON = (400, "invalid_json")
+    INVALID_REQUEST = (400, "invalid_request")
+    INVALID_MODEL = (400, "invalid_model")
+    INVALID_OBJECTIVE = (400, "invalid_objective")
+    INVALID_ROUTE = (400, "invalid_route")
+    INVALID_SESSION_ID = (400, "invalid_session_id")
+    INVALID_NODE = (400, "invalid_node")
+    INVALID_SINCE = (400, "invalid_since")
+    INVALID_GROUP_BY = (400, "invalid_group_by")
+    INVALID_INPUT = (400, "invalid_input")
+    INVALID_DIMENSIONS = (400, "invalid_dimensions")
+    INVALID_ENCODING_FORMAT = (400, "invalid_encoding_format")
+    INVALID_PROMPT = (400, "invalid_prompt")
+    INVALID_MAX_TOKENS = (400, "invalid_max_tokens")
+    INVALID_STREAM = (400, "invalid_stream")
+    UNSUPPORTED_CAPABILITY = (400, "unsupported_capability")
+    # 401, 403: who asks
+    MISSING_API_KEY = (401, "missing_api_key")
+    INVALID_API_KEY = (401, "invalid_api_key")
+    INVALID_TOKEN = (401, "invalid_token")
+    UNAUTHORIZED = (401, "unauthorized")
+    FORBIDDEN = (403, "forbidden")
+    MODEL_NOT_ALLOWED = (403, "model_not_allowed")
+    ORIGIN_NOT_ALLOWED = (403, "origin_not_allowed")
+    INVALID_CONTENT_TYPE = (403, "invalid_content_type")
+    # 404, 405: what is asked for
+    NOT_FOUND = (404, "not_found")
+    MODEL_NOT_FOUND = (404, "model_not_found")
+    NODE_NOT_FOUND = (404, "node_not_found")
+    ROUTE_NOT_FOUND = (404, "route_not_found")
+    INVALID_TICKET = (404, "invalid_ticket")
+    METHOD_NOT_ALLOWED = (405, "method_not_allowed")
+    # 408-499: how it is asked
+    REQUEST_TIMEOUT = (408, "request_timeout")
+    TOO_MANY_NODES = (409, "too_many_nodes")
+    REQUEST_TOO_LARGE = (413, "request_too_large")
+    TOO_MANY_VALUES = (413, "too_many_values")
+    TOO_MANY_MESSAGES = (413, "too_many_messages")
+    TOO_MANY_CONTENT_PARTS = (413, "too_many_content_parts")
+    INVALID_HOST = (421, "invalid_host")
+    RATE_LIMITED = (429, "rate_limited")
+    CLIENT_RATE_LIMITED = (429, "client_rate_limited")
+    BUDGET_EXCEEDED = (429, "budget_exceeded")
+    HEADERS_TOO_LARGE = (431, "headers_too_large")
+    CLIENT_CLOSED = (499, "client_closed")  # nginx's: the client left before its answer
+    # 5xx: ours or the routes'
+    INTERNAL = (500, "internal_error")
+    UPSTREAM_FAILED = (502, UPSTREAM_FAILED)
+    UPSTREAM_ANSWER_INVALID = (502, "invalid_upstream_answer")
+    NO_ROUTE = (503, "no_route_available")
+    NOT_ROUTED = (503, "not_routed")
+    SHUTTING_DOWN = (503, "shutting_down")
+    TOO_MANY_CONNECTIONS = (503, "too_many_connections")
+    LIMITS_STORE_UNAVAILABLE = (503, "limits_store_unavailable")
+    DEGRADED = (503, "degraded")  # /healthz while a background service waits to restart
+    DEADLINE = (504, "request_timeout")
+    LOOP_DETECTED = (508, "loop_detected")
+
+    def __init__(self, status: int, code: str) -> None:
+        self.status, self.code = status, code
+
+    def error(self, message: str, headers: Iterable[tuple[bytes, bytes]] = (),
+              param: str | None = None) -> RequestError:
+        """This error as an exception, to raise."""
+        return RequestError(self.status, message, self.code, headers, param)
+
+    def answer(self, message: str, **extra: Any) -> ErrorAnswer:
+        """This error as the client gets it."""
+        return ErrorAnswer(self.status, message, self.code, extra)
+
+    def response(self, message: str, headers: dict[str, str] | None = None,
+                 **extra: Any) -> Response:
+        """This error as a Starlette response."""
+        return error_response(self.status, message, self.code, headers, **extra)
+
+    async def send(self, send: Send, message: str,
+                   headers: Iterable[tuple[bytes, bytes]] = (), **extra: Any) -> None:
+        """Send this error as a complete response."""
+        await send_error(send, self.status, message, self.code, headers, **extra)
+
+
+# Error types -> their kind; the most specific type wins (looked up along the exception's
+# MRO). RequestError carries its own status and code (a kind's `error()` makes one).
+ERROR_TABLE: dict[type[BaseException], HttpError] = {
+    InvalidNodeError: HttpError.INVALID_NODE,
+    MeshFullError: HttpError.TOO_MANY_NODES,
+    InvalidModelError: HttpError.INVALID_MODEL,
+    InvalidPinError: HttpError.INVALID_ROUTE,
+    UnsupportedCapabilityError: HttpError.UNSUPPORTED_CAPABILITY,
+    UnknownModelError: HttpError.MODEL_NOT_FOUND,
+    NoRouteError: HttpError.NO_ROUTE,
+    RoutesFailed: HttpError.NO_ROUTE,
+    RoutesRateLimited: HttpError.RATE_LIMITED,
+    UpstreamFailed: HttpError.UPSTREAM_FAILED,
+    DeadlineExceeded: HttpError.DEADLINE,
+    MissingKeyError: HttpError.MISSING_API_KEY,  # [[clients]] (issue 24)
+    InvalidKeyError: HttpError.INVALID_API_KEY,
+    ModelNotAllowedError: HttpError.MODEL_NOT_ALLOWED,
 }
 
 
@@ -100,7 +193,7 @@ class ErrorAnswer:
             entry = ERROR_TABLE.get(kind)
             if entry is not None:
                 extra = {"routes": exc.reasons} if isinstance(exc, NoRouteError) else {}
-                return cls(entry[0], text, entry[1], extra)
+                return cls(entry.status, text, entry.code, extra)
         return INTERNAL_ERROR
 
     @property
@@ -116,7 +209,7 @@ class ErrorAnswer:
         await send_error(send, self.status, self.message, self.code, headers, **self.extra)
 
 
-INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_MESSAGE, "internal_error")  # a bug of ours
+INTERNAL_ERROR = HttpError.INTERNAL.answer(INTERNAL_MESSAGE)  # a bug of ours
 
 
 async def send_error(send: Send, status: int, message: str, code: str,
@@ -127,3 +220,34 @@ async def send_error(send: Send, status: int, message: str, code: str,
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None,
+                   **extra: Any) -> Response:
+    """An OpenAI-style JSON error response."""
+    return Response(error_body(status, message, code, **extra), status, headers=headers,
+                    media_type="application/json")
+
+
+def answer(error: ErrorAnswer) -> Response:
+    """An error of the table as a response."""
+    return Response(error.body(), error.status, media_type="application/json")
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's HTTP errors (404, 405, ...) as OpenAI-style JSON."""
+    status = exc.status_code if isinstance(exc, HTTPException) else HttpError.INTERNAL.status
+    if status == HttpError.NOT_FOUND.status:
+        return HttpError.NOT_FOUND.response(
+            f"no such endpoint: {request.method} {request.url.path}")
+    if status == HttpError.METHOD_NOT_ALLOWED.status:
+        return HttpError.METHOD_NOT_ALLOWED.response(
+            f"method {request.method} not allowed on {request.url.path}",
+            headers=getattr(exc, "headers", None))  # Allow (RFC 9110)
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    return error_response(status, str(detail), "http_error")
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """Any unexpected exception: logged by the server, a JSON 500 for the client."""
+    return answer(INTERNAL_ERROR)

@@ -14,7 +14,8 @@ rebinding could make the gateway do (docs/security.md, "Browsers and DNS rebindi
   chat/dialects) that carries a Content-Type that is not
   JSON is refused with 403 `invalid_content_type` (a page can send text/plain, a form's
   urlencoded or multipart body without any preflight, never application/json).
-A refusal on a dialect's path (`/v1/messages`) leaves in that API's error shape.
+A refusal on a dialect's path (`/v1/messages`) leaves in that API's error shape (the
+dialects are given to the guard: chat/ sits above http/).
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from meshroute_middleware.chat.dialects import DIALECTS
-from meshroute_middleware.http.errors import send_error
-from meshroute_middleware.http.request import PATHS
+from meshroute_middleware.endpoints import DIALECT_PATHS, PATHS, Dialect
+from meshroute_middleware.http.errors import HttpError
 
 log = logging.getLogger("meshroute.guard")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # the routed endpoints (chat, embeddings, completions) and the other APIs over chat
-CHAT_PATHS = frozenset({*PATHS.values(), *DIALECTS})
+CHAT_PATHS = frozenset({*PATHS.values(), *DIALECT_PATHS})
 UNSPECIFIED = frozenset({"", "0.0.0.0", "::"})
 LOG_EVERY_S = 1.0
 HOST_CACHE = 256  # distinct (Host, local address) verdicts kept; a flood of names resets it
@@ -112,11 +112,18 @@ def _is_json(content_type: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a request is refused: status, OpenAI error code, message."""
+    """Why a request is refused: the error (its status and code) and a message."""
 
-    status: int
-    code: str
+    error: HttpError
     message: str
+
+    @property
+    def status(self) -> int:
+        return self.error.status
+
+    @property
+    def code(self) -> str:
+        return self.error.code
 
 
 @dataclass(slots=True)
@@ -141,8 +148,8 @@ class Policy:
                 or (server is not None and host == host_of(server))
                 or any(host_matches(p, host) for p in self.config.allowed_hosts)):
             return None
-        return Refusal(421, "invalid_host", f"the Host {host_header[:100]!r} does not name this "
-                       "gateway (add it to --allowed-hosts to serve it under that name)")
+        return Refusal(HttpError.INVALID_HOST, f"the Host {host_header[:100]!r} does not name "
+                       "this gateway (add it to --allowed-hosts to serve it under that name)")
 
     def write_refusal(self, method: str, path: str, origin: str | None,
                       content_type: str | None, host_header: str | None) -> Refusal | None:
@@ -150,12 +157,12 @@ class Policy:
         if method in SAFE_METHODS or path in self.config.ticket_paths:
             return None
         if origin is not None and not self._origin_allowed(origin, host_header):
-            return Refusal(403, "origin_not_allowed", f"requests from the origin "
+            return Refusal(HttpError.ORIGIN_NOT_ALLOWED, f"requests from the origin "
                            f"{origin[:100]!r} are not allowed (see --allowed-origins)")
         if (path not in self.config.chat_paths and content_type is not None
                 and not _is_json(content_type)):
-            return Refusal(403, "invalid_content_type", "a request that changes the gateway "
-                           "must be sent as application/json")
+            return Refusal(HttpError.INVALID_CONTENT_TYPE, "a request that changes the "
+                           "gateway must be sent as application/json")
         return None
 
     def _origin_allowed(self, origin: str, host_header: str | None) -> bool:
@@ -169,12 +176,15 @@ class Policy:
 
 
 class RequestGuard:
-    """Pure ASGI middleware applying `Policy` to every HTTP request (starlette style)."""
+    """Pure ASGI middleware applying `Policy` to every HTTP request (starlette style);
+    `dialects` (path -> Dialect, chat/dialects' DIALECTS) shape refusals on their paths."""
 
     def __init__(self, app: ASGIApp, config: GuardConfig | None = None, *,
                  reject: Callable[[str, str], None] | None = None,
-                 own: Iterable[str] | None = None) -> None:
+                 own: Iterable[str] | None = None,
+                 dialects: Mapping[str, Dialect] | None = None) -> None:
         self.app = app
+        self.dialects: Mapping[str, Dialect] = dialects or {}
         self.policy = (Policy(config or GuardConfig()) if own is None
                        else Policy(config or GuardConfig(), frozenset(own)))
         self.reject = reject  # Telemetry.reject: counted as source="http"
@@ -199,10 +209,10 @@ class RequestGuard:
             self._logged_at, self._held = now, 0
         else:
             self._held += 1
-        dialect = DIALECTS.get(scope["path"]) if scope["method"] == "POST" else None
+        dialect = self.dialects.get(scope["path"]) if scope["method"] == "POST" else None
         if dialect is not None:  # refused in its API's shape (Anthropic's on /v1/messages)
             send = dialect.open(send).send
-        await send_error(send, refusal.status, refusal.message, refusal.code)
+        await refusal.error.send(send, refusal.message)
 
     def refusal(self, scope: Scope) -> Refusal | None:
         """The policy's verdict on one request (the headers read in one pass; a Host already

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshroute_middleware.core.prefix import message_chain
-from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import (
     ChatRequest,
     RequestKind,
@@ -53,15 +53,16 @@ def parse_embeddings(body: bytes, objective: bytes | None = None,
     payload, model, pin, body, chosen = parse_common(body, objective)
     inputs = count_inputs(payload.get("input"))
     if inputs is None or inputs > MAX_INPUTS:
-        raise RequestError(400, "'input' must be a non-empty string, a list of at most "
-                           f"{MAX_INPUTS} non-empty strings, a token array (non-negative "
-                           "integers) or a list of token arrays", "invalid_input")
+        raise HttpError.INVALID_INPUT.error(
+            "'input' must be a non-empty string, a list of at most "
+            f"{MAX_INPUTS} non-empty strings, a token array (non-negative "
+            "integers) or a list of token arrays")
     dimensions = payload.get("dimensions")
     if dimensions is not None and not (type(dimensions) is int and dimensions > 0):
-        raise RequestError(400, "'dimensions' must be a positive integer", "invalid_dimensions")
+        raise HttpError.INVALID_DIMENSIONS.error("'dimensions' must be a positive integer")
     if payload.get("encoding_format", "float") not in ("float", "base64"):
-        raise RequestError(400, "'encoding_format' must be 'float' or 'base64'",
-                           "invalid_encoding_format")
+        raise HttpError.INVALID_ENCODING_FORMAT.error(
+            "'encoding_format' must be 'float' or 'base64'")
     return ChatRequest(body, model, pin, needs=NEEDS["embeddings"], kind="embeddings",
                        inputs=inputs, objective=chosen)
 
@@ -73,14 +74,14 @@ def parse_completion(body: bytes, objective: bytes | None = None,
     payload, model, pin, body, chosen = parse_common(body, objective)
     prompt = payload.get("prompt")
     if count_inputs(prompt) is None:
-        raise RequestError(400, "'prompt' must be a non-empty string, a list of strings, a "
-                           "token array or a list of token arrays", "invalid_prompt")
+        raise HttpError.INVALID_PROMPT.error(
+            "'prompt' must be a non-empty string, a list of strings, a "
+            "token array or a list of token arrays")
     limit = payload.get("max_tokens")
     if limit is not None and not (type(limit) is int and limit > 0):
-        raise RequestError(400, "'max_tokens' must be a positive integer",
-                           "invalid_max_tokens")
+        raise HttpError.INVALID_MAX_TOKENS.error("'max_tokens' must be a positive integer")
     if not isinstance(payload.get("stream", False), bool):
-        raise RequestError(400, "'stream' must be true or false", "invalid_stream")
+        raise HttpError.INVALID_STREAM.error("'stream' must be true or false")
     prefix = (message_chain([{"role": "user", "content": prompt}], session_id)
               if isinstance(prompt, str) else None)
     return ChatRequest(body, model, pin, answer_bound(payload), prefix,

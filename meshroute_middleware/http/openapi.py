@@ -11,6 +11,7 @@ from meshroute_middleware.core.cache_prior import MAX_CACHE_TOKENS
 from meshroute_middleware.core.capabilities import CAPABILITIES
 from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS, MAX_SLOTS
 from meshroute_middleware.core.objectives import OBJECTIVES
+from meshroute_middleware.http.errors import HttpError
 
 __all__ = ["openapi_document"]
 
@@ -22,7 +23,9 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
+def _errors(*errors: HttpError) -> dict[str, Any]:
+    """The error answers of an endpoint, by status (from http/errors.py's table)."""
+    statuses = dict.fromkeys(e.status for e in errors)
     text = {400: "invalid request", 401: "missing or wrong bearer token",
             403: "not allowed for this key (model_not_allowed; /v1/usage: another client)",
             404: "not found",
@@ -35,6 +38,14 @@ def _errors(*statuses: int) -> dict[str, Any]:
             503: "no route available", 504: "the request's deadline ran out"}
     return {str(s): _json(_ERROR, text[s]) for s in statuses}
 
+
+# What the routed paths (chat, the dialects, embeddings, completions) may answer.
+_CHAT_ERRORS = (HttpError.INVALID_REQUEST, HttpError.MISSING_API_KEY, HttpError.MODEL_NOT_ALLOWED,
+                HttpError.MODEL_NOT_FOUND, HttpError.REQUEST_TOO_LARGE, HttpError.RATE_LIMITED,
+                HttpError.INTERNAL, HttpError.UPSTREAM_FAILED, HttpError.NO_ROUTE,
+                HttpError.DEADLINE)
+_COUNT_ERRORS = (HttpError.INVALID_REQUEST, HttpError.MISSING_API_KEY,
+                 HttpError.REQUEST_TOO_LARGE, HttpError.RATE_LIMITED)
 
 _USAGE: dict[str, Any] = {
     "type": "object", "required": ["object", "group_by", "since", "data"],
@@ -53,11 +64,11 @@ _USAGE: dict[str, Any] = {
                 "errors": {"type": "integer"}}}}},
 }
 
-def _anthropic_errors(*statuses: int) -> dict[str, Any]:
+def _anthropic_errors(*errors: HttpError) -> dict[str, Any]:
     """Errors of the Messages endpoints: Anthropic's shape (docs/apis.md)."""
     ref = {"$ref": "#/components/schemas/AnthropicError"}
-    return {str(s): _json(ref, f"{d['description']} (Anthropic's error shape)")
-            for s, d in ((s, _errors(s)[str(s)]) for s in statuses)}
+    return {s: _json(ref, f"{d['description']} (Anthropic's error shape)")
+            for s, d in _errors(*errors).items()}
 
 
 _NODE: dict[str, Any] = {
@@ -102,7 +113,7 @@ def _routed(summary: str, schema: str, answer: str) -> dict[str, Any]:
                 "200": {"description": answer,
                         "content": {"application/json": {"schema": _OBJECT},
                                     "text/event-stream": {"schema": {"type": "string"}}}},
-                **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}
+                **_errors(*_CHAT_ERRORS)}}
 
 
 def openapi_document() -> dict[str, Any]:
@@ -124,7 +135,7 @@ def openapi_document() -> dict[str, Any]:
                                            "an SSE error event)",
                             "content": {"application/json": {"schema": _OBJECT},
                                         "text/event-stream": {"schema": {"type": "string"}}}},
-                    **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
+                    **_errors(*_CHAT_ERRORS)}}},
             "/v1/messages": {"post": {
                 "summary": "Anthropic Messages, over the chat path (docs/apis.md)",
                 "requestBody": {"required": True, "content": {"application/json": {
@@ -135,7 +146,7 @@ def openapi_document() -> dict[str, Any]:
                                            "event)",
                             "content": {"application/json": {"schema": _OBJECT},
                                         "text/event-stream": {"schema": {"type": "string"}}}},
-                    **_anthropic_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
+                    **_anthropic_errors(*_CHAT_ERRORS)}}},
             "/v1/messages/count_tokens": {"post": {
                 "summary": "The prompt's token estimate, answered locally",
                 "requestBody": {"required": True, "content": {"application/json": {
@@ -144,7 +155,7 @@ def openapi_document() -> dict[str, Any]:
                     "200": _json({"type": "object", "required": ["input_tokens"],
                                   "properties": {"input_tokens": {"type": "integer"}}},
                                  "the estimate"),
-                    **_anthropic_errors(400, 401, 413, 429)}}},
+                    **_anthropic_errors(*_COUNT_ERRORS)}}},
             "/v1/embeddings": {"post": _routed(
                 "Route an embeddings request to a route declaring `embeddings`",
                 "EmbeddingsRequest", "the route's vectors, relayed")},
@@ -163,7 +174,7 @@ def openapi_document() -> dict[str, Any]:
                                            "ends with error and response.failed events)",
                             "content": {"application/json": {"schema": _OBJECT},
                                         "text/event-stream": {"schema": {"type": "string"}}}},
-                    **_errors(400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}}},
+                    **_errors(*_CHAT_ERRORS)}}},
             "/v1/models": {"get": {
                 "summary": "Models the router can route",
                 "responses": {"200": _json({"type": "object", "required": ["object", "data"],
@@ -176,7 +187,8 @@ def openapi_document() -> dict[str, Any]:
                                 "schema": {"type": "string"}}],
                 "responses": {"200": _json({"type": "object",
                                             "required": ["id", "object", "owned_by"]},
-                                           "OpenAI model object"), **_errors(404)}}},
+                                           "OpenAI model object"),
+                              **_errors(HttpError.MODEL_NOT_FOUND)}}},
             "/v1/nodes": {
                 "get": {"summary": "The topology's node records",
                         "responses": {"200": _json({"type": "object", "required": ["nodes"],
@@ -190,19 +202,22 @@ def openapi_document() -> dict[str, Any]:
                          "responses": {
                              "200": _json(_OBJECT, "refreshed"),
                              "201": _json(_OBJECT, "joined"),
-                             **_errors(400, 401, 413)}}},
+                             **_errors(HttpError.INVALID_NODE, HttpError.UNAUTHORIZED,
+                                       HttpError.REQUEST_TOO_LARGE)}}},
             "/v1/nodes/{node_id}": {"delete": {
                 "summary": "Remove a node",
                 "security": [{"bearer": []}, {}],
                 "parameters": [{"name": "node_id", "in": "path", "required": True,
                                 "schema": {"type": "string"}}],
-                "responses": {"200": _json(_OBJECT, "removed"), **_errors(401, 404)}}},
+                "responses": {"200": _json(_OBJECT, "removed"),
+                              **_errors(HttpError.UNAUTHORIZED, HttpError.NODE_NOT_FOUND)}}},
             "/v1/routing": {"get": {
                 "summary": "The learned routing table",
                 "parameters": [{"name": "model", "in": "query", "required": False,
                                 "schema": {"type": "string"}}],
                 "responses": {"200": _json({"type": "object", "required": ["models"]},
-                                           "routing table"), **_errors(404)}}},
+                                           "routing table"),
+                              **_errors(HttpError.MODEL_NOT_FOUND)}}},
             "/v1/routing/events": {"get": {
                 "summary": "Routing events as Server-Sent Events (history, then live)",
                 "parameters": [{"name": "since", "in": "query", "required": False,
@@ -212,7 +227,7 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {"200": {"description": "an endless event stream",
                                       "content": {"text/event-stream": {
                                           "schema": {"type": "string"}}}},
-                              **_errors(400)}}},
+                              **_errors(HttpError.INVALID_SINCE)}}},
             "/v1/usage": {"get": {
                 "summary": "The usage ledger: requests, tokens, cost and errors by client, "
                            "route or UTC day (the admin token sees every client; a client's "
@@ -228,7 +243,9 @@ def openapi_document() -> dict[str, Any]:
                      "schema": {"type": "string", "default": "client"},
                      "description": "client, route or day, or a comma list of them"}],
                 "responses": {"200": _json(_USAGE, "ledger rows"),
-                              **_errors(400, 401, 403, 503)}}},
+                              **_errors(HttpError.INVALID_SINCE, HttpError.MISSING_API_KEY,
+                                      HttpError.FORBIDDEN,
+                                      HttpError.LIMITS_STORE_UNAVAILABLE)}}},
             "/metrics": {"get": {
                 "summary": "Prometheus metrics",
                 "responses": {"200": {"description": "text exposition", "content": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import orjson
 from starlette.types import Message, Receive, Scope
@@ -21,7 +21,8 @@ from meshroute_middleware.core.objectives import (
 )
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
-from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.endpoints import CHAT_PATH, PATHS, RequestKind, Translation
+from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.shape import (
     MAX_JSON_DEPTH,
     BodyLimits,
@@ -30,19 +31,10 @@ from meshroute_middleware.http.shape import (
     value_bound,
 )
 
-if TYPE_CHECKING:
-    from meshroute_middleware.chat.dialects import Translation
-
 __all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
            "check_large", "load_object", "loads", "parse_chat", "parse_common", "read_body",
            "replay"]
 
-# The routed endpoints (issue 25): each kind's path, the same on the gateway, on a node and,
-# without its `/v1`, below a provider's base URL.
-RequestKind = Literal["chat", "embeddings", "completions"]
-CHAT_PATH = "/v1/chat/completions"
-PATHS: dict[RequestKind, str] = {"chat": CHAT_PATH, "embeddings": "/v1/embeddings",
-                                 "completions": "/v1/completions"}
 MAX_PIN_HOPS = 64
 DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
 
@@ -86,8 +78,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int,
         async with asyncio.timeout(timeout_s):
             return await _read_body(scope, receive, limit)
     except TimeoutError:
-        raise RequestError(408, f"the request body did not arrive within {timeout_s:g} s",
-                           "request_timeout") from None
+        raise HttpError.REQUEST_TIMEOUT.error(
+            f"the request body did not arrive within {timeout_s:g} s") from None
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -96,15 +88,14 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             try:
                 declared = int(value)
             except ValueError:
-                raise RequestError(400, "Content-Length is not a number",
-                                   "invalid_request") from None
+                raise HttpError.INVALID_REQUEST.error("Content-Length is not a number") from None
             if declared > limit:
                 raise _too_large(limit)
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise RequestError(499, "client disconnected", "client_closed")
+            raise HttpError.CLIENT_CLOSED.error("client disconnected")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -115,8 +106,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> RequestError:
-    return RequestError(413, f"request body exceeds the limit of {limit} bytes",
-                        "request_too_large")
+    return HttpError.REQUEST_TOO_LARGE.error(f"request body exceeds the limit of {limit} bytes")
 
 
 def loads(body: bytes) -> Any:
@@ -169,8 +159,9 @@ def check_session_id(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == H_SESSION:
             if len(value) > MAX_SESSION_ID_BYTES:
-                raise RequestError(400, f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
-                                   "bytes", "invalid_session_id")
+                raise HttpError.INVALID_SESSION_ID.error(
+                    f"x-session-id is longer than {MAX_SESSION_ID_BYTES} "
+                    "bytes")
             found = value.decode("latin-1") or None
     return found
 
@@ -201,13 +192,12 @@ def parse_common(body: bytes, objective: bytes | None = None
     payload = load_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise RequestError(400, "'model' is required and must be a non-empty string",
-                           "invalid_model")
+        raise HttpError.INVALID_MODEL.error("'model' is required and must be a non-empty string")
     pin = payload.get("route")
     if pin is not None and (not isinstance(pin, list) or not pin or len(pin) > MAX_PIN_HOPS
                             or not all(isinstance(p, str) and p for p in pin)):
-        raise RequestError(400, "'route' must be a non-empty list of node ids (strings)",
-                           "invalid_route")
+        raise HttpError.INVALID_ROUTE.error(
+            "'route' must be a non-empty list of node ids (strings)")
     chosen = DEFAULT_OBJECTIVE if objective is None else _objective(
         objective.decode("latin-1"), "the x-meshroute-objective header")
     # Read only when its name is in the bytes (a substring search: plain requests pay next to
@@ -224,8 +214,9 @@ def _options(options: object, objective: Objective) -> Objective:
     """The objective of the body's `meshroute` options (else `objective`); RequestError(400)
     for options that are not an object of OPTION_NAMES or a bad objective."""
     if not isinstance(options, dict) or not set(options) <= set(OPTION_NAMES):
-        raise RequestError(400, f"'{OPTIONS}' must be an object with only "
-                           f"{', '.join(map(repr, OPTION_NAMES))}", "invalid_request")
+        raise HttpError.INVALID_REQUEST.error(
+            f"'{OPTIONS}' must be an object with only "
+            f"{', '.join(map(repr, OPTION_NAMES))}")
     if "objective" not in options:
         return objective
     return _objective(options["objective"], f"'{OPTIONS}.objective'")
@@ -235,7 +226,7 @@ def _objective(value: object, where: str) -> Objective:
     try:
         return parse_objective(value, where)
     except InvalidObjectiveError as exc:
-        raise RequestError(400, str(exc), "invalid_objective") from None
+        raise HttpError.INVALID_OBJECTIVE.error(str(exc)) from None
 
 
 def load_object(body: bytes) -> dict[str, Any]:
@@ -248,10 +239,11 @@ def load_object(body: bytes) -> dict[str, Any]:
     try:
         payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise RequestError(400, "request body is not valid JSON (or nests deeper than "
-                           f"{MAX_JSON_DEPTH} levels)", "invalid_json") from None
+        raise HttpError.INVALID_JSON.error(
+            "request body is not valid JSON (or nests deeper than "
+            f"{MAX_JSON_DEPTH} levels)") from None
     if not isinstance(payload, dict):
-        raise RequestError(400, "request body must be a JSON object", "invalid_request")
+        raise HttpError.INVALID_REQUEST.error("request body must be a JSON object")
     return payload
 
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.http.errors import HttpError
 
 # Deeper JSON is refused before anything is forwarded: our parser would recurse (the standard
 # library past ~1,000 levels raises RecursionError) and a node's parser may break on less.
@@ -83,15 +83,15 @@ def scan(body: bytes, max_depth: int, max_values: int | None = None) -> None:
             values += 1
             depth += 1
             if depth > max_depth:
-                raise RequestError(400, f"request body nests deeper than {max_depth} levels",
-                                   "invalid_json")
+                raise HttpError.INVALID_JSON.error(
+                    f"request body nests deeper than {max_depth} levels")
         elif token in _CLOSE:
             depth -= 1
         else:
             values += 1
         if max_values is not None and values > max_values:
-            raise RequestError(413, f"request body holds more than {max_values} JSON values",
-                               "too_many_values")
+            raise HttpError.TOO_MANY_VALUES.error(
+                f"request body holds more than {max_values} JSON values")
 
 
 def check_messages(payload: dict[str, Any], limits: BodyLimits) -> None:
@@ -103,11 +103,12 @@ def check_messages(payload: dict[str, Any], limits: BodyLimits) -> None:
         if not isinstance(items, list):
             continue
         if len(items) > limits.max_messages:
-            raise RequestError(413, f"'{name}' holds {len(items)} items, more than the limit "
-                               f"of {limits.max_messages}", "too_many_messages", param=name)
+            raise HttpError.TOO_MANY_MESSAGES.error(
+                f"'{name}' holds {len(items)} items, more than the limit "
+                f"of {limits.max_messages}", param=name)
         parts = sum(len(item["content"]) for item in items
                     if isinstance(item, dict) and isinstance(item.get("content"), list))
         if parts > limits.max_content_parts:
-            raise RequestError(413, f"'{name}' holds {parts} content parts, more than the "
-                               f"limit of {limits.max_content_parts}",
-                               "too_many_content_parts", param=name)
+            raise HttpError.TOO_MANY_CONTENT_PARTS.error(
+                f"'{name}' holds {parts} content parts, more than the "
+                f"limit of {limits.max_content_parts}", param=name)

@@ -123,3 +123,25 @@ async def test_the_guard_answers_openai_errors_and_counts_them() -> None:
     assert [r.status_code for r in ok] == [204, 204, 204] and len(reached) == 3
     assert counted == [("http", "403 invalid_content_type"), ("http", "403 origin_not_allowed"),
                        ("http", "421 invalid_host")]
+
+
+@pytest.mark.anyio
+async def test_a_refusal_on_a_dialect_path_leaves_in_that_apis_shape() -> None:
+    from meshroute_middleware.chat.dialects import DIALECTS
+    from meshroute_middleware.endpoints import DIALECT_PATHS, MESSAGES_PATH
+
+    assert set(DIALECTS) == DIALECT_PATHS  # the guard's paths are the dialects' own
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("a refused request must not reach the app")
+
+    guard = RequestGuard(app, GuardConfig(), dialects=DIALECTS)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=guard)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        messages = await c.post(MESSAGES_PATH, json={}, headers={"origin": "http://x.example"})
+        chat = await c.post("/v1/chat/completions", json={},
+                            headers={"origin": "http://x.example"})
+    assert (messages.status_code, chat.status_code) == (403, 403)
+    assert messages.json()["type"] == "error"  # Anthropic's {"type": "error", "error": {...}}
+    assert messages.json()["error"]["type"] == "permission_error"
+    assert chat.json()["error"]["code"] == "origin_not_allowed"  # OpenAI's

@@ -76,7 +76,7 @@ from meshroute_middleware.forwarding.client import (
     ForwardError,
     UpstreamResponse,
 )
-from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, RequestError
+from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, HttpError, RequestError
 from meshroute_middleware.http.guard import host_matches, host_of, machine_names
 from meshroute_middleware.http.request import ChatRequest, parse_chat
 from meshroute_middleware.mesh import Mesh
@@ -182,8 +182,8 @@ class MeshRouteAddon:
         declared = flow.request.headers.get("content-length", "")
         limit = self.settings.max_body_bytes
         if declared.isdigit() and int(declared) > limit:
-            answer_error(flow, ErrorAnswer.of(RequestError(
-                413, f"request body exceeds the limit of {limit} bytes", "request_too_large")))
+            answer_error(flow, ErrorAnswer.of(HttpError.REQUEST_TOO_LARGE.error(
+                f"request body exceeds the limit of {limit} bytes")))
 
     async def request(self, flow: http.HTTPFlow) -> None:
         """Route a chat request: choose, open the head's answer with fallback, relay it."""
@@ -192,8 +192,8 @@ class MeshRouteAddon:
         try:
             body = flow.request.get_content(strict=True) or b""
         except ValueError:  # an undecodable Content-Encoding
-            answer_error(flow, ErrorAnswer.of(RequestError(
-                400, "request body cannot be decoded", "invalid_request")))
+            answer_error(flow, ErrorAnswer.of(HttpError.INVALID_REQUEST.error(
+                "request body cannot be decoded")))
             return
         try:
             await self._route(flow, body)
@@ -211,8 +211,9 @@ class MeshRouteAddon:
     async def _route(self, flow: http.HTTPFlow, body: bytes) -> None:
         try:
             if self.settings is not None and len(body) > self.settings.max_body_bytes:
-                raise RequestError(413, "request body exceeds the limit of "
-                                   f"{self.settings.max_body_bytes} bytes", "request_too_large")
+                raise HttpError.REQUEST_TOO_LARGE.error(
+                    "request body exceeds the limit of "
+                    f"{self.settings.max_body_bytes} bytes")
             objective = flow.request.headers.get("x-meshroute-objective")
             req = parse_chat(body, None if objective is None else objective.encode("latin-1"))
             decision = self._decide(req.model, req.pin, req.max_tokens, req.needs,
@@ -233,10 +234,10 @@ class MeshRouteAddon:
         except UnknownModelError as exc:
             if pin is None:
                 raise _PassThrough from exc  # not the mesh's model: the named upstream's
-            raise RequestError(404, f"model {model!r} is not served by any known route",
-                               "model_not_found") from exc
+            raise HttpError.MODEL_NOT_FOUND.error(
+                f"model {model!r} is not served by any known route") from exc
         except InvalidPinError as exc:
-            raise RequestError(400, str(exc), "invalid_route") from exc
+            raise HttpError.INVALID_ROUTE.error(str(exc)) from exc
 
     async def _open(self, flow: http.HTTPFlow, req: ChatRequest, first: Decision) -> None:
         """Walk the ranked routes (chat.attempts' lifecycle and deadline) until a head

@@ -22,7 +22,7 @@ from meshroute_middleware.chat.headers import node_headers
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.client import ForwardError, UpstreamResponse
 from meshroute_middleware.forwarding.measure import sse_error_event
-from meshroute_middleware.http.errors import send_error
+from meshroute_middleware.http.errors import HttpError
 
 log = logging.getLogger("meshroute.mitm")
 RELAY_PATH = "/meshroute/relay"
@@ -82,7 +82,7 @@ class Relay:
                        if k == TICKET_HEADER), "")
         parked = self._parked.pop(ticket, None)
         if parked is None:
-            await send_error(send, 404, "unknown or used relay ticket", "invalid_ticket")
+            await HttpError.INVALID_TICKET.send(send, "unknown or used relay ticket")
             return
         parked.fetched = True
         if parked.expiry is not None:

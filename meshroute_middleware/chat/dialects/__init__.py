@@ -7,29 +7,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from starlette.types import Send
+from meshroute_middleware.endpoints import Dialect, Translation
 
-
-class Translation(Protocol):
-    """One request being translated; made before the body is read, so that even the errors
-    answered before it (413, 401, ...) leave in the dialect's shape."""
-
-    send: Send  # the client's send, as this API's answers: OpenAI-shaped answers pass into it
-
-    def request(self, body: bytes) -> bytes:
-        """The OpenAI chat-completions body for this API's `body` (RequestError when it is
-        invalid); from now on `send` translates a success answer too."""
-        ...
-
-
-class Dialect(Protocol):
-    """One API served over the chat path, at its own URL path."""
-
-    path: str
-
-    def open(self, send: Send) -> Translation:
-        """Start translating one request whose answer goes to `send`."""
-        ...
+__all__ = ["DIALECTS", "Dialect", "Local", "Native", "Translation"]
 
 
 @runtime_checkable
@@ -58,10 +38,8 @@ class Local(Protocol):
 # path -> dialect: one line per API, each in a module of this package (imported last: the
 # modules implement the protocols above).
 from meshroute_middleware.chat.dialects import anthropic  # noqa: E402
-from meshroute_middleware.chat.dialects.responses import (  # noqa: E402
-    RESPONSES_PATH,
-    ResponsesDialect,
-)
+from meshroute_middleware.chat.dialects.responses import ResponsesDialect  # noqa: E402
+from meshroute_middleware.endpoints import RESPONSES_PATH  # noqa: E402
 
 DIALECTS: dict[str, Dialect] = {
     anthropic.MESSAGES_PATH: anthropic.MESSAGES,

@@ -1,7 +1,7 @@
 """Anthropic's Messages API over the chat path: `POST /v1/messages` and
 `POST /v1/messages/count_tokens` (issue 25).
 
-The request is translated to chat completions (core/contracts/anthropic.py); every answer of
+The request is translated to chat completions (chat/dialects/wire/anthropic.py); every answer of
 the chat path passes through `MessagesTranslation.send`: a chat completion becomes a
 `message`, an SSE stream Anthropic's events (translated as it passes), every OpenAI-shaped
 error `{"type": "error", "error": {"type", "message"}}` with its status and headers
@@ -16,25 +16,24 @@ import secrets
 
 from starlette.types import Message, Send
 
-from meshroute_middleware.chat.headers import is_sse
-from meshroute_middleware.core.contracts.anthropic import (
+from meshroute_middleware.chat.dialects.wire.anthropic import (
     Asked,
     MessagesError,
     chat_request,
     error_object,
     message,
 )
-from meshroute_middleware.core.contracts.anthropic_stream import MessageStream
+from meshroute_middleware.chat.dialects.wire.anthropic_stream import MessageStream
+from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import error_message
 from meshroute_middleware.core.providers.tokens import estimate
-from meshroute_middleware.http.errors import RequestError
+from meshroute_middleware.endpoints import COUNT_TOKENS_PATH, MESSAGES_PATH
+from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import loads
 
 __all__ = ["COUNT_TOKENS", "COUNT_TOKENS_PATH", "MESSAGES", "MESSAGES_PATH",
            "CountTokensDialect", "MessagesDialect", "MessagesTranslation"]
 
-MESSAGES_PATH = "/v1/messages"
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 _DROPPED = frozenset({b"content-length", b"content-type", b"content-encoding"})
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a JSON answer held to translate it (as call.py holds)
 
@@ -67,11 +66,11 @@ class MessagesTranslation:
         try:
             payload = loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise RequestError(400, "the request body is not valid JSON", "invalid_json") from None
+            raise HttpError.INVALID_JSON.error("the request body is not valid JSON") from None
         try:
             chat, self.asked = chat_request(payload, count_only=self.count_only)
         except MessagesError as exc:
-            raise RequestError(400, str(exc), "invalid_request") from None
+            raise HttpError.INVALID_REQUEST.error(str(exc)) from None
         self.body = body
         self.input_tokens = estimate(chat).prompt
         return json.dumps(chat).encode()
@@ -120,13 +119,18 @@ class MessagesTranslation:
         self._held.clear()
         status, answer = (self._translated(int(start["status"]), body)
                           if self._held_bytes <= MAX_ANSWER_BYTES else
-                          (502, json.dumps(error_object(502, "the route's answer is larger "
-                                                        "than meshroute holds")).encode()))
+                          self._invalid("the route's answer is larger than meshroute holds"))
         kept = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in _DROPPED]
         await self._client({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(answer)).encode()), *kept]})
         await self._client({"type": "http.response.body", "body": answer, "more_body": False})
+
+    @staticmethod
+    def _invalid(message: str) -> tuple[int, bytes]:
+        """The answer for a route's answer that cannot be translated."""
+        status = HttpError.UPSTREAM_ANSWER_INVALID.status
+        return status, json.dumps(error_object(status, message)).encode()
 
     def _translated(self, status: int, body: bytes) -> tuple[int, bytes]:
         """A whole JSON answer in Messages' shape (an error for what cannot be read)."""
@@ -141,8 +145,7 @@ class MessagesTranslation:
         if self.asked is None:  # an answer to no request of ours: passed as it is
             return status, body
         if not isinstance(decoded, dict) or not isinstance(decoded.get("choices"), list):
-            return 502, json.dumps(error_object(
-                502, "the route's answer is not a chat completion")).encode()
+            return self._invalid("the route's answer is not a chat completion")
         return status, json.dumps(message(decoded, self.asked, message_id(),
                                           self.input_tokens)).encode()
 

@@ -1,6 +1,6 @@
 """`POST /v1/responses` (OpenAI Responses, the stateless subset) over the one chat path.
 
-The request becomes a chat-completions request (core.contracts.responses_request); the chat
+The request becomes a chat-completions request (chat.dialects.wire.responses_request); the chat
 path's 200 answers become Responses answers on their way to the client: a JSON completion a
 `response` object, an SSE stream the Responses events, translated as each chunk passes (a
 split line is joined when its end arrives; nothing is held back), and the SSE error event
@@ -21,9 +21,7 @@ from typing import Any
 
 from starlette.types import Message, Send
 
-from meshroute_middleware.chat.headers import is_sse
-from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
-from meshroute_middleware.core.contracts.responses_answer import (
+from meshroute_middleware.chat.dialects.wire.responses_answer import (
     MAX_KEPT_CHARS,
     ResponsesAnswerError,
     ResponsesStream,
@@ -31,15 +29,17 @@ from meshroute_middleware.core.contracts.responses_answer import (
     encode_events,
     from_completion,
 )
-from meshroute_middleware.core.contracts.responses_request import (
+from meshroute_middleware.chat.dialects.wire.responses_request import (
     Echo,
     ResponsesRequestError,
     to_chat,
 )
-from meshroute_middleware.http.errors import RequestError, send_error
+from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.scrub import DECODABLE, content_encoding
+from meshroute_middleware.endpoints import RESPONSES_PATH
+from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.request import load_object
 
-RESPONSES_PATH = "/v1/responses"
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a JSON answer held to be translated, at most
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # one SSE event of a chat stream, at most (else dropped)
 # The headers of a translated answer that no longer hold: its length and coding change.
@@ -134,7 +134,8 @@ class ResponsesTranslation:
         try:
             chat, self._echo = to_chat(load_object(body))
         except ResponsesRequestError as exc:
-            raise RequestError(400, str(exc), exc.code, param=exc.param) from None
+            raise RequestError(HttpError.INVALID_REQUEST.status, str(exc), exc.code,  # its own code
+                               param=exc.param) from None
         return json.dumps(chat).encode()
 
     async def _translate(self, message: Message) -> None:
@@ -169,9 +170,9 @@ class ResponsesTranslation:
         if coding:  # the forwarder asks for identity; a head may compress anyway
             if coding not in DECODABLE:
                 self._mode = "drop"  # the chat path's body is not sent: this error is
-                await send_error(self._client, 502, f"the route answered in the content "
-                                 f"coding {coding[:40]!r}, which meshroute does not read",
-                                 "upstream_failed")
+                await HttpError.UPSTREAM_FAILED.send(
+                    self._client, f"the route answered in the content "
+                    f"coding {coding[:40]!r}, which meshroute does not read")
                 return
             self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32 if coding != "deflate"
                                                else zlib.MAX_WBITS)

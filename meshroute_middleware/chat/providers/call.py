@@ -7,7 +7,7 @@ A provider model with `api = "anthropic"` is called at `{base_url}/messages` ins
 `x-api-key: <key>`, the client's `anthropic-version` (else ANTHROPIC_VERSION) and
 `anthropic-beta`: a /v1/messages request goes untranslated and its answer is relayed as it is;
 any other request goes translated to Messages and its answer comes back as chat completions
-(core/contracts/anthropic_chat.py). Either way it is measured on the bytes the route sent.
+(chat/dialects/wire/anthropic_chat.py). Either way it is measured on the bytes the route sent.
 Nothing reaches the client before the first content byte of an answer: until then a failure
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
@@ -24,6 +24,11 @@ import re
 import time
 from collections.abc import Callable, Mapping
 
+from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
+    ChatStream,
+    chat_completion,
+    chat_error,
+)
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
 from meshroute_middleware.chat.providers.messages_api import (
@@ -37,11 +42,6 @@ from meshroute_middleware.chat.providers.messages_api import (
 from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
-from meshroute_middleware.core.contracts.anthropic_chat import (
-    ChatStream,
-    chat_completion,
-    chat_error,
-)
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter

@@ -49,7 +49,7 @@ from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardTimeouts
-from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, RequestError
+from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, HttpError, RequestError
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_key_families
 
@@ -153,7 +153,7 @@ class ProviderChat:
         try:
             payload = json.loads(ex.req.body)
         except ValueError:  # parse_chat accepted it with orjson; the stdlib must agree
-            raise RequestError(400, "request body is not valid JSON", "invalid_json") from None
+            raise HttpError.INVALID_JSON.error("request body is not valid JSON") from None
         est = estimate(payload)
         pin = ex.req.pin[0] if ex.req.pin and len(ex.req.pin) == 1 else None
         if ex.req.pin is not None and pin is None:

@@ -8,9 +8,13 @@ import json
 from typing import Any
 
 from meshroute_middleware.chat.dialects import Native
+from meshroute_middleware.chat.dialects.wire.anthropic import (
+    ANTHROPIC_VERSION,
+    error_object,
+    stream_failed,
+)
+from meshroute_middleware.chat.dialects.wire.anthropic_chat import messages_request
 from meshroute_middleware.chat.providers.request import ChainRequest
-from meshroute_middleware.core.contracts.anthropic import ANTHROPIC_VERSION, error_object, sse_error
-from meshroute_middleware.core.contracts.anthropic_chat import messages_request
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.core.providers.chain import Candidate
 
@@ -58,4 +62,4 @@ def messages_error(status: int, message: str) -> bytes:
 
 def broken_event(message: str, native: bool) -> bytes:
     """The event that ends a stream cut mid-way, in the client's API."""
-    return sse_error(502, message) if native else sse_error_event(message)
+    return stream_failed(message) if native else sse_error_event(message)

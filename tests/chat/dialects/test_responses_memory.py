@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from meshroute_middleware.core.contracts.responses_answer import MAX_KEPT_CHARS
+from meshroute_middleware.chat.dialects.wire.responses_answer import MAX_KEPT_CHARS
 
 from ...upstream import ServerThread, serve_process
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshroute_middleware.core.contracts.anthropic import (
+from meshroute_middleware.chat.dialects.wire.anthropic import (
     Asked,
     MessagesError,
     chat_request,

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from meshroute_middleware.core.contracts.responses_answer import (
+from meshroute_middleware.chat.dialects.wire.responses_answer import (
     ResponsesAnswerError,
     ResponsesStream,
     encode_events,
     from_completion,
 )
-from meshroute_middleware.core.contracts.responses_request import Echo
+from meshroute_middleware.chat.dialects.wire.responses_request import Echo
 
 ECHO = Echo("client-model", instructions="be brief", max_output_tokens=99)
 RID = "resp_abc"

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import MeshRouteError
-from .responses_request import Echo
+from meshroute_middleware.chat.dialects.wire.responses_request import Echo
+from meshroute_middleware.core.errors import MeshRouteError
 
 # Text and arguments one stream keeps for its closing events, in characters: 8x the longest
 # answer a model writes today (128k output tokens at ~4 characters each, 0.5 Mi characters),

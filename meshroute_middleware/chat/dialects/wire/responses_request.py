@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import MeshRouteError
+from meshroute_middleware.core.errors import MeshRouteError
 
 STATELESS = ("meshroute's /v1/responses is stateless (nothing is stored): send the whole "
              "conversation in 'input'")

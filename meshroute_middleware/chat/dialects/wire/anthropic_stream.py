@@ -13,7 +13,14 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .anthropic import Asked, sse, sse_error, stop_reason, tool_use_block, usage
+from meshroute_middleware.chat.dialects.wire.anthropic import (
+    Asked,
+    sse,
+    stop_reason,
+    stream_failed,
+    tool_use_block,
+    usage,
+)
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a longer SSE line is not a chunk we can read: skipped
 
@@ -89,7 +96,7 @@ class MessageStream:
         if self._choice.get("finish_reason") is not None:
             return out + self._finish()
         self._done = True
-        return out + sse_error(502, "the route's stream ended before its answer was complete")
+        return out + stream_failed("the route's stream ended before its answer was complete")
 
     def _line(self, line: bytes) -> bytes:
         if self._done or not line.startswith(b"data:"):
@@ -196,5 +203,5 @@ class MessageStream:
     def _error(self, error: object) -> bytes:
         self._done = True
         message = error.get("message") if isinstance(error, Mapping) else None
-        return sse_error(502, message if isinstance(message, str) else
-                         "the route failed mid-stream")
+        return stream_failed(message if isinstance(message, str) else
+                             "the route failed mid-stream")

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .anthropic_stream import SseLines
-from .error_body import error_object, error_type, sse_error_event
+from meshroute_middleware.chat.dialects.wire.anthropic_stream import SseLines
+from meshroute_middleware.core.contracts.error_body import error_object, error_type, sse_error_event
 
 DEFAULT_MAX_TOKENS = 4096  # Messages requires max_tokens; chat requests may leave it out
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",

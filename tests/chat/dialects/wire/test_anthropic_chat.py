@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from meshroute_middleware.core.contracts.anthropic import chat_request
-from meshroute_middleware.core.contracts.anthropic_chat import (
+from meshroute_middleware.chat.dialects.wire.anthropic import chat_request
+from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
     ChatStream,
     chat_completion,
     chat_error,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from meshroute_middleware.core.contracts.responses_request import (
+from meshroute_middleware.chat.dialects.wire.responses_request import (
     ResponsesRequestError,
     to_chat,
 )

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshroute_middleware.core.contracts.anthropic import Asked
-from meshroute_middleware.core.contracts.anthropic_stream import MessageStream, SseLines
+from meshroute_middleware.chat.dialects.wire.anthropic import Asked
+from meshroute_middleware.chat.dialects.wire.anthropic_stream import MessageStream, SseLines
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 
 ASKED = Asked("claude-x", ("END",), True)
@@ -142,7 +142,7 @@ def test_whatever_a_route_streams_the_translation_never_raises(chunks: list[obje
 
 @given(JSONISH)
 def test_whatever_a_route_answers_the_message_is_well_formed(answer: object) -> None:
-    from meshroute_middleware.core.contracts.anthropic import message
+    from meshroute_middleware.chat.dialects.wire.anthropic import message
     if isinstance(answer, dict):
         out = message(answer, ASKED, "msg_1")
         assert out["type"] == "message" and isinstance(out["content"], list)

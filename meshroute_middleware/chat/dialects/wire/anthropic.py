@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from ..errors import MeshRouteError
+from meshroute_middleware.core.errors import MeshRouteError
 
 ANTHROPIC_VERSION = "2023-06-01"  # sent upstream when the client named none
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # what the API accepts
@@ -57,6 +57,11 @@ def error_object(status: int, message: str) -> dict[str, Any]:
 def sse_error(status: int, message: str) -> bytes:
     """The error as the `error` event that ends a Messages stream."""
     return sse("error", error_object(status, message))
+
+
+def stream_failed(message: str) -> bytes:
+    """The `error` event that ends a Messages stream whose route failed mid-answer."""
+    return sse("error", {"type": "error", "error": {"type": "api_error", "message": message}})
 
 
 def sse(event: str, data: Mapping[str, Any]) -> bytes:
