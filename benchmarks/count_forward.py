@@ -93,7 +93,7 @@ def main() -> int:
     print(f"| forward path, per request ({n} vs {2 * n} requests) | bytecode instructions "
           f"(median of {args.rounds}) |\n|---|---:|")
     print(f"| all Python code | {statistics.median(r[0] for r in runs):.0f} |")
-    print(f"| meshroute_middleware outside core/ | {statistics.median(r[1] for r in runs):.0f} |")
+    print(f"| meshroute_middleware outside core/ | {statistics.median(r[1] for r in runs):.1f} |")
     return 0
 
 
