@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack
 
-from meshroute_middleware.core.stats import checked_int, checked_number
+from meshroute_middleware.core.curves import checked_int, checked_number
 
 from . import errors as err
 

@@ -10,7 +10,7 @@ An entry's saturation-curve summary (issue 14) travels beside the entries, in th
 optional map `k` ({model: {signature: {origin: [[bin, mass, mean log tps], ...]}}}), so a
 version 2 decoder that predates it ignores it (a body's unknown keys are skipped) and still
 takes the entry, whose 8-field leaf is unchanged: no version bump. A curve is checked as
-strictly as an entry (`core.stats.parse_curve`, the state file's check too: at most
+strictly as an entry (`core.curves.parse_curve`, the state file's check too: at most
 `MAX_CURVE_BINS` bins, strictly ascending in 0..`MAX_CURVE_BIN`, masses finite and >= 0, means
 finite and within the log of the tokens/s bounds); a bad one, or one naming no entry of the
 delta, refuses its entry too, counted in `Message.refused_curves` (`invalid_curve`). We only
@@ -29,7 +29,8 @@ from meshroute_middleware.core.contracts.limits import (
     MAX_SIGNATURE_CHARS,
     MAX_TPS,
 )
-from meshroute_middleware.core.stats import Curve, StatEntry, parse_curve
+from meshroute_middleware.core.curves import Curve, parse_curve
+from meshroute_middleware.core.stats import StatEntry
 
 from . import errors as err
 from . import state as st
