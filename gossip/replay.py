@@ -12,9 +12,11 @@ from __future__ import annotations
 import secrets
 from collections import OrderedDict
 
+from meshroute_middleware.core.defaults import MAX_SKEW_S
+
 from . import errors as err
 
-REPLAY_WINDOW_S = 30.0  # signed timestamps further from our clock are refused
+REPLAY_WINDOW_S = MAX_SKEW_S  # signed timestamps further from our clock are refused
 MAX_REPLAY_TAGS = 65_536  # tags remembered for duplicate detection (oldest evicted first)
 
 
