@@ -109,7 +109,7 @@ def _changes(obj: Any, refused: Refused) -> dict[str, float]:
 
 def _shapes(obj: Any, refused: Refused) -> dict[str, int]:
     """Topology fingerprints per model ("f", optional: a peer that sends none is treated as
-    having another topology, as before skew was handled)."""
+    having another topology than ours)."""
     if obj is None:
         return {}
     return _per_model(as_map(obj, "shapes"), lambda f: integer(f, "shape", 2**32 - 1), refused)
