@@ -104,9 +104,10 @@ def identical(services: list[GossipService]) -> bool:
 
 async def one_round(services: list[GossipService], clock: Clock) -> None:
     clock.now += 1.0
-    async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as tg:  # every tracker's exchanges, all awaited
         for s in services:
-            tg.start_soon(s.run_round)
+            for peer in s.pick():
+                tg.start_soon(s.exchange, peer)
 
 
 async def simulate(n: int, loss: float, fanout: int, seed: int,

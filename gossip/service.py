@@ -12,7 +12,7 @@ for the origin it names, so `GossipConfig.checked` refuses a non-loopback listen
 without a secret unless `insecure` is set (then the service warns at start). With a secret,
 frames are authenticated and entries of other origins are relayed; without one a tracker takes
 only the sender's own entries and relays nothing. A reply must name the request it answers and a
-pushed DELTA the reply that asked for it (`wire.Challenges`), so no recorded frame replays, even
+pushed DELTA the reply that asked for it (`replay.Challenges`), so no recorded frame replays, even
 after a restart.
 
 Provider routes (issue 23): with `providers` set, each exchange ends with a PROVIDER_REPORTS
@@ -46,20 +46,11 @@ from meshroute_middleware.core.router import Router
 from . import errors as err
 from . import state as st
 from .peers import Membership
+from .replay import Challenges, new_nonce
+from .reports_wire import Reports, bounded_reports
+from .stats_wire import INVALID_CURVE, INVALID_ENTRY, sendable
 from .transport import Address, TcpTransport, Transport
-from .wire import (
-    INVALID_CURVE,
-    INVALID_ENTRY,
-    Ack,
-    Challenges,
-    Message,
-    MessageType,
-    Reports,
-    WireCodec,
-    bounded_reports,
-    new_nonce,
-    sendable,
-)
+from .wire import Ack, Message, MessageType, WireCodec
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +235,7 @@ class GossipService:
         assert self._tg is not None
         while True:
             await anyio.sleep(self.config.interval_s)
-            for peer in self._pick():
+            for peer in self.pick():
                 self._tg.start_soon(self.exchange, peer)
 
     def add_peer(self, host: str, port: int) -> bool:
@@ -256,17 +247,12 @@ class GossipService:
         return self.membership.remove_peer(host, port)
 
     # -- initiating ---------------------------------------------------------------------------
-    def _pick(self) -> list[Address]:
+    def pick(self) -> list[Address]:
+        """The peers of one round (up to `fanout`, none with an exchange in flight)."""
         self.counters.rounds += 1
         self.router.prune()
         return self.membership.pick(self.config.fanout, self.clock(), self.rng,
                                     exclude=self._busy)
-
-    async def run_round(self) -> None:
-        """One round, awaited (simulations, tests): push-pull with up to `fanout` peers."""
-        async with anyio.create_task_group() as tg:
-            for peer in self._pick():
-                tg.start_soon(self.exchange, peer)
 
     async def exchange(self, peer: Address) -> bool:
         """Push-pull with one peer; return whether it completed. Never raises GossipError."""

@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from meshroute_middleware.core.defaults import MAX_SKEW_S
 from meshroute_middleware.core.stats import RouteStatsStore, StatEntry
 from meshroute_middleware.core.topology import Topology
 
@@ -46,7 +47,6 @@ MAX_MODELS_PER_MESSAGE = 256  # topology change times one message may carry
 MAX_ORIGINS_PER_ROUTE = 1024  # origins a store keeps for one route; more are refused
 MAX_STORE_ENTRIES = 65_536  # (route, origin) entries a store takes from gossip (~10 MB at most)
 MAX_ENTRIES_PER_ORIGIN = 4096  # routes one origin may fill in our store (one delta holds 1024)
-MAX_SKEW_S = 30.0  # a timestamp further past our clock is a broken clock or a lie (= replay window)
 
 # Reasons an entry or change time is refused, the counter labels.
 FOREIGN_ORIGIN = "foreign_origin"  # another origin's entry from an unauthenticated sender

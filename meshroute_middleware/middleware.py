@@ -6,131 +6,65 @@ annotate: the wrapped app serves the request itself, told the plan in headers an
 Either way failures before the first byte fall back down the ranked routes, and every
 response carries x-meshroute-route and x-meshroute-mode.
 
-This module is the ASGI dispatch and the mapping of errors to OpenAI-style answers; the
-modes, the attempt lifecycle, the watchdog and the headers live in `meshroute_middleware.chat`.
+This module is the ASGI dispatch only: the options (`chat/config.py`), the intake and the
+answers to refused requests (`chat/intake.py`), the modes, the attempt lifecycle, the watchdog
+and the headers live in `meshroute_middleware.chat`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-import re
 import secrets
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshroute_middleware.chat.aliasing import answer_model, with_model
 from meshroute_middleware.chat.annotate import AnnotateMode
-from meshroute_middleware.chat.attempts import (
-    DEFAULT_REQUEST_TIMEOUT_S,
-    Attempts,
-    Exchange,
-    internal_error,
+from meshroute_middleware.chat.attempts import Attempts, Exchange, internal_error
+from meshroute_middleware.chat.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    MiddlewareConfig,
+    build_embeddings_router,
+    build_router,
 )
 from meshroute_middleware.chat.dialects import DIALECTS, Local, Translation
-from meshroute_middleware.chat.forward import CHAT_PATH, ForwardMode
+from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
+from meshroute_middleware.chat.intake import parse, parse_large, refuse
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.spend import ClientSpend, Metered
 from meshroute_middleware.chat.stream_usage import UsageStrip, with_usage
-from meshroute_middleware.core import (
-    InvalidPinError,
-    NoRouteError,
-    Router,
-    RouterConfig,
-    UnknownModelError,
-)
+from meshroute_middleware.core import Router
 from meshroute_middleware.core.aliases import NO_ALIASES, Aliases
-from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.clients import (
-    Client,
     InvalidKeyError,
     MissingKeyError,
-    ModelNotAllowedError,
     check_model,
     check_pin,
 )
-from meshroute_middleware.core.errors import ModelGoneError
 from meshroute_middleware.forwarding.client import AiohttpForwarder, Forwarder
 from meshroute_middleware.http.auth import CHALLENGE, ClientAuth, client_of
-from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, HttpError, RequestError
-from meshroute_middleware.http.inference import PARSERS
+from meshroute_middleware.http.errors import ErrorAnswer, HttpError
 from meshroute_middleware.http.request import (
-    DEFAULT_BODY_TIMEOUT_S,
     H_OBJECTIVE,
     PATHS,
     ChatRequest,
     RequestKind,
-    check_large,
     check_session_id,
     header_value,
     read_body,
-    replay,
 )
-from meshroute_middleware.http.shape import BodyLimits
 from meshroute_middleware.telemetry.metrics import Telemetry
 from meshroute_middleware.telemetry.requests import RequestTally, Watch
 
 if TYPE_CHECKING:
     from meshroute_middleware.chat.providers import ProviderChat
 
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MeshRouteMiddleware", "MiddlewareConfig",
+           "build_embeddings_router", "build_router"]
+
 log = logging.getLogger("meshroute.middleware")
-MIB = 1024 * 1024
-DEFAULT_MAX_BODY_BYTES = 16 * MIB  # the one home of this default (settings refer to it)
-ServingMode = Literal["forward", "annotate"]
-
-
-@dataclass(frozen=True, slots=True)
-class MiddlewareConfig:
-    """The middleware's own options. The Router and the forwarder are components of their own,
-    configured where they are built (`build_router`, `AiohttpForwarder`)."""
-
-    mode: ServingMode = "forward"
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    path: str = CHAT_PATH
-    forward_headers: tuple[str, ...] = ()  # credentials a node may see (docs/security.md)
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # a chat request's total deadline
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body, else 408
-    # this gateway's `via` entry (chat/headers.py: a request that comes back with it gets
-    # 508); empty: a random one per middleware. Gateways that share a port (--workers)
-    # share one, so that a loop through any of them is caught.
-    loop_marker: str = ""
-    # who may spend (issue 24): with any client, every inference request needs its key
-    clients: tuple[Client, ...] = field(default=(), repr=False)
-    # the shape a body may have, judged before it is read (http/shape.py: issue 32)
-    body_limits: BodyLimits = field(default_factory=BodyLimits)
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("forward", "annotate"):
-            raise ValueError(f"mode must be 'forward' or 'annotate', got {self.mode!r}")
-        if self.max_body_bytes <= 0:
-            raise ValueError("max_body_bytes must be positive")
-        if not (self.request_timeout_s > 0 and self.body_timeout_s > 0):
-            raise ValueError("request_timeout_s and body_timeout_s must be positive")
-        if not re.fullmatch(r"[A-Za-z0-9._-]{0,64}", self.loop_marker):
-            raise ValueError(f"loop_marker must be a token of letters and digits, got "
-                             f"{self.loop_marker!r}")
-
-
-def build_router(config: RouterConfig | None = None, *, seed: int | None = None,
-                 origin: str = "local", clock: Callable[[], float] = time.time) -> Router:
-    """A Router with its own rng (seeded for reproducible runs), on the wall clock unless
-    told otherwise."""
-    return Router(config, clock=clock, rng=random.Random(seed), origin=origin)
-
-
-def build_embeddings_router(router: Router, *, seed: int | None = None) -> Router:
-    """The Router of embeddings requests: `router`'s topology (the same nodes, always), its
-    own statistics and policy, so that inputs/s never mix with chat's tokens/s; one input is
-    a sample (docs/architecture.md)."""
-    return Router(replace(router.config, min_sample_tokens=1), clock=router.clock,
-                  rng=random.Random(seed), origin=router.stats.origin,
-                  topology=router.topology)
 
 
 class MeshRouteMiddleware:
@@ -213,36 +147,12 @@ class MeshRouteMiddleware:
             log.debug("client %s: %s", client.name, scope["path"])
         return True
 
-    def _unknown(self, exc: UnknownModelError, model: str) -> ErrorAnswer:
-        """A model no node serves: 503 when it is known (its last node left, or it has a
-        `[mesh.MODEL]` table), else 404."""
-        if isinstance(exc, ModelGoneError):
-            return ErrorAnswer.of(exc)
-        if self.providers is not None and model in self.providers.providers.cfg.mesh_limits:
-            return ErrorAnswer.of(ModelGoneError(
-                f"no node serves model {model!r} now: it is a declared mesh model "
-                f"([mesh.{model}]), routed as soon as a node serves it"))
-        return ErrorAnswer.of(exc, f"model {model!r} is not served by any known route")
-
     def _lifespan_send(self, send: Send) -> Send:
         async def _send(message: Message) -> None:
             if message["type"] == "lifespan.shutdown.complete":
                 await self.forwarder.aclose()
             await send(message)
         return _send
-
-    @staticmethod
-    def _read(body: bytes, translation: Translation | None, kind: RequestKind,
-              objective: bytes | None, session_id: str | None) -> ChatRequest:
-        """The request a body holds, in its API's translation (RequestError when invalid)."""
-        return PARSERS[kind](body if translation is None else translation.request(body),
-                             objective, session_id)
-
-    def _read_large(self, body: bytes, translation: Translation | None, kind: RequestKind,
-                    objective: bytes | None, session_id: str | None) -> ChatRequest:
-        """`_read`, once the body's shape is within the limits (in a worker thread)."""
-        check_large(body, self.config.body_limits)
-        return self._read(body, translation, kind, objective, session_id)
 
     def router_for(self, kind: RequestKind) -> Router:
         """The Router whose statistics a kind of request reads and writes."""
@@ -252,6 +162,7 @@ class MeshRouteMiddleware:
                     translation: Translation | None = None, kind: RequestKind = "chat",
                     watch: Watch | None = None) -> None:
         metered: Metered | None = None
+        req: ChatRequest | None = None
         try:
             if came_back(scope, self._via):
                 raise HttpError.LOOP_DETECTED.error(
@@ -267,12 +178,10 @@ class MeshRouteMiddleware:
                                    self.config.body_timeout_s)
             objective = header_value(scope, H_OBJECTIVE)
             if self.config.body_limits.inline(body):  # small: read at once
-                req = self._read(body, translation, kind, objective, session_id)
-            else:  # a client over its rpm first; then its shape judged and read, off the loop
-                if self.spend is not None and client is not None:
-                    await self.spend.check(client)
-                req = await asyncio.to_thread(self._read_large, body, translation, kind,
-                                              objective, session_id)
+                req = parse(body, translation, kind, objective, session_id)
+            else:  # judged and read off the loop
+                req = await parse_large(body, self.config.body_limits, translation, kind,
+                                        objective, session_id, self.spend, client)
             target = self.aliases.resolve(req.model) if self.aliases else None
             if target is not None:  # the answer names the model the client asked for
                 req, send = with_model(req, target), answer_model(send, req.model)
@@ -294,7 +203,6 @@ class MeshRouteMiddleware:
             if req.stream and not req.asks_usage and kind == "chat":
                 # every upstream reports a stream's usage; the client gets what it asked for
                 req.body, send = with_usage(req.body), UsageStrip(send)
-            chain = self.providers is not None and self.providers.claims(req.model)
             if self.spend is not None and client is not None:
                 # a client's request: admitted (or a 429), then metered
                 send = metered = await self.spend.admit(client, req, send, chain)
@@ -306,33 +214,8 @@ class MeshRouteMiddleware:
                                                         req.prefix, req.needs,
                                                         objective=req.objective)
             self.telemetry.asked(req.objective)
-        except RequestError as exc:
-            if exc.status != 499:  # 499: the client left while sending; nobody to answer
-                if exc.status in (408, 413, 508) or exc.code in ("invalid_json",
-                                                                  "invalid_session_id"):
-                    self.telemetry.reject("http", f"{exc.status} {exc.code}: {exc}")
-                    log.warning("meshroute: refused a chat request: %s %s", exc.status, exc)
-                await ErrorAnswer.of(exc).send(send, exc.headers)
-            return
-        except UnknownModelError as exc:
-            if self.annotate and req.pin is None:  # the app may serve it by itself
-                await self.app(scope, replay(req.body, receive), send)
-                return
-            await self._unknown(exc, req.model).send(send)
-            return
-        except UnsupportedCapabilityError as exc:
-            if self.annotate and req.pin is None and kind != "chat":
-                # no node declares it: the app serves its own /v1/embeddings as before
-                await self.app(scope, replay(req.body, receive), send)
-                return
-            await ErrorAnswer.of(exc).send(send)
-            return
-        except (InvalidPinError, NoRouteError, ModelNotAllowedError) as exc:
-            await ErrorAnswer.of(exc).send(send)
-            return
-        except Exception:  # a bug of ours while choosing: a JSON error, never a traceback
-            log.exception("meshroute: internal error while choosing a route")
-            await INTERNAL_ERROR.send(send)
+        except Exception as exc:  # each answered in its API's shape, never a traceback
+            await refuse(self, exc, scope, receive, send, req, kind)
             return
         # served here, not in a coroutine of its own: one object less per open stream
         try:

@@ -18,9 +18,10 @@ from starlette.types import Scope
 
 from meshroute_middleware.core import Decision, Route
 from meshroute_middleware.core.contracts.cache import CACHE_HEADER
+from meshroute_middleware.core.contracts.plan import MODE_HEADER, PLAN_HEADER, ROUTE_HEADER
 
 Headers = list[tuple[bytes, bytes]]
-H_ROUTE, H_PLAN, H_MODE = b"x-meshroute-route", b"x-meshroute-plan", b"x-meshroute-mode"
+H_ROUTE, H_PLAN, H_MODE = ROUTE_HEADER.encode(), PLAN_HEADER.encode(), MODE_HEADER.encode()
 OURS = b"x-meshroute-"
 _HOP_BY_HOP_REQUEST = frozenset({
     b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import routes, stats
+from .defaults import EXPLORE_SHARE
 from .topology import parse_networks
 
 
@@ -14,7 +15,7 @@ class RouterConfig:
     """Knobs of route selection. Built by meshroute_middleware.app.settings from file/env/CLI."""
 
     policy: str = "thompson"  # docs/benchmarks.md "Learning quality"; ADR-0021: "adr0021"
-    explore_share: float = 0.3  # ADR-0021 --route-explore-share
+    explore_share: float = EXPLORE_SHARE  # ADR-0021 --route-explore-share
     weight_alpha: float = 1.0  # ADR-0021 --route-weight-alpha
     half_life_s: float = stats.HALF_LIFE_S  # ADR-0021 --route-stats-half-life
     min_sample_tokens: int = stats.MIN_SAMPLE_TOKENS

@@ -23,6 +23,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .defaults import OBS_SIGMA
+
 # The (knee, slowdown) grid the posterior lives on. Knees: slot counts seen in practice
 # (llama.cpp --parallel 1-8, vLLM max_num_seqs up to 256, 10**9 = no limit). Slowdowns:
 # per-neighbour cost of batching, 0 (free, memory-bound decode) to 1 (no gain: serial).
@@ -50,8 +52,7 @@ REFIT_SHARE = 0.05
 # uncertain again and Thompson sampling re-tries it (scenario 13).
 BIN_HALF_LIFE_SAMPLES = 50.0
 MAX_MASS = 200.0  # cap on the decayed sample mass: an EWMA with weight >= 1/201
-OBS_SIGMA = 0.3  # prior per-request noise of log tps, worth PRIOR_SIGMA_MASS samples
-PRIOR_SIGMA_MASS = 2.0
+PRIOR_SIGMA_MASS = 2.0  # samples the prior spread (OBS_SIGMA) is worth
 MIN_SIGMA = 0.05
 # Bins a route's shared summary carries at most (gossip, issue 14; more are merged, see
 # `CurveBelief.summary`): 1-32 in flight span 20 bins, of which a route visits a few.

@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshroute_middleware.core import RouteStatsStore, StatEntry
+from meshroute_middleware.core.curves import MAX_CURVE_BIN, MAX_CURVE_BINS
 from meshroute_middleware.core.kinds import STALE
 from meshroute_middleware.core.stats import (
-    MAX_CURVE_BIN,
-    MAX_CURVE_BINS,
     MAX_NOTED_ORIGINS,
     State,
     decay_factor,

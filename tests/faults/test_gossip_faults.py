@@ -14,7 +14,7 @@ from gossip.memory import MemoryNetwork
 from gossip.peers import BACKOFF_MAX_S
 from gossip.service import GossipConfig, GossipService
 from tests.conftest import FakeClock
-from tests.gossip.helpers import MODEL, close, learned, make_router, record
+from tests.gossip.helpers import MODEL, close, learned, make_router, record, run_round
 
 pytestmark = pytest.mark.anyio
 SECRET = b"faults"
@@ -45,7 +45,7 @@ async def rounds(services: list[GossipService], clock: FakeClock, k: int) -> Non
         clock.advance(1.0)
         async with anyio.create_task_group() as tg:
             for service in services:
-                tg.start_soon(service.run_round)
+                tg.start_soon(run_round, service)
 
 
 def samples(service: GossipService) -> dict[str, int]:

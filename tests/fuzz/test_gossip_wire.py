@@ -12,7 +12,8 @@ from hypothesis import strategies as hs
 
 from gossip import errors as err
 from gossip import state as st
-from gossip.wire import WIRE_VERSION, MessageType, WireCodec, sendable
+from gossip.stats_wire import sendable
+from gossip.wire import WIRE_VERSION, MessageType, WireCodec
 from meshroute_middleware.core import Router, RouterConfig
 from meshroute_middleware.core.stats import StatEntry
 

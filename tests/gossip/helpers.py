@@ -6,6 +6,9 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
+import anyio
+
+from gossip.service import GossipService
 from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.core.policies import Outcome
 from meshroute_middleware.core.router import Router
@@ -52,3 +55,10 @@ def close(a: float | None, b: float | None, rel: float = 0.01) -> bool:
     if a is None or b is None:
         return a is b
     return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+async def run_round(service: GossipService) -> None:
+    """One gossip round, awaited (the service's own loop does not wait for its exchanges)."""
+    async with anyio.create_task_group() as tg:
+        for peer in service.pick():
+            tg.start_soon(service.exchange, peer)

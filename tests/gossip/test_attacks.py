@@ -23,7 +23,7 @@ from gossip.transport import HANDSHAKE_TIMEOUT_S, TcpTransport
 from gossip.wire import WireCodec
 from meshroute_middleware.core.stats import StatEntry
 from tests.conftest import FakeClock
-from tests.gossip.helpers import MODEL, learned, make_router, record
+from tests.gossip.helpers import MODEL, learned, make_router, record, run_round
 
 pytestmark = pytest.mark.anyio
 SECRET = b"mesh secret"
@@ -49,7 +49,7 @@ async def rounds(services: list[GossipService], clock: FakeClock, k: int) -> Non
     for _ in range(k):
         clock.advance(1.0)
         for service in services:
-            await service.run_round()
+            await run_round(service)
 
 
 def sig(service: GossipService, head: str) -> str:

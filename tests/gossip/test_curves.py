@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import pytest
 
 from gossip import state as st
-from gossip import wire
+from gossip import stats_wire
 from gossip.memory import MemoryNetwork
 from gossip.service import GossipConfig, GossipService
 from gossip.wire import WireCodec
@@ -27,6 +27,7 @@ from meshroute_middleware.core.router import Router
 from meshroute_middleware.core.stats import StatEntry
 from meshroute_middleware.core.topology import NodeRecord
 from tests.conftest import FakeClock
+from tests.gossip.helpers import run_round
 from tests.gossip.test_attacks import entries_refused, push
 
 pytestmark = pytest.mark.anyio
@@ -86,7 +87,7 @@ async def gossip(services: dict[str, GossipService], clock: FakeClock, rounds: i
     for _ in range(rounds):
         clock.advance(1.0)
         for service in services.values():
-            await service.run_round()
+            await run_round(service)
 
 
 async def test_b_routes_by_the_knee_a_learned_before_measuring_anything(
@@ -122,7 +123,7 @@ async def test_a_bad_curve_is_refused_counted_and_its_entry_with_it(
         sig = b.router.candidates(MODEL)[0].signature
         good = StatEntry(30.0, 1.0, clock(), 0.1, 1.0, 0.0, 1, "", ((0, 1.0, 3.4),))
         bad = good._replace(curve=((0, 1.0, float("nan")),))
-        monkeypatch.setattr(wire, "curve_sendable", lambda curve: True)  # a broken sender
+        monkeypatch.setattr(stats_wire, "curve_sendable", lambda curve: True)  # a broken sender
         await push(b, WireCodec("t9", SECRET), st.Delta({
             (MODEL, sig, "t9"): bad, (MODEL, sig, "t8"): good}), clock())
         assert entries_refused(b) == {"invalid_curve": 1}

@@ -14,12 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from gossip import checks, reports_wire
 from gossip import errors as err
-from gossip import wire
 from gossip.memory import MemoryNetwork
+from gossip.reports_wire import Reports
 from gossip.service import LEGACY_RETRY_S, GossipConfig, GossipService
 from gossip.transport import Address
-from gossip.wire import MessageType, Reports, WireCodec
+from gossip.wire import MessageType, WireCodec
 from meshroute_middleware.core.providers.peers import (
     FUTURE,
     MAX_ORIGINS,
@@ -33,7 +34,7 @@ from meshroute_middleware.core.providers.peers import (
 )
 from meshroute_middleware.core.providers.router import ProviderRouter
 from tests.conftest import FakeClock
-from tests.gossip.helpers import make_router
+from tests.gossip.helpers import make_router, run_round
 from tests.gossip.test_providers import config, reason, take, tracker
 
 pytestmark = pytest.mark.anyio
@@ -63,7 +64,7 @@ async def rounds(services: dict[str, GossipService], clock: FakeClock, n: int) -
     for _ in range(n):
         clock.advance(1.0)
         for service in services.values():
-            await service.run_round()
+            await run_round(service)
 
 
 async def test_a_cooldown_learned_by_a_is_honoured_by_c_which_never_talks_to_a(
@@ -176,10 +177,11 @@ async def test_hostile_report_messages_are_refused_and_counted(clock: FakeClock)
     async with line(clock) as (services, _):
         c = services["C"]
         codec = WireCodec("B", b"s")
-        many = Reports({f"o{i}": PeerState(clock()) for i in range(wire.MAX_REPORT_ORIGINS + 1)})
+        many = Reports({f"o{i}": PeerState(clock())
+                        for i in range(reports_wire.MAX_REPORT_ORIGINS + 1)})
         big = Reports({f"o{i}": PeerState(clock(), usage={("aco", k): Usage()
                                                          for k in range(1, 1001)})
-                       for i in range(wire.MAX_REPORT_ITEMS // 1000 + 1)})
+                       for i in range(reports_wire.MAX_REPORT_ITEMS // 1000 + 1)})
         for hostile in (many, big):
             assert await c.handle(codec.encode(hostile, clock()), ("B", 1)) is None
         assert c.counters.rejected.get("oversized") == 2
@@ -188,22 +190,23 @@ async def test_hostile_report_messages_are_refused_and_counted(clock: FakeClock)
 
 def test_a_bad_report_is_dropped_alone_and_another_version_refused_whole() -> None:
     now = 1_000_000.0
-    good = wire._report_obj(report(now))
-    message = wire._reports({"v": 1, "o": {"A": good, "B": {"t": now, "c": {"x": {"0": []}}}}},
-                            refused := wire._Refused())
+    good = reports_wire.report_obj(report(now))
+    bad = {"t": now, "c": {"x": {"0": []}}}
+    message = reports_wire.read_reports({"v": 1, "o": {"A": good, "B": bad}},
+                                        refused := checks.Refused())
     assert set(message.by_origin) == {"A"} and refused.n == 1
     with pytest.raises(err.UnsupportedVersion):
-        wire._reports({"v": 2, "o": {"A": good}}, wire._Refused())
+        reports_wire.read_reports({"v": 2, "o": {"A": good}}, checks.Refused())
     codec = WireCodec("A", b"s")
-    sent = wire.bounded_reports("A", report(now), {"B": report(now - 1, 4)})
+    sent = reports_wire.bounded_reports("A", report(now), {"B": report(now - 1, 4)})
     assert codec.decode(codec.encode(sent, now), now).body == sent
 
 
 def test_the_sender_keeps_within_the_caps() -> None:
     now = 1_000_000.0
     others = {f"o{i}": report(now - i) for i in range(200)}
-    sent = wire.bounded_reports("me", report(now), others)
-    assert len(sent.by_origin) == wire.MAX_REPORT_ORIGINS and "me" in sent.by_origin
+    sent = reports_wire.bounded_reports("me", report(now), others)
+    assert len(sent.by_origin) == reports_wire.MAX_REPORT_ORIGINS and "me" in sent.by_origin
     assert "o0" in sent.by_origin and "o199" not in sent.by_origin  # the newest go first
 
 
@@ -215,7 +218,7 @@ async def test_a_peer_that_predates_provider_reports_is_sent_its_own_type(
 
         async def old(data: bytes, sender: Address) -> bytes | None:
             """An old B: its decoder knows no type 5 (unknown_type, no reply)."""
-            if wire._unpack(data)[1] == MessageType.PROVIDER_REPORTS:
+            if checks.unpack(data)[1] == MessageType.PROVIDER_REPORTS:
                 return None
             return await handler(data, sender)
 

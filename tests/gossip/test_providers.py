@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from gossip import errors as err
-from gossip import wire
+from gossip import reports_wire
 from gossip.memory import MemoryNetwork
 from gossip.service import GossipConfig, GossipService
 from gossip.wire import MessageType, WireCodec
@@ -24,7 +24,7 @@ from meshroute_middleware.core.providers.peers import Peers, PeerState, Usage
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from tests.conftest import FakeClock
-from tests.gossip.helpers import make_router
+from tests.gossip.helpers import make_router, run_round
 
 pytestmark = pytest.mark.anyio
 T0 = 1_796_040_000.0  # noon UTC, 2026-11-30
@@ -139,7 +139,7 @@ def test_a_report_round_trips_and_hostile_ones_are_refused() -> None:
            {"c": {}}]  # no time
     for obj in bad:
         with pytest.raises(err.MalformedMessage):
-            wire._report(msgpack.unpackb(msgpack.packb(obj)))
+            reports_wire.read_report(msgpack.unpackb(msgpack.packb(obj)))
 
 
 @asynccontextmanager
@@ -164,11 +164,11 @@ async def test_a_cooldown_learned_by_a_is_honoured_by_b_within_a_round(
         a.gates.rate_limited("aco/m", 1, 120.0, clock())
         assert reason(b, "aco/m", clock()) is None
         clock.advance(1.0)
-        await services[0].run_round()  # A's round: B takes A's report (and A B's)
+        await run_round(services[0])  # A's round: B takes A's report (and A B's)
         assert reason(b, "aco/m", clock()) == "cooldown"
         b.clear(None, clock() + 0.5)
         clock.advance(1.0)
-        await services[1].run_round()  # B's round: its clear reaches A
+        await run_round(services[1])  # B's round: its clear reaches A
         assert reason(a, "aco/m", clock()) is None
         assert services[0].providers is a and "B" in (a.peers.states if a.peers else {})
 

@@ -18,7 +18,7 @@ from gossip.wire import WireCodec
 from meshroute_middleware.core.stats import StatEntry
 from meshroute_middleware.core.topology import NodeRecord
 from tests.conftest import FakeClock
-from tests.gossip.helpers import MODEL, close, learned, make_router, record
+from tests.gossip.helpers import MODEL, close, learned, make_router, record, run_round
 
 from ..conftest import route_view
 
@@ -48,7 +48,7 @@ async def rounds(services: list[GossipService], clock: FakeClock, k: int) -> Non
         clock.advance(1.0)
         async with anyio.create_task_group() as tg:
             for service in services:
-                tg.start_soon(service.run_round)
+                tg.start_soon(run_round, service)
 
 
 def agree(services: list[GossipService]) -> bool:
@@ -148,7 +148,7 @@ async def test_a_dead_peer_backs_off_and_never_blocks_a_round(clock: FakeClock) 
     async with cluster(1, clock, network) as _, GossipService(
             make_router("a", clock), config, transport=network.transport(("a", 1)),
             rng=random.Random(0)) as lonely:
-        await lonely.run_round()
+        await run_round(lonely)
         assert (lonely.counters.exchanges, lonely.counters.exchange_failures) == (2, 1)
         assert lonely.counters.rejected == {"unreachable": 1}
         clock.advance(0.5)
@@ -226,7 +226,7 @@ async def test_gossiping_with_ourselves_drops_that_peer(clock: FakeClock) -> Non
     async with cluster(1, clock, network) as (service,):
         assert service.add_peer("t0-alias", 1) and not service.add_peer("t0-alias", 1)
         network._handlers[("t0-alias", 1)] = service.handle  # our own address under a 2nd name
-        await service.run_round()
+        await run_round(service)
         assert service.membership.peers() == []
         assert service.counters.rejected == {"same_origin": 2}  # refused inbound and outbound
         assert not service.remove_peer("t0-alias", 1)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from gossip import state as st
-from gossip.wire import sendable
+from gossip.stats_wire import sendable
 from meshroute_middleware.core.stats import RouteStatsStore, StatEntry
 from meshroute_middleware.core.topology import NodeRecord, Topology
 

@@ -11,7 +11,9 @@ from hypothesis import strategies as hs
 
 from gossip import errors as err
 from gossip import state as st
-from gossip.wire import WIRE_VERSION, Ack, Challenges, MessageType, WireCodec, sendable
+from gossip.replay import Challenges
+from gossip.stats_wire import sendable
+from gossip.wire import WIRE_VERSION, Ack, MessageType, WireCodec
 from meshroute_middleware.core.stats import StatEntry
 
 NOW = 1_000_000.0

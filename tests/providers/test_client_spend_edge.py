@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from meshroute_middleware import middleware
+from meshroute_middleware.chat import intake
 from meshroute_middleware.http.shape import INLINE_BYTES
 
 from ..conftest import FakeClock
@@ -47,13 +47,13 @@ def test_a_client_over_its_rpm_is_refused_before_a_large_body_is_read(
         providers: tuple[FakeProvider, FakeProvider], monkeypatch: pytest.MonkeyPatch) -> None:
     fast, slow = providers
     judged: list[int] = []
-    check_large = middleware.check_large
+    check_large = intake.check_large
 
     def recorded(body: bytes, limits: Any) -> None:
         judged.append(len(body))
         check_large(body, limits)
 
-    monkeypatch.setattr(middleware, "check_large", recorded)
+    monkeypatch.setattr(intake, "check_large", recorded)
     large = {**COUNT, "messages": [{"role": "user", "content": "x" * 100}] * 1_000}
     clients = [make_client("alice", rpm=1), make_client("bob")]
     with served(priced_doc(fast, slow), clients, FakeClock(T0)) as gw:

@@ -47,8 +47,10 @@ from meshroute_middleware.app.demo.tally import Tally
 from meshroute_middleware.app.demo.view import Live, Plain, best_true_tps
 from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings, load_settings
+from meshroute_middleware.chat.providers.tally import H_TRIED
 from meshroute_middleware.core import NodeRecord, RouterConfig
 from meshroute_middleware.core.contracts.cache import CACHE_HEADER, parse_cache
+from meshroute_middleware.core.contracts.plan import MODE_HEADER, ROUTE_HEADER
 from meshroute_middleware.telemetry.requests import answered
 from node_agent.serving import ListenError, listen_socket, serve_app
 
@@ -380,9 +382,9 @@ class Demo:
             async with self.session.post(self.url + "/v1/chat/completions",
                                          json=body) as resp:
                 data = await resp.read()
-                signature = resp.headers.get("x-meshroute-route", "?")
-                mode = resp.headers.get("x-meshroute-mode", "chain")
-                tried = resp.headers.get("x-meshroute-tried", "")
+                signature = resp.headers.get(ROUTE_HEADER, "?")
+                mode = resp.headers.get(MODE_HEADER, "chain")
+                tried = resp.headers.get(H_TRIED.decode(), "")
                 note = parse_cache(resp.headers.get(CACHE_HEADER))
             ok = answered(resp.status, data)  # as the gateway counts it (the dashboard's header)
         except aiohttp.ClientError:

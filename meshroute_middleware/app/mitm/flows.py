@@ -15,7 +15,9 @@ from mitmproxy.connection import ConnectionState
 
 from meshroute_middleware.app.mitm.relay import Parked
 from meshroute_middleware.chat.attempts import Attempts, Measurement
+from meshroute_middleware.chat.headers import OURS
 from meshroute_middleware.core import Decision, MeshRouteError, Outcome
+from meshroute_middleware.core.contracts.plan import MODE_HEADER, PLAN_HEADER, ROUTE_HEADER
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import ErrorAnswer
@@ -24,7 +26,7 @@ from meshroute_middleware.http.guard import UNSPECIFIED, host_of, is_loopback_ho
 T = TypeVar("T")
 CLIENT_WATCH_S = 0.05  # how often a client is checked while the addon waits for a head
 CHAT_PATH = "/v1/chat/completions"
-H_ROUTE, H_PLAN, H_MODE = "x-meshroute-route", "x-meshroute-plan", "x-meshroute-mode"
+H_ROUTE, H_PLAN, H_MODE = ROUTE_HEADER, PLAN_HEADER, MODE_HEADER
 CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
 NOT_FORWARDED = CREDENTIALS | {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
@@ -98,7 +100,7 @@ def is_local(host: str, own: frozenset[str]) -> bool:
 def forwarded_headers(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The client's headers a head may see: no credentials, hop-by-hop or x-meshroute-*."""
     return [(k, v) for k, v in fields if k.lower().decode("latin-1") not in NOT_FORWARDED
-            and not k.lower().startswith(b"x-meshroute-")]
+            and not k.lower().startswith(OURS)]
 
 
 def plan_headers(decision: Decision) -> list[tuple[bytes, bytes]]:

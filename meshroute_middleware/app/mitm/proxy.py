@@ -59,7 +59,7 @@ from meshroute_middleware.app.mitm.relay import RELAY_PATH, TICKET_HEADER, Parke
 from meshroute_middleware.app.mitm.side import SideServer, build_side_app
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
 from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement, retry_at
-from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.headers import OURS, is_sse
 from meshroute_middleware.core import (
     Decision,
     InvalidPinError,
@@ -78,7 +78,7 @@ from meshroute_middleware.forwarding.client import (
 )
 from meshroute_middleware.http.errors import INTERNAL_ERROR, ErrorAnswer, HttpError, RequestError
 from meshroute_middleware.http.guard import host_matches, host_of, machine_names
-from meshroute_middleware.http.request import ChatRequest, parse_chat
+from meshroute_middleware.http.request import H_OBJECTIVE, ChatRequest, parse_chat
 from meshroute_middleware.mesh import Mesh
 from meshroute_middleware.telemetry.metrics import Telemetry
 
@@ -214,7 +214,7 @@ class MeshRouteAddon:
                 raise HttpError.REQUEST_TOO_LARGE.error(
                     "request body exceeds the limit of "
                     f"{self.settings.max_body_bytes} bytes")
-            objective = flow.request.headers.get("x-meshroute-objective")
+            objective = flow.request.headers.get(H_OBJECTIVE.decode())
             req = parse_chat(body, None if objective is None else objective.encode("latin-1"))
             decision = self._decide(req.model, req.pin, req.max_tokens, req.needs,
                                     req.objective)
@@ -311,7 +311,7 @@ class MeshRouteAddon:
             return
         flow.response.stream = answer.chunk
         headers = flow.response.headers
-        for name in [k for k in headers if k.lower().startswith("x-meshroute-")]:
+        for name in [k for k in headers if k.lower().startswith(OURS.decode())]:
             headers.pop(name, None)
         headers[H_ROUTE] = answer.decision.signature
         headers[H_MODE] = answer.decision.mode

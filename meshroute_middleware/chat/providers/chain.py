@@ -50,12 +50,11 @@ from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRou
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardTimeouts
 from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, HttpError, RequestError
-from meshroute_middleware.http.request import ChatRequest
+from meshroute_middleware.http.request import H_SESSION, ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_key_families
 
 log = logging.getLogger("meshroute.providers")
 WAIT_MARGIN_S = 0.05  # slept past the soonest key reset before trying again
-H_SESSION = b"x-session-id"
 _NEXT_KEY = frozenset({"http_429", "http_401", "http_403"})  # the key failed: try the next key
 # Shared key gates take a key in their store (awaited): (candidate, reserve, now, context need)
 Acquire = Callable[[Candidate, int, float, int], Awaitable[ChainAttempt | list[PassedOver]]]

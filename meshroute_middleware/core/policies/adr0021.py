@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
+from ..defaults import EXPLORE_SHARE
 from ..kinds import EXPLOIT, GREEDY, PROVEN, SCOUT, DecisionMode
 from .base import (
     Arm,
@@ -21,7 +22,7 @@ class Adr0021Policy:
 
     name: ClassVar[str] = "adr0021"
 
-    def __init__(self, explore_share: float = 0.3, weight_alpha: float = 1.0) -> None:
+    def __init__(self, explore_share: float = EXPLORE_SHARE, weight_alpha: float = 1.0) -> None:
         self.explore_share = explore_share
         self.weight_alpha = weight_alpha
 

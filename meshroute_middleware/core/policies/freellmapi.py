@@ -7,13 +7,13 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
+from ..defaults import SPEED_PRIOR
 from ..kinds import EXPLOIT, DecisionMode
 from .base import Arm, Outcome, measured_tps
 
 # FreeLLMAPI published constants (its multi-objective scoring): the balanced preset.
 W_RELIABILITY, W_SPEED, W_INTELLIGENCE = 0.5, 0.25, 0.25
 SPEED_TPS_SCALE = 60.0  # speed = 1 - exp(-tps / 60)
-SPEED_PRIOR = 0.6  # speed score without data
 TTFB_GOOD_MS, TTFB_BAD_MS = 300.0, 5000.0
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from ..defaults import OBS_SIGMA
 from ..kinds import DECAYED, PROVEN, STALE
 from ..saturation import (
     CURVES,
@@ -82,7 +83,6 @@ DRIFT_VAR_PER_S = 1e-6
 # decision): what is re-learnt after a change is counted in requests, so a busy gateway
 # re-tries in fewer seconds (tuned on the tuning seeds: bench_learning.py).
 DRIFT_VAR_PER_DECISION = 2e-4
-OBS_SIGMA = 0.3  # log-tps noise of a quiet LAN mesh, for a route known only through gossip
 # Beta prior on reliability: mean 0.95 with the weight of two requests (routes mostly work).
 PRIOR_OK, PRIOR_FAIL = 1.9, 0.1
 MAX_RESULTS = 200.0  # cap on the decayed success + failure weight

@@ -68,10 +68,6 @@ class Resolution:
     candidates: tuple[Candidate, ...]
     missing: tuple[str, ...] = ()  # chain entries naming mesh models no node serves now
 
-    @property
-    def has_provider(self) -> bool:
-        return any(c.is_provider for c in self.candidates)
-
 
 def resolve(cfg: ProvidersConfig, model: str, mesh_models: Collection[str]) -> Resolution:
     """The strategy and candidate routes for a request's `model`; raises for unknown names."""

@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..defaults import MAX_SKEW_S
 from .scoring import RouteStats
 
 MINUTE_S = 60.0
 DAY_S = 86_400.0
-MAX_SKEW_S = 30.0  # a report dated further past our clock is refused (gossip's bound)
 REPORT_TTL_S = 600.0  # an origin whose report is older ages out: a departed tracker's day
 # usage, cooldowns and revocations stop counting (its minute usage already after MINUTE_S)
 MAX_ORIGINS = 256  # origins a tracker keeps reports of; reports of more are refused

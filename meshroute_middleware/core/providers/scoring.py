@@ -12,10 +12,11 @@ import random
 from dataclasses import dataclass
 from enum import Enum
 
+from ..defaults import SPEED_PRIOR
+
 # -- constants (the FreeLLMAPI seed's multi-objective scoring) --------------------------------
 PRIOR_OK = 1.0  # Beta(1, 1) prior on reliability
 PRIOR_FAIL = 1.0
-SPEED_PRIOR = 0.6  # speed score of a route with no measurement yet
 TPS_SCALE = 60.0  # throughput score 1 − e^(−tps/60)
 TPS_WEIGHT, TTFB_WEIGHT = 0.6, 0.4
 TTFB_BEST_MS, TTFB_WORST_MS = 300.0, 5000.0  # ttfb score 1 at ≤300 ms, 0 at ≥5000 ms

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gossip import wire
+from gossip import stats_wire as wire
 from meshroute_middleware.core import InvalidNodeError, Outcome, StatEntry, parse_node
 from meshroute_middleware.core.contracts import limits
 

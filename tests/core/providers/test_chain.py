@@ -90,7 +90,7 @@ def test_a_mesh_model_with_a_slash_resolves_when_no_provider_has_that_name(
 
 def test_nothing_configured_resolves_to_no_candidates() -> None:
     res = resolve(parse_providers_config({}), "auto", set())
-    assert res.candidates == () and not res.has_provider
+    assert res.candidates == ()
 
 
 def test_sessions_remember_expire_and_stay_bounded() -> None:
