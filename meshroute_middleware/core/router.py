@@ -328,7 +328,8 @@ class Router:
             outcome = outcome._replace(concurrency=self.concurrency(decision, now),
                                        max_tokens=decision.max_tokens,
                                        uncached_tokens=decision.uncached_tokens,
-                                       ahead=decision.ahead)
+                                       ahead=decision.ahead,
+                                       slot_free=_slot_free(decision))
             if decision.prefix is not None and outcome.ok:
                 self.prefixes.served(decision.prefix, sig)
         self.cancel(decision)
@@ -416,6 +417,12 @@ def _with_server_prior(arm: Arm) -> int:
     if prior is None:
         return arm.warm_tokens
     return prior_warm_tokens(prior, arm.warm_tokens, arm.view.count)
+
+
+def _slot_free(decision: Decision) -> bool:
+    """Whether the route's announced slots were not all taken when the attempt began."""
+    slots = decision.route.slots
+    return slots is not None and 0 <= decision.ahead < slots
 
 
 def _uncached(prefix: Prefix | None, warm_tokens: int) -> int:

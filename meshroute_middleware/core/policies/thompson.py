@@ -591,7 +591,11 @@ class ThompsonPolicy:
         learned at that count beyond the route's quickest count measured (None: never
         measured there), and the posterior's belief that it queues (the fallback)."""
         n = arm.in_flight
-        if not n:  # nothing ahead: no wait (learned or not)
+        slots = arm.route.slots
+        if not n or (slots is not None and n < slots):
+            # nothing ahead, or a slot its server announced is free: no wait. What a request
+            # beside others learned is their slowdown, priced by the curve (issue 31: a
+            # wait learned behind a neighbour's cold prefill sent returning turns cold)
             return None, 0.0
         waits = self._waits.get(arm.route.signature)
         at = waits.get(min(n, MAX_AHEAD)) if waits else None
@@ -623,6 +627,12 @@ class ThompsonPolicy:
             k = min(outcome.ahead, MAX_AHEAD)
             old = waits.get(k)
             waits[k] = beyond if old is None else old + WAIT_ALPHA * (beyond - old)
+            if outcome.slot_free:
+                # a slot was free: what its first token waited past the route's base was a
+                # neighbour's prefill, not its own decode (issue 31: one turn behind a cold
+                # prefill read as a 4x slower llama-server, and its change detector fired)
+                low = min(w for j, w in waits.items() if j <= k)
+                prefill += min(max(beyond - low, 0.0), max(ttfb - prefill, 0.0))
         if not prefill:
             return outcome.tps
         return outcome._replace(seconds=outcome.seconds - prefill).tps
