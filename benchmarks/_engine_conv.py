@@ -104,7 +104,11 @@ def run_variant(variant: str, run: int, workdir: Path) -> dict[str, Any]:
     try:
         model = MODEL  # a server answers any name; the gateway routes the mesh's own
         if variant == "meshroute":
-            mesh = start_mesh(workdir)
+            # the gateway waits for a first token as long as the clients of the other
+            # variants do: a cold prefill on a loaded machine outlasts its 60 s default
+            patience = str(int(TIMEOUT_S))
+            mesh = start_mesh(workdir, serve_args=("--first-byte-timeout", patience,
+                                                   "--idle-timeout", patience))
             model = mesh.model
             closers.append(mesh.close)
             servers = [s.url for s in mesh.servers.values()]

@@ -73,8 +73,7 @@ class Decision:
         """The fallback chain, best first.
 
         Ranked on first use: ranking reads every arm's merged view, which a decision that
-        succeeds never needs (docs/benchmarks.md: views built only when read, 20.0 -> 11.1 µs
-        per decision).
+        succeeds never needs (docs/benchmarks/engine.md).
         """
         if self._unranked:
             rank = ttft_rank if self.objective == TTFT else _fallback_rank
