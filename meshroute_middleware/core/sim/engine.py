@@ -42,8 +42,7 @@ class NodeState:
     cache: PrefixCache | None = None  # its prefix cache, when the spec has one
 
     @property
-    def busy(self) -> int:
-        """Slots in use."""
+    def busy(self) -> int:  # slots in use
         return len(self.running)
 
     @property
