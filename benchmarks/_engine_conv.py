@@ -104,7 +104,11 @@ def run_variant(variant: str, run: int, workdir: Path) -> dict[str, Any]:
     try:
         model = MODEL  # a server answers any name; the gateway routes the mesh's own
         if variant == "meshroute":
-            mesh = start_mesh(workdir)
+            # the gateway waits for a first token as long as the clients of the other
+            # variants do: a cold prefill on a loaded machine outlasts its 60 s default
+            patience = str(int(TIMEOUT_S))
+            mesh = start_mesh(workdir, serve_args=("--first-byte-timeout", patience,
+                                                   "--idle-timeout", patience))
             model = mesh.model
             closers.append(mesh.close)
             servers = [s.url for s in mesh.servers.values()]
@@ -142,11 +146,14 @@ def run_variant(variant: str, run: int, workdir: Path) -> dict[str, Any]:
             "places": [[w for _, _, w in r] for r in runs]}
 
 
-def run_engine(runs: int, out_path: Path) -> dict[str, Any]:
+def run_engine(runs: int, out_path: Path, keep: Path | None = None) -> dict[str, Any]:
+    """`runs` runs of the three variants; with `keep`, every process's log (the gateway's,
+    the agents', the servers') is kept there, not deleted."""
     require_engine()
     report: dict[str, Any] = {"clients": CLIENTS, "turns": TURNS, "max_tokens": MAX_TOKENS,
                               "system_words": SYSTEM_WORDS, "goal": GOAL, "runs": []}
-    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as scratch:
+        tmp = str(keep) if keep is not None else scratch
         for run in range(1, runs + 1):
             row: dict[str, Any] = {}
             for variant in VARIANTS:

@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))  # the engine harness lives in tests/engines/
         from benchmarks._engine_conv import run_engine
         path = args.json if args.json != RESULTS else RESULTS.with_name("realtime_engine.json")
-        run_engine(args.runs, path)
+        run_engine(args.runs, path, args.trace)
         return 0
     if args.mesh:
         path = args.json if args.json != RESULTS else RESULTS.with_name("realtime_mesh.json")

@@ -22,6 +22,11 @@ from .mdns import NODE_SERVICE, TRACKER_SERVICE, encode_record, open_zeroconf, s
 log = logging.getLogger("meshroute.node_agent")
 
 UPDATE_MIN_INTERVAL_S = 1.0  # at most one TXT update a second: each one multicasts a packet
+# ... but a change of the engine's load alone (`held`) goes out within a quarter second:
+# trackers take it as the requests others sent (core/node_load.py), and a second-old count
+# on a node serving answers of a few seconds misleads them (docs/architecture.md, "One
+# node, several trackers").
+HELD_MIN_INTERVAL_S = 0.25
 TPS_CHANGE_SHARE = 0.10  # a tps change below 10 % is noise, not news
 CACHE_HIT_CHANGE = 0.05  # nor is a prefix-cache hit rate moving by less than 5 points
 LOAD_POLL_S = 0.25
@@ -59,9 +64,13 @@ def _rounded(prior: CachePrior | None) -> CachePrior | None:
 
 def next_record(record: NodeRecord, queue: int, tps: float,
                 cache: CachePrior | EllipsisType | None = ...,
-                slots: int | EllipsisType | None = ...) -> NodeRecord:
-    """`record` with new load, and the server's cache report and slot count where given."""
+                slots: int | EllipsisType | None = ...,
+                held: int | EllipsisType | None = ...) -> NodeRecord:
+    """`record` with new load, and the server's cache report, slot count and running plus
+    waiting requests where given."""
     new = replace(record, queue=queue, tps=round(tps, 3))
+    if not isinstance(held, EllipsisType):
+        new = replace(new, held=held)
     if not isinstance(cache, EllipsisType):
         new = replace(new, cache=announced_cache(record.cache, cache))
     if not isinstance(slots, EllipsisType):
@@ -69,27 +78,39 @@ def next_record(record: NodeRecord, queue: int, tps: float,
     return new
 
 
+def min_interval(old: NodeRecord, new: NodeRecord, interval_s: float) -> float:
+    """The seconds to keep between publications before `new` may follow `old`: the
+    shorter HELD_MIN_INTERVAL_S when only the engine's load (`held`) changed."""
+    if old.held != new.held and replace(old, held=new.held) == new:
+        return min(interval_s, HELD_MIN_INTERVAL_S)
+    return interval_s
+
+
 class Publisher(Protocol):
     """What keeps a node's record known: the mDNS announcer, the HTTP registrar."""
 
     async def refresh(self, queue: int, tps: float,
                       cache: CachePrior | EllipsisType | None = ...,
-                      slots: int | EllipsisType | None = ...) -> bool: ...
+                      slots: int | EllipsisType | None = ...,
+                      held: int | EllipsisType | None = ...) -> bool: ...
 
 
 async def follow(publishers: Sequence[Publisher], load: Callable[[], tuple[int, float]],
                  poll_s: float = LOAD_POLL_S,
                  cache: Callable[[], CachePrior | None] | None = None,
-                 slots: Callable[[], int | None] | None = None) -> None:
-    """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report, and
-    `slots()`, its slot count) forever, refreshing every publisher's record."""
+                 slots: Callable[[], int | None] | None = None,
+                 held: Callable[[], int | None] | None = None) -> None:
+    """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report,
+    `slots()`, its slot count, and `held()`, its running plus waiting requests) forever,
+    refreshing every publisher's record."""
     while True:
         await anyio.sleep(poll_s)
         queue, tps = load()
         got_cache = ... if cache is None else cache()
         got_slots = ... if slots is None else slots()
+        got_held = ... if held is None else held()
         for publisher in publishers:
-            await publisher.refresh(queue, tps, got_cache, got_slots)
+            await publisher.refresh(queue, tps, got_cache, got_slots, got_held)
 
 
 class _Registered:
@@ -135,10 +156,13 @@ class NodeAnnouncer:
         self._min_interval_s, self._clock = min_interval_s, clock
         self._service = _Registered(interfaces)
         self._updated_at = float("-inf")
+        self._serial = 0
 
     def _info(self, record: NodeRecord) -> ServiceInfo:
+        self._serial += 1  # each update's TXT differs from every earlier one
         return service_info(NODE_SERVICE, record.node_id, record.url,
-                            encode_record(record, self._secret), self._interfaces)
+                            encode_record(record, self._secret, self._serial),
+                            self._interfaces)
 
     async def start(self) -> None:
         """Register the record (mDNS probing takes about a second)."""
@@ -147,13 +171,15 @@ class NodeAnnouncer:
 
     async def refresh(self, queue: int, tps: float,
                       cache: CachePrior | EllipsisType | None = ...,
-                      slots: int | EllipsisType | None = ...) -> bool:
-        """Announce new load (and the server's cache report and slot count, where given) if
-        it changed meaningfully and the rate limit allows; say if sent."""
-        new = next_record(self.record, queue, tps, cache, slots)
+                      slots: int | EllipsisType | None = ...,
+                      held: int | EllipsisType | None = ...) -> bool:
+        """Announce new load (and the server's cache report, slot count and held requests,
+        where given) if it changed meaningfully and the rate limit allows; say if sent."""
+        new = next_record(self.record, queue, tps, cache, slots, held)
         if not meaningful_change(self.record, new):
             return False
-        if self._clock() - self._updated_at < self._min_interval_s:
+        if self._clock() - self._updated_at < min_interval(self.record, new,
+                                                            self._min_interval_s):
             return False  # the next refresh after the interval sends it
         await self._service.update(self._info(new))
         self.record, self._updated_at = new, self._clock()
@@ -162,10 +188,11 @@ class NodeAnnouncer:
     async def follow(self, load: Callable[[], tuple[int, float]],
                      poll_s: float = LOAD_POLL_S,
                      cache: Callable[[], CachePrior | None] | None = None,
-                     slots: Callable[[], int | None] | None = None) -> None:
+                     slots: Callable[[], int | None] | None = None,
+                     held: Callable[[], int | None] | None = None) -> None:
         """Poll `load()` -> (queue, tps) (and `cache()`, the server's prefix-cache report,
-        and `slots()`, its slot count) forever, refreshing the announcement."""
-        await follow([self], load, poll_s, cache, slots)
+        `slots()`, its slot count, and `held()`) forever, refreshing the announcement."""
+        await follow([self], load, poll_s, cache, slots, held)
 
     async def close(self) -> None:
         """Unregister with a goodbye."""

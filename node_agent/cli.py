@@ -265,7 +265,8 @@ async def _serve(s: NodeSettings) -> int:
                     # an operator's --slots wins over what the server's pages say
                     tg.start_soon(follow, publishers, reader.announcement, LOAD_POLL_S,
                                   reader.cache_prior,
-                                  reader.slot_count if s.slots is None else None)
+                                  reader.slot_count if s.slots is None else None,
+                                  reader.held)
                 async for signum in signals:
                     print(f"meshroute node: {signal.Signals(signum).name}: saying goodbye",
                           flush=True)

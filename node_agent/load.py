@@ -5,6 +5,8 @@ auto) polls the engine's pages (node_agent/engines.py says which, and which fiel
 announces what they mean (docs/architecture.md, "What a node agent reads"):
 
 - `queue`: the requests waiting (llama.cpp deferred, vLLM waiting, SGLang queued);
+- `held`: those and the running ones, every sender's, read every 0.25 s: what trackers
+  count as the node's load beyond their own requests (core/node_load.py);
 - `tps`: tokens/s of one request, from the engine's decode counters over a window of at
   least 32 tokens and 1 s of decoding (node_agent/windows.py); until one has closed, the
   configured figure (`--tps`); a counter going backwards (a restart) drops the window and
@@ -55,7 +57,9 @@ from .windows import HitWindow, SpeedWindow
 log = logging.getLogger("meshroute.node_agent")
 
 LOAD_SOURCES = ("auto", *SOURCES, "none")
-POLL_S = 1.0  # how often the server's pages are read
+# How often the server's pages are read: its running and waiting requests are announced as
+# `held` (core/node_load.py), which trackers read as the load others put on it.
+POLL_S = 0.25
 TIMEOUT_S = 2.0
 MAX_PAGE_BYTES = 4 * 1024 * 1024
 
@@ -122,6 +126,12 @@ class LoadReader:
         """The engine's prefix-cache report to announce now (None: it says nothing)."""
         latest = self.latest
         return None if latest is None else latest.cache
+
+    def held(self) -> int | None:
+        """The engine's running plus waiting requests, every sender's, to announce now
+        (None before its first read)."""
+        latest = self.latest
+        return None if latest is None else latest.running + latest.waiting
 
     def slot_count(self) -> int | None:
         """The engine's slot count to announce now (None: it gives none)."""

@@ -28,7 +28,7 @@ import anyio
 from meshroute_middleware.core import NodeRecord
 from meshroute_middleware.core.cache_prior import CachePrior
 
-from .announcer import UPDATE_MIN_INTERVAL_S, meaningful_change, next_record
+from .announcer import UPDATE_MIN_INTERVAL_S, meaningful_change, min_interval, next_record
 
 log = logging.getLogger("meshroute.node_agent")
 
@@ -122,13 +122,15 @@ class HttpRegistrar:
 
     async def refresh(self, queue: int, tps: float,
                       cache: CachePrior | EllipsisType | None = ...,
-                      slots: int | EllipsisType | None = ...) -> bool:
-        """Post new load (and cache report and slot count, where given) if it changed
-        meaningfully and the rate limit allows; say if sent."""
-        new = next_record(self.record, queue, tps, cache, slots)
+                      slots: int | EllipsisType | None = ...,
+                      held: int | EllipsisType | None = ...) -> bool:
+        """Post new load (and cache report, slot count and held requests, where given) if
+        it changed meaningfully and the rate limit allows; say if sent."""
+        new = next_record(self.record, queue, tps, cache, slots, held)
         if not meaningful_change(self.record, new):
             return False
-        if self._clock() - self._posted_at < self._min_interval_s:
+        if self._clock() - self._posted_at < min_interval(self.record, new,
+                                                           self._min_interval_s):
             return False  # the next refresh after the interval sends it
         self.record = new
         await self.post_all()

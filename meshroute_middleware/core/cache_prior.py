@@ -15,11 +15,13 @@ A node fronting a server that exports its cache state announces two optional fie
   `/slots` `n_prompt_tokens`) is not a capacity and is not announced.
 
 The router knows which routes served which prefixes (core/prefix.py) and takes every served
-prefix as warm. The prior tempers that belief while the route has few measured samples: a
-server that reports a hit rate of 0 (prefix caching off) is not credited with warm prefixes,
-one whose slots hold 2,000 tokens not with 5,000. As the route's own samples arrive the
-learned affinity's belief takes over (`prior_warm_tokens`). A route with no prior, or whose
-hops report nothing, is left exactly as the router sees it.
+prefix as warm. The prior bounds that belief while the route has few measured samples: a
+server whose slots hold 2,000 tokens is not credited with 5,000 (`prior_warm_tokens`). The
+hit rate does not shrink it: a share of the server's recent prompts says nothing of one
+prefix it was seen to serve (issue 31: after the always cold first turns two llama-servers
+reported ~0, the returning turns' warm prefixes were discounted and they were sent cold to
+the other server). It is kept in the node's record (GET /v1/nodes), not weighed. A route
+with no prior, or whose hops report nothing, is left exactly as the router sees it.
 
 Both fields come from another process (TXT record, registration): `parse_cache_prior`
 bounds them and raises InvalidNodeError, so a bad value rejects the record like any field.
@@ -107,14 +109,13 @@ def route_prior(priors: Iterable[CachePrior | None]) -> CachePrior | None:
 
 
 def prior_warm_tokens(prior: CachePrior | None, known_warm: int, samples: float) -> int:
-    """The warm tokens to credit a route with: `known_warm` (what the router saw it serve)
-    tempered by the server's report, whose weight fades as the route's own `samples` grow."""
-    if prior is None or known_warm <= 0:
+    """The warm tokens to credit a route with: `known_warm` (what the router saw it serve),
+    bounded by what one of the server's slots holds, the bound's weight fading as the
+    route's own `samples` grow. A hit rate does not shrink it (issue 31): it is a share of
+    the server's recent prompts, not a statement about this prefix; after a conversation's
+    cold first turn it is near 0 exactly when that turn's prefix is warm."""
+    if prior is None or known_warm <= 0 or prior.cached_tokens is None:
         return known_warm
-    held = float(known_warm)
-    if prior.cached_tokens is not None:
-        held = min(held, float(prior.cached_tokens))
-    if prior.hit_rate is not None:
-        held *= prior.hit_rate
+    held = min(float(known_warm), float(prior.cached_tokens))
     weight = PRIOR_SAMPLES / (PRIOR_SAMPLES + max(samples, 0.0))
     return round(weight * held + (1.0 - weight) * known_warm)

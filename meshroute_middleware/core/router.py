@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .cache_prior import prior_warm_tokens, route_prior
@@ -22,7 +22,7 @@ from .kinds import (
     DecisionMode,
     RecordResult,
 )
-from .node_load import NodeLoads
+from .node_load import RECORD_LAG_S, NodeLoads
 from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
@@ -73,8 +73,7 @@ class Decision:
         """The fallback chain, best first.
 
         Ranked on first use: ranking reads every arm's merged view, which a decision that
-        succeeds never needs (docs/benchmarks.md: views built only when read, 20.0 -> 11.1 µs
-        per decision).
+        succeeds never needs (docs/benchmarks/engine.md).
         """
         if self._unranked:
             rank = ttft_rank if self.objective == TTFT else _fallback_rank
@@ -111,8 +110,16 @@ class Router:
 
     # -- topology -----------------------------------------------------------------
     def upsert_node(self, record: NodeRecord) -> ChangeKind:
-        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'."""
-        return self.topology.upsert(record, self.clock())
+        """Join or refresh a node; return 'join', 'shard-change' or 'refresh'. A record
+        carrying its engine's load (`held`) reports it as `note_load` does, as of up to
+        RECORD_LAG_S ago; the topology keeps the record without it (a load change is not
+        a topology change)."""
+        held = record.held
+        if held is None:
+            return self.topology.upsert(record, self.clock())
+        change = self.topology.upsert(replace(record, held=None), self.clock())
+        self.note_load(record.node_id, held, RECORD_LAG_S)
+        return change
 
     def remove_node(self, node_id: str) -> bool:
         """A node left; return whether it was known. A model left empty is forgotten here too."""
@@ -281,15 +288,16 @@ class Router:
         self._load[sig] = (area, now, load)
         return area
 
-    def note_load(self, node_id: str, held: int) -> None:
-        """A node says it holds `held` requests now, running and queued, every tracker's
-        (its answer's `x-meshroute-load` header, or a push): the others' requests beside
-        ours count in every route through it until the next report (core/node_load.py)."""
+    def note_load(self, node_id: str, held: int, lag_s: float = 0.0) -> None:
+        """A node says it holds `held` requests, running and queued, every tracker's (its
+        answer's `x-meshroute-load` header, now; its record's `held`, up to `lag_s` old):
+        the others' requests beside ours count in every route through it until the next
+        report (core/node_load.py)."""
         now = self.clock()
         touched = [sig for sig, nodes in self._flying_nodes.items() if node_id in nodes]
         for sig in touched:  # close the load integral at the old count
             self._tick(sig, now)
-        self.loads.report(node_id, held, now)
+        self.loads.report(node_id, held, now, lag_s)
         for sig in touched:
             self._tick(sig, now)
 
@@ -310,7 +318,7 @@ class Router:
         sig = decision.signature
         now = self.clock()
         self._tick(sig, now)
-        self.loads.end(decision.route.node_ids)
+        self.loads.end(decision.route.node_ids, now)
         left = self._in_flight.get(sig, 0) - 1
         if left > 0:
             self._in_flight[sig] = left
@@ -328,7 +336,8 @@ class Router:
             outcome = outcome._replace(concurrency=self.concurrency(decision, now),
                                        max_tokens=decision.max_tokens,
                                        uncached_tokens=decision.uncached_tokens,
-                                       ahead=decision.ahead)
+                                       ahead=decision.ahead,
+                                       slot_free=_slot_free(decision))
             if decision.prefix is not None and outcome.ok:
                 self.prefixes.served(decision.prefix, sig)
         self.cancel(decision)
@@ -416,6 +425,12 @@ def _with_server_prior(arm: Arm) -> int:
     if prior is None:
         return arm.warm_tokens
     return prior_warm_tokens(prior, arm.warm_tokens, arm.view.count)
+
+
+def _slot_free(decision: Decision) -> bool:
+    """Whether the route's announced slots were not all taken when the attempt began."""
+    slots = decision.route.slots
+    return slots is not None and 0 <= decision.ahead < slots
 
 
 def _uncached(prefix: Prefix | None, warm_tokens: int) -> int:

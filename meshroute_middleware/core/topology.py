@@ -15,6 +15,7 @@ from .capabilities import CAPABILITIES, DEFAULT_CAPS, parse_caps
 from .contracts.limits import MAX_ID_CHARS, MAX_TPS
 from .errors import InvalidNodeError
 from .kinds import JOIN, REFRESH, SHARD_CHANGE, ChangeKind
+from .node_load import held_fields, parse_held_field
 from .slot_count import parse_slot_count, slot_fields
 
 MAX_LAYERS = 100_000
@@ -56,6 +57,8 @@ class NodeRecord:
     cache: CachePrior | None = None
     # How many requests its server runs at once, where it says (core/slot_count.py).
     slots: int | None = None
+    # How many it runs and queues now, every sender's, where it says (core/node_load.py).
+    held: int | None = None
 
     @property
     def effective_tps(self) -> float:
@@ -69,7 +72,7 @@ class NodeRecord:
             "end": self.end, "layers": self.layers, "url": self.url, "tps": self.tps,
             "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
             "caps": [c for c in CAPABILITIES if c in self.caps],
-            **prior_fields(self.cache), **slot_fields(self.slots),
+            **prior_fields(self.cache), **slot_fields(self.slots), **held_fields(self.held),
         }
 
 
@@ -192,7 +195,7 @@ def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
         raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
     return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now,
                       _caps(data), cache=parse_cache_prior(data),
-                      slots=parse_slot_count(data))
+                      slots=parse_slot_count(data), held=parse_held_field(data))
 
 
 def _caps(data: Mapping[str, Any]) -> frozenset[str]:

@@ -69,16 +69,15 @@ def test_a_chain_is_warm_only_where_every_hop_holds_the_prefix() -> None:
 
 
 def test_the_prior_fades_as_the_routes_own_samples_arrive() -> None:
-    off = CachePrior(0.0, None)  # a server with prefix caching off
-    assert prior_warm_tokens(off, 1000, 0) == 0
-    assert prior_warm_tokens(off, 1000, PRIOR_SAMPLES) == 500
-    assert prior_warm_tokens(off, 1000, 99 * PRIOR_SAMPLES) == 990
     small = CachePrior(None, 2000)  # its slots hold at most 2,000 tokens
     assert prior_warm_tokens(small, 5000, 0) == 2000
+    assert prior_warm_tokens(small, 5000, PRIOR_SAMPLES) == 3500
+    assert prior_warm_tokens(small, 5000, 99 * PRIOR_SAMPLES) == 4970
     assert prior_warm_tokens(None, 5000, 0) == 5000
     assert prior_warm_tokens(CachePrior(1.0, None), 5000, 0) == 5000
-    assert prior_warm_tokens(off, 0, 0) == 0
-    values = [prior_warm_tokens(off, 1000, n) for n in range(50)]
+    assert prior_warm_tokens(CachePrior(0.0, None), 5000, 0) == 5000  # a rate: not this prefix
+    assert prior_warm_tokens(small, 0, 0) == 0
+    values = [prior_warm_tokens(small, 5000, n) for n in range(50)]
     assert values == sorted(values) and not math.isclose(values[0], values[-1])
 
 
@@ -97,7 +96,7 @@ def test_the_router_tempers_a_warm_route_by_its_servers_report() -> None:
         return router
 
     warm: dict[str, list[int]] = {}
-    for label, cache in (("none", None), ("off", CachePrior(0.0, None))):
+    for label, cache in (("none", None), ("small", CachePrior(0.0, 200))):
         router = build(cache)
         for i in range(12):  # a new conversation each time; the route's own samples grow
             turn1 = chain([b"system", b"user %d" % i], [800, 100])
@@ -107,6 +106,6 @@ def test_the_router_tempers_a_warm_route_by_its_servers_report() -> None:
             warm.setdefault(label, []).append(seen[-1]["m|a[0-31]"])
             router.record(d, Outcome(50, 2.0, 1.0))
     assert warm["none"] == [950] * 12  # no report: exactly as before
-    # caching off: little credited at first, then the route's own samples take over
-    assert warm["off"][0] < 950 / 2
-    assert warm["off"] == sorted(warm["off"]) and warm["off"][-1] > 700
+    # slots of 200 tokens: little credited at first, then the route's own samples take over
+    assert warm["small"][0] < 950 / 2
+    assert warm["small"] == sorted(warm["small"]) and warm["small"][-1] > 700

@@ -3,11 +3,21 @@ reports (an answer's header, a push) less our own requests, held until the TTL."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from meshroute_middleware.core import NodeRecord, Outcome, Router, RouterConfig
+from meshroute_middleware.core import InvalidNodeError, NodeRecord, Outcome, Router, RouterConfig
+from meshroute_middleware.core.cache_prior import CachePrior
 from meshroute_middleware.core.contracts.load import MAX_HELD, parse_held
-from meshroute_middleware.core.node_load import REPORT_TTL_S, NodeLoads
+from meshroute_middleware.core.contracts.txt import decode_node, encode_node
+from meshroute_middleware.core.node_load import (
+    RECORD_LAG_S,
+    REPORT_TTL_S,
+    NodeLoads,
+    parse_held_field,
+)
+from meshroute_middleware.core.topology import parse_node
 
 from ..conftest import FakeClock
 
@@ -140,3 +150,64 @@ def test_three_trackers_keep_the_full_node_for_two(clock: FakeClock, reported: i
 ])
 def test_the_load_header_is_a_plain_count(value: bytes | str | None, held: int | None) -> None:
     assert parse_held(value) == held
+
+
+# -- a node's record carries its engine's load (`held`, TXT `hd`) -------------------------
+@pytest.mark.parametrize(("value", "held"), [
+    (None, None), ("", None), (0, 0), ("3", 3), (" 12 ", 12), (65536, 65536),
+])
+def test_a_record_may_carry_its_engines_held_requests(value: object, held: int | None) -> None:
+    assert parse_held_field({} if value is None else {"held": value}) == held
+    record = NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test", held=held)
+    assert parse_node(record.to_dict()).held == held
+    assert decode_node(encode_node(record)).held == held
+    assert ("hd" in encode_node(record)) == (held is not None)
+
+
+@pytest.mark.parametrize("value", [-1, 65537, 1.5, True, "x", "1_0", "\u0663", [2]])
+def test_a_hostile_held_field_rejects_the_record(value: object) -> None:
+    with pytest.raises(InvalidNodeError, match="held"):
+        parse_node({**NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test").to_dict(),
+                    "held": value})
+
+
+def test_a_records_held_requests_are_the_others_load(clock: FakeClock) -> None:
+    r = router(clock)
+    gpu = r.topology.node("gpu")
+    assert gpu is not None
+    version = r.topology.model("m").version  # type: ignore[union-attr]
+    r.upsert_node(replace(gpu, held=2))  # two requests another tracker (or a client) sent
+    assert in_flight(r) == {"gpu": 2, "cpu": 0}
+    assert r.topology.model("m").version == version  # type: ignore[union-attr]
+    assert r.topology.node("gpu").held is None  # type: ignore[union-attr]
+    mine = r.choose("m", pin=["gpu"])
+    r.upsert_node(replace(gpu, held=3))  # ours among them
+    assert in_flight(r) == {"gpu": 3, "cpu": 0}
+    clock.advance(0.5)
+    r.record(mine, Outcome(300, 0.3, 0.01))
+    # a record read before ours ended may still count it: it is not taken for another's
+    r.upsert_node(replace(gpu, held=3))
+    assert in_flight(r) == {"gpu": 2, "cpu": 0}
+    clock.advance(RECORD_LAG_S + 0.1)
+    r.upsert_node(replace(gpu, held=3))  # long after: three others now
+    assert in_flight(r) == {"gpu": 3, "cpu": 0}
+    r.upsert_node(replace(gpu, held=0))
+    assert in_flight(r) == {"gpu": 0, "cpu": 0}
+
+
+def test_an_answers_header_is_taken_as_of_now(clock: FakeClock) -> None:
+    loads = NodeLoads()
+    loads.begin(("gpu",))
+    loads.end(("gpu",), 10.0)
+    assert loads.report("gpu", 1, 10.1) == 1  # the header is written as the answer starts
+    loads.begin(("gpu",))
+    loads.end(("gpu",), 11.0)
+    assert loads.report("gpu", 1, 11.5, lag_s=1.0) == 0  # a record may predate our end
+
+
+def test_a_full_signed_record_with_its_serial_fits_the_txt_limits() -> None:
+    record = NodeRecord("gpu", "m", 0, 31, 32, "http://gpu.test", cache=CachePrior(0.5, 4096),
+                        slots=4, held=3)
+    props = encode_node(record, "s3cret", serial=123456)
+    assert props["n"] == "123456"
+    assert decode_node(props, secret="s3cret") == record

@@ -32,7 +32,7 @@ SIG_KEY: Final = "sig"
 MAX_ENTRY_BYTES: Final = 255
 # RFC 6763 §6.2: keep the whole TXT record under 1300 bytes so it fits one packet.
 MAX_RECORD_BYTES: Final = 1300
-MAX_ENTRIES: Final = 16
+MAX_ENTRIES: Final = 24  # a full signed node record holds 17
 
 # Node record: short TXT key -> NodeRecord field.
 NODE_KEYS: Final[Mapping[str, str]] = {
@@ -48,8 +48,14 @@ CAPS_KEY: Final = "caps"
 CACHE_KEYS: Final[Mapping[str, str]] = {"ch": "cache_hit", "ck": "cache_tokens"}
 # The server's slot count (core/slot_count.py), only when the node states one.
 SLOTS_KEYS: Final[Mapping[str, str]] = {"sl": "slots"}
+# The requests its engine runs and queues now, every sender's (core/node_load.py).
+HELD_KEYS: Final[Mapping[str, str]] = {"hd": "held"}
+# A node's announcement count: read by no one, it makes each TXT update differ from the
+# ones before, as mDNS delivers no update whose TXT a tracker's cache still holds (a load
+# going 0 -> 1 -> 0 would stay at 1: tests/node_agent/test_held_travels.py).
+SERIAL_KEY: Final = "n"
 # What a record carries only when the node has it.
-_OPTIONAL_KEYS: Final[Mapping[str, str]] = {**CACHE_KEYS, **SLOTS_KEYS}
+_OPTIONAL_KEYS: Final[Mapping[str, str]] = {**CACHE_KEYS, **SLOTS_KEYS, **HELD_KEYS}
 # Tracker record: its id, HTTP port (optional) and gossip port.
 TRACKER_ID_KEY, TRACKER_HTTP_KEY, TRACKER_GOSSIP_KEY = "id", "hp", "gp"
 
@@ -147,10 +153,14 @@ def _fmt_float(value: float) -> str:
     return f"{value:.6g}"
 
 
-def encode_node(record: NodeRecord, secret: str | None = None) -> dict[str, str]:
-    """TXT properties for a node record, signed when a mesh secret is given."""
+def encode_node(record: NodeRecord, secret: str | None = None,
+                serial: int | None = None) -> dict[str, str]:
+    """TXT properties for a node record, signed when a mesh secret is given (`serial`: the
+    announcement's count, SERIAL_KEY)."""
     fields = record.to_dict()
     props = {VERSION_KEY: PROTOCOL_VERSION}
+    if serial is not None:
+        props[SERIAL_KEY] = str(serial)
     for short, name in NODE_KEYS.items():
         value = fields[name]
         props[short] = _fmt_float(value) if isinstance(value, float) else str(value)

@@ -122,6 +122,9 @@ class Outcome(NamedTuple):
     # request carried a message chain); -1: no prompt known.
     uncached_tokens: int = -1
     ahead: int = -1  # attempts in flight on the route when this one began (Router.record)
+    # Whether a slot its servers announced was free when it began (Router.record): what
+    # its first token waited then was a neighbour's compute, not a queue.
+    slot_free: bool = False
 
     @property
     def ok(self) -> bool:

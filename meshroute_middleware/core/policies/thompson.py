@@ -10,54 +10,33 @@ announced slots are full (a request that queues adds nothing and delays those be
 its marginal cost to the mesh, issue 31). "What is in flight" is this tracker's requests and
 the others' its nodes reported (`core/node_load.py`). On a batching server that means "stay
 on the fast route while its batch has room"; on a serial one, or a saturated batch, it comes
-close to shortest expected delay. Exploration comes from the
-posterior; a CUSUM on the speed residuals and one on the failures cut the old mass when a
-route changes, and a route's spread widens with the time since its last sample, so a route
-left alone is re-tried, mostly on requests whose max_tokens says the answer is short
-(`lengths.AnswerLengths`: a re-try costs in proportion to the answer). Results and tuning:
-docs/benchmarks.md, "Learning quality".
+close to shortest expected delay. Exploration comes from the posterior; a CUSUM on the speed
+residuals and one on the failures (`detectors.py`) cut the old mass when a route changes, and
+a route's spread widens with the time since its last sample, so a route left alone is
+re-tried, mostly on requests whose max_tokens says the answer is short
+(`lengths.AnswerLengths`: a re-try costs in proportion to the answer). A request carrying a
+prompt is scored with its expected first token (`first_token.py`: the prefill of what a
+route does not hold, the wait for a slot). The pieces: `beliefs.py` (what is believed of one
+route), `marginal.py` (what a request costs its neighbours), `first_token.py`. Results and
+tuning: docs/benchmarks.md, "Learning quality".
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ..defaults import OBS_SIGMA
 from ..kinds import DECAYED, PROVEN, STALE
-from ..saturation import (
-    CURVES,
-    G_TABLE,
-    KNEES,
-    MAX_TABULATED,
-    REFIT_SHARE,
-    SLOWDOWNS,
-    CurveBelief,
-    g_at,
-    prior_draw,
-    slots_knee,
-)
-from ..stats import (
-    HALF_LIFE_S,
-    LN2,
-    MIN_SAMPLE_TOKENS,
-    Curve,
-    decay_factor,
-)
-from .base import (
-    EXPLOIT,
-    GREEDY,
-    SCOUT,
-    Arm,
-    DecisionMode,
-    Outcome,
-)
+from ..saturation import REFIT_SHARE, CurveBelief, prior_draw, slots_knee
+from ..stats import HALF_LIFE_S, LN2, MIN_SAMPLE_TOKENS, Curve, decay_factor
+from .base import EXPLOIT, GREEDY, SCOUT, Arm, DecisionMode, Outcome
+from .beliefs import NO_FAILURES, PRIOR_FAIL, PRIOR_OK, ArmBelief, alike, reliability
+from .first_token import FirstTokens
 from .lengths import AnswerLengths
-from .prefill import KILO, PrefillModel
+from .marginal import NEIGHBOUR_WEIGHT, gain
 
 if TYPE_CHECKING:
     from ..config import RouterConfig
@@ -83,39 +62,10 @@ DRIFT_VAR_PER_S = 1e-6
 # decision): what is re-learnt after a change is counted in requests, so a busy gateway
 # re-tries in fewer seconds (tuned on the tuning seeds: bench_learning.py).
 DRIFT_VAR_PER_DECISION = 2e-4
-# Beta prior on reliability: mean 0.95 with the weight of two requests (routes mostly work).
-PRIOR_OK, PRIOR_FAIL = 1.9, 0.1
-MAX_RESULTS = 200.0  # cap on the decayed success + failure weight
-MIN_RELIABILITY = 0.01
-NO_FAILURES = 0.01  # decayed failures below this: reliability is its mean, no draw
-# Failure change detection: Bernoulli CUSUMs (Page 1954) of "failing at about half" against
-# a reliable route's learnt rate, and of "failing at a quarter of the learnt rate" on a
-# failing one: 3 failures in a row on a reliable route, or 3-4 successes in a row on a
-# failing one, cross FAIL_H and cut the old successes (or failures) to FAIL_RESET.
-FAIL_H, FAIL_RESET = 4.5, 1.0
 # Unused routes' results count for less as decisions go by (halved after 100), so a route
 # that failed is re-tried and found when it recovers.
 RESULT_DRIFT_PER_DECISION = 0.01
 MAX_TRACKED = 4096  # arms kept before old ones are pruned
-# A request's score is its own expected tokens/s minus this share of what its batch
-# neighbours lose by its joining (queueing beyond the knee counts as a loss too). 1 maximises
-# a closed loop's total throughput, 0 is shortest expected delay; 0.5 measured best of
-# {0.05, 0.23, 0.5, 0.67, 0.83, 0.99} on the tuning scenarios 5, 9, 10 and 11 (quick runs,
-# seeds 1-2): 1 gives up latency under open-loop load (scenario 5 p95 +40 %), 0 overloads a
-# saturating batch (scenario 10: 0.89 of the oracle against 0.99).
-NEIGHBOUR_WEIGHT = 0.5
-# A request that would queue (every slot its route's server announced taken) adds nothing
-# to the mesh's throughput and delays every request behind it: it counts all its
-# neighbours lose (its marginal cost, as a queueing-aware scheduler prices congestion),
-# plus this share of its own speed, which ranks routes that are all full by their
-# expected delay (the oracle's tie-break, core/sim/oracle.py). Only the announced slots
-# say "full": a knee merely drawn from the posterior (a route silent on its slots, or one
-# re-learnt after an outage) keeps the half weight (docs/benchmarks.md, "Slot-limited
-# meshes and several trackers").
-QUEUE_TIE = 0.05
-# A peer's curve (gossip) is refitted when a bin's mean log tps moves by more than this (2 %):
-# at the mass cap its mass no longer moves, so a drifting route would otherwise keep its prior.
-PRIOR_REFIT_LOG = 0.02
 # Answer tokens assumed while a model's answers are unknown (affinity: the time a request
 # spends decoding beside what its prefill costs).
 DEFAULT_ANSWER_TOKENS = 256.0
@@ -127,21 +77,6 @@ WARM_DRIFT = 0.0
 # seeds 1-4, docs/benchmarks.md): mean TTFT 1.01-1.02x the oracle's on 15, 16, 18, 19 against
 # 1.03-1.04x at 0.5; 0 queues on a saturated warm node (scenario 17: 4.6x).
 CONVERSATION_NEIGHBOUR_WEIGHT = 0.25
-# A request that carries a prompt is scored by its answer's tokens over its total time plus
-# this many times its time to first token (the wait for a slot past the route's knee and the
-# prefill of what the route does not hold): a conversation's first token is what a chat
-# waits for, and a turn queued on a full batch or moved cold pays it. 1 measured best of
-# {0, 1, 2} on scenario 17 (tuning seeds 1-10, docs/benchmarks.md): 0 queues (TTFT 1.6x the
-# oracle's), 2 gives up delivered tokens/s on 19 (0.975).
-TTFT_WEIGHT = 1.0
-# The wait for a slot, learned: per route and per count of attempts ahead when one began,
-# an EWMA (this weight per sample) of its time to first token beyond the learned prefill.
-# The knee alone cannot tell it: a batch never filled past its knee leaves the curves past
-# it alike, and their bins fade, so the knee is re-tried, on a conversation that then stays
-# (scenario 17: TTFT 1.33x the oracle's with the knee's wait only, 1.15x learned; 0.1 of
-# {0.05, 0.1, 0.25}).
-WAIT_ALPHA = 0.1
-MAX_AHEAD = 64  # counts ahead learned apart (more share the last)
 # A request with a prompt that no route holds (a new conversation, a one-shot) goes to the
 # route with the fewest in flight among those whose score is within this share of the best
 # (SGLang's router places new prompts on the least loaded worker): on equal routes the
@@ -153,134 +88,12 @@ COLD_BAND = 0.05
 # ... and before any route's speed was measured (a cold start: every speed and batch is a
 # prior) among those advertised at this share of the fastest's speed or more: scenario
 # 17's 16 conversations arrive before any answer, and placing them by the prior's draws
-# queued them on the fast node's small batch (TTFT 1.15x -> 1.10x the oracle's, seeds 1-10,
-# before the slots prior); a route advertised at a fifth of the others' speed is not handed
-# a third of the first conversations, each paying its first prefill there
-# (bench_realtime.py's slow-a). A quarter of {half, a quarter, all}: 17 at 1.034x / 1.025x /
-# 1.021x the oracle's TTFT, 19 at 0.981 / 0.988 / 0.987 of its tokens/s (seeds 1-10).
+# queued them on the fast node's small batch (docs/benchmarks/engine.md); a route
+# advertised at a fifth of the others' speed is not handed a third of the first
+# conversations, each paying its first prefill there (bench_realtime.py's slow-a). A quarter
+# of {half, a quarter, all}: 17 at 1.034x / 1.025x / 1.021x the oracle's TTFT, 19 at
+# 0.981 / 0.988 / 0.987 of its tokens/s (seeds 1-10).
 COLD_START_SHARE = 0.25
-# A first byte within this share of a request's time of its last brought the whole answer (a
-# request not streamed): its time is decode and prefill together, no sample of either.
-AT_ONCE_SHARE = 0.01
-
-
-@dataclass(slots=True)
-class ArmBelief:
-    """Decayed posterior statistics of one route, written only by `observe`."""
-
-    curve: CurveBelief = field(default_factory=CurveBelief)
-    ok: float = 0.0  # decayed successes
-    fail: float = 0.0  # decayed failures
-    t: float = 0.0  # time of the last update
-    fail_up: float = 0.0  # change-detector statistics of the failures
-    fail_down: float = 0.0
-    result_decision: int = 0  # the model's outcome count at the last result
-    decision: int = 0  # the model's outcome count at the last tps sample
-    model: str = ""
-    shared: tuple[int, int, Curve] | None = None  # (changes, samples, curve.summary()) then
-
-    @property
-    def mass(self) -> float:
-        """Decayed weight of the tps samples (as of the last update)."""
-        return self.curve.mass
-
-    def decay(self, now: float, half_life_s: float) -> None:
-        """Decay every weight to `now`."""
-        d = decay_factor(now - self.t, half_life_s)
-        self.curve.decay(d)
-        self.ok *= d
-        self.fail *= d
-        self.t = max(self.t, now)
-
-    def add_result(self, ok: bool) -> None:
-        """Count a success or a failure; a run of failures on a reliable route is a change."""
-        q0 = min(max((PRIOR_FAIL + self.fail) / (PRIOR_OK + PRIOR_FAIL + self.ok + self.fail),
-                     0.01), 0.99)
-        up, down = min(0.5 + q0 / 2, 0.995), q0 / 4
-        self.fail_up = max(0.0, self.fail_up + _llr(ok, q0, up))
-        self.fail_down = max(0.0, self.fail_down + _llr(ok, q0, down)) if q0 > 0.1 else 0.0
-        if self.fail_up > FAIL_H:  # failing more: forget the old successes
-            self.fail_up = self.fail_down = 0.0
-            self.ok = min(self.ok, FAIL_RESET)
-        elif self.fail_down > FAIL_H:  # failing less: forget the old failures
-            self.fail_up = self.fail_down = 0.0
-            self.fail = min(self.fail, FAIL_RESET)
-        if ok:
-            self.ok += 1.0
-        else:
-            self.fail += 1.0
-        total = self.ok + self.fail
-        if total > MAX_RESULTS:
-            self.ok *= MAX_RESULTS / total
-            self.fail *= MAX_RESULTS / total
-
-
-def _llr(ok: bool, q0: float, q1: float) -> float:
-    """Log-likelihood ratio of one result: failure rate q1 against q0."""
-    return math.log((1 - q1) / (1 - q0)) if ok else math.log(q1 / q0)
-
-
-def _reliability(ok: float, fail: float, rng: random.Random) -> float:
-    """A Beta(PRIOR_OK + ok, PRIOR_FAIL + fail) draw; the mean when nothing failed."""
-    a, b = PRIOR_OK + ok, PRIOR_FAIL + fail
-    n = a + b
-    p: float = a / n
-    if fail > NO_FAILURES:
-        # Normal approximation of the Beta draw: ~10x cheaper than betavariate.
-        p += math.sqrt(a * b / (n * n * (n + 1.0))) * rng.gauss(0.0, 1.0)
-        p = min(max(p, MIN_RELIABILITY), 1.0)
-    return p
-
-
-def _alike(a: Curve, b: Curve) -> bool:
-    """Same bins, total mass within REFIT_SHARE, every bin's speed within PRIOR_REFIT_LOG:
-    a prior fitted to `a` need not be redone for `b`."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if x[0] != y[0] or abs(x[2] - y[2]) > PRIOR_REFIT_LOG:
-            return False
-    ma, mb = sum(x[1] for x in a), sum(x[1] for x in b)
-    return abs(ma - mb) <= REFIT_SHARE * max(ma, mb)
-
-
-def neighbours_loss(s1: float, curve: int, in_flight: int) -> tuple[float, float]:
-    """(a request's own tokens/s, the tokens/s its `in_flight` neighbours lose by its
-    joining) on a route whose saturation curve is `CURVES[curve]`."""
-    n = in_flight
-    if n < MAX_TABULATED:  # both g values tabulated: one row lookup (this is per decision)
-        row = G_TABLE[curve]
-        g_n, g_next = row[n], row[n + 1]
-    else:
-        g_n, g_next = g_at(curve, n), g_at(curve, n + 1)
-    own = s1 * g_next
-    return own, n * (s1 * g_n - own)
-
-
-def gain(s1: float, curve: int, in_flight: int, full: bool = False) -> float:
-    """A request's own tokens/s on a route running `in_flight` others (saturation curve
-    `CURVES[curve]`), minus NEIGHBOUR_WEIGHT x the tokens/s those others lose; when it
-    would queue (`full`: the route's announced slots all taken), minus all they lose,
-    plus QUEUE_TIE x its own: its marginal cost to the mesh (zero past the knee)."""
-    n = in_flight
-    own, lost = neighbours_loss(s1, curve, n)
-    if not n:
-        return own
-    if full:  # it waits, and delays every request behind it
-        return own - lost + QUEUE_TIE * own
-    return own - NEIGHBOUR_WEIGHT * lost
-
-
-def _queue_share(belief: ArmBelief | None, in_flight: int) -> float:
-    """The posterior's probability that a request joining `in_flight` others on this route
-    waits for a slot (its knee below in_flight + 1); 0 while nothing was measured."""
-    if not in_flight:
-        return 0.0
-    if belief is None or belief.curve.mass <= 0.0:
-        return 0.0
-    cum = belief.curve.posterior()[0]  # cumulative over CURVES, knee-major
-    k = bisect.bisect_left(KNEES, in_flight + 1) * len(SLOWDOWNS)
-    return cum[k - 1] / cum[-1] if k else 0.0
 
 
 class ThompsonPolicy:
@@ -296,10 +109,7 @@ class ThompsonPolicy:
         # chain, the route's expected prefill of the uncached part counts against it, and its
         # speed samples leave the prefill out. False: today's policy, blind to prompts.
         self.affinity = affinity
-        self._prefill = PrefillModel()
-        # Per route, per attempts ahead when it began: an EWMA of the time to first token
-        # beyond the learned prefill (the base latency plus any wait for a slot).
-        self._waits: dict[str, dict[int, float]] = {}
+        self._first = FirstTokens()  # prefill and waits for a slot, from first tokens
         self._beliefs: dict[str, ArmBelief] = {}
         # Outcomes observed per model: the clock of the per-decision drift. Counted in
         # observe, not choose, so that a display estimate (many draws) changes nothing.
@@ -321,19 +131,10 @@ class ThompsonPolicy:
         return cls(config.half_life_s * BELIEF_HALF_LIFE_FACTOR, config.min_sample_tokens,
                    affinity=False)
 
-    def prefill_fit(self, model: str, signature: str) -> tuple[float, float]:
-        """(base seconds, prefill seconds per 1,000 uncached tokens) learned for a route."""
-        return self._prefill.fit(model, signature)
-
     def expected_ttft(self, arm: Arm) -> float | None:
-        """Seconds to the first token of this request on the route by its prefill fit
-        (base + slope × the prompt's uncached tokens: the `ttft` objective, core/objectives.py);
-        None without a prompt, or before the route's first token was measured with one."""
-        prefix, signature = arm.prefix, arm.route.signature
-        if not self.affinity or prefix is None or not self._prefill.measured(signature):
-            return None
-        base, slope = self._prefill.fit(arm.route.model, signature)
-        return base + slope * max(prefix.prompt_tokens - arm.warm_tokens, 0) / KILO
+        """Seconds to this request's first token on the route by its learned prefill (the
+        `ttft` objective, core/objectives.py); None without affinity, a prompt or a measure."""
+        return self._first.expected_ttft(arm) if self.affinity else None
 
     def choose(self, arms: Sequence[Arm], now: float,
                rng: random.Random) -> tuple[int, DecisionMode]:
@@ -377,7 +178,8 @@ class ThompsonPolicy:
             if answer:
                 score = self.with_prefill(arm, self.draw(arm, belief, now, rng, decisions,
                                                          drift, warm_cost), answer, weight,
-                                          self._wait_s(arm, belief))
+                                          self._first.wait_s(arm, None if belief is None
+                                                             else belief.curve))
             else:
                 score = self.score(arm, belief, now, rng, decisions, drift, cost)
             if band:
@@ -455,56 +257,19 @@ class ThompsonPolicy:
                 d = decay_factor(max(now - belief.t, 0.0), self.half_life_s)
                 ok, fail = belief.ok * d, belief.fail * d
         if fail > NO_FAILURES:
-            p = _reliability(ok, fail, rng)
-        else:  # _reliability's mean, without the call (most routes never failed lately)
+            p = reliability(ok, fail, rng)
+        else:  # reliability's mean, without the call (most routes never failed lately)
             a = PRIOR_OK + ok
             p = a / (a + (PRIOR_FAIL + fail))
         return p, math.exp(log_s1), j
+
 
     def with_prefill(self, arm: Arm, drawn: tuple[float, float, int],
                      answer_tokens: float, weight: float = NEIGHBOUR_WEIGHT,
                      wait: tuple[float | None, float] = (None, 0.0)) -> float:
         """The net goodput of `score` with the request's own speed counting its expected
-        time to first token: the answer's tokens over (decode + prefill of what the route
-        does not hold + TTFT_WEIGHT x (that prefill + the wait for a slot)), minus the same
-        share of what its batch neighbours lose (all of it for a prompt cold everywhere on a
-        route whose announced slots are full). The wait (`_wait_s`): as learned at this
-        count ahead, else past the drawn curve's knee times the belief that it queues."""
-        p, s1, j = drawn
-        n = arm.in_flight
-        own = p * s1 * g_at(j, n + 1) if n else p * s1
-        slots = arm.route.slots
-        if n and slots is not None and n >= slots and weight == NEIGHBOUR_WEIGHT:
-            # A prompt cold everywhere on a route whose slots are full delays all behind
-            # it (as `gain`); a warm one keeps its share: moving costs its prefill.
-            weight = 1.0
-        lost = p * neighbours_loss(s1, j, n)[1] * weight if n else 0.0
-        prefix = arm.prefix
-        if prefix is not None and own > 0.0:
-            uncached = max(prefix.prompt_tokens - arm.warm_tokens, 0)
-            prefill = (self._prefill.prefill_s(arm.route.model, arm.route.signature, uncached)
-                       if uncached else 0.0)
-            learned, queue_share = wait
-            knee = CURVES[j][0]
-            if learned is not None:
-                waiting = learned
-            elif queue_share > 0.0 and n + 1 > knee:
-                # past the knee it waits for one of `knee` slots, each serving at the full
-                # batch's speed: (n + 1 - knee) / knee answers' decode time
-                waiting = queue_share * (n + 1 - knee) / knee * answer_tokens / (
-                    p * s1 * g_at(j, int(knee)))
-            else:
-                waiting = 0.0
-            if prefill > 0.0 or waiting > 0.0:
-                decode = answer_tokens / own
-                # Its neighbours' loss counts per second it decodes beside them, of its time
-                # but the wait: unscaled, a short answer behind a long prompt made every busy
-                # route score below zero, and new conversations fled to the idlest route
-                # however slow (bench_realtime.py slow-a, 16 clients, 20 s: 10 of ~47 new
-                # conversations on the node at a fifth, 1.8x the oracle's TTFT; 1-3 with).
-                lost *= decode / (decode + prefill + TTFT_WEIGHT * prefill)
-                own = answer_tokens / (decode + prefill + TTFT_WEIGHT * (prefill + waiting))
-        return own - lost
+        time to first token (`first_token.FirstTokens.score`)."""
+        return self._first.score(arm, drawn, answer_tokens, weight, wait)
 
     @staticmethod
     def _shared_prior(arm: Arm) -> tuple[float, float]:
@@ -518,12 +283,12 @@ class ThompsonPolicy:
 
     def _shared_curve(self, arm: Arm) -> CurveBelief | None:
         """The belief fitted to the origins' merged curve summaries (None if none shares
-        one); refitted unless `_alike` the one it was fitted to."""
+        one); refitted unless `alike` the one it was fitted to."""
         curve = arm.curve
         if not curve:
             return None
         cached = self._priors.get(arm.route.signature)
-        if cached is not None and (cached[0] is curve or _alike(cached[0], curve)):
+        if cached is not None and (cached[0] is curve or alike(cached[0], curve)):
             return cached[1]
         if len(self._priors) >= MAX_TRACKED:
             self._priors.clear()
@@ -576,7 +341,7 @@ class ThompsonPolicy:
         belief.result_decision = count
         tps = outcome.tps  # the one tokens/s rule: capped at MAX_TPS, None if unmeasurable
         if self.affinity and outcome.uncached_tokens >= 0 and outcome.ok:
-            tps = self._without_prefill(belief.model, signature, outcome)
+            tps = self._first.learn(belief.model, signature, outcome)
         lengths = self._lengths.get(belief.model)
         if lengths is None:
             lengths = self._lengths[belief.model] = AnswerLengths()
@@ -586,52 +351,11 @@ class ThompsonPolicy:
             belief.curve.add(tps, concurrency)
             belief.decision = count
 
-    def _wait_s(self, arm: Arm, belief: ArmBelief | None) -> tuple[float | None, float]:
-        """What a request joining the arm's in-flight ones waits for a slot: the seconds
-        learned at that count beyond the route's quickest count measured (None: never
-        measured there), and the posterior's belief that it queues (the fallback)."""
-        n = arm.in_flight
-        if not n:  # nothing ahead: no wait (learned or not)
-            return None, 0.0
-        waits = self._waits.get(arm.route.signature)
-        at = waits.get(min(n, MAX_AHEAD)) if waits else None
-        if at is None or waits is None:
-            return None, _queue_share(belief, n)
-        low = min(w for k, w in waits.items() if k <= n)
-        return (at - low if at > low else 0.0), 0.0
 
-    def _without_prefill(self, model: str, signature: str, outcome: Outcome) -> float | None:
-        """Learn the route's prefill from this request's first token, and its speed with
-        the prefill part left out, so that a route is not thought slow for having received
-        cold prompts (issue 26): at most what the fit says the uncached tokens cost."""
-        uncached, ttfb = outcome.uncached_tokens, outcome.ttfb_s
-        if not 0.0 <= ttfb <= outcome.seconds:
-            return outcome.tps
-        if outcome.seconds - ttfb <= AT_ONCE_SHARE * outcome.seconds:
-            return outcome.tps  # the first byte brought the whole answer: not a first token
-        self._prefill.add(model, signature, uncached, ttfb)
-        if uncached:
-            base, slope = self._prefill.fit(model, signature)
-            prefill = min(slope * uncached / KILO, max(ttfb - base, 0.0))
-            beyond = ttfb - slope * uncached / KILO
-        else:  # a warm prompt: no prefill to leave out (the fit is not needed)
-            prefill, beyond = 0.0, ttfb
-        if outcome.ahead >= 0:  # what its first token waited beyond the prefill
-            waits = self._waits.get(signature)
-            if waits is None:
-                waits = self._waits[signature] = {}
-            k = min(outcome.ahead, MAX_AHEAD)
-            old = waits.get(k)
-            waits[k] = beyond if old is None else old + WAIT_ALPHA * (beyond - old)
-        if not prefill:
-            return outcome.tps
-        return outcome._replace(seconds=outcome.seconds - prefill).tps
 
     def _prune(self, now: float) -> None:
         """Forget the half of the arms updated longest ago."""
         ordered = sorted(self._beliefs, key=lambda s: self._beliefs[s].t)
         for signature in ordered[: len(ordered) // 2]:
             del self._beliefs[signature]
-        self._prefill.forget(set(ordered[: len(ordered) // 2]))
-        for signature in ordered[: len(ordered) // 2]:
-            self._waits.pop(signature, None)
+        self._first.forget(ordered[: len(ordered) // 2])

@@ -6,8 +6,7 @@ with `Router.record`; joins and leaves go through `upsert_node` / `remove_node`.
 up to `slots` requests at once and each runs slower the fuller the batch is
 (`NodeSpec.slowdown`): serial servers, continuous batching and saturation are all this one
 model. Speeds change whenever a batch does, so a running request's finish time is recomputed
-on every start and end on its nodes. All workload randomness (token counts, noise, failures,
-arrival gaps) is drawn up front from the seed, so every policy faces the very same requests.
+on every start and end on its nodes. The workload is drawn up front (`workload.py`).
 """
 
 from __future__ import annotations
@@ -21,11 +20,12 @@ from ..config import RouterConfig
 from ..errors import MeshRouteError
 from ..kinds import ErrorKind
 from ..policies import Outcome
-from ..prefix import Prefix, PrefixCache, chain
+from ..prefix import Prefix, PrefixCache
 from ..router import Decision, Router
 from ..routes import Route
-from .model import ANSWERS, EXACT, MODEL, Conversations, Event, NodeSpec, Scenario
+from .model import ANSWERS, EXACT, MODEL, Event, NodeSpec, Scenario
 from .oracle import FIXED_SPLIT, GOOD_WITHIN, FixedSplitPolicy, OraclePolicy, gain_score
+from .workload import Request, Trace, draw_conversations, draw_requests, trace_of
 
 ARRIVE, FINISH, ANNOUNCE, TOKENS, GOSSIP = 0, 1, 2, 3, 4
 
@@ -42,66 +42,13 @@ class NodeState:
     cache: PrefixCache | None = None  # its prefix cache, when the spec has one
 
     @property
-    def busy(self) -> int:
-        """Slots in use."""
+    def busy(self) -> int:  # slots in use
         return len(self.running)
 
     @property
     def held(self) -> int:
         """Requests it holds, running and queued (what its agent reports, issue 31)."""
         return len(self.running) + self.queued
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One simulated request; the random draws are fixed before any policy sees it."""
-
-    index: int
-    tokens: int
-    noise: float  # multiplicative service-time noise
-    fail_u: float
-    cut_u: float
-    gap_s: float  # to the next arrival (open loop)
-    max_tokens: int | None = None  # the client's bound on the answer, as its body states it
-    arrival_s: float = 0.0
-    decision: Decision | None = None
-    nodes: tuple[str, ...] = ()
-    compute_s: tuple[float, ...] = ()  # solo compute seconds per token on each node
-    hop_s: float = 0.0  # per-token link latency of the route
-    latency_s: float = 0.0  # fixed latency, paid once before the first token
-    service_s: float = 0.0  # expected solo service seconds, at dispatch
-    fail_p: float = 0.0
-    good: bool = False  # within GOOD_WITHIN of the oracle's choice when decided
-    tokens_left: float = 0.0  # of the token phase (a failing request stops early)
-    rate: float = 0.0  # tokens/s now; 0 before the token phase
-    updated_s: float = 0.0
-    version: int = 0  # bumps on every re-rate; stale FINISH events are skipped
-    ttfb_s: float = 0.0
-    # Conversations (issue 26): the prompt's message chain (None: a prompt of no cost, as
-    # before), the answer's key and the conversation's next turn.
-    prompt: Prefix | None = None
-    answer_key: bytes = b""
-    next_turn: Request | None = None
-    prefill_s: tuple[float, ...] = ()  # seconds per uncached prompt token on each hop
-    cached_tokens: int = -1  # the prompt's tokens found cached at its head when it started
-    turn_of: int = 0  # its turn in its conversation (0: the first)
-    client: int = 0  # the closed-loop client that sent it (open loop: 0)
-
-    def __hash__(self) -> int:
-        return self.index
-
-
-@dataclass(slots=True)
-class Trace:
-    """What one run produced, per request in arrival order."""
-
-    arrival_s: list[float] = field(default_factory=list)
-    finish_s: list[float] = field(default_factory=list)
-    tokens_ok: list[int] = field(default_factory=list)
-    failed: list[bool] = field(default_factory=list)
-    good: list[bool] = field(default_factory=list)
-    ttft_s: list[float] = field(default_factory=list)  # arrival to first token (0: failed)
-    warm: list[bool] = field(default_factory=list)  # half its prompt or more was cached
 
 
 class Simulator:
@@ -125,10 +72,10 @@ class Simulator:
         self.load_error = [0.0, 0]
         self.report_age = [0.0, 0]
         self.conversing = scenario.conversations is not None
-        self.requests = (_draw_conversations(scenario, scenario.conversations,
-                                             random.Random(seed))
+        self.requests = (draw_conversations(scenario, scenario.conversations,
+                                            random.Random(seed))
                          if scenario.conversations is not None
-                         else _draw_requests(scenario, random.Random(seed)))
+                         else draw_requests(scenario, random.Random(seed)))
         self._fresh = [r for r in self.requests if r.turn_of == 0] if self.conversing else []
         self._fresh.reverse()  # popped from the end: first conversation first
         self._arrived = 0
@@ -244,7 +191,7 @@ class Simulator:
                 self._gossip()
             else:
                 self._announce()
-        return self._trace()
+        return trace_of(self.requests, self.done)
 
     def _push(self, t: float, kind: int, req: Request | None, version: int = 0) -> None:
         self._seq += 1
@@ -496,91 +443,6 @@ class Simulator:
                 self.nodes[n].load_s -= req.service_s
             self._end(req, ok=False, error="connect")
         self._start_waiting()
-
-    def _trace(self) -> Trace:
-        trace = Trace()
-        for req in sorted(self.requests, key=lambda r: r.index):
-            finish, tokens, failed = self.done[req.index]
-            trace.ttft_s.append(0.0 if failed else req.ttfb_s)
-            trace.warm.append(req.prompt is not None
-                              and 2 * req.cached_tokens >= req.prompt.prompt_tokens)
-            trace.arrival_s.append(req.arrival_s)
-            trace.finish_s.append(finish)
-            trace.tokens_ok.append(tokens)
-            trace.failed.append(failed)
-            trace.good.append(req.good)
-        return trace
-
-
-def _draw_requests(scenario: Scenario, rng: random.Random) -> list[Request]:
-    """The workload: token counts, mean-one log-normal noise, failure draws, arrival gaps
-    (bursts of `burst` requests at once, the mean rate unchanged)."""
-    sigma = scenario.noise_sigma
-    lo, hi = scenario.tokens
-    rate, burst = scenario.poisson_rate, max(scenario.burst, 1)
-    out = []
-    for i in range(scenario.requests):
-        noise = math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2)
-        gap_s = rng.expovariate(rate) if rate > 0 else 0.0
-        if burst > 1:
-            gap_s = gap_s * burst if i % burst == burst - 1 else 0.0
-        out.append(Request(i, rng.randint(lo, hi), noise, rng.random(), rng.random(), gap_s))
-    # The body's max_tokens, drawn apart (the draws above stay what they were): see
-    # `client_max_tokens`. A gateway sees only this bound, never the answer's true length.
-    bounds = random.Random(rng.random())
-    for req in out:
-        req.max_tokens = client_max_tokens(req.tokens, bounds)
-    return out
-
-
-# How clients bound their answers (the body's `max_tokens`), a third each: none at all
-# (LangChain's and most chat UIs' default), a generous fixed cap (many apps send 1024-4096
-# whatever they ask; here above every answer, so it says nothing), or a cap that fits the
-# task, the answer's length rounded up to a power of two (an app asking for a short label or
-# a summary sets a short cap; the answer never exceeds it, as a server stops there).
-FIXED_CAP = 1024
-
-
-def client_max_tokens(tokens: int, rng: random.Random) -> int | None:
-    """The max_tokens a client sends with a request whose answer will be `tokens` long."""
-    u = rng.random()
-    if u < 1 / 3:
-        return None
-    if u < 2 / 3:
-        return FIXED_CAP
-    return 1 << max(tokens - 1, 1).bit_length()
-
-
-def _draw_conversations(scenario: Scenario, conv: Conversations,
-                        rng: random.Random) -> list[Request]:
-    """The multi-turn workload: conversations (their turns linked in order) until
-    `scenario.requests` turns; the same random draws per turn as `_draw_requests`."""
-    sigma = scenario.noise_sigma
-    lo, hi = scenario.tokens
-    out: list[Request] = []
-    bounds = random.Random(rng.random())
-    c = 0
-    while len(out) < scenario.requests:
-        one_shot = rng.random() < conv.one_shot
-        turns = 1 if one_shot else rng.randint(*conv.turns)
-        first = rng.randint(*(conv.one_shot_tokens if one_shot else conv.system_tokens))
-        prompt = chain([f"{c}:0".encode()], [first])
-        previous: Request | None = None
-        for k in range(min(turns, scenario.requests - len(out))):
-            if k:
-                prompt = prompt.extended(f"{c}:{k}:user".encode(), rng.randint(*conv.user_tokens))
-            noise = math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2)
-            tokens = rng.randint(lo, hi)
-            req = Request(len(out), tokens, noise, rng.random(), rng.random(), 0.0,
-                          client_max_tokens(tokens, bounds), prompt=prompt,
-                          answer_key=f"{c}:{k}:answer".encode(), turn_of=k)
-            out.append(req)
-            if previous is not None:
-                previous.next_turn = req
-            previous = req
-            prompt = prompt.extended(req.answer_key, tokens)
-        c += 1
-    return out
 
 
 def run(scenario: Scenario, policy: str, seed: int) -> Trace:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine import Request, Trace
+from .workload import Request, Trace
 
 WINDOW = 50  # decisions per re-convergence window
 CONVERGED_SHARE = 0.8  # share of good decisions in a window that counts as converged

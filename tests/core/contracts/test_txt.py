@@ -61,7 +61,7 @@ def _tracker(**changes: str) -> dict[str, str]:
     (_tracker(id="t" * 129), None, "'id'"),
     (_tracker(id="t\x00"), None, "'id'"),
     (_tracker(x="y" * 300), None, "255"),
-    ({**_tracker(), **{f"k{i}": "1" for i in range(20)}}, None, "entries"),
+    ({**_tracker(), **{f"k{i}": "1" for i in range(30)}}, None, "entries"),
     (_tracker(), "s", "signature"),
     ({**encode_tracker("t", 8080, 7000, "s"), "gp": "7001"}, "s", "signature"),
     ({**encode_tracker("t", 8080, 7000, "other")}, "s", "signature"),

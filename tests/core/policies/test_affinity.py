@@ -14,6 +14,7 @@ from meshroute_middleware.core.policies.cache_rules import (
     LeastLoadedPolicy,
     SessionStickyPolicy,
 )
+from meshroute_middleware.core.policies.first_token import FirstTokens
 from meshroute_middleware.core.policies.prefill import PrefillFit, PrefillModel
 from meshroute_middleware.core.policies.thompson import ThompsonPolicy
 from meshroute_middleware.core.prefix import (
@@ -82,11 +83,13 @@ def test_an_answer_that_came_whole_teaches_no_prefill() -> None:
     # Read as a first token it made a serial node decoding at 22 tok/s look twice as fast.
     policy = ThompsonPolicy()
     for k in range(20):
-        policy.observe("m|a", Outcome(200, 1.2, 1.2, uncached_tokens=400, concurrency=1.0),
+        policy.observe("m|a[0-31]", Outcome(200, 1.2, 1.2, uncached_tokens=400, concurrency=1.0),
                        float(k))
-    estimate = policy.estimate("m|a")
+    estimate = policy.estimate("m|a[0-31]")
     assert estimate is not None and estimate == pytest.approx(200 / 1.2, rel=0.1)
-    assert policy.prefill_fit("m", "m|a") == (0.0, 0.0)  # nothing learnt of the prefill
+    probe = arm("a")
+    probe.prefix = chain([b"system", b"user"], [300, 100])
+    assert policy.expected_ttft(probe) is None  # nothing learnt of the prefill
 
 
 def test_a_route_fed_cold_prompts_is_not_learnt_slower() -> None:
@@ -500,7 +503,7 @@ def test_neighbours_loss_counts_only_while_the_request_decodes() -> None:
     # counted in full (8 x 60 x (g(8) - g(9)) x 0.5 = 7.7 tok/s against its own 10.3) put
     # the busy route (2.6) below an idle one five times slower (6.6), and new conversations
     # fled there (bench_realtime.py slow-a); counted while it decodes, 7.9.
-    policy = ThompsonPolicy()
+    first = FirstTokens()
     j = CURVES.index((16.0, 0.1))
     prompt = chain([b"system", b"user"], [1000, 60])
     busy, idle = arm("b", 8, 60.0), arm("a", 0, 12.0)
@@ -508,8 +511,8 @@ def test_neighbours_loss_counts_only_while_the_request_decodes() -> None:
         a.prefix = prompt
         for _ in range(10):  # both prefill 1,000 tokens a second
             for uncached in (0, 1000, 2000):
-                policy._prefill.add("m", a.route.signature, uncached, 0.02 + uncached / 1000)
-    busy_score = policy.with_prefill(busy, (1.0, 60.0, j), 32.0)
-    idle_score = policy.with_prefill(idle, (1.0, 12.0, j), 32.0)
+                first.prefill.add("m", a.route.signature, uncached, 0.02 + uncached / 1000)
+    busy_score = first.score(busy, (1.0, 60.0, j), 32.0)
+    idle_score = first.score(idle, (1.0, 12.0, j), 32.0)
     assert busy_score == pytest.approx(7.9, abs=0.2)
     assert idle_score == pytest.approx(6.6, abs=0.2)

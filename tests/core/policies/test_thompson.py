@@ -8,14 +8,16 @@ import random
 import pytest
 
 from meshroute_middleware.core import Arm, NodeRecord, Outcome, Router, RouterConfig, RouteView
-from meshroute_middleware.core.policies.thompson import (
-    CONVERSATION_NEIGHBOUR_WEIGHT,
+from meshroute_middleware.core.policies.beliefs import ArmBelief
+from meshroute_middleware.core.policies.marginal import (
     NEIGHBOUR_WEIGHT,
     QUEUE_TIE,
-    ArmBelief,
-    ThompsonPolicy,
     gain,
     neighbours_loss,
+)
+from meshroute_middleware.core.policies.thompson import (
+    CONVERSATION_NEIGHBOUR_WEIGHT,
+    ThompsonPolicy,
 )
 from meshroute_middleware.core.prefix import chain
 from meshroute_middleware.core.routes import Hop, make_route

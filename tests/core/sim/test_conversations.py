@@ -16,9 +16,10 @@ from meshroute_middleware.core.prefix import (
     chain,
     message_chain,
 )
-from meshroute_middleware.core.sim.engine import Simulator, _draw_conversations
+from meshroute_middleware.core.sim.engine import Simulator
 from meshroute_middleware.core.sim.model import Conversations, NodeSpec, Scenario, caching, whole
 from meshroute_middleware.core.sim.scenarios import CONVERSATION_SCENARIOS, SCENARIOS, by_name
+from meshroute_middleware.core.sim.workload import draw_conversations
 
 
 def msgs(*texts: str) -> list[dict[str, str]]:
@@ -198,7 +199,7 @@ def test_conversations_arrive_concurrently_and_turns_in_order() -> None:
 def test_the_workload_has_growing_multi_turn_prompts_and_one_shots() -> None:
     sc = by_name("19-conv-mixed")
     assert sc.conversations is not None
-    reqs = _draw_conversations(sc, sc.conversations, random.Random(1))
+    reqs = draw_conversations(sc, sc.conversations, random.Random(1))
     turns = [r.turn_of for r in reqs]
     assert max(turns) + 1 <= 30 and max(turns) >= 10
     firsts = [r for r in reqs if r.turn_of == 0]
@@ -206,7 +207,7 @@ def test_the_workload_has_growing_multi_turn_prompts_and_one_shots() -> None:
     assert 0.3 < one_shots / len(firsts) < 0.7
     assert max(r.prompt.prompt_tokens for r in reqs if r.prompt) > 4000
     # the same seed draws the same workload (every policy faces the same conversations)
-    again = _draw_conversations(sc, sc.conversations, random.Random(1))
+    again = draw_conversations(sc, sc.conversations, random.Random(1))
     assert [(r.tokens, r.prompt) for r in again] == [(r.tokens, r.prompt) for r in reqs]
 
 

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from meshroute_middleware.core.sim.engine import FIXED_CAP, Simulator, _draw_requests
+from meshroute_middleware.core.sim.engine import Simulator
 from meshroute_middleware.core.sim.metrics import throughput
 from meshroute_middleware.core.sim.model import (
     MODEL,
@@ -21,6 +21,7 @@ from meshroute_middleware.core.sim.model import (
     whole,
 )
 from meshroute_middleware.core.sim.oracle import best_split
+from meshroute_middleware.core.sim.workload import FIXED_CAP, draw_requests
 
 from ...conftest import stat_keys
 
@@ -76,7 +77,7 @@ def test_two_slots_serve_two_at_once() -> None:
 
 def test_noise_has_the_configured_sigma_and_mean_one() -> None:
     scenario = Scenario("n", "n", (whole("a", 50.0),), 20000, noise_sigma=0.5)
-    noise = [r.noise for r in _draw_requests(scenario, random.Random(4))]
+    noise = [r.noise for r in draw_requests(scenario, random.Random(4))]
     # sd of a sample sd over 20,000 draws is 0.5/sqrt(40,000) = 0.0025: ±0.015 is 6 sd;
     # the mean of a mean-one log-normal has sd ~0.0038: ±0.02 is ~5 sd.
     assert statistics.pstdev(math.log(x) for x in noise) == pytest.approx(0.5, abs=0.015)
@@ -174,7 +175,7 @@ def test_the_best_split_of_a_roomy_fast_server_is_all_of_it() -> None:
 def test_bursty_arrivals_come_in_bursts_at_the_mean_rate() -> None:
     scenario = quiet("b", (whole("a", 1000.0, slots=64),), requests=8000, poisson_rate=2.0,
                      burst=8)
-    requests = _draw_requests(scenario, random.Random(6))
+    requests = draw_requests(scenario, random.Random(6))
     gaps = [r.gap_s for r in requests]
     assert all(g == 0.0 for i, g in enumerate(gaps) if i % 8 != 7)
     # 1,000 burst gaps, exponential with mean 4 s: the mean gap has sd 0.5 / sqrt(1000)·8;
@@ -210,7 +211,7 @@ def test_a_slow_event_slows_the_requests_already_running() -> None:
 
 def test_clients_bound_their_answers_and_the_router_sees_only_the_bound() -> None:
     scenario = Scenario("b", "b", (whole("a", 60.0),), 3000)
-    requests = _draw_requests(scenario, random.Random(3))
+    requests = draw_requests(scenario, random.Random(3))
     bounds = [r.max_tokens for r in requests]
     # a third none, a third the fixed cap, a third a fitting power of two; never below the
     # answer (a server stops at max_tokens)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshroute_middleware.core.sim.engine import Trace
 from meshroute_middleware.core.sim.metrics import converge_after, measure, p95, reconverge
+from meshroute_middleware.core.sim.workload import Trace
 
 
 def test_converge_after_finds_the_first_window_with_enough_good_decisions() -> None:
