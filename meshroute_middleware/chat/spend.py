@@ -32,6 +32,7 @@ import orjson
 from starlette.types import Message, Send
 
 from meshroute_middleware.chat.headers import H_ROUTE, is_sse
+from meshroute_middleware.chat.ledger import LedgerWriter
 from meshroute_middleware.chat.owed import OwedSettles
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.clients_budget import (
@@ -127,17 +128,23 @@ class ClientSpend:
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
         self._settling: set[asyncio.Future[Any]] = set()  # settles of cancelled requests
         self.owed = OwedSettles(self._settled, sleep)  # settles the store failed
+        self.ledger = LedgerWriter(store, self._gates, sleep)  # clients without limits
 
     async def admit(self, client: Client, req: ChatRequest, send: Send,
                     chain: bool = True) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
         limit or a budget). `chain`: the request goes to provider routes (priced), else to
-        the mesh (free)."""
-        try:
-            payload = orjson.loads(req.body)
-        except orjson.JSONDecodeError:  # parse_chat read it: never here
-            payload = {}
-        est = estimate(payload if isinstance(payload, dict) else {})
+        the mesh (free). A client without limits is let in with no store transaction: its
+        usage is written behind (chat/ledger.py)."""
+        est = req.tokens
+        if est is None:  # a request parse_chat did not read (embeddings, completions)
+            try:
+                payload = orjson.loads(req.body)
+            except orjson.JSONDecodeError:  # parsed before: never here
+                payload = {}
+            est = estimate(payload if isinstance(payload, dict) else {})
+        if not client.limited:
+            return Metered(self, client, None, est.prompt, req, send)
         routes = self.routes_of(req, chain)
         completion = est.max_completion
         if completion is None:  # the upstream's default cap: the largest stated, else ours
@@ -173,6 +180,8 @@ class ClientSpend:
         """ClientRefused when `client` is over a limit or a budget already (nothing counted):
         asked before a large body is judged and read, so that work is never done for a
         request its rpm refuses (issue 32)."""
+        if not client.limited:
+            return
         now = self.clock()
         got = await self._transact(client.name, None, lambda g: g.check(client, 0, now), now)
         if isinstance(got, Refusal):
@@ -181,6 +190,9 @@ class ClientSpend:
     async def admit_free(self, client: Client) -> None:
         """A request that spends no tokens (`/v1/messages/count_tokens`), counted against
         `client`'s rpm (ClientRefused past it) and in its usage as route `none`."""
+        if not client.limited:
+            await self.settle(client, None, Spent(NO_ROUTE, 0, 0, 0.0, False), 200)
+            return
         now = self.clock()
         got = await self._transact(client.name, None, lambda g: g.admit(client, 0, now), now)
         if isinstance(got, Refusal):
@@ -191,16 +203,22 @@ class ClientSpend:
     async def settle(self, client: Client, admission: Admission | None, spent: Spent,
                      status: int) -> None:
         """A request ended: counted, and settled in the store with what it used (when the
-        store fails, kept and retried until it takes it)."""
+        store fails, kept and retried until it takes it); a client without limits has its
+        usage written behind."""
         self.counters.count(client.name, spent.route, status, spent.prompt_tokens,
                             spent.completion_tokens, spent.cost_usd)
+        if not client.limited:
+            self.ledger.add(client.name, spent, self.clock())
+            return
         if admission is None:  # admitted while the store was away: nothing to settle
             return
         if self.owed or not await self._settled(admission, spent):  # in order, after those
             self.owed.add(admission, spent)
 
     async def aclose(self) -> None:
-        """At shutdown: the owed settles are tried once more (chat/owed.py)."""
+        """At shutdown: the usage written behind is flushed (chat/ledger.py), and the owed
+        settles are tried once more (chat/owed.py)."""
+        await self.ledger.aclose(self.store.mode)
         await self.owed.aclose(self.store.mode)
 
     async def _settled(self, admission: Admission, spent: Spent) -> bool:
@@ -243,11 +261,14 @@ class ClientSpend:
     async def usage_rows(self, client: str | None = None,
                          since: float = 0.0) -> list[dict[str, Any]]:
         """The ledger rows of `client` (None: every client's) from the UTC day of `since` on
-        (GET /v1/usage); LimitsStoreDown when the store is away."""
+        (GET /v1/usage), the usage written behind flushed first; LimitsStoreDown when the
+        store is away."""
+        await self.ledger.flush()
         return await self.store.usage(client, day_of(since))
 
     async def spent_now(self, client: str) -> dict[str, float]:
         """A client's counters as the store holds them now (the dashboard, tests)."""
+        await self.ledger.flush()
         now = self.clock()
         out = await self.store.transact_with([client_row(client)], self._gates,
                                              lambda g: g.spent(client, now), now, 0)

@@ -165,20 +165,37 @@ class ClientGates:
         """The request ended: its true tokens and cost replace the estimate, and its ledger
         row counts it. Idempotent (a second settle of one admission changes nothing)."""
         row = self._row(admission.client, now)
-        win = row.window
-        if win.inflight.pop(admission.id, None) is None:
+        if row.window.inflight.pop(admission.id, None) is None:
             return
         row.inflight_usd.pop(admission.id, None)
-        self._dirty.add(client_row(admission.client))
+        self._spend(admission.client, row, spent, now)
+
+    def record(self, client: str, spent: Spent, now: float) -> None:
+        """A request of a client without limits, counted once at its end (nothing was
+        reserved for it: chat/ledger.py writes these behind)."""
+        row = self._row(client, now)
+        second = int(now // 1)
+        row.window.requests[second] = row.window.requests.get(second, 0) + 1
+        row.window.day_requests += 1
+        self._spend(client, row, spent, now)
+
+    def number_from(self, first_id: int) -> None:
+        """Admission ids go on after `first_id` (gates kept live across decisions:
+        state/live_clients.py)."""
+        self._next_id = max(self._next_id, first_id)
+
+    def _spend(self, client: str, row: _ClientRow, spent: Spent, now: float) -> None:
+        win = row.window
+        self._dirty.add(client_row(client))
         used = max(0, spent.prompt_tokens) + max(0, spent.completion_tokens)
         if used:
             second = int(now // 1)
             win.tokens[second] = win.tokens.get(second, 0) + used
             win.day_tokens += used
         row.month_usd += max(0.0, spent.cost_usd)
-        name = usage_row(admission.client, spent.route, day_of(now))
-        ledger = self._usage.setdefault((admission.client, spent.route, name[2]), {
-            "client": admission.client, "route": spent.route, "day": name[2], "requests": 0,
+        name = usage_row(client, spent.route, day_of(now))
+        ledger = self._usage.setdefault((client, spent.route, name[2]), {
+            "client": client, "route": spent.route, "day": name[2], "requests": 0,
             "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0})
         ledger["requests"] += 1
         ledger["prompt_tokens"] += max(0, spent.prompt_tokens)
@@ -186,6 +203,11 @@ class ClientGates:
         ledger["cost_usd"] += max(0.0, spent.cost_usd)
         ledger["errors"] += int(spent.error)
         self._dirty.add(name)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """Every ledger row held, as plain data (copies)."""
+        return [{**data, "name": f"{client} {route}", "key": day}
+                for (client, route, day), data in self._usage.items()]
 
     # -- display --------------------------------------------------------------------------
 
