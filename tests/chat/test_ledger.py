@@ -74,14 +74,35 @@ async def test_a_client_without_limits_costs_one_transaction_per_flush_not_per_r
     assert (await spend.spent_now("free"))["day_tokens"] == 50 * 13
 
 
-async def test_a_client_with_limits_still_decides_in_the_store() -> None:
+async def test_a_client_with_limits_pays_one_transaction_its_admission() -> None:
+    """Its admission decides in the store and carries the settles queued before it: the
+    tracker's own decisions always see its settles."""
     store = CountingStore()
     spend = ClientSpend(store, clock=FakeClock(T0), sleep=never)
     await _one(spend, BOB)
+    assert store.transactions == 1 and len(spend.ledger) == 1  # the settle, queued
     await _one(spend, BOB)
-    assert store.transactions == 4  # admit and settle, each
-    with pytest.raises(ClientRefused):
+    assert store.transactions == 2 and len(spend.ledger) == 1  # the first one's carried
+    row = store.rows[("clients", "bob", 0)]
+    assert row["day_tokens"] == 13 and len(row["inflight"]) == 1  # one settled, one not
+    with pytest.raises(ClientRefused):  # rpm 2
         await spend.admit(BOB, parse_chat(BODY), _drop)
+    assert [r["requests"] for r in await spend.usage_rows()] == [2]
+
+
+async def test_a_budget_decides_on_the_settles_before_it() -> None:
+    """A request's reservation (its worst case) is let go when it settles to the truth:
+    the next admission on this tracker sees the truth, not the reservation."""
+    tight = Client("tight", hashlib.sha256(b"tight").digest(), daily_tokens=13 + 34)
+    body = parse_chat(BODY.replace(b'"model": "m"', b'"model": "m", "max_tokens": 20'))
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0), sleep=never)
+    for _ in range(2):  # each reserves 14 + 20 = 34 and settles to 13: both fit
+        metered = await spend.admit(tight, body, _drop)
+        await metered({"type": "http.response.start", "status": 200, "headers": []})
+        await metered({"type": "http.response.body",
+                       "body": b'{"usage": {"prompt_tokens": 4, "completion_tokens": 9}}'})
+    with pytest.raises(ClientRefused):  # 26 spent + 34 reserved > 47
+        await spend.admit(tight, body, _drop)
 
 
 async def test_a_failed_flush_is_retried_until_the_store_takes_it() -> None:
@@ -159,6 +180,6 @@ async def test_live_gates_hold_no_rows_of_other_gates() -> None:
     with pytest.raises(Exception, match="clients' gates only"):
         await store.transact([], lambda g: None, T0, 0)
     spend = ClientSpend(store, clock=FakeClock(T0), sleep=never)
-    spend.ledger.add("free", Spent("m", 1, 2, 0.0, False), T0)
+    spend.ledger.add("free", None, Spent("m", 1, 2, 0.0, False), T0)
     assert [r["requests"] for r in await spend.usage_rows("free")] == [1]
     assert await store.scan("clients") and await store.scan("windows") == []
