@@ -25,16 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .clients import Client
-from .providers.keys import (
-    DAY_S,
-    Refusal,
-    RowName,
-    Snapshot,
-    _frees,
-    _month_index,
-    _month_start,
-    _Window,
-)
+from .providers.keys import Refusal, RowName, Snapshot
+from .providers.windows import DAY_S, Window, frees, month_index, month_start
 
 CLIENTS, USAGE = "clients", "usage"  # the two sections of rows
 SECTIONS = (CLIENTS, USAGE)
@@ -67,7 +59,7 @@ class Spent:
 
 @dataclass(slots=True)
 class _ClientRow:
-    window: _Window = field(default_factory=_Window)
+    window: Window = field(default_factory=Window)
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
     inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
@@ -77,7 +69,7 @@ class _ClientRow:
         if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
             held = self.window.inflight
             self.inflight_usd = {i: v for i, v in self.inflight_usd.items() if i in held}
-        month = _month_index(now)
+        month = month_index(now)
         if month != self.month:
             self.month, self.month_usd = month, 0.0
 
@@ -129,15 +121,15 @@ class ClientGates:
         win = row.window
         pending = sum(n for n, _ in win.inflight.values()) + tokens
         if client.rpm is not None and sum(win.requests.values()) + 1 > client.rpm:
-            return Refusal("rpm", _frees(win.requests, 1, client.rpm))
+            return Refusal("rpm", frees(win.requests, 1, client.rpm))
         if client.tpm is not None and sum(win.tokens.values()) + pending > client.tpm:
-            return Refusal("tpm", _frees(win.tokens, pending, client.tpm))
+            return Refusal("tpm", frees(win.tokens, pending, client.tpm))
         if client.daily_tokens is not None and win.day_tokens + pending > client.daily_tokens:
             return Refusal("daily_tokens", (win.day + 1) * DAY_S)
         if client.monthly_usd is not None:
             held = row.month_usd + sum(row.inflight_usd.values())
             if held >= client.monthly_usd or held + max(0.0, usd) > client.monthly_usd:
-                return Refusal("monthly_usd", _month_start(row.month + 1))
+                return Refusal("monthly_usd", month_start(row.month + 1))
         return None
 
     def admit(self, client: Client, tokens: int, now: float,
@@ -245,7 +237,7 @@ class ClientGates:
     def restore(self, data: Snapshot) -> None:
         """Load rows (each replaces what is held of it)."""
         for r in data.get(CLIENTS, []):
-            win = _Window({int(b): int(n) for b, n in r["requests"]},
+            win = Window({int(b): int(n) for b, n in r["requests"]},
                           {int(b): int(n) for b, n in r["tokens"]}, int(r["day"]),
                           int(r["day_requests"]), int(r["day_tokens"]))
             for i, n, at in r.get("inflight", ()):
