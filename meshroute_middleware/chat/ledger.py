@@ -125,9 +125,14 @@ class LedgerWriter:
         return True
 
     async def _run(self) -> None:
+        """Flush every FLUSH_S until a wait ends with nothing queued (it waits first: the
+        next admission often carries what was queued, and a task per request would cost
+        more than the write)."""
         wait = FLUSH_S
-        while self._queue:
+        while True:
             await self._sleep(wait)
+            if not self._queue:
+                return
             wait = FLUSH_S if not await self.flush() else min(2 * wait, FLUSH_RETRY_MAX_S)
 
     def _start(self) -> None:

@@ -129,6 +129,7 @@ class ClientSpend:
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
         self.ledger = LedgerWriter(store, self._gates, sleep)  # requests' ends, behind
+        self._rows = getattr(store, "reads_rows", True)  # a store that reads named rows
 
     @property
     def owed(self) -> LedgerWriter:
@@ -232,7 +233,8 @@ class ClientSpend:
             apply(g, ends)
             return g.admit(client, tokens, now, usd)
 
-        rows = list(dict.fromkeys([*rows_of_request(client.name, None, now), *rows_of(ends)]))
+        rows = list(dict.fromkeys([*rows_of_request(client.name, None, now), *rows_of(ends)])
+                    ) if self._rows else []
         if not self.store.blocking:  # awaited I/O: a request cancelled meanwhile does not
             # cut the transaction short; the ends go back if it did not take them
             task = asyncio.ensure_future(self._transact_rows(rows, op, now))
@@ -274,7 +276,8 @@ class ClientSpend:
     async def _transact(self, client: str, route: str | None,
                         op: Callable[[ClientGates], Any], now: float) -> Any:
         """`op`'s result in the store, or _FAILED when the store is away."""
-        return await self._transact_rows(rows_of_request(client, route, now), op, now)
+        rows = rows_of_request(client, route, now) if self._rows else []
+        return await self._transact_rows(rows, op, now)
 
     async def _transact_rows(self, rows: list[RowName], op: Callable[[ClientGates], Any],
                              now: float) -> Any:

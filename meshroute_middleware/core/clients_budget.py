@@ -21,6 +21,7 @@ key: the UTC day number). A store loads the rows one decision reads into a fresh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +64,12 @@ class _ClientRow:
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
     inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
+    rolled_at: float = -math.inf  # rolling twice at one `now` changes nothing: done once
 
     def roll(self, now: float) -> None:
+        if now == self.rolled_at:
+            return
+        self.rolled_at = now
         self.window.roll(now)
         if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
             held = self.window.inflight
@@ -186,9 +191,11 @@ class ClientGates:
             win.day_tokens += used
         row.month_usd += max(0.0, spent.cost_usd)
         name = usage_row(client, spent.route, day_of(now))
-        ledger = self._usage.setdefault((client, spent.route, name[2]), {
-            "client": client, "route": spent.route, "day": name[2], "requests": 0,
-            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0})
+        ledger = self._usage.get((client, spent.route, name[2]))
+        if ledger is None:
+            ledger = self._usage[(client, spent.route, name[2])] = {
+                "client": client, "route": spent.route, "day": name[2], "requests": 0,
+                "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0}
         ledger["requests"] += 1
         ledger["prompt_tokens"] += max(0, spent.prompt_tokens)
         ledger["completion_tokens"] += max(0, spent.completion_tokens)
@@ -253,7 +260,9 @@ class ClientGates:
                 "cost_usd": float(r["cost_usd"])}
 
     def _row(self, client: str, now: float) -> _ClientRow:
-        row = self._clients.setdefault(client, _ClientRow())
+        row = self._clients.get(client)
+        if row is None:
+            row = self._clients[client] = _ClientRow()
         row.roll(now)
         return row
 

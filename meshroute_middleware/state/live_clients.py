@@ -24,6 +24,7 @@ class LiveClients:
 
     mode = "local"
     blocking = True
+    reads_rows = False  # a decision's rows need not be named
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
