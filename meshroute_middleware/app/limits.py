@@ -10,7 +10,8 @@ from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core.providers.peers import Peers
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.state.fallback import FallbackLimits
-from meshroute_middleware.state.limits import LimitsStore, LimitsStoreError, MemoryLimits
+from meshroute_middleware.state.limits import LimitsStore, LimitsStoreError
+from meshroute_middleware.state.live_clients import LiveClients
 from meshroute_middleware.state.redis_limits import RedisLimits
 from meshroute_middleware.state.shared_gates import SharedGates
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
@@ -61,11 +62,12 @@ def gossip_providers(providers: ProviderRouter) -> None:
 def client_store(settings: ServeSettings) -> LimitsStore:
     """Where clients' limits, budgets and usage ledger live (issue 24): Redis with
     `--limits-store redis://…`, else the state file (shared by the `--workers`, kept across
-    restarts), else this process's memory (`--state-file :memory:`). A shared store is
+    restarts), else this process's memory (`--state-file :memory:`: live gates,
+    state/live_clients.py). A shared store is
     wrapped so that an outage decides on the rows last read and writes back (issue 32)."""
     url = settings.limits_store or ""
     if url.startswith(("redis://", "rediss://")):
         return FallbackLimits(RedisLimits(url, retention_days=settings.usage_retention_days))
     if settings.state_file and settings.state_file != MEMORY:
         return FallbackLimits(SqliteLimits(settings.state_file).open())
-    return MemoryLimits()
+    return LiveClients()

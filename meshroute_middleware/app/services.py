@@ -18,6 +18,7 @@ from meshroute_middleware.core import Router
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.mesh import Mesh
 from meshroute_middleware.state.keeper import StateKeeper
+from meshroute_middleware.state.shared_gates import SharedGates
 from node_agent.discovery import health_checks, tracker_discovery
 
 log = logging.getLogger("meshroute.serve")
@@ -41,6 +42,8 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
         pruned = (mesh.router,) if embeddings_router is None else (mesh.router,
                                                                     embeddings_router)
         tg.start_soon(supervisor.run, "pruning", lambda: _prune_loop(*pruned))
+        if providers is not None and isinstance(providers.gates, SharedGates):
+            tg.start_soon(supervisor.run, "limits-heartbeat", providers.gates.heartbeats)
         if keeper is not None:  # the state file: saved while serving, and at shutdown
             tg.start_soon(supervisor.run, "state", lambda: keeper.run(clock))
         gossip = None

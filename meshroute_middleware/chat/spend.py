@@ -14,8 +14,11 @@ metered (the ledger answers who spent; `/metrics` counts every request already).
 What is spent is metered whatever happens (issue 32): a request reserves its worst case
 (tokens and USD, priced at the dearest route it may take) while in flight; a request that
 reached an upstream is charged at least its prompt, even when its client left before the
-first byte; and a settle the store failed is kept and retried until the store takes it, never
-dropped (chat/owed.py).
+first byte; and every request's end (its settle, or the record of a client without limits)
+is written behind its answer, carried by the next admission's transaction or flushed by a
+supervised task, and a write the store failed is kept and retried until the store takes it,
+never dropped (chat/ledger.py). A client without limits costs no store transaction of its
+own.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import orjson
 from starlette.types import Message, Send
 
 from meshroute_middleware.chat.headers import H_ROUTE, is_sse
-from meshroute_middleware.chat.owed import OwedSettles
+from meshroute_middleware.chat.ledger import Entry, LedgerWriter, apply, rows_of
 from meshroute_middleware.core.clients import Client
 from meshroute_middleware.core.clients_budget import (
     BUDGET_REASONS,
@@ -47,7 +50,7 @@ from meshroute_middleware.core.clients_budget import (
 )
 from meshroute_middleware.core.contracts.retry_text import retry_text
 from meshroute_middleware.core.providers.config import ProvidersConfig
-from meshroute_middleware.core.providers.keys import Refusal
+from meshroute_middleware.core.providers.keys import Refusal, RowName
 from meshroute_middleware.core.providers.tokens import DEFAULT_COMPLETION_TOKENS, estimate
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import HttpError, RequestError
@@ -126,19 +129,29 @@ class ClientSpend:
         self.store_failures = 0
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
-        self._settling: set[asyncio.Future[Any]] = set()  # settles of cancelled requests
-        self.owed = OwedSettles(self._settled, sleep)  # settles the store failed
+        self.ledger = LedgerWriter(store, self._gates, sleep)  # requests' ends, behind
+        self._rows = getattr(store, "reads_rows", True)  # a store that reads named rows
+
+    @property
+    def owed(self) -> LedgerWriter:
+        """Requests' ends not written to the store yet."""
+        return self.ledger
 
     async def admit(self, client: Client, req: ChatRequest, send: Send,
                     chain: bool = True) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
         limit or a budget). `chain`: the request goes to provider routes (priced), else to
-        the mesh (free)."""
-        try:
-            payload = orjson.loads(req.body)
-        except orjson.JSONDecodeError:  # parse_chat read it: never here
-            payload = {}
-        est = estimate(payload if isinstance(payload, dict) else {})
+        the mesh (free). A client without limits is let in with no store transaction: its
+        usage is written behind (chat/ledger.py)."""
+        est = req.tokens
+        if est is None:  # a request parse_chat did not read (embeddings, completions)
+            try:
+                payload = orjson.loads(req.body)
+            except orjson.JSONDecodeError:  # parsed before: never here
+                payload = {}
+            est = estimate(payload if isinstance(payload, dict) else {})
+        if not client.limited:
+            return Metered(self, client, None, est.prompt, req, send)
         routes = self.routes_of(req, chain)
         completion = est.max_completion
         if completion is None:  # the upstream's default cap: the largest stated, else ours
@@ -147,8 +160,7 @@ class ClientSpend:
         tokens = est.prompt + completion
         usd = cost_usd(est.prompt, completion, self.worst_price(routes))
         now = self.clock()
-        got = await self._transact(client.name, None,
-                                   lambda g: g.admit(client, tokens, now, usd), now)
+        got = await self._admitted(client, tokens, now, usd)
         if isinstance(got, Refusal):
             self.counters.count(client.name, NO_ROUTE, REFUSED, 0, 0, 0.0)
             log.info("clients: refused a request of %s (%s)", client.name, got.reason)
@@ -174,6 +186,8 @@ class ClientSpend:
         """ClientRefused when `client` is over a limit or a budget already (nothing counted):
         asked before a large body is judged and read, so that work is never done for a
         request its rpm refuses (issue 32)."""
+        if not client.limited:
+            return
         now = self.clock()
         got = await self._transact(client.name, None, lambda g: g.check(client, 0, now), now)
         if isinstance(got, Refusal):
@@ -182,8 +196,11 @@ class ClientSpend:
     async def admit_free(self, client: Client) -> None:
         """A request that spends no tokens (`/v1/messages/count_tokens`), counted against
         `client`'s rpm (ClientRefused past it) and in its usage as route `none`."""
+        if not client.limited:
+            await self.settle(client, None, Spent(NO_ROUTE, 0, 0, 0.0, False), 200)
+            return
         now = self.clock()
-        got = await self._transact(client.name, None, lambda g: g.admit(client, 0, now), now)
+        got = await self._admitted(client, 0, now)
         if isinstance(got, Refusal):
             self.counters.count(client.name, NO_ROUTE, REFUSED, 0, 0, 0.0)
             raise ClientRefused(client, got, now)
@@ -191,52 +208,51 @@ class ClientSpend:
 
     async def settle(self, client: Client, admission: Admission | None, spent: Spent,
                      status: int) -> None:
-        """A request ended: counted, and settled in the store with what it used (when the
-        store fails, kept and retried until it takes it)."""
+        """A request ended: counted, and its usage queued for the store (chat/ledger.py:
+        written behind, retried until the store takes it)."""
         self.counters.count(client.name, spent.route, status, spent.prompt_tokens,
                             spent.completion_tokens, spent.cost_usd)
-        if admission is None:  # admitted while the store was away: nothing to settle
+        if client.limited and admission is None:  # admitted while the store was away
             return
-        if self.owed or not await self._settled(admission, spent):  # in order, after those
-            self.owed.add(admission, spent)
+        self.ledger.add(client.name, admission, spent, self.clock())
 
     async def aclose(self) -> None:
-        """At shutdown: the owed settles are tried once more (chat/owed.py)."""
-        await self.owed.aclose(self.store.mode)
+        """At shutdown: what waits to be written is flushed once more (chat/ledger.py)."""
+        await self.ledger.aclose(self.store.mode)
 
-    async def _settled(self, admission: Admission, spent: Spent) -> bool:
-        """Whether the store took the settle (idempotent: a retry of one that landed after
-        all changes nothing)."""
-        now = self.clock()
+    async def _admitted(self, client: Client, tokens: int, now: float,
+                        usd: float = 0.0) -> Any:
+        """`client`'s admission (or refusal) in the store, carrying the ends queued before
+        it (so this tracker decides on its own settles); _FAILED when the store is away
+        (the ends go back to the queue)."""
+        ends = self.ledger.take()
+        if not ends:
+            return await self._transact(client.name, None,
+                                        lambda g: g.admit(client, tokens, now, usd), now)
 
-        def op(g: ClientGates) -> None:
-            g.settle(admission, spent, now)
+        def op(g: ClientGates) -> Admission | Refusal:
+            apply(g, ends)
+            return g.admit(client, tokens, now, usd)
 
+        rows = list(dict.fromkeys([*rows_of_request(client.name, None, now), *rows_of(ends)])
+                    ) if self._rows else []
+        if not self.store.blocking:  # awaited I/O: a request cancelled meanwhile does not
+            # cut the transaction short; the ends go back if it did not take them
+            task = asyncio.ensure_future(self._transact_rows(rows, op, now))
+            task.add_done_callback(lambda t: self._carried(t, ends))
+            return await asyncio.shield(task)
         try:
-            got = await self._transact(admission.client, spent.route, op, now)
-        except asyncio.CancelledError:
-            # the request was cancelled meanwhile (its client left, its deadline passed):
-            # the settle is finished in a task of its own (it is idempotent: one that went
-            # through before the cancel changes nothing the second time)
-            settling = asyncio.ensure_future(self._settle_detached(admission, spent, op, now))
-            self._settling.add(settling)
-            settling.add_done_callback(self._settling.discard)
+            got = await self._transact_rows(rows, op, now)
+        except BaseException:
+            self.ledger.back(ends)
             raise
-        except Exception:  # not the store being away: logged, kept, retried all the same
-            log.exception("clients: settling a request of %s failed", admission.client)
-            return False
-        return got is not _FAILED
-
-    async def _settle_detached(self, admission: Admission, spent: Spent,
-                               op: Callable[[ClientGates], None], now: float) -> None:
-        """A cancelled request's settle, finished; one the store fails joins the owed."""
-        try:
-            got = await self._transact(admission.client, spent.route, op, now)
-        except Exception:
-            log.exception("clients: settling a request of %s failed", admission.client)
-            got = _FAILED
         if got is _FAILED:
-            self.owed.add(admission, spent)
+            self.ledger.back(ends)
+        return got
+
+    def _carried(self, task: asyncio.Future[Any], ends: list[Entry]) -> None:
+        if task.cancelled() or task.exception() is not None or task.result() is _FAILED:
+            self.ledger.back(ends)
 
     def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
         return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))
@@ -244,11 +260,14 @@ class ClientSpend:
     async def usage_rows(self, client: str | None = None,
                          since: float = 0.0) -> list[dict[str, Any]]:
         """The ledger rows of `client` (None: every client's) from the UTC day of `since` on
-        (GET /v1/usage); LimitsStoreDown when the store is away."""
+        (GET /v1/usage), the usage written behind flushed first; LimitsStoreDown when the
+        store is away."""
+        await self.ledger.flush()
         return await self.store.usage(client, day_of(since))
 
     async def spent_now(self, client: str) -> dict[str, float]:
         """A client's counters as the store holds them now (the dashboard, tests)."""
+        await self.ledger.flush()
         now = self.clock()
         out = await self.store.transact_with([client_row(client)], self._gates,
                                              lambda g: g.spent(client, now), now, 0)
@@ -258,10 +277,14 @@ class ClientSpend:
     async def _transact(self, client: str, route: str | None,
                         op: Callable[[ClientGates], Any], now: float) -> Any:
         """`op`'s result in the store, or _FAILED when the store is away."""
+        rows = rows_of_request(client, route, now) if self._rows else []
+        return await self._transact_rows(rows, op, now)
+
+    async def _transact_rows(self, rows: list[RowName], op: Callable[[ClientGates], Any],
+                             now: float) -> Any:
         self._ids += 1 << 10
         try:
-            out = await self.store.transact_with(rows_of_request(client, route, now),
-                                                 self._gates, op, now, self._ids)
+            out = await self.store.transact_with(rows, self._gates, op, now, self._ids)
         except LimitsStoreDown as exc:
             self.store_failures += 1
             if self._up:

@@ -58,6 +58,12 @@ class Client:
     daily_tokens: int | None = None
     monthly_usd: float | None = None
 
+    @property
+    def limited(self) -> bool:
+        """Whether a limit or a budget applies (a client without one is only recorded)."""
+        return not (self.rpm is None and self.tpm is None and self.daily_tokens is None
+                    and self.monthly_usd is None)
+
 
 @dataclass(frozen=True, slots=True)
 class ClientTable:

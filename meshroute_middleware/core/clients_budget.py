@@ -21,20 +21,13 @@ key: the UTC day number). A store loads the rows one decision reads into a fresh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from .clients import Client
-from .providers.keys import (
-    DAY_S,
-    Refusal,
-    RowName,
-    Snapshot,
-    _frees,
-    _month_index,
-    _month_start,
-    _Window,
-)
+from .providers.keys import Refusal, RowName, Snapshot
+from .providers.windows import DAY_S, Window, frees, month_index, month_start
 
 CLIENTS, USAGE = "clients", "usage"  # the two sections of rows
 SECTIONS = (CLIENTS, USAGE)
@@ -67,17 +60,21 @@ class Spent:
 
 @dataclass(slots=True)
 class _ClientRow:
-    window: _Window = field(default_factory=_Window)
+    window: Window = field(default_factory=Window)
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
     inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
+    rolled_at: float = -math.inf  # rolling twice at one `now` changes nothing: done once
 
     def roll(self, now: float) -> None:
+        if now == self.rolled_at:
+            return
+        self.rolled_at = now
         self.window.roll(now)
         if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
             held = self.window.inflight
             self.inflight_usd = {i: v for i, v in self.inflight_usd.items() if i in held}
-        month = _month_index(now)
+        month = month_index(now)
         if month != self.month:
             self.month, self.month_usd = month, 0.0
 
@@ -129,15 +126,15 @@ class ClientGates:
         win = row.window
         pending = sum(n for n, _ in win.inflight.values()) + tokens
         if client.rpm is not None and sum(win.requests.values()) + 1 > client.rpm:
-            return Refusal("rpm", _frees(win.requests, 1, client.rpm))
+            return Refusal("rpm", frees(win.requests, 1, client.rpm))
         if client.tpm is not None and sum(win.tokens.values()) + pending > client.tpm:
-            return Refusal("tpm", _frees(win.tokens, pending, client.tpm))
+            return Refusal("tpm", frees(win.tokens, pending, client.tpm))
         if client.daily_tokens is not None and win.day_tokens + pending > client.daily_tokens:
             return Refusal("daily_tokens", (win.day + 1) * DAY_S)
         if client.monthly_usd is not None:
             held = row.month_usd + sum(row.inflight_usd.values())
             if held >= client.monthly_usd or held + max(0.0, usd) > client.monthly_usd:
-                return Refusal("monthly_usd", _month_start(row.month + 1))
+                return Refusal("monthly_usd", month_start(row.month + 1))
         return None
 
     def admit(self, client: Client, tokens: int, now: float,
@@ -165,27 +162,51 @@ class ClientGates:
         """The request ended: its true tokens and cost replace the estimate, and its ledger
         row counts it. Idempotent (a second settle of one admission changes nothing)."""
         row = self._row(admission.client, now)
-        win = row.window
-        if win.inflight.pop(admission.id, None) is None:
+        if row.window.inflight.pop(admission.id, None) is None:
             return
         row.inflight_usd.pop(admission.id, None)
-        self._dirty.add(client_row(admission.client))
+        self._spend(admission.client, row, spent, now)
+
+    def record(self, client: str, spent: Spent, now: float) -> None:
+        """A request of a client without limits, counted once at its end (nothing was
+        reserved for it: chat/ledger.py writes these behind)."""
+        row = self._row(client, now)
+        second = int(now // 1)
+        row.window.requests[second] = row.window.requests.get(second, 0) + 1
+        row.window.day_requests += 1
+        self._spend(client, row, spent, now)
+
+    def number_from(self, first_id: int) -> None:
+        """Admission ids go on after `first_id` (gates kept live across decisions:
+        state/live_clients.py)."""
+        self._next_id = max(self._next_id, first_id)
+
+    def _spend(self, client: str, row: _ClientRow, spent: Spent, now: float) -> None:
+        win = row.window
+        self._dirty.add(client_row(client))
         used = max(0, spent.prompt_tokens) + max(0, spent.completion_tokens)
         if used:
             second = int(now // 1)
             win.tokens[second] = win.tokens.get(second, 0) + used
             win.day_tokens += used
         row.month_usd += max(0.0, spent.cost_usd)
-        name = usage_row(admission.client, spent.route, day_of(now))
-        ledger = self._usage.setdefault((admission.client, spent.route, name[2]), {
-            "client": admission.client, "route": spent.route, "day": name[2], "requests": 0,
-            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0})
+        name = usage_row(client, spent.route, day_of(now))
+        ledger = self._usage.get((client, spent.route, name[2]))
+        if ledger is None:
+            ledger = self._usage[(client, spent.route, name[2])] = {
+                "client": client, "route": spent.route, "day": name[2], "requests": 0,
+                "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0}
         ledger["requests"] += 1
         ledger["prompt_tokens"] += max(0, spent.prompt_tokens)
         ledger["completion_tokens"] += max(0, spent.completion_tokens)
         ledger["cost_usd"] += max(0.0, spent.cost_usd)
         ledger["errors"] += int(spent.error)
         self._dirty.add(name)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """Every ledger row held, as plain data (copies)."""
+        return [{**data, "name": f"{client} {route}", "key": day}
+                for (client, route, day), data in self._usage.items()]
 
     # -- display --------------------------------------------------------------------------
 
@@ -223,7 +244,7 @@ class ClientGates:
     def restore(self, data: Snapshot) -> None:
         """Load rows (each replaces what is held of it)."""
         for r in data.get(CLIENTS, []):
-            win = _Window({int(b): int(n) for b, n in r["requests"]},
+            win = Window({int(b): int(n) for b, n in r["requests"]},
                           {int(b): int(n) for b, n in r["tokens"]}, int(r["day"]),
                           int(r["day_requests"]), int(r["day_tokens"]))
             for i, n, at in r.get("inflight", ()):
@@ -239,7 +260,9 @@ class ClientGates:
                 "cost_usd": float(r["cost_usd"])}
 
     def _row(self, client: str, now: float) -> _ClientRow:
-        row = self._clients.setdefault(client, _ClientRow())
+        row = self._clients.get(client)
+        if row is None:
+            row = self._clients[client] = _ClientRow()
         row.roll(now)
         return row
 

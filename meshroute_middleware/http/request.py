@@ -21,6 +21,7 @@ from meshroute_middleware.core.objectives import (
 )
 from meshroute_middleware.core.prefix import Prefix, message_chain
 from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
+from meshroute_middleware.core.providers.tokens import TokenEstimate, estimate
 from meshroute_middleware.endpoints import CHAT_PATH, PATHS, RequestKind, Translation
 from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.shape import (
@@ -66,6 +67,8 @@ class ChatRequest:
     # the route (`x-meshroute-route`'s form) an upstream was last sent it on: a request that
     # reached one is charged at least its prompt, whatever its client does (issue 32)
     reached: str | None = None
+    # its token estimate, from the one parse of its body (chat requests; None: not read)
+    tokens: TokenEstimate | None = None
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -180,7 +183,7 @@ def parse_chat(body: bytes, objective: bytes | None = None,
                        needs=request_needs(body, payload), objective=chosen,
                        stream=payload.get("stream") is True,
                        asks_usage=isinstance(options, dict)
-                       and options.get("include_usage") is True)
+                       and options.get("include_usage") is True, tokens=estimate(payload))
 
 
 def parse_common(body: bytes, objective: bytes | None = None

@@ -145,6 +145,7 @@ class MemoryLimits:
     def __init__(self) -> None:
         self.rows: dict[RowName, dict[str, Any]] = {}
         self.down = False  # a test takes the store away
+        self.seen: dict[str, float] = {}  # tracker -> when it last said it uses the store
 
     def transact_now(self, rows: Sequence[RowName], op: Callable[[KeyGates], T], now: float,
                      first_id: int) -> Outcome[T]:
@@ -178,4 +179,7 @@ class MemoryLimits:
         return self.transact_now(rows, op, now, first_id)
 
     async def heartbeat(self, tracker: str, now: float) -> int:
-        return 1
+        if self.down:
+            raise LimitsStoreDown("memory store taken away")
+        self.seen[tracker] = now
+        return sum(at > now - TRACKERS_WINDOW_S for at in self.seen.values())

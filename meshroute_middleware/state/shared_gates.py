@@ -6,7 +6,9 @@ clears are applied there too, before this process takes its next key; what the c
 and the scores read is the rows the store last gave back. A store that fails (down, locked past
 its busy timeout) is left for RETRY_S: meanwhile decisions run on local gates that start from
 the rows the store last gave back and admit this tracker only its share of every limit (the
-limit divided by the trackers that used the store in the last minute), with one warning,
+limit divided by the trackers that used the store in the last minute: each tracker says so
+every HEARTBEAT_S while it runs, requests or not, so the count an outage divides by is the
+last minute's, not the one of this tracker's last request), with one warning,
 `meshroute_limits_store_up 0` and a counter of those decisions. What they took and settled is
 written back to the store, before anything else, when it answers again. docs/providers.md,
 "Several workers, several trackers".
@@ -58,9 +60,11 @@ class SharedGates(KeyGates):
     """Key gates whose state lives in a LimitsStore; this object holds the rows last seen."""
 
     def __init__(self, cfg: ProvidersConfig, store: LimitsStore, tracker: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         super().__init__()
         self.cfg, self.store, self.tracker, self.clock = cfg, store, tracker, clock
+        self._sleep = sleep
         self.up = True
         self.fallback_decisions = 0  # decisions taken on local gates while the store was away
         self.failures = 0
@@ -183,6 +187,28 @@ class SharedGates(KeyGates):
         got = self._apply(rows, lambda g: g.clear(route, key), self.clock(),
                           lambda g: g.clear(route, key))
         return local if got is None else got
+
+    # -- who else uses the store --------------------------------------------------------
+
+    async def beat(self, now: float) -> None:
+        """Say this tracker uses the store, and count the trackers that did in the last
+        minute (at most every HEARTBEAT_S; nothing while the store is away: the count an
+        outage divides limits by stays the last one read)."""
+        if not self._usable(now) or now - self._beat_at < HEARTBEAT_S:
+            return
+        self._beat_at = now
+        try:
+            self.trackers = max(1, await self.store.heartbeat(self.tracker, now))
+        except LimitsStoreDown as exc:
+            self._lost(exc, now)
+
+    async def heartbeats(self) -> None:
+        """`beat` every HEARTBEAT_S while the gateway runs (a background service of its
+        lifespan: app/services.py), so that a tracker idle since another came still counts
+        it."""
+        while True:
+            await self.beat(self.clock())
+            await self._sleep(HEARTBEAT_S)
 
     # -- what the chain endpoint and the scores read --------------------------------------
 

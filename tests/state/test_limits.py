@@ -19,6 +19,8 @@ from meshroute_middleware.state.shared_gates import MAX_QUEUED, RETRY_S, SharedG
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import StateStore
 
+from ..conftest import FakeClock
+
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()
 MIDNIGHT = datetime(2026, 12, 1, tzinfo=UTC).timestamp()
 ROUTE = "fastco/big-model"
@@ -199,3 +201,51 @@ def test_an_async_store_that_cannot_keep_up_counts_as_failed() -> None:
         assert not gates.up and gates.failures == 1
 
     asyncio.run(run())
+
+
+@pytest.mark.anyio
+async def test_the_share_during_an_outage_counts_every_tracker_of_the_last_minute() -> None:
+    """Issue 33 item 10: b took its first key before a came; a used the store 10 s before it
+    went away. b's heartbeats (every HEARTBEAT_S, requests or not) counted a meanwhile, so b
+    admits half of the limit during the outage, not all of it; a tracker quiet for over a
+    minute no longer counts."""
+    cfg = config(rpm=10)
+    store = MemoryLimits()
+    clock = FakeClock(T0)
+    ticks = asyncio.Event()
+
+    async def sleep(_: float) -> None:  # a heartbeat loop's wait: until the test says so
+        await ticks.wait()
+        ticks.clear()
+
+    a, b = (SharedGates(cfg, store, name, clock, sleep) for name in ("a", "b"))
+    p = cfg.providers[0]
+    assert (await b.atake(p, p.models[0], 10, T0))[0] is not None  # b alone: counts 1
+    beats = {g: asyncio.ensure_future(g.heartbeats()) for g in (a, b)}  # their lifespans
+    await asyncio.sleep(0)
+    assert b.trackers == 1
+    clock.advance(5)
+    assert (await a.atake(p, p.models[0], 10, clock()))[0] is not None  # a counts 2
+    assert a.trackers == 2 and b.trackers == 1  # b has not looked since
+    clock.advance(10)
+    await _tick(ticks)  # b's loop beats: it sees a (10 s ago, within the minute)
+    assert b.trackers == 2
+    store.down = True
+    clock.advance(1)
+    local = [(await b.atake(p, p.models[0], 10, clock() + i * 0.01))[0] for i in range(10)]
+    assert sum(r is not None for r in local) == 4  # half of the 8 left, not all of it
+    assert not b.up
+    # the store back, a gone (its process ended) for over a minute: b counts itself only
+    beats[a].cancel()
+    store.down = False
+    clock.advance(61)
+    await _tick(ticks)
+    assert b.trackers == 1
+    beats[b].cancel()
+
+
+async def _tick(ticks: asyncio.Event) -> None:
+    """Let every heartbeat loop run one round."""
+    ticks.set()
+    for _ in range(5):
+        await asyncio.sleep(0)

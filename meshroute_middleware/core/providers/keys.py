@@ -1,6 +1,6 @@
 """Per-key gates of provider routes: cooldowns, rpm/rpd/tpm/tpd windows, monthly budgets.
 
-Windows (documented contract):
+Windows (documented contract; counted in core/providers/windows.py, cooldowns in cooldowns.py):
 - rpm and tpm are SLIDING 60-second windows kept in 1-second buckets: an event leaves the
   window up to one second late, never early (so a key is never sent more than its limit, and
   the state stays ≤ 61 buckets whatever the rate). A request counts at the moment it is sent
@@ -27,28 +27,31 @@ admits only that fraction of every limit (a tracker's part while the shared stor
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from dataclasses import dataclass
 from typing import Any
 
 from .config import Provider, ProviderModel
+from .cooldowns import (
+    COOLDOWN_LADDER_S,
+    LADDER_RESET_S,
+    RETRY_AFTER_MAX_S,
+    KeyRoute,
+    cool_down,
+    parse_retry_after,
+)
 from .peers import Peers, PeerState, Usage
+from .windows import DAY_S, INFLIGHT_TTL_S, MINUTE_S, Window, frees, month_start
+
+__all__ = ["COOLDOWN_LADDER_S", "DAY_S", "INFLIGHT_TTL_S", "LADDER_RESET_S", "MINUTE_S",
+           "REASONS", "RETRY_AFTER_MAX_S", "REVOKING_STATUSES", "SHARED_SECTIONS", "KeyGates",
+           "Refusal", "Reservation", "RowName", "Snapshot", "key_route", "parse_retry_after",
+           "route_name", "rows_of_route"]
 
 Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
 RowName = tuple[str, str, int]  # (section, provider or route name, 1-based key; 0 for a cursor)
 SHARED_SECTIONS = ("windows", "keys", "revoked", "cursor")  # what shared gates keep in a store
 REASONS = ("cooldown", "rpm", "rpd", "tpm", "tpd", "budget", "revoked")
 REVOKING_STATUSES = (401, 403)  # a provider refusing the key, not the request
-MINUTE_S = 60.0
-DAY_S = 86_400.0
-# Escalating cooldowns after repeated 429s that carry no Retry-After. The ceiling is 30 minutes:
-# users of the reference saw whole key pools benched for 24 h by one bad hour.
-COOLDOWN_LADDER_S = (30.0, 120.0, 600.0, 1800.0)
-RETRY_AFTER_MAX_S = 3600.0  # a Retry-After is obeyed up to an hour; longer is capped (hostile)
-INFLIGHT_TTL_S = 900.0  # a reservation never settled (a lost task) stops counting after this
-LADDER_RESET_S = 3600.0  # an hour without a 429 and the ladder starts again at its first step
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,50 +73,6 @@ class Reservation:
     tokens: int
 
 
-@dataclass(slots=True)
-class _Window:
-    """Rate-limit counters of one provider key."""
-
-    requests: dict[int, int] = field(default_factory=dict)  # second -> requests sent in it
-    tokens: dict[int, int] = field(default_factory=dict)  # second -> tokens settled in it
-    day: int = -1  # UTC day number the day counters belong to
-    day_requests: int = 0
-    day_tokens: int = 0
-    inflight: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (tokens, at)
-
-    def roll(self, now: float) -> None:
-        for buckets in (self.requests, self.tokens):  # oldest first: seconds come in order
-            while buckets:
-                first = next(iter(buckets))
-                if _leaves(first) > now:
-                    break
-                del buckets[first]
-        while self.inflight:  # oldest first: reservation ids grow with time
-            oldest = next(iter(self.inflight))
-            if self.inflight[oldest][1] + INFLIGHT_TTL_S > now:
-                break
-            del self.inflight[oldest]
-        day = int(now // DAY_S)
-        if day != self.day:
-            self.day, self.day_requests, self.day_tokens = day, 0, 0
-
-
-@dataclass(slots=True)
-class _KeyRoute:
-    """Cooldown, 429 ladder and monthly budget of one key on one model."""
-
-    cooldown_until: float = 0.0
-    strikes: int = 0  # 429s in a row (without a success or an hour's quiet in between)
-    last_429_at: float = 0.0
-    month: int = -1  # year * 12 + month - 1, UTC
-    month_tokens: int = 0
-
-    def roll(self, now: float) -> None:
-        month = _month_index(now)
-        if month != self.month:
-            self.month, self.month_tokens = month, 0
-
-
 def route_name(provider: str, model_id: str) -> str:
     return f"{provider}/{model_id}"
 
@@ -121,23 +80,6 @@ def route_name(provider: str, model_id: str) -> str:
 def key_route(route: str, key: int) -> str:
     """The display name of one key on one route: `fastco/big-model#2`."""
     return f"{route}#{key}"
-
-
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date); None if unusable."""
-    if not value:
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(text).timestamp() - now
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-    if seconds != seconds or seconds < 0:
-        return None
-    return min(seconds, RETRY_AFTER_MAX_S)
 
 
 class KeyGates:
@@ -148,8 +90,8 @@ class KeyGates:
     def __init__(self, *, first_id: int = 0, share: int = 1) -> None:
         """`first_id`: reservation ids start after it (unique across the processes that share
         a store); `share`: every limit is divided by it (at least 1 left)."""
-        self._windows: dict[tuple[str, int], _Window] = {}
-        self._routes: dict[tuple[str, int], _KeyRoute] = {}
+        self._windows: dict[tuple[str, int], Window] = {}
+        self._routes: dict[tuple[str, int], KeyRoute] = {}
         self._cursor: dict[str, int] = {}
         self._next_id = first_id
         self.share = max(1, share)
@@ -189,13 +131,13 @@ class KeyGates:
         if tpd is not None and win.day_tokens + peer.day_tokens + pending > tpd:
             return Refusal("tpd", midnight if pending <= tpd else None)
         if rpm is not None and sum(win.requests.values()) + peer.minute_requests + 1 > rpm:
-            return Refusal("rpm", _frees(win.requests, 1 + peer.minute_requests, rpm)
+            return Refusal("rpm", frees(win.requests, 1 + peer.minute_requests, rpm)
                            or (now + MINUTE_S if peer.minute_requests else None))
         if tpm is not None and sum(win.tokens.values()) + peer.minute_tokens + pending > tpm:
-            return Refusal("tpm", _frees(win.tokens, pending + peer.minute_tokens, tpm)
+            return Refusal("tpm", frees(win.tokens, pending + peer.minute_tokens, tpm)
                            or (now + MINUTE_S if peer.minute_tokens else None))
         if budget is not None and route.month_tokens + tokens > budget:
-            return Refusal("budget", _month_start(route.month + 1))
+            return Refusal("budget", month_start(route.month + 1))
         return None
 
     def pick(self, provider: Provider, model: ProviderModel, tokens: int,
@@ -260,18 +202,9 @@ class KeyGates:
     def rate_limited(self, route: str, key: int, retry_after_s: float | None,
                      now: float) -> float:
         """A 429 on `route` key `key`: cool it down (Retry-After, else the ladder); the end."""
-        state = self._routes.setdefault((route, key), _KeyRoute())
         self._dirty.add(("keys", route, key))
-        if now - state.last_429_at > LADDER_RESET_S:
-            state.strikes = 0
-        state.strikes += 1
-        state.last_429_at = now
-        if retry_after_s is not None:
-            wait = min(max(retry_after_s, 0.0), RETRY_AFTER_MAX_S)
-        else:
-            wait = COOLDOWN_LADDER_S[min(state.strikes, len(COOLDOWN_LADDER_S)) - 1]
-        state.cooldown_until = max(state.cooldown_until, now + wait)
-        return state.cooldown_until
+        return cool_down(self._routes.setdefault((route, key), KeyRoute()), retry_after_s,
+                         now)
 
     def revoke(self, provider: str, model_id: str, key: int, status: int,
                now: float = 0.0) -> None:
@@ -403,14 +336,14 @@ class KeyGates:
         Rows of a shared snapshot replace what is held of them: a revocation row of status 0
         lifts one, a window's `inflight` (when present) replaces its reservations."""
         for row in data.get("windows", []):
-            win = self._windows[(str(row["name"]), int(row["key"]))] = _Window(
+            win = self._windows[(str(row["name"]), int(row["key"]))] = Window(
                 {int(b): int(n) for b, n in row["requests"]},
                 {int(b): int(n) for b, n in row["tokens"]}, int(row["day"]),
                 int(row["day_requests"]), int(row["day_tokens"]))
             for i, n, at in row.get("inflight", ()):
                 win.inflight[int(i)] = (int(n), float(at))
         for row in data.get("keys", []):
-            self._routes[(str(row["name"]), int(row["key"]))] = _KeyRoute(
+            self._routes[(str(row["name"]), int(row["key"]))] = KeyRoute(
                 float(row["cooldown_until"]), int(row["strikes"]), float(row["last_429_at"]),
                 int(row["month"]), int(row["month_tokens"]))
         for row in data.get("revoked", []):
@@ -467,47 +400,15 @@ class KeyGates:
         """This gate's part of a limit: all of it, or 1/share of it (at least 1)."""
         return limit if limit is None or self.share == 1 else max(1, limit // self.share)
 
-    def _window(self, provider: str, key: int, now: float) -> _Window:
-        win = self._windows.setdefault((provider, key), _Window())
+    def _window(self, provider: str, key: int, now: float) -> Window:
+        win = self._windows.setdefault((provider, key), Window())
         win.roll(now)
         return win
 
-    def _route(self, provider: str, model_id: str, key: int, now: float) -> _KeyRoute:
-        state = self._routes.setdefault((route_name(provider, model_id), key), _KeyRoute())
+    def _route(self, provider: str, model_id: str, key: int, now: float) -> KeyRoute:
+        state = self._routes.setdefault((route_name(provider, model_id), key), KeyRoute())
         state.roll(now)
         return state
-
-
-def _leaves(second: int) -> float:
-    """When the events of a 1-second bucket leave the sliding minute (its end + 60 s)."""
-    return second + 1 + MINUTE_S
-
-
-def _frees(buckets: dict[int, int], pending: int, limit: int) -> float | None:
-    """When enough of the minute's events leave for `pending` more to fit under `limit`."""
-    if pending > limit:
-        return None  # in-flight work (or the request itself) is over the limit alone
-    excess = sum(buckets.values()) + pending - limit
-    for second in sorted(buckets):
-        excess -= buckets[second]
-        if excess <= 0:
-            return _leaves(second)
-    return None
-
-
-def _month_index(now: float) -> int:
-    return _month_of_hour(int(now // 3600))
-
-
-@functools.lru_cache(maxsize=8)
-def _month_of_hour(hour: int) -> int:
-    """Months start on an hour boundary in UTC, so the hour number decides the month."""
-    moment = datetime.fromtimestamp(hour * 3600, UTC)
-    return moment.year * 12 + moment.month - 1
-
-
-def _month_start(index: int) -> float:
-    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC).timestamp()
 
 
 def rows_of_route(provider: Provider, model: ProviderModel) -> list[RowName]:
