@@ -20,7 +20,6 @@ from starlette.types import ASGIApp
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, UsageAPI, build_api_app
 from meshroute_middleware.app.config import (
     GatewayConfig,
-    chain_warnings,
     config_warnings,
     loop_marker,
 )
@@ -165,8 +164,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
                                                 admin_token=settings.admin_token
                                                 or settings.node_token,
-                                                warnings=config_warnings(config)
-                                                + chain_warnings(settings.providers),
+                                                warnings=config_warnings(config),
                                                 providers=providers,
                                                 embeddings_router=embeddings,
                                                 embeddings_providers=None if chat is None

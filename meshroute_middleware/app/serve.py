@@ -16,7 +16,7 @@ import socket
 import sys
 from dataclasses import replace
 
-from meshroute_middleware.app.config import GatewayConfig, chain_warnings
+from meshroute_middleware.app.config import GatewayConfig
 from meshroute_middleware.app.edge import fit_descriptor_limit
 from meshroute_middleware.app.gateway import (
     Gateway,
@@ -67,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = gateway.providers.cfg
         log.info("%d provider(s), %d key(s)", len(cfg.providers),
                  sum(len(p.keys) for p in cfg.providers))
-    for line in chain_warnings(settings.providers):
-        log.warning("%s", line)
     if gateway.keeper is not None:
         log.info("state in %s (%d route statistics restored)", gateway.keeper.store.path,
                  gateway.keeper.restored)

@@ -16,7 +16,6 @@ from dataclasses import replace
 
 from meshroute_middleware.app.config import (
     GatewayConfig,
-    chain_warnings,
     new_tracker_id,
     workers_base_id,
 )
@@ -124,8 +123,6 @@ def run_workers(settings: ServeSettings) -> int:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
-    for line in chain_warnings(settings.providers):
-        log.warning("%s", line)
     log.info("%d workers (%s-w0..w%d) on http://%s:%d (policy %s), gossiping on 127.0.0.1:%s",
              n, tracker_id, n - 1, settings.host, port, settings.router.policy,
              ",".join(map(str, gossip_ports)))
