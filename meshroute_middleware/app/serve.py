@@ -10,6 +10,7 @@ stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from meshroute_middleware.app.gateway import (
     build_gateway,
 )
 from meshroute_middleware.app.logs import configure_logging
+from meshroute_middleware.app.reload import Reloader
 from meshroute_middleware.app.run import StartupError, serve_gateway
 from meshroute_middleware.app.settings import (
     ServeSettings,
@@ -52,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
         settings = load_settings(cli, os.environ)
+        reread = functools.partial(load_settings, cli, os.environ)
         if settings.workers > 1:
-            return run_workers(settings)
+            return run_workers(settings, reread)
         gateway, sock = _start(settings)
     except _Refused as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
              settings.port, settings.router.policy)
     fit_descriptor_limit(settings.max_connections)
     try:
-        serve_gateway(gateway, sock)
+        serve_gateway(gateway, sock, reloader=Reloader(gateway, reread, os.environ))
     except StartupError as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
