@@ -7,6 +7,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from gossip.service import GossipConfig
 from meshroute_middleware.app.limits import check_limits_store
@@ -21,6 +22,7 @@ from meshroute_middleware.chat.keyring import (
 from meshroute_middleware.core.clients import Client, ClientConfigError
 from meshroute_middleware.core.providers.config import ProvidersConfig, unserved_chain_entries
 from meshroute_middleware.http.guard import is_loopback_host
+from meshroute_middleware.state.store import MEMORY
 from node_agent.mdns import parse_interfaces
 
 
@@ -151,6 +153,23 @@ def exposure(config: GatewayConfig) -> str:
     else:
         chat = "chat: no client keys (no [[clients]])"
     return f"open: {http}; {chat}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"
+
+
+def limits_store_name(settings: ServeSettings) -> str:
+    """Where clients' budgets and keys' limits live, for the start line: `memory`, `state
+    file PATH` or the Redis URL without its user and password (app/limits.client_store's
+    choice)."""
+    url = settings.limits_store or ""
+    if url.startswith(("redis://", "rediss://")):
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        where = f"[{host}]" if ":" in host else host
+        if parts.port is not None:
+            where += f":{parts.port}"
+        return urlunsplit((parts.scheme, where, parts.path, "", ""))
+    if settings.state_file and settings.state_file != MEMORY:
+        return f"state file {settings.state_file}"
+    return "memory"
 
 
 def workers_base_id(saved: str | None) -> str | None:

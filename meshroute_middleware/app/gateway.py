@@ -18,11 +18,13 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, UsageAPI, build_api_app
+from meshroute_middleware.app.access import AccessCounters, AccessLog, ClientEvents
 from meshroute_middleware.app.config import (
     GatewayConfig,
     config_warnings,
     loop_marker,
 )
+from meshroute_middleware.app.drain import ROUTED_PATHS
 from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
@@ -75,6 +77,7 @@ class Gateway:
     gates: SharedGates | None = None  # provider key limits shared with other trackers
     clock: Callable[[], float] = time.time
     chat: ProviderChat | None = None  # the provider chain's server
+    guard: RequestGuard | None = None  # over what a reload builds again (app/reload.py)
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -132,7 +135,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     embeddings = build_embeddings_router(router, seed=settings.seed)
-    telemetry = Telemetry(router)
+    telemetry = Telemetry(router, ClientEvents())  # events name their request's client
     mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
@@ -152,14 +155,15 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     if gates is not None:
         telemetry.add_collector(gates.metric_families)
     spend = ClientSpend(client_store(settings), prices_of(settings.providers),
-                        clock=clock, caps=caps_of(settings.providers))
+                        AccessCounters(), clock=clock, caps=caps_of(settings.providers))
     telemetry.add_client_collector(spend.counters.families, spend.counters.aggregate_families)
     gw = Gateway(config, router, telemetry, mesh, _NO_APP, providers, store, keeper, spend,
                  [], embeddings, forwarder=forwarder, gates=gates, clock=clock)
     gw.chat = provider_chat(gw, config, telemetry)
-    gw.app = RequestGuard(front(gw, lifespan=lambda app: _recorded(
+    gw.guard = RequestGuard(front(gw, lifespan=lambda app: _recorded(
         background_services(config, mesh, keeper, clock, providers, embeddings),
         gw.startup_failures, spend)), settings.guard(), reject=telemetry.reject)
+    gw.app = AccessLog(gw.guard, telemetry, ROUTED_PATHS)
     return gw
 
 

@@ -24,7 +24,6 @@ from meshroute_middleware.app.gateway import Gateway, front, provider_chat
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.spend import caps_of, prices_of
 from meshroute_middleware.core.errors import MeshRouteError
-from meshroute_middleware.http.guard import RequestGuard
 from meshroute_middleware.state.store import StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
 from node_agent.serving import one_line
@@ -75,7 +74,8 @@ def apply(gateway: Gateway, config: GatewayConfig) -> None:
     providers, cfg = gateway.providers, config.settings.providers
     if (providers is None) != (cfg is None):
         raise ReloadError("adding or removing the provider tables needs a restart")
-    if not isinstance(gateway.app, RequestGuard):
+    guard = gateway.guard
+    if guard is None:
         raise ReloadError("this gateway's app cannot be reloaded")
     gateway.config = config
     if providers is not None and cfg is not None:
@@ -88,7 +88,7 @@ def apply(gateway: Gateway, config: GatewayConfig) -> None:
     if gateway.spend is not None:
         gateway.spend.prices = dict(prices_of(cfg))
         gateway.spend.caps = dict(caps_of(cfg))
-    gateway.app.app = front(gateway)
+    guard.app = front(gateway)
 
 
 def summary(config: GatewayConfig) -> str:

@@ -17,7 +17,7 @@ import socket
 import sys
 from dataclasses import replace
 
-from meshroute_middleware.app.config import GatewayConfig
+from meshroute_middleware.app.config import GatewayConfig, limits_store_name
 from meshroute_middleware.app.edge import fit_descriptor_limit
 from meshroute_middleware.app.gateway import (
     Gateway,
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
     settings = gateway.config.settings
-    configure_logging(settings.log_level, gateway.config.every_secret())
+    configure_logging(settings.log_level, gateway.config.every_secret(), settings.log_format)
     if gateway.providers is not None:
         cfg = gateway.providers.cfg
         log.info("%d provider(s), %d key(s)", len(cfg.providers),
@@ -74,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("state in %s (%d route statistics restored)", gateway.keeper.store.path,
                  gateway.keeper.restored)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    log.info("tracker %s on http://%s:%d (policy %s)", gateway.config.tracker_id, host,
-             settings.port, settings.router.policy)
+    log.info("tracker %s on http://%s:%d (policy %s; limits store: %s)",
+             gateway.config.tracker_id, host, settings.port, settings.router.policy,
+             limits_store_name(settings))
     fit_descriptor_limit(settings.max_connections)
     try:
         serve_gateway(gateway, sock, reloader=Reloader(gateway, reread, os.environ))

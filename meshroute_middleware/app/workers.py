@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from meshroute_middleware.app.config import (
     GatewayConfig,
+    limits_store_name,
     new_tracker_id,
     workers_base_id,
 )
@@ -79,7 +80,7 @@ def _serve_worker(settings: ServeSettings, parent: int,
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
-                          gateway.config.every_secret())
+                          gateway.config.every_secret(), settings.log_format)
         sock = listen_socket(settings.host, settings.port, reuse_port=True)
         serve_gateway(gateway, sock, relayed=True, reloader=None if reread is None
                       else Reloader(gateway, reread, os.environ))
@@ -140,9 +141,10 @@ def run_workers(settings: ServeSettings,
         holder.close()
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
-    log.info("%d workers (%s-w0..w%d) on http://%s:%d (policy %s), gossiping on 127.0.0.1:%s",
-             n, tracker_id, n - 1, settings.host, port, settings.router.policy,
+    configure_logging(settings.log_level, fmt=settings.log_format)
+    log.info("%d workers (%s-w0..w%d) on http://%s:%d (policy %s; limits store: %s), "
+             "gossiping on 127.0.0.1:%s", n, tracker_id, n - 1, settings.host, port,
+             settings.router.policy, limits_store_name(configs[0]),
              ",".join(map(str, gossip_ports)))
     context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
     for cfg in configs:
