@@ -25,6 +25,7 @@ from meshroute_middleware.app.config import (
     loop_marker,
 )
 from meshroute_middleware.app.drain import ROUTED_PATHS
+from meshroute_middleware.app.firstpaint import FirstPaint
 from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
@@ -198,7 +199,8 @@ def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:
     inner: Starlette = build_api_app(GatewayAPI(
         gw.mesh, settings.node_token, admin_token=admin, warnings=config_warnings(config),
         providers=providers, embeddings_router=gw.embeddings_router,
-        embeddings_providers=None if chat is None else chat.embeddings_providers), extra)
+        embeddings_providers=None if chat is None else chat.embeddings_providers,
+        first_paint=FirstPaint(gw)), extra)
     if lifespan is not None:
         inner.router.lifespan_context = lifespan
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
