@@ -27,6 +27,7 @@ from meshroute_middleware.app.config import (
 from meshroute_middleware.app.drain import ROUTED_PATHS
 from meshroute_middleware.app.firstpaint import FirstPaint
 from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
+from meshroute_middleware.app.nodeshare import NodeLog, ShareNodeWrites
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.providers import ProviderChat
@@ -161,10 +162,15 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     gw = Gateway(config, router, telemetry, mesh, _NO_APP, providers, store, keeper, spend,
                  [], embeddings, forwarder=forwarder, gates=gates, clock=clock)
     gw.chat = provider_chat(gw, config, telemetry)
+    node_log = (NodeLog(store.path, config.tracker_id).open()
+                if settings.share_node_writes and store is not None and store.path != MEMORY
+                else None)
     gw.guard = RequestGuard(front(gw, lifespan=lambda app: _recorded(
-        background_services(config, mesh, keeper, clock, providers, embeddings),
+        background_services(config, mesh, keeper, clock, providers, embeddings, node_log),
         gw.startup_failures, spend)), settings.guard(), reject=telemetry.reject)
     gw.app = AccessLog(gw.guard, telemetry, ROUTED_PATHS)
+    if node_log is not None:  # a --workers worker: its node writes reach its siblings
+        gw.app = ShareNodeWrites(gw.app, node_log)
     return gw
 
 

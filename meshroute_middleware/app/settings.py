@@ -265,6 +265,9 @@ class ServeSettings:
     gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
     limits_store: str | None = None  # None: "local", "state-file" with --workers N
     usage_retention_days: int = RETENTION_DAYS  # Redis ledger rows expire after this
+    # a --workers worker (app/workers.py, no option): HTTP node writes shared through the
+    # state file (app/nodeshare.py)
+    share_node_writes: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

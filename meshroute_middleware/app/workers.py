@@ -42,6 +42,7 @@ def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int]
     with every sibling (and any configured peer) as a static peer, under the per-run secret."""
     siblings = tuple(f"127.0.0.1:{p}" for i, p in enumerate(gossip_ports) if i != index)
     return replace(settings, workers=1, tracker_id=f"{tracker_id}-w{index}",
+                   share_node_writes=(settings.state_file or MEMORY) != MEMORY,
                    limits_store=limits_mode(settings),  # one budget across the workers
                    gossip_listen=f"127.0.0.1:{gossip_ports[index]}",
                    gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
@@ -106,7 +107,8 @@ def run_workers(settings: ServeSettings,
     """Serve one port with `settings.workers` processes (SO_REUSEPORT: the kernel spreads
     connections over them). Each worker is an origin of its own; they gossip learned
     statistics over loopback ports derived here, authenticated with a secret made for this
-    run. Nodes must reach every worker: mDNS or --nodes-file (POST /v1/nodes reaches one).
+    run. Nodes reach every worker: mDNS, --nodes-file, or POST /v1/nodes and DELETE, which
+    reach one and are shared through the state file (app/nodeshare.py).
     The state file is opened (created 0600) here first, then by each worker: each writes
     its own origin's rows to it."""
     if settings.gossip_listen:
