@@ -13,8 +13,10 @@ import argparse
 import functools
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from dataclasses import replace
 
 from meshroute_middleware.app.config import GatewayConfig, limits_store_name
@@ -52,6 +54,8 @@ class _Refused(MeshRouteError):
 def run(args: argparse.Namespace) -> int:
     """Build the gateway from flags + env + file and serve it until interrupted."""
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before serving: not a death
     try:
         settings = load_settings(cli, os.environ)
         reread = functools.partial(load_settings, cli, os.environ)

@@ -78,6 +78,10 @@ def _serve_worker(settings: ServeSettings, parent: int,
     """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port;
     SIGHUP (relayed by the parent) reloads its config, SIGTERM drains it."""
     _die_with(parent)
+    # until its server handles them (app/run.py): a reload is not lost to a starting worker's
+    # death, and a relayed Ctrl-C ends it
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(RELAYED_CTRL_C, lambda signum, frame: os._exit(0))
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
@@ -148,6 +152,7 @@ def run_workers(settings: ServeSettings,
              "gossiping on 127.0.0.1:%s", n, tracker_id, n - 1, settings.host, port,
              settings.router.policy, limits_store_name(configs[0]),
              ",".join(map(str, gossip_ports)))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while the workers start: lost
     context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
     for cfg in configs:
         child = context.Process(target=_serve_worker, args=(cfg, os.getpid(), reread),
