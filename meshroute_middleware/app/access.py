@@ -141,9 +141,22 @@ class AccessLog:
             "ttfb_ms": seen.ttfb_ms, "duration_ms": round((self.clock() - seen.start) * 1000),
             "prompt_tokens": prompt, "completion_tokens": completion,
             "error": code}
-        log.info("%s", " ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items()),
-                 extra={"access": fields})
+        line = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (_Line(fields),),
+                              None, extra={"access": fields})  # no caller lookup: ~20 µs
+        log.handle(line)
         record.body.clear()
+
+
+class _Line:
+    """An access line's text form, made only when a handler formats it."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={'-' if v is None else v}" for k, v in self.fields.items())
 
 
 class _Seen:
