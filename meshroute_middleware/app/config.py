@@ -7,6 +7,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from gossip.service import GossipConfig
 from meshroute_middleware.app.limits import check_limits_store
@@ -21,6 +22,7 @@ from meshroute_middleware.chat.keyring import (
 from meshroute_middleware.core.clients import Client, ClientConfigError
 from meshroute_middleware.core.providers.config import ProvidersConfig, unserved_chain_entries
 from meshroute_middleware.http.guard import is_loopback_host
+from meshroute_middleware.state.store import MEMORY
 from node_agent.mdns import parse_interfaces
 
 
@@ -71,6 +73,7 @@ class GatewayConfig:
                 "(meshroute keys new NAME) or pass --anonymous-clients")
         node_secrets = (resolve_node_keys(settings.providers, environ or {})
                         if settings.providers is not None else {})
+        check_chains(settings.providers)  # a chain entry nothing declares: exit 2
         check_limits_store(settings)  # an unreachable --limits-store: exit 2
         return cls(settings, tracker_id, gossip, secrets, clients, node_secrets)
 
@@ -95,16 +98,26 @@ def config_warnings(config: GatewayConfig) -> list[str]:
     return out
 
 
-def chain_warnings(providers: ProvidersConfig | None) -> list[str]:
-    """One line per chain entry no provider model and no `[mesh.NAME]` table declares
-    (a typo, or a mesh model not declared): logged at start and shown in /v1/routing."""
+class ChainEntryError(ValueError):
+    """A chain entry that names no provider model, no profile and no declared mesh model."""
+
+
+def unserved_chain_entries_of(providers: ProvidersConfig | None) -> list[tuple[str, str]]:
+    """(where, entry) for each chain entry naming no provider model, no profile and no
+    `[mesh.NAME]` table (issue 33): a typo, or a mesh model not declared."""
     if providers is None:
         return []
-    return [f"unserved-chain-entry: {where} names {entry!r}, which is no provider model and "
-            f"has no [mesh.{entry}] table: requests skip it until a mesh node serves a model "
-            f"of that name; declare a mesh model with an (even empty) [mesh.{entry}] table, "
-            "or fix the name"
-            for where, entry in unserved_chain_entries(providers)]
+    return [(where, entry) for where, entry in unserved_chain_entries(providers)
+            if providers.profile(entry) is None]
+
+
+def check_chains(providers: ProvidersConfig | None) -> None:
+    """Refuse the first chain entry nothing declares (ChainEntryError, one line)."""
+    for where, entry in unserved_chain_entries_of(providers):
+        raise ChainEntryError(
+            f"{where} names {entry!r}, which is no provider model, no profile and no "
+            f"declared mesh model; declare a mesh model with an (even empty) [mesh.{entry}] "
+            "table, or fix the name")
 
 
 def exposure(config: GatewayConfig) -> str:
@@ -140,6 +153,23 @@ def exposure(config: GatewayConfig) -> str:
     else:
         chat = "chat: no client keys (no [[clients]])"
     return f"open: {http}; {chat}; {writes}; {mdns}; {talk}; max {settings.max_nodes} nodes"
+
+
+def limits_store_name(settings: ServeSettings) -> str:
+    """Where clients' budgets and keys' limits live, for the start line: `memory`, `state
+    file PATH` or the Redis URL without its user and password (app/limits.client_store's
+    choice)."""
+    url = settings.limits_store or ""
+    if url.startswith(("redis://", "rediss://")):
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        where = f"[{host}]" if ":" in host else host
+        if parts.port is not None:
+            where += f":{parts.port}"
+        return urlunsplit((parts.scheme, where, parts.path, "", ""))
+    if settings.state_file and settings.state_file != MEMORY:
+        return f"state file {settings.state_file}"
+    return "memory"
 
 
 def workers_base_id(saved: str | None) -> str | None:

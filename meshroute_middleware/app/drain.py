@@ -1,9 +1,12 @@
-"""Drain: the outermost ASGI wrapper of a served gateway, so that a stopping server is held
-by no open stream.
+"""Drain: the outermost ASGI wrapper of a served gateway, so that a stopping server lets the
+streams in flight finish and is then held by none.
 
-At shutdown (`drain()`, called as uvicorn starts its own) the routing event bus closes, so
-event streams (/v1/routing/events, the dashboard's EventSource) end cleanly, and every chat
-request still being served is cancelled, which settles its attempts as any cancellation does;
+At shutdown (app/run.py, SIGTERM or Ctrl-C) `stop_accepting()` closes the routing event bus,
+so event streams (/v1/routing/events, the dashboard's EventSource) end cleanly, and answers a
+new chat request on a connection still open with a 503; `settle()` waits for the chat
+requests in flight to finish, up to `--drain-timeout` (issue 33). What is still open then is
+cut (`drain()`): every chat request still being served is cancelled, which settles its
+attempts as any cancellation does;
 its client then gets, in place of the rest: a 503 JSON error when nothing was sent yet, the
 SSE error event and the stream's end mid-stream, and a JSON answer already under way is cut
 short without its final chunk (never passed off as complete). The other APIs' requests
@@ -73,10 +76,26 @@ class Drain:
         else:
             await self._chat(scope, receive, send)
 
-    def drain(self) -> None:
-        """The server stops: end every event stream and cut every chat request short."""
+    def stop_accepting(self) -> None:
+        """The server stops: end every event stream; a new chat request gets a 503."""
         self.draining = True
         self.events.close()
+
+    @property
+    def in_flight(self) -> int:
+        """Chat requests being served now."""
+        return len(self._open)
+
+    async def settle(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until no chat request is in flight, `timeout_s` at most; whether none is."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._open and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(poll_s)
+        return not self._open
+
+    def drain(self) -> None:
+        """Cut every chat request still in flight short (and stop accepting)."""
+        self.stop_accepting()
         for task, state in self._open.items():
             state.cut = True
             task.cancel()

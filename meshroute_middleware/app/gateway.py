@@ -15,16 +15,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from meshroute_middleware.api import GatewayAPI, ProviderRoutingAPI, UsageAPI, build_api_app
+from meshroute_middleware.app.access import AccessCounters, AccessLog, ClientEvents
 from meshroute_middleware.app.config import (
     GatewayConfig,
-    chain_warnings,
     config_warnings,
     loop_marker,
 )
+from meshroute_middleware.app.drain import ROUTED_PATHS
+from meshroute_middleware.app.firstpaint import FirstPaint
 from meshroute_middleware.app.limits import client_store, gossip_providers, shared_gates
+from meshroute_middleware.app.nodeshare import NodeLog, ShareNodeWrites
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.dialects import DIALECTS
@@ -42,11 +45,18 @@ from meshroute_middleware.middleware import (
     build_router,
 )
 from meshroute_middleware.state.keeper import StateKeeper
+from meshroute_middleware.state.shared_gates import SharedGates
 from meshroute_middleware.state.store import MEMORY, StateStore, StateStoreError
 from meshroute_middleware.telemetry.metrics import Telemetry
 
+Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 PRIVATE_DIR = 0o700  # a state directory the gateway creates: its owner's alone
 PRIVATE_FILE = 0o600  # a state file the gateway creates (node URLs, statistics, usage)
+
+
+async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("a gateway being built serves nothing")
+_NO_APP: ASGIApp = _no_app
 
 
 @dataclass(slots=True)
@@ -66,6 +76,11 @@ class Gateway:
     startup_failures: list[BaseException] = field(default_factory=list)
     # embeddings' own statistics over `router`'s topology (middleware.build_embeddings_router)
     embeddings_router: Router | None = None
+    forwarder: Forwarder | None = None
+    gates: SharedGates | None = None  # provider key limits shared with other trackers
+    clock: Callable[[], float] = time.time
+    chat: ProviderChat | None = None  # the provider chain's server
+    guard: RequestGuard | None = None  # over what a reload builds again (app/reload.py)
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -123,15 +138,14 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     embeddings = build_embeddings_router(router, seed=settings.seed)
-    telemetry = Telemetry(router)
+    telemetry = Telemetry(router, ClientEvents())  # events name their request's client
     mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
     forwarder = forwarder or AiohttpForwarder(settings.forward_timeouts())
     if isinstance(forwarder, AiohttpForwarder):
         telemetry.add_collector(forwarder.metric_families)
-    providers = chat = keeper = None
-    extra = []
+    providers = keeper = None
     gates = shared_gates(settings, config.tracker_id, clock)  # None when limits are local
     if settings.providers is not None:
         providers = ProviderRouter(settings.providers, gates)
@@ -141,54 +155,71 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         keeper = StateKeeper(store, router, providers)
         keeper.restore(clock())
         telemetry.add_collector(keeper.metric_families)
-    if providers is not None:
-        chat = ProviderChat(providers, config.secrets, forwarder, router, telemetry,
-                            timeouts=settings.forward_timeouts(),
-                            request_timeout_s=settings.request_timeout_s, clock=clock,
-                            rng=random.Random(settings.seed),
-                            acquire=None if gates is None
-                            else functools.partial(gates.acquire, providers),
-                            node_keys=config.node_secrets,
-                            embeddings_router=embeddings)
-        extra = ProviderRoutingAPI(providers, router, clock=clock,
-                                   admin_token=settings.admin_token or settings.node_token,
-                                   max_body_bytes=settings.max_body_bytes,
-                                   body_timeout_s=settings.body_timeout_s,
-                                   refresh=None if gates is None else gates.refresh).routes()
     if gates is not None:
         telemetry.add_collector(gates.metric_families)
-    clients = config.clients  # the `[[clients]]` of the config, their keys as digests
     spend = ClientSpend(client_store(settings), prices_of(settings.providers),
-                        clock=clock, caps=caps_of(settings.providers))
+                        AccessCounters(), clock=clock, caps=caps_of(settings.providers))
     telemetry.add_client_collector(spend.counters.families, spend.counters.aggregate_families)
-    extra = [*extra, *UsageAPI(spend, clients, admin_token=settings.admin_token
-                               or settings.node_token).routes()]
-    inner: Starlette = build_api_app(GatewayAPI(mesh, settings.node_token,
-                                                admin_token=settings.admin_token
-                                                or settings.node_token,
-                                                warnings=config_warnings(config)
-                                                + chain_warnings(settings.providers),
-                                                providers=providers,
-                                                embeddings_router=embeddings,
-                                                embeddings_providers=None if chat is None
-                                                else chat.embeddings_providers), extra)
-    failures: list[BaseException] = []
-    inner.router.lifespan_context = lambda app: _recorded(
-        background_services(config, mesh, keeper, clock, providers, embeddings), failures,
-        spend)
+    gw = Gateway(config, router, telemetry, mesh, _NO_APP, providers, store, keeper, spend,
+                 [], embeddings, forwarder=forwarder, gates=gates, clock=clock)
+    gw.chat = provider_chat(gw, config, telemetry)
+    node_log = (NodeLog(store.path, config.tracker_id).open()
+                if settings.share_node_writes and store is not None and store.path != MEMORY
+                else None)
+    gw.guard = RequestGuard(front(gw, lifespan=lambda app: _recorded(
+        background_services(config, mesh, keeper, clock, providers, embeddings, node_log),
+        gw.startup_failures, spend)), settings.guard(), reject=telemetry.reject,
+        dialects=DIALECTS)
+    gw.app = AccessLog(gw.guard, telemetry, ROUTED_PATHS)
+    if node_log is not None:  # a --workers worker: its node writes reach its siblings
+        gw.app = ShareNodeWrites(gw.app, node_log)
+    return gw
+
+
+def provider_chat(gw: Gateway, config: GatewayConfig,
+                  telemetry: Telemetry) -> ProviderChat | None:
+    """The provider chain's server over the gateway's ProviderRouter, with `config`'s keys."""
+    providers, gates, settings = gw.providers, gw.gates, config.settings
+    if providers is None or gw.forwarder is None:
+        return None
+    return ProviderChat(providers, config.secrets, gw.forwarder, gw.router, telemetry,
+                        timeouts=settings.forward_timeouts(),
+                        request_timeout_s=settings.request_timeout_s, clock=gw.clock,
+                        rng=random.Random(settings.seed),
+                        acquire=None if gates is None
+                        else functools.partial(gates.acquire, providers),
+                        node_keys=config.node_secrets,
+                        embeddings_router=gw.embeddings_router)
+
+
+def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:
+    """What serves a request under the guard, from `gw.config`: the middleware (clients,
+    aliases, the provider chain) over the endpoints. Built again on a reload (app/reload.py);
+    only the first one's `lifespan` (the background services) ever runs."""
+    config, chat, providers, clock = gw.config, gw.chat, gw.providers, gw.clock
+    settings, admin = config.settings, config.settings.admin_token or config.settings.node_token
+    extra = [] if providers is None else ProviderRoutingAPI(
+        providers, gw.router, clock=clock, admin_token=admin,
+        max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s,
+        refresh=None if gw.gates is None else gw.gates.refresh).routes()
+    assert gw.spend is not None
+    extra = [*extra, *UsageAPI(gw.spend, config.clients, admin_token=admin).routes()]
+    inner: Starlette = build_api_app(GatewayAPI(
+        gw.mesh, settings.node_token, admin_token=admin, warnings=config_warnings(config),
+        providers=providers, embeddings_router=gw.embeddings_router,
+        embeddings_providers=None if chat is None else chat.embeddings_providers,
+        first_paint=FirstPaint(gw)), extra)
+    if lifespan is not None:
+        inner.router.lifespan_context = lifespan
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)
     middleware = replace(settings.middleware(), loop_marker=loop_marker(config.tracker_id),
                          clients=config.clients)
-    app = RequestGuard(MeshRouteMiddleware(inner, middleware, router=router,
-                                           forwarder=forwarder, telemetry=telemetry,
-                                           providers=chat, spend=spend,
-                                           aliases=settings.providers.aliases
-                                           if settings.providers else NO_ALIASES,
-                                           node_keys=config.node_secrets,
-                                           embeddings_router=embeddings),
-                       settings.guard(), reject=telemetry.reject, dialects=DIALECTS)
-    return Gateway(config, router, telemetry, mesh, app, providers, store, keeper, spend,
-                   failures, embeddings)
+    return MeshRouteMiddleware(inner, middleware, router=gw.router, forwarder=gw.forwarder,
+                               telemetry=gw.telemetry, providers=chat, spend=gw.spend,
+                               aliases=settings.providers.aliases
+                               if settings.providers else NO_ALIASES,
+                               node_keys=config.node_secrets,
+                               embeddings_router=gw.embeddings_router)
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
 
 from meshroute_middleware.chat.keyring import Secret, scrub
 
@@ -44,11 +48,28 @@ class _ScrubKeys(logging.Filter):
         return True
 
 
-def configure_logging(level: str, secrets: tuple[Secret, ...] = ()) -> None:
-    """Every log line to stderr in FORMAT at `level`; uvicorn's loggers propagate here (it
-    is run with log_config=None)."""
+class JsonFormatter(logging.Formatter):
+    """`--log-format json`: each line one JSON object, `ts` (UTC, ISO 8601), `level`,
+    `logger`, `message`, and an access line's fields (app/access.py) at the top level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        fields = getattr(record, "access", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exc_info"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+def configure_logging(level: str, secrets: tuple[Secret, ...] = (),
+                      fmt: str = "text") -> None:
+    """Every log line to stderr in FORMAT (or as JSON, `fmt` "json") at `level`; uvicorn's
+    loggers propagate here (it is run with log_config=None)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(FORMAT))
     handler.addFilter(_Uvicorn())
     if secrets:
         handler.addFilter(_ScrubKeys(secrets))

@@ -5,10 +5,13 @@ that no open stream holds (app/drain.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import logging
 import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Generator
 from types import FrameType
 
 import anyio
@@ -19,12 +22,17 @@ from meshroute_middleware.app.drain import Drain
 from meshroute_middleware.app.edge import edge_protocol
 from meshroute_middleware.app.gateway import Gateway
 from meshroute_middleware.app.gcpace import GC_FULL_AFTER, GcPacer
+from meshroute_middleware.app.reload import Reloader
+from meshroute_middleware.app.settings import DEFAULT_DRAIN_TIMEOUT_S
 from meshroute_middleware.core.errors import MeshRouteError
 from node_agent.serving import one_line
 
 # Once the gateway has drained (app/drain.py), what still runs is cancelled after this long:
 # a backstop; in a drained gateway nothing is left that takes it.
 SHUTDOWN_GRACE_S = 1
+log = logging.getLogger("meshroute.serve")
+# a --workers parent relays Ctrl-C to its workers as this (SIGTERM is its drain)
+RELAYED_CTRL_C = signal.SIGUSR1
 
 
 class StartupError(MeshRouteError):
@@ -32,18 +40,68 @@ class StartupError(MeshRouteError):
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn, draining the gateway as its shutdown starts. A `relayed` server (a --workers
-    child) leaves Ctrl-C to its parent, which relays it as SIGTERM."""
+    """uvicorn, draining the gateway as its shutdown starts: no new connection, the streams in
+    flight finish within `drain_timeout_s`, then what is left is cut (app/drain.py). SIGTERM
+    ends the process with status 0 once drained. A `relayed` server (a --workers child)
+    leaves Ctrl-C to its parent, which relays it as SIGTERM."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, relayed: bool = False) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, relayed: bool = False,
+                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+                 reloader: Reloader | None = None) -> None:
         super().__init__(config)
-        self.drain, self.relayed = drain, relayed
+        self.drain, self.relayed, self.drain_timeout_s = drain, relayed, drain_timeout_s
+        self.reloader = reloader
+        self.at_once = False  # Ctrl-C: what is in flight is cut, not waited for
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not (self.relayed and sig == signal.SIGINT):
-            super().handle_exit(sig, frame)
+        if self.relayed and sig == signal.SIGINT:
+            return
+        if sig in (signal.SIGTERM, RELAYED_CTRL_C):  # a stop asked for: exit 0, not re-raised
+            self.at_once = self.at_once or sig == RELAYED_CTRL_C
+            self.should_exit = True
+            return
+        self.at_once = True
+        super().handle_exit(sig, frame)
+
+    def _reload(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if self.reloader is not None and loop is not None:
+            loop.call_soon_threadsafe(self.reloader.soon)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's SIGINT and SIGTERM, with SIGHUP (reload) and the Ctrl-C a --workers
+        parent relays."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            before = {signal.SIGHUP: signal.signal(signal.SIGHUP, self._reload),
+                      RELAYED_CTRL_C: signal.signal(RELAYED_CTRL_C, self.handle_exit)}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:  # no new connection from now on
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle ones close; busy ones close after their answer
+        self.drain.stop_accepting()
+        if self.drain.in_flight and not self.at_once:
+            log.info("draining: %d request(s) in flight, %g s at most",
+                     self.drain.in_flight, self.drain_timeout_s)
+            if not await self.drain.settle(self.drain_timeout_s):
+                log.warning("drain timeout: cutting %d request(s) short", self.drain.in_flight)
         self.drain.drain()
         await super().shutdown(sockets)
 
@@ -62,13 +120,15 @@ def server_config(gateway: Gateway, port: int | None = None,
         http=edge_protocol(settings.edge_limits(), gateway.telemetry.reject))
 
 
-def serve_gateway(gateway: Gateway, sock: socket.socket, relayed: bool = False) -> None:
-    """Serve the gateway on a bound socket until stopped; StartupError when its background
-    services cannot start."""
+def serve_gateway(gateway: Gateway, sock: socket.socket, relayed: bool = False,
+                  reloader: Reloader | None = None) -> None:
+    """Serve the gateway on a bound socket until stopped (SIGTERM drains, Ctrl-C cuts);
+    SIGHUP runs `reloader`. StartupError when its background services cannot start."""
     drain = Drain(gateway.app, gateway.telemetry.events)
     config = server_config(gateway, app=drain)
     config.load()  # uvicorn's protocol and app wrappers are built now, so frozen too
-    server = GatewayServer(config, drain, relayed)
+    server = GatewayServer(config, drain, relayed, gateway.config.settings.drain_timeout_s,
+                           reloader)
     if not _serve(gateway, server, [sock]):
         failures = gateway.startup_failures
         raise StartupError(f"cannot start: {one_line(failures[0])}" if failures

@@ -10,19 +10,23 @@ stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from dataclasses import replace
 
-from meshroute_middleware.app.config import GatewayConfig, chain_warnings
+from meshroute_middleware.app.config import GatewayConfig, limits_store_name
 from meshroute_middleware.app.edge import fit_descriptor_limit
 from meshroute_middleware.app.gateway import (
     Gateway,
     build_gateway,
 )
 from meshroute_middleware.app.logs import configure_logging
+from meshroute_middleware.app.reload import Reloader
 from meshroute_middleware.app.run import StartupError, serve_gateway
 from meshroute_middleware.app.settings import (
     ServeSettings,
@@ -50,10 +54,13 @@ class _Refused(MeshRouteError):
 def run(args: argparse.Namespace) -> int:
     """Build the gateway from flags + env + file and serve it until interrupted."""
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before serving: not a death
     try:
         settings = load_settings(cli, os.environ)
+        reread = functools.partial(load_settings, cli, os.environ)
         if settings.workers > 1:
-            return run_workers(settings)
+            return run_workers(settings, reread)
         gateway, sock = _start(settings)
     except _Refused as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
@@ -62,22 +69,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
     settings = gateway.config.settings
-    configure_logging(settings.log_level, gateway.config.every_secret())
+    configure_logging(settings.log_level, gateway.config.every_secret(), settings.log_format)
     if gateway.providers is not None:
         cfg = gateway.providers.cfg
         log.info("%d provider(s), %d key(s)", len(cfg.providers),
                  sum(len(p.keys) for p in cfg.providers))
-    for line in chain_warnings(settings.providers):
-        log.warning("%s", line)
     if gateway.keeper is not None:
         log.info("state in %s (%d route statistics restored)", gateway.keeper.store.path,
                  gateway.keeper.restored)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    log.info("tracker %s on http://%s:%d (policy %s)", gateway.config.tracker_id, host,
-             settings.port, settings.router.policy)
+    log.info("tracker %s on http://%s:%d (policy %s; limits store: %s)",
+             gateway.config.tracker_id, host, settings.port, settings.router.policy,
+             limits_store_name(settings))
     fit_descriptor_limit(settings.max_connections)
     try:
-        serve_gateway(gateway, sock)
+        serve_gateway(gateway, sock, reloader=Reloader(gateway, reread, os.environ))
     except StartupError as exc:
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2

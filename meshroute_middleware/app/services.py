@@ -13,6 +13,7 @@ import anyio
 from gossip.metrics import metric_families
 from gossip.service import GossipService
 from meshroute_middleware.app.config import GatewayConfig, config_warnings, exposure
+from meshroute_middleware.app.nodeshare import NodeLog, follow
 from meshroute_middleware.app.supervise import Supervisor, until_cancelled
 from meshroute_middleware.core import Router
 from meshroute_middleware.core.providers.router import ProviderRouter
@@ -30,7 +31,8 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
                               keeper: StateKeeper | None = None,
                               clock: Callable[[], float] = time.time,
                               providers: ProviderRouter | None = None,
-                              embeddings_router: Router | None = None) -> AsyncIterator[None]:
+                              embeddings_router: Router | None = None,
+                              node_log: NodeLog | None = None) -> AsyncIterator[None]:
     """Background services of a running gateway, each supervised."""
     settings = config.settings
     log.log(logging.WARNING if config_warnings(config) else logging.INFO, "%s",
@@ -44,6 +46,8 @@ async def background_services(config: GatewayConfig, mesh: Mesh,
         tg.start_soon(supervisor.run, "pruning", lambda: _prune_loop(*pruned))
         if providers is not None and isinstance(providers.gates, SharedGates):
             tg.start_soon(supervisor.run, "limits-heartbeat", providers.gates.heartbeats)
+        if node_log is not None:  # --workers: the siblings' HTTP node writes, applied here
+            tg.start_soon(supervisor.run, "node-writes", lambda: follow(mesh, node_log))
         if keeper is not None:  # the state file: saved while serving, and at shutdown
             tg.start_soon(supervisor.run, "state", lambda: keeper.run(clock))
         gossip = None

@@ -43,6 +43,10 @@ from meshroute_middleware.state.limits import RETENTION_DAYS
 from node_agent.discovery import HEALTH_INTERVAL_S
 
 GC_MODES = ("paced", "python")
+LOG_FORMATS = ("text", "json")  # app/logs.py
+# SIGTERM lets streams in flight finish this long (issue 33): a long answer of a slow node
+# (~1,000 tokens at ~40 tokens/s) fits; systemd's default stop timeout (90 s) is above it
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 STATE_FILE_NAME = "meshroute/state.db"  # under the user's state directory (XDG base dirs)
 LIMITS_MODES = ("local", "state-file")  # or a redis:// URL
 _TIMEOUTS = ForwardTimeouts()  # the defaults live with the forwarder (health: with discovery)
@@ -175,6 +179,12 @@ OPTIONS: tuple[Option, ...] = (
            "allow a non-loopback --gossip-listen without a gossip secret", group=GOSSIP),
     Option("log_level", str, ("--log-level",), ("MESHROUTE_LOG_LEVEL",), "logging level",
            group=LISTENING),
+    Option("log_format", str, ("--log-format",), ("MESHROUTE_LOG_FORMAT",),
+           "every log line as 'text' or as one JSON object ('json')", group=LISTENING,
+           choices=LOG_FORMATS),
+    Option("drain_timeout_s", float, ("--drain-timeout",), ("MESHROUTE_DRAIN_TIMEOUT",),
+           "seconds SIGTERM lets the streams in flight finish before they are cut",
+           group=LISTENING),
     Option("state_file", str, ("--state-file",), ("MESHROUTE_STATE_FILE",),
            "SQLite file of learned state, restored at start; ':memory:' keeps nothing",
            group=STATE, default=f"none; with provider tables $XDG_STATE_HOME/{STATE_FILE_NAME}"
@@ -244,6 +254,8 @@ class ServeSettings:
     gossip_secret: str | None = None
     insecure_gossip: bool = False
     log_level: str = "info"
+    log_format: str = "text"  # app/logs.py: "json", one object a line
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # app/run.py: SIGTERM's drain
     state_file: str | None = None  # load_settings: default_state_file() with provider tables
     admin_token: str | None = None
     providers: ProvidersConfig | None = None  # the file's provider tables, when it has any
@@ -253,6 +265,9 @@ class ServeSettings:
     gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
     limits_store: str | None = None  # None: "local", "state-file" with --workers N
     usage_retention_days: int = RETENTION_DAYS  # Redis ledger rows expire after this
+    # a --workers worker (app/workers.py, no option): HTTP node writes shared through the
+    # state file (app/nodeshare.py)
+    share_node_writes: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -265,11 +280,14 @@ class ServeSettings:
                      "gossip_interval_s", "idle_timeout_s", "request_timeout_s",
                      "body_timeout_s", "header_timeout_s", "max_connections",
                      "max_header_bytes", "max_headers", "max_messages", "max_content_parts",
-                     "max_json_values"):
+                     "max_json_values", "drain_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"workers must be in 1..64, got {self.workers}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
+                             f"got {self.log_format!r}")
         if self.gc not in GC_MODES:
             raise ValueError(f"gc must be one of {', '.join(GC_MODES)}, got {self.gc!r}")
         if self.limits_store is not None and not (

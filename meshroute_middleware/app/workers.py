@@ -12,18 +12,20 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from meshroute_middleware.app.config import (
     GatewayConfig,
-    chain_warnings,
+    limits_store_name,
     new_tracker_id,
     workers_base_id,
 )
 from meshroute_middleware.app.gateway import build_gateway, open_state_file
 from meshroute_middleware.app.limits import limits_mode
 from meshroute_middleware.app.logs import configure_logging
-from meshroute_middleware.app.run import StartupError, serve_gateway
+from meshroute_middleware.app.reload import Reloader
+from meshroute_middleware.app.run import RELAYED_CTRL_C, StartupError, serve_gateway
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import MEMORY, StateStoreError
@@ -40,6 +42,7 @@ def worker_settings(settings: ServeSettings, index: int, gossip_ports: list[int]
     with every sibling (and any configured peer) as a static peer, under the per-run secret."""
     siblings = tuple(f"127.0.0.1:{p}" for i, p in enumerate(gossip_ports) if i != index)
     return replace(settings, workers=1, tracker_id=f"{tracker_id}-w{index}",
+                   share_node_writes=(settings.state_file or MEMORY) != MEMORY,
                    limits_store=limits_mode(settings),  # one budget across the workers
                    gossip_listen=f"127.0.0.1:{gossip_ports[index]}",
                    gossip_peers=siblings + settings.gossip_peers, gossip_secret=secret,
@@ -70,25 +73,46 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _serve_worker(settings: ServeSettings, parent: int) -> None:
-    """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
+def _serve_worker(settings: ServeSettings, parent: int,
+                  reread: Callable[[], ServeSettings] | None = None) -> None:
+    """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port;
+    SIGHUP (relayed by the parent) reloads its config, SIGTERM drains it."""
     _die_with(parent)
+    # until its server handles them (app/run.py): a reload is not lost to a starting worker's
+    # death, and a relayed Ctrl-C ends it
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(RELAYED_CTRL_C, lambda signum, frame: os._exit(0))
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
-                          gateway.config.every_secret())
+                          gateway.config.every_secret(), settings.log_format)
         sock = listen_socket(settings.host, settings.port, reuse_port=True)
-        serve_gateway(gateway, sock, relayed=True)
+        serve_gateway(gateway, sock, relayed=True, reloader=None if reread is None
+                      else Reloader(gateway, reread, os.environ))
     except (StartupError, ListenError, StateStoreError, ValueError) as exc:
         log.error("worker %s: %s", settings.tracker_id, exc)
         sys.exit(2)
 
 
-def run_workers(settings: ServeSettings) -> int:
+def _reload_refused(running: ServeSettings, reread: Callable[[], ServeSettings]) -> bool:
+    """Whether the config read again has an error (said in one line)."""
+    try:
+        fresh = reread()
+        GatewayConfig.build(replace(running, providers=fresh.providers, clients=fresh.clients),
+                            os.environ)
+    except (SettingsError, ValueError, StateStoreError) as exc:
+        log.error("reload refused, the running config kept: %s", exc)
+        return True
+    return False
+
+
+def run_workers(settings: ServeSettings,
+                reread: Callable[[], ServeSettings] | None = None) -> int:
     """Serve one port with `settings.workers` processes (SO_REUSEPORT: the kernel spreads
     connections over them). Each worker is an origin of its own; they gossip learned
     statistics over loopback ports derived here, authenticated with a secret made for this
-    run. Nodes must reach every worker: mDNS or --nodes-file (POST /v1/nodes reaches one).
+    run. Nodes reach every worker: mDNS, --nodes-file, or POST /v1/nodes and DELETE, which
+    reach one and are shared through the state file (app/nodeshare.py).
     The state file is opened (created 0600) here first, then by each worker: each writes
     its own origin's rows to it."""
     if settings.gossip_listen:
@@ -123,25 +147,38 @@ def run_workers(settings: ServeSettings) -> int:
         holder.close()
         print(f"meshroute serve: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
-    for line in chain_warnings(settings.providers):
-        log.warning("%s", line)
-    log.info("%d workers (%s-w0..w%d) on http://%s:%d (policy %s), gossiping on 127.0.0.1:%s",
-             n, tracker_id, n - 1, settings.host, port, settings.router.policy,
+    configure_logging(settings.log_level, fmt=settings.log_format)
+    log.info("%d workers (%s-w0..w%d) on http://%s:%d (policy %s; limits store: %s), "
+             "gossiping on 127.0.0.1:%s", n, tracker_id, n - 1, settings.host, port,
+             settings.router.policy, limits_store_name(configs[0]),
              ",".join(map(str, gossip_ports)))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while the workers start: lost
     context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
     for cfg in configs:
-        child = context.Process(target=_serve_worker, args=(cfg, os.getpid()), daemon=False)
+        child = context.Process(target=_serve_worker, args=(cfg, os.getpid(), reread),
+                                daemon=False)
         child.start()
         children.append(child)
 
-    def stop(signum: int, frame: object) -> None:
+    def relay(signum: int) -> None:
         for child in children:
             if child.is_alive() and child.pid is not None:
-                os.kill(child.pid, signal.SIGTERM)
+                os.kill(child.pid, signum)
+
+    def stop(signum: int, frame: object) -> None:
+        """SIGTERM: each worker drains; Ctrl-C: each stops at once (run.RELAYED_CTRL_C)."""
+        relay(signal.SIGTERM if signum == signal.SIGTERM else RELAYED_CTRL_C)
+
+    def reload(signum: int, frame: object) -> None:
+        """SIGHUP: the config checked here (one line when it has an error, and the workers
+        keep theirs), then each worker reloads it."""
+        if reread is None or _reload_refused(configs[0], reread):
+            return
+        relay(signal.SIGHUP)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
     code = 0
     try:
         while children:  # one worker gone for good ends the whole server
@@ -149,8 +186,8 @@ def run_workers(settings: ServeSettings) -> int:
             if ended:
                 code = code or (ended[0].exitcode or 0)
                 stop(signal.SIGTERM, None)
-                for child in children:
-                    child.join(10)
+                for child in children:  # a draining worker: its streams' time, and more
+                    child.join(settings.drain_timeout_s + 10)
                 break
             time.sleep(0.2)
     finally:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,11 @@ class GatewayAPI:
                  providers: ProviderRouter | None = None,
                  embeddings_router: Router | None = None,
                  embeddings_providers: ProviderRouter | None = None,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None,
+                 first_paint: Callable[[Request], Awaitable[dict[str, Any]]] | None = None,
+                 ) -> None:
         self.mesh, self.node_token = mesh, node_token
+        self.first_paint = first_paint  # more of the dashboard's first paint (app/firstpaint)
         self.admin_token = admin_token  # who sees each client's series in /metrics
         self.providers = providers
         # embeddings' statistics (mesh routes, provider routes), shown apart from chat's
@@ -262,7 +265,11 @@ class GatewayAPI:
         """The live "Routing (learned)" panel and call wall (ADR-0021's dashboard), with the
         current /v1/routing and /v1/nodes documents inside: its first paint shows them."""
         nodes = json.dumps(self._node_records(), ensure_ascii=False, allow_nan=False)
-        snapshot = b'{"routing":' + self._routing_body(None) + b',"nodes":' + nodes.encode() + b"}"
+        more = {} if self.first_paint is None else await self.first_paint(request)
+        tail = "".join(f",{json.dumps(k)}:{json.dumps(v, ensure_ascii=False, allow_nan=False)}"
+                       for k, v in more.items())
+        snapshot = (b'{"routing":' + self._routing_body(None) + b',"nodes":' + nodes.encode()
+                    + tail.encode() + b"}")
         return HTMLResponse(_DASHBOARD.replace(_SNAPSHOT_SLOT, _SNAPSHOT_SLOT.replace(
             "null", script_safe_json(snapshot))))
 

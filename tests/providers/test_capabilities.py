@@ -122,7 +122,7 @@ def test_a_chain_mesh_entry_without_the_capability_is_passed_over(
         providers: tuple[FakeProvider, FakeProvider]) -> None:
     fast, slow = providers
     node = FakeChat("n1", tokens=4)
-    doc = providers_doc(fast, slow, chain=("qwen", "slowco/small-model"))
+    doc = providers_doc(fast, slow, chain=("qwen", "slowco/small-model"), mesh={"qwen": {}})
     doc["providers"][1]["models"][0]["capabilities"] = ["vision"]
     with ServerThread(node.app()) as head, gateway(doc) as gw:
         join(gw.url, "n1", head.url, model="qwen", caps=[])

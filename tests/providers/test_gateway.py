@@ -94,7 +94,7 @@ def test_a_request_larger_than_every_context_is_413_and_nothing_is_sent(
 def test_unknown_alias_is_400_unknown_model_404_nothing_configured_503(
         providers: tuple[FakeProvider, FakeProvider]) -> None:
     fast, slow = providers
-    with gateway(providers_doc(fast, slow, chain=("qwen",))) as gw:
+    with gateway(providers_doc(fast, slow, chain=("qwen",), mesh={"qwen": {}})) as gw:
         assert gw.chat("auto:nonsense").status_code == 400
         assert gw.chat("auto:nonsense").json()["error"]["code"] == "invalid_model"
         assert gw.chat("fastco/no-such").status_code == 404
