@@ -27,6 +27,7 @@ from meshroute_middleware.app.run import StartupError, serve_gateway
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import MEMORY, StateStoreError
+from meshroute_middleware.telemetry.workers import WorkersDir, join_workers
 from node_agent.serving import ListenError, listen_socket
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -70,11 +71,12 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _serve_worker(settings: ServeSettings, parent: int) -> None:
+def _serve_worker(settings: ServeSettings, parent: int, run: WorkersDir, index: int) -> None:
     """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port."""
     _die_with(parent)
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
+        gateway.app = join_workers(gateway.telemetry, gateway.app, run, index)  # one view
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
                           gateway.config.every_secret())
         sock = listen_socket(settings.host, settings.port, reuse_port=True)
@@ -130,8 +132,10 @@ def run_workers(settings: ServeSettings) -> int:
              n, tracker_id, n - 1, settings.host, port, settings.router.policy,
              ",".join(map(str, gossip_ports)))
     context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
-    for cfg in configs:
-        child = context.Process(target=_serve_worker, args=(cfg, os.getpid()), daemon=False)
+    run = WorkersDir.create(n)  # metric files and event sockets: telemetry/workers.py
+    for index, cfg in enumerate(configs):
+        child = context.Process(target=_serve_worker, args=(cfg, os.getpid(), run, index),
+                                daemon=False)
         child.start()
         children.append(child)
 
@@ -147,6 +151,7 @@ def run_workers(settings: ServeSettings) -> int:
         while children:  # one worker gone for good ends the whole server
             ended = [c for c in children if not c.is_alive()]
             if ended:
+                run.ended(ended[0].pid or 0)
                 code = code or (ended[0].exitcode or 0)
                 stop(signal.SIGTERM, None)
                 for child in children:
@@ -155,4 +160,5 @@ def run_workers(settings: ServeSettings) -> int:
             time.sleep(0.2)
     finally:
         holder.close()
+        run.remove()
     return 0 if code in (0, -signal.SIGTERM) else 1
