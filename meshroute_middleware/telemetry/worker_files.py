@@ -53,7 +53,11 @@ def _file_kind(metric: Metric) -> str | None:
     return None
 
 
-def _rows(metric: Metric) -> Iterator[tuple[str, float]]:
+_Key = tuple[str, str, tuple[tuple[str, str], ...]]
+MAX_KEYS = 100_000  # mmap keys remembered (their JSON costs ~5 µs to build); then forgotten
+
+
+def _rows(metric: Metric, keys: dict[_Key, str]) -> Iterator[tuple[str, float]]:
     """(mmap key, value) of a family's samples as the multiprocess files keep them: counters
     without their `_created`, histograms per bucket (not cumulative) and their `_sum` (the
     merge adds the buckets up again and counts `_count` from them)."""
@@ -68,9 +72,15 @@ def _rows(metric: Metric) -> Iterator[tuple[str, float]]:
         if metric.type == "histogram" and sample.name.endswith("_bucket"):
             rest = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
             value, previous[rest] = value - previous.get(rest, 0.0), value
-        names = sorted(labels)
-        yield mmap_key(metric.name, sample.name, names, [labels[n] for n in names],
-                       metric.documentation), value
+        cached = (metric.name, sample.name, tuple(labels.items()))
+        key = keys.get(cached)
+        if key is None:
+            if len(keys) >= MAX_KEYS:
+                keys.clear()
+            names = sorted(labels)
+            key = keys[cached] = mmap_key(metric.name, sample.name, names,
+                                          [labels[n] for n in names], metric.documentation)
+        yield key, value
 
 
 class WorkerFiles:
@@ -78,20 +88,23 @@ class WorkerFiles:
 
     def __init__(self, directory: str | Path, pid: int) -> None:
         self.directory, self.pid = Path(directory), pid
-        self.writes = 0  # snapshots written
-        self._kinds: set[str] = set()  # the files this worker has written
+        self.writes = 0  # files written
+        self._written: dict[str, list[tuple[str, float]]] = {}  # by kind: what its file holds
+        self._keys: dict[_Key, str] = {}
 
     def write(self, families: Iterable[Metric], now: float) -> None:
-        """This worker's snapshot: one file per kind, each replaced whole."""
+        """This worker's snapshot: one file per kind, each replaced whole when it changed."""
         rows: dict[str, list[tuple[str, float]]] = {}
         for metric in families:
             kind = _file_kind(metric)
             if kind is not None:
-                rows.setdefault(kind, []).extend(_rows(metric))
-        self._kinds.update(rows)
-        for kind in self._kinds:  # a kind now empty: its file emptied too
-            self._replace(f"{kind}_{self.pid}.db", rows.get(kind, []), now)
-        self.writes += 1
+                rows.setdefault(kind, []).extend(_rows(metric, self._keys))
+        for kind in {*rows, *self._written}:  # a kind now empty: its file emptied too
+            new = rows.get(kind, [])
+            if self._written.get(kind) != new:
+                self._replace(f"{kind}_{self.pid}.db", new, now)
+                self._written[kind] = new
+                self.writes += 1
 
     def _replace(self, name: str, rows: list[tuple[str, float]], now: float) -> None:
         staging = self.directory / f".{name}.{os.getpid()}.tmp"  # not *.db: never merged
