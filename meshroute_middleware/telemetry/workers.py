@@ -39,6 +39,7 @@ log = logging.getLogger("meshroute.serve")
 COUNTS_MEMO_S = 0.05  # /v1/routing reads two counts at once: one merge serves both
 CLIENT_LABEL = "client"
 SHM = "/dev/shm"
+PREFIX = "meshroute-workers-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +166,10 @@ class WorkersDir:
         there is one (memory: a file rewrite there took 48 µs, 1.5 ms on this machine's
         ext4 /tmp: docs/benchmarks/workers.md), else the temporary directory."""
         shm = SHM if os.access(SHM, os.W_OK | os.X_OK) else None
-        return cls(Path(tempfile.mkdtemp(prefix="meshroute-workers-", dir=shm)), count)
+        path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=shm))
+        _sweep(path.parent)
+        (path / "parent").write_text(str(os.getpid()))
+        return cls(path, count)
 
     def ended(self, pid: int) -> None:
         """Worker `pid` ended: its live gauges leave the merge, its counters stay."""
@@ -175,6 +179,20 @@ class WorkersDir:
     def remove(self) -> None:
         """Every worker has ended: the directory goes."""
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _sweep(base: Path) -> None:
+    """Remove the directories of runs whose parent is gone (killed with SIGKILL, it could
+    not remove its own): this user's, whose `parent` process no longer exists."""
+    for old in base.glob(PREFIX + "*"):
+        try:
+            if old.stat().st_uid != os.getuid():
+                continue
+            os.kill(int((old / "parent").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (OSError, ValueError):  # another user's process, or a run still starting
+            continue
 
 
 class _Lifespan:

@@ -3,8 +3,13 @@ each worker is a WorkerFiles (or a Telemetry joined to the run's directory) of i
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+import pytest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -15,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from meshroute_middleware.core.objectives import COST, THROUGHPUT
 from meshroute_middleware.middleware import build_router
+from meshroute_middleware.telemetry import workers
 from meshroute_middleware.telemetry.metrics import Telemetry
 from meshroute_middleware.telemetry.requests import RequestTally
 from meshroute_middleware.telemetry.worker_files import WorkerFiles, without_label, worker_ended
@@ -140,3 +146,23 @@ def test_a_client_less_scrape_sums_each_clients_spend(tmp_path: Path) -> None:
     assert 'meshroute_client_requests_total{route="r",status="200"} 4.0' in text
     assert "alice" not in text
     assert 'client="alice"' in a.render(per_client=True).decode()
+
+
+def test_a_killed_runs_directory_is_swept_by_the_next_run(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(workers, "SHM", str(tmp_path / "none"))  # the temporary directory
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / (workers.PREFIX + "gone")
+    gone.mkdir()
+    (gone / "parent").write_text(str(dead.pid))
+    alive = tmp_path / (workers.PREFIX + "alive")
+    alive.mkdir()
+    (alive / "parent").write_text(str(os.getpid()))
+    run = workers.WorkersDir.create(2)
+    assert run.path.parent == tmp_path and (run.path / "parent").read_text() == str(os.getpid())
+    assert not gone.exists() and alive.exists()
+    run.remove()
+    assert not run.path.exists()
