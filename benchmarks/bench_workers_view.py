@@ -12,6 +12,10 @@ Per event, in one process, CPU time (the least of `--rounds` rounds):
 - `sibling ingest`: parsing a line and adding its events to a sibling's bus, per event.
 Per scrape: a worker's file snapshot (`sync`, every 0.5 s and before a scrape) and a whole
 render (sync + merge of two workers' files + exposition), with `--models` models' series.
+End to end (`--e2e-requests N`): CPU seconds per chat request summed over the workers of
+`meshroute serve --workers 2` (an instant in-process backend, 8 keep-alive clients), this
+checkout against `--old ROOT` (a checkout without the one-gateway view), rounds interleaved,
+the least of `--rounds` each.
 Writes benchmarks/results/workers_view.json.
 """
 
@@ -21,9 +25,13 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +114,81 @@ def metrics_costs(models: int, rounds: int) -> dict[str, float]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()]
+
+
+def e2e_cpu_per_request(root: Path, backend: str, requests: int, tmp: Path) -> float:
+    """CPU seconds per request, summed over the workers of a 2-worker gateway run from
+    `root`, for `requests` chat requests from 8 keep-alive clients."""
+    import httpx
+
+    from tests.upstream import free_port
+
+    nodes = tmp / "nodes.json"
+    nodes.write_text(json.dumps([{"node_id": "b", "model": "m", "start": 0, "end": 9,
+                                  "layers": 10, "url": backend, "tps": 10.0}]))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "meshroute_middleware.app.cli", "serve",
+                             "--workers", "2", "--port", str(port), "--no-mdns",
+                             "--nodes-file", str(nodes), "--log-level", "warning"], cwd=root)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(proc.pid)) < 2 or not _up(url):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.2)
+        time.sleep(2)  # start-up work (gossip's first rounds) out of the way
+        workers = _children(proc.pid)
+        before = sum(_cpu(w) for w in workers)
+
+        def client(n: int) -> None:
+            with httpx.Client(base_url=url, timeout=30) as c:
+                for _ in range(n):
+                    c.post("/v1/chat/completions", json=body).raise_for_status()
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(client, [requests // 8] * 8))
+        return (sum(_cpu(w) for w in workers) - before) / (requests // 8 * 8)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def _up(url: str) -> bool:
+    import httpx
+    try:
+        return httpx.get(url + "/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def e2e(old: Path, requests: int, rounds: int) -> dict[str, float]:
+    from tests.upstream import FakeChat, ServerThread
+
+    here = Path(__file__).resolve().parent.parent
+    best = {"e2e_view_cpu_per_request_s": float("inf"),
+            "e2e_old_cpu_per_request_s": float("inf")}
+    tmp = Path(tempfile.mkdtemp(prefix="mr-e2e-"))
+    try:
+        with ServerThread(FakeChat("b", tokens=5).app()) as up:
+            for _ in range(rounds):
+                for key, root in (("e2e_view_cpu_per_request_s", here),
+                                  ("e2e_old_cpu_per_request_s", old)):
+                    best[key] = min(best[key], e2e_cpu_per_request(root, up.url, requests, tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=20000)
@@ -113,6 +196,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--models", type=int, default=100)
     parser.add_argument("--single-only", action="store_true")
+    parser.add_argument("--e2e-requests", type=int, default=0)
+    parser.add_argument("--old", type=Path, help="a checkout without the view (--e2e-requests)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -121,6 +206,8 @@ def main() -> None:
     if not args.single_only:
         result.update(worker_costs(args.events, args.rounds, args.batch))
         result.update(metrics_costs(args.models, args.rounds))
+    if args.e2e_requests and args.old:
+        result.update(e2e(args.old, args.e2e_requests, args.rounds))
     for key, value in result.items():
         if key.endswith("_s"):
             print(f"{key:20} {value * 1e6:10.2f} µs")

@@ -1,17 +1,17 @@
 """Every worker's events on every worker's event stream (`meshroute serve --workers N`).
 
 Each worker listens on a Unix socket in the run's private directory (`events-I.sock`) and
-keeps a connection to each sibling's. What it publishes goes, once per batch of the loop, as
-one line of JSON (a list of events) to every sibling, which adds them to its own bus: its
+keeps a connection to each sibling's. What it publishes goes, every FLUSH_S (20 ms), as one
+line of JSON (a list of events) to every sibling, which adds them to its own bus: its
 history and its subscribers then hold every worker's events. Each event names its `worker`
 (the index I of the `-wI` tracker id); ids stay unique across the workers (`id = n × count +
 worker`, n a Lamport counter: above every id the worker has seen), so `?since=` and
 `Last-Event-ID` work whichever worker a reconnecting client reaches.
 
 The request path only appends the event to an outbox; rendering, encoding and writing run
-in the batch's callback. A sibling not connected yet (starting) or behind gets the lines
-queued, up to MAX_QUEUED_BYTES; past that the newest miss it, counted in
-`meshroute_worker_events_dropped_total`.
+once per FLUSH_S for every event published meanwhile. A sibling not connected yet (starting)
+or behind gets the lines queued, up to MAX_QUEUED_BYTES; past that the newest miss it,
+counted in `meshroute_worker_events_dropped_total`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ log = logging.getLogger("meshroute.serve")
 MAX_QUEUED_BYTES = 4 * 1024 * 1024  # per sibling: ~10,000 events of ~400 bytes
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer line from a sibling ends its connection
 RETRY_S = (0.05, 1.0)  # reconnecting to a sibling: first wait, longest wait
+# Events go to the siblings at most this long after they were published, in one line: one
+# write and one wake-up of each sibling per FLUSH_S under load, not one per event.
+FLUSH_S = 0.02
 
 
 class WorkerEventBus(EventBus):
@@ -201,7 +204,7 @@ class Relay:
             nonlocal scheduled
             if not scheduled:
                 scheduled = True
-                loop.call_soon(flush)
+                loop.call_later(FLUSH_S, flush)
 
         self.bus.on_outbox = wake
         self.flush()  # what was published before the loop ran
