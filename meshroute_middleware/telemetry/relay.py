@@ -46,6 +46,7 @@ RETRY_S = (0.05, 1.0)  # reconnecting to a sibling: first wait, longest wait
 # Events go to the siblings at most this long after they were published, in one line: one
 # write and one wake-up of each sibling per FLUSH_S under load, not one per event.
 FLUSH_S = 0.02
+MAX_OUTBOX = 10_000  # events waiting for the relay (it is not running: starting, or failed)
 
 
 class WorkerEventBus(EventBus):
@@ -59,6 +60,7 @@ class WorkerEventBus(EventBus):
         self._seq = 0
         self.outbox: list[Entry] = []  # published here, not yet sent to the siblings
         self.on_outbox: Callable[[], None] | None = None  # the relay's wake-up
+        self.unsent = 0  # events past MAX_OUTBOX, never sent
 
     @classmethod
     def replacing(cls, bus: EventBus, worker: int, count: int) -> WorkerEventBus:
@@ -76,6 +78,9 @@ class WorkerEventBus(EventBus):
     def publish_lazy(self, kind: str, render: Callable[[Any], Payload], content: Any) -> None:
         entry: Entry = (self._next_id(), kind, time.time(), self._render_here, (render, content))
         self._add(entry)
+        if len(self.outbox) >= MAX_OUTBOX:  # no relay running (yet): bounded all the same
+            self.unsent += 1
+            return
         self.outbox.append(entry)
         if len(self.outbox) == 1 and self.on_outbox is not None:
             self.on_outbox()
@@ -191,8 +196,13 @@ class Relay:
     async def run(self) -> None:
         """Serve this worker's socket and keep a connection to each sibling until cancelled."""
         loop = asyncio.get_running_loop()
-        self.path.unlink(missing_ok=True)  # a worker before this one, under this index
-        server = await loop.create_unix_server(lambda: _Inbound(self.bus), str(self.path))
+        try:
+            self.path.unlink(missing_ok=True)  # a worker before this one, under this index
+            server = await loop.create_unix_server(lambda: _Inbound(self.bus), str(self.path))
+        except OSError as exc:  # e.g. a socket path past the system's 108 bytes
+            log.warning("worker events: cannot listen on %s (%s): its event streams show "
+                        "its own events only", self.path, exc)
+            return
         scheduled = False
 
         def flush() -> None:
@@ -255,5 +265,5 @@ class Relay:
         dropped = CounterMetricFamily("meshroute_worker_events_dropped",
                                       "Events a sibling worker did not get (its connection "
                                       "was down or behind for too long)")
-        dropped.add_metric([], self.dropped)
+        dropped.add_metric([], self.dropped + self.bus.unsent)
         yield dropped

@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshroute_middleware.core.objectives import OBJECTIVES
 from meshroute_middleware.telemetry.metrics import Telemetry
 from meshroute_middleware.telemetry.relay import Relay, WorkerEventBus
 from meshroute_middleware.telemetry.worker_files import (
@@ -115,7 +116,7 @@ class WorkerMetrics:
         counts = GatewayCounts(_by_label(merged.get("meshroute_requests"), "result",
                                          ("answered", "failed")),
                                _by_label(merged.get("meshroute_objective_requests"),
-                                         "objective", tuple(telemetry._objectives)))
+                                         "objective", OBJECTIVES))
         self._counts = (now, counts)
         return counts
 

@@ -133,3 +133,15 @@ async def test_a_sibling_that_never_comes_costs_a_bounded_queue(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_without_a_running_relay_the_outbox_stays_bounded(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_module, "MAX_OUTBOX", 3)
+    bus = WorkerEventBus(0, 2)
+    relay = Relay(bus, run_dir, 0, 2)
+    for n in range(5):
+        bus.publish("outcome", {"n": n})
+    assert len(bus.outbox) == 3 and len(bus.history()) == 5  # its own subscribers get all
+    samples = {s.name: s.value for m in relay.metric_families() for s in m.samples}
+    assert samples["meshroute_worker_events_dropped_total"] == 2
