@@ -61,6 +61,7 @@ class WorkerEventBus(EventBus):
         self.outbox: list[Entry] = []  # published here, not yet sent to the siblings
         self.on_outbox: Callable[[], None] | None = None  # the relay's wake-up
         self.unsent = 0  # events past MAX_OUTBOX, never sent
+        self._render = self._render_here  # one bound method, not one per event
 
     @classmethod
     def replacing(cls, bus: EventBus, worker: int, count: int) -> WorkerEventBus:
@@ -68,7 +69,7 @@ class WorkerEventBus(EventBus):
         gateway was built: a nodes file's nodes), renumbered."""
         new = cls(worker, count, bus.history_size, bus.max_subscribers)
         for _, kind, ts, render, content in bus.entries():
-            new._add((new._next_id(), kind, ts, new._render_here, (render, content)))
+            new._add((new._next_id(), kind, ts, new._render, (render, content)))
         return new
 
     def _next_id(self) -> int:
@@ -76,7 +77,7 @@ class WorkerEventBus(EventBus):
         return self._seq * self.count + self.worker
 
     def publish_lazy(self, kind: str, render: Callable[[Any], Payload], content: Any) -> None:
-        entry: Entry = (self._next_id(), kind, time.time(), self._render_here, (render, content))
+        entry: Entry = (self._next_id(), kind, time.time(), self._render, (render, content))
         self._add(entry)
         if len(self.outbox) >= MAX_OUTBOX:  # no relay running (yet): bounded all the same
             self.unsent += 1
