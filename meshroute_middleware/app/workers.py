@@ -29,6 +29,7 @@ from meshroute_middleware.app.run import RELAYED_CTRL_C, StartupError, serve_gat
 from meshroute_middleware.app.settings import ServeSettings, SettingsError
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import MEMORY, StateStoreError
+from meshroute_middleware.telemetry.workers import WorkersDir, join_workers
 from node_agent.serving import ListenError, listen_socket
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -73,7 +74,7 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _serve_worker(settings: ServeSettings, parent: int,
+def _serve_worker(settings: ServeSettings, parent: int, run: WorkersDir, index: int,
                   reread: Callable[[], ServeSettings] | None = None) -> None:
     """One worker process: its own gateway on its own SO_REUSEPORT socket of the shared port;
     SIGHUP (relayed by the parent) reloads its config, SIGTERM drains it."""
@@ -84,6 +85,7 @@ def _serve_worker(settings: ServeSettings, parent: int,
     signal.signal(RELAYED_CTRL_C, lambda signum, frame: os._exit(0))
     try:
         gateway = build_gateway(GatewayConfig.build(settings, os.environ))
+        gateway.app = join_workers(gateway.telemetry, gateway.app, run, index)  # one view
         configure_logging(settings.log_level,  # with this worker's keys scrubbed
                           gateway.config.every_secret(), settings.log_format)
         sock = listen_socket(settings.host, settings.port, reuse_port=True)
@@ -154,8 +156,10 @@ def run_workers(settings: ServeSettings,
              ",".join(map(str, gossip_ports)))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while the workers start: lost
     context = multiprocessing.get_context("fork")  # no event loop exists yet to inherit
-    for cfg in configs:
-        child = context.Process(target=_serve_worker, args=(cfg, os.getpid(), reread),
+    run = WorkersDir.create(n)  # metric files and event sockets: telemetry/workers.py
+    for index, cfg in enumerate(configs):
+        child = context.Process(target=_serve_worker,
+                                args=(cfg, os.getpid(), run, index, reread),
                                 daemon=False)
         child.start()
         children.append(child)
@@ -184,6 +188,7 @@ def run_workers(settings: ServeSettings,
         while children:  # one worker gone for good ends the whole server
             ended = [c for c in children if not c.is_alive()]
             if ended:
+                run.ended(ended[0].pid or 0)
                 code = code or (ended[0].exitcode or 0)
                 stop(signal.SIGTERM, None)
                 for child in children:  # a draining worker: its streams' time, and more
@@ -192,4 +197,5 @@ def run_workers(settings: ServeSettings,
             time.sleep(0.2)
     finally:
         holder.close()
+        run.remove()
     return 0 if code in (0, -signal.SIGTERM) else 1

@@ -24,14 +24,17 @@ MAX_SUBSCRIBERS = 64  # open /v1/routing/events streams; docs/benchmarks.md "Bou
 Payload = dict[str, Any]
 T = TypeVar("T")
 # (id, type, ts, render, content): the event is {"type", "id", "ts", **render(content)}
-_Entry = tuple[int, str, float, Callable[[Any], Payload], Any]
+Entry = tuple[int, str, float, Callable[[Any], Payload], Any]
+_NONE: frozenset[int] = frozenset()
 
 
-def _same(payload: Payload) -> Payload:
+def as_is(payload: Payload) -> Payload:
+    """A render for a payload that is its own fields."""
     return payload
 
 
-def _materialize(entry: _Entry) -> Payload:
+def materialize(entry: Entry) -> Payload:
+    """An event as its subscribers get it."""
     event_id, kind, ts, render, content = entry
     return {"type": kind, "id": event_id, "ts": ts, **render(content)}
 
@@ -39,27 +42,37 @@ def _materialize(entry: _Entry) -> Payload:
 class _Subscriber:
     """One open stream: its buffer of events, a wake-up, and whether it was closed."""
 
-    __slots__ = ("buffer", "closed", "wake")
+    __slots__ = ("buffer", "closed", "skip", "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, skip: frozenset[int]) -> None:
         self.buffer: deque[Payload] = deque()
         self.wake = asyncio.Event()
         self.closed = False
+        self.skip = skip  # events it will get twice: in its history, then from its buffer
 
 
 class EventBus:
     """Publish is synchronous, O(1) and never blocks; fan-out happens off the request path."""
 
     def __init__(self, history: int = HISTORY, max_subscribers: int = MAX_SUBSCRIBERS) -> None:
-        self._history: deque[_Entry] = deque(maxlen=history)
+        self._history: deque[Entry] = deque(maxlen=history)
         self._subscribers: dict[_Subscriber, None] = {}  # insertion order: oldest first
         self.max_subscribers = max_subscribers
         self._last_id = 0
-        self._pending: deque[_Entry] = deque()  # published, not yet handed to subscribers
+        self._pending: deque[Entry] = deque()  # published, not yet handed to subscribers
         self._scheduled = False
         self.closed = False  # a stopping server: no subscription stays open
         self.dropped = 0  # events a slow subscriber missed (exported as a metric)
         self.subscribers_dropped = 0  # streams closed to make room (exported as a metric)
+
+    @property
+    def history_size(self) -> int:
+        """How many events the history keeps."""
+        return self._history.maxlen or 0
+
+    def entries(self) -> list[Entry]:
+        """The history as kept (events not rendered yet)."""
+        return list(self._history)
 
     @property
     def subscriber_count(self) -> int:
@@ -68,14 +81,17 @@ class EventBus:
 
     def publish(self, kind: str, payload: Payload) -> None:
         """Add an event (`type`, `id`, `ts` are filled in); subscribers get it soon after."""
-        self.publish_lazy(kind, _same, payload)
+        self.publish_lazy(kind, as_is, payload)
 
     def publish_lazy(self, kind: str, render: Callable[[T], Payload], content: T) -> None:
         """Add an event whose fields are `render(content)`, computed only when it is read.
         `content` must not change afterwards: a tuple of atoms is best (the history keeps it,
         and the garbage collector stops scanning such a tuple)."""
         self._last_id += 1
-        entry: _Entry = (self._last_id, kind, time.time(), render, content)
+        self._add((self._last_id, kind, time.time(), render, content))
+
+    def _add(self, entry: Entry) -> None:
+        """Keep an event and queue it for the subscribers."""
         self._history.append(entry)
         if not self._subscribers:
             return
@@ -94,7 +110,7 @@ class EventBus:
     def _fan_out(self) -> None:
         """Hand every event published since the last call to every subscriber (one batch)."""
         self._scheduled = False
-        batch = [_materialize(e) for e in self._pending]
+        batch = [materialize(e) for e in self._pending]
         self._pending.clear()
         for sub in self._subscribers:
             overflow = len(sub.buffer) + len(batch) - QUEUE
@@ -115,7 +131,7 @@ class EventBus:
 
     def history(self, since_id: int = 0) -> list[Payload]:
         """Events kept in memory with an id above `since_id`."""
-        return [_materialize(e) for e in self._history if e[0] > since_id]
+        return [materialize(e) for e in self._history if e[0] > since_id]
 
     def _join(self) -> _Subscriber:
         while len(self._subscribers) >= self.max_subscribers > 0:
@@ -124,25 +140,25 @@ class EventBus:
             oldest.closed = True
             oldest.wake.set()
             self.subscribers_dropped += 1
-        sub = _Subscriber()
+        # published before it joined, not yet handed out: its history has them already
+        sub = _Subscriber(frozenset(e[0] for e in self._pending) if self._pending else _NONE)
         sub.closed = self.closed
         self._subscribers[sub] = None
         return sub
 
     async def subscribe(self, since_id: int = 0) -> AsyncIterator[Payload]:
         """The history after `since_id`, then live events, until the consumer stops or a
-        newer subscriber past the cap closes this one."""
+        newer subscriber past the cap closes this one. Ids need not arrive in order (a
+        worker of several gets its siblings' events a moment late: relay.py)."""
         sub = self._join()
         try:
-            last = since_id
             for event in self.history(since_id):
-                last = event["id"]
                 yield event
+            skip = sub.skip
             while not sub.closed:
                 while sub.buffer:
                     event = sub.buffer.popleft()
-                    if event["id"] > last:
-                        last = event["id"]
+                    if event["id"] > since_id and event["id"] not in skip:
                         yield event
                 sub.wake.clear()
                 if not sub.buffer and not sub.closed:

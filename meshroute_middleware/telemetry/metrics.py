@@ -16,7 +16,7 @@ Every event names the request's `objective` (issue 26: `throughput`, `ttft` or `
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,7 +40,15 @@ from meshroute_middleware.telemetry.events import EventBus, Payload
 from meshroute_middleware.telemetry.requests import RequestTally
 from meshroute_middleware.telemetry.services import ServiceStates
 
+if TYPE_CHECKING:
+    from meshroute_middleware.telemetry.workers import WorkerMetrics
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Families every worker of `--workers N` knows alike (learned and shared state): a scrape shows
+# the answering worker's; every other family is each worker's own, merged (worker_files.py).
+SHARED_FAMILIES = frozenset({"meshroute_route_tps", "meshroute_route_weight", "meshroute_nodes",
+                             "meshroute_topology_epoch", "meshroute_provider_key_state",
+                             "meshroute_provider_key_wait_seconds"})
 
 
 class _RouterCollector(Collector):
@@ -234,7 +242,7 @@ class Telemetry:
         self.rejected: dict[str, int] = {}  # source -> n
         self.rejected_by: dict[tuple[str, str], int] = {}  # (source, reason kind) -> n
         # chat requests routed, by the objective they asked for (issue 26; /v1/routing)
-        self.objectives: dict[str, int] = dict.fromkeys(OBJECTIVES, 0)
+        self._objectives: dict[str, int] = dict.fromkeys(OBJECTIVES, 0)
         self.services = ServiceStates()  # the supervised background services (/healthz)
         self.in_flight = 0  # chat requests being served
         # Chat requests by what their client got; kept by the MeshRouteMiddleware that
@@ -242,12 +250,24 @@ class Telemetry:
         self.requests: RequestTally | None = None
         # (when, exposition), by whether it holds per-client series
         self._rendered: dict[bool, tuple[float, bytes]] = {}
-        self.registry.register(_RouterCollector(router))
-        self.registry.register(_CallbackCollector(self._families))
+        self._learned = _RouterCollector(router)
+        self._collectors: list[Collector] = [_CallbackCollector(self._families)]
+        self.registry.register(self._learned)
+        self.registry.register(self._collectors[0])
         # series labelled by client, for the admin and loopback, and their sums without the
         # label for everyone else (docs/security.md, "Who sees spend")
         self._per_client = CollectorRegistry()
         self._aggregate = CollectorRegistry()
+        self._client_collectors: list[Collector] = []
+        # a worker of `--workers N`: /metrics and /v1/routing's counts are every worker's
+        self.workers: WorkerMetrics | None = None
+
+    @property
+    def objectives(self) -> dict[str, int]:
+        """Chat requests routed, by the objective they asked for: the whole gateway's."""
+        if self.workers is not None:
+            return self.workers.counts(self).objectives
+        return self._objectives
 
     def _families(self) -> Iterator[Metric]:
         yield _counter("meshroute_decisions", "Routing decisions", ["model", "mode"],
@@ -258,6 +278,13 @@ class Telemetry:
                        "Failures of a route head before its first byte", ["kind"],
                        self.forward_errors)
         yield _rejected(self.rejected_by)
+        if self.requests is not None:
+            yield _counter("meshroute_requests", "Chat requests by what their client got: "
+                           "answered (a 200 that did not end in an error) or failed",
+                           ["result"], self.requests.to_local_dict())
+        yield _counter("meshroute_objective_requests",
+                       "Chat requests routed, by the objective they asked for", ["objective"],
+                       self._objectives)
         yield from self.services.metric_families()
         yield _counter("meshroute_events_dropped",
                        "Events a slow /v1/routing/events subscriber missed", [],
@@ -275,18 +302,33 @@ class Telemetry:
 
     def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
         """Export more metrics (gossip, discovery) computed at scrape time."""
-        self.registry.register(_CallbackCollector(produce))
+        collector = _CallbackCollector(produce)
+        self._collectors.append(collector)
+        self.registry.register(collector)
 
     def add_client_collector(self, per_client: Callable[[], Iterable[Metric]],
                              aggregate: Callable[[], Iterable[Metric]]) -> None:
         """Export series labelled by client (`per_client`), shown only to whom may see each
         client's spend; everyone else gets `aggregate`, the same sums without the label."""
-        self._per_client.register(_CallbackCollector(per_client))
+        collector = _CallbackCollector(per_client)
+        self._client_collectors.append(collector)
+        self._per_client.register(collector)
         self._aggregate.register(_CallbackCollector(aggregate))
+
+    def own_families(self) -> tuple[list[Metric], list[Metric]]:
+        """(this process's own families, each client's spend): what a worker of `--workers N`
+        counts itself, as opposed to the SHARED_FAMILIES every worker knows alike."""
+        own = [m for c in self._collectors for m in c.collect() if m.name not in SHARED_FAMILIES]
+        return own, [m for c in self._client_collectors for m in c.collect()]
+
+    def shared_families(self) -> list[Metric]:
+        """The SHARED_FAMILIES, as this process knows them."""
+        return [*self._learned.collect(),
+                *(m for c in self._collectors for m in c.collect() if m.name in SHARED_FAMILIES)]
 
     def asked(self, objective: Objective) -> None:
         """A chat request is routed by `objective`."""
-        self.objectives[objective] += 1
+        self._objectives[objective] += 1
 
     def decided(self, decision: Decision) -> None:
         """A route was selected for an attempt."""
@@ -351,12 +393,17 @@ class Telemetry:
 
     def render(self, per_client: bool = True) -> bytes:
         """The Prometheus text exposition; without `per_client`, the client collectors'
-        series summed over clients (no `client` label)."""
+        series summed over clients (no `client` label). A worker's: every worker's."""
+        if self.workers is not None:
+            return self.workers.render(self, per_client)
         return generate_latest(self.registry) + generate_latest(
             self._per_client if per_client else self._aggregate)
 
     def render_cached(self, now: float, max_age_s: float, per_client: bool = True) -> bytes:
-        """The exposition, computed again only when the last one is `max_age_s` old."""
+        """The exposition, computed again only when the last one is `max_age_s` old (a
+        worker's: the last one any worker computed, so that no scrape goes back in time)."""
+        if self.workers is not None:
+            return self.workers.render_cached(self, now, max_age_s, per_client)
         last = self._rendered.get(per_client)
         if last is None or not 0 <= now - last[0] < max_age_s:
             last = self._rendered[per_client] = (now, self.render(per_client))

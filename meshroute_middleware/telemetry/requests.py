@@ -5,6 +5,8 @@ An attempt that failed and fell back to another route is no failed request."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.types import Message, Send
 
 SSE_ERROR = b'data: {"error"'  # core.contracts.error_body.sse_error_event's first bytes
@@ -20,14 +22,22 @@ def answered(status: int, tail: bytes) -> bool:
 class RequestTally:
     """Answered and failed chat requests since start."""
 
-    __slots__ = ("answered", "failed")
+    __slots__ = ("answered", "failed", "gateway")
 
     def __init__(self) -> None:
         self.answered = 0
         self.failed = 0
+        # the whole gateway's counts where this process is one worker of several
+        self.gateway: Callable[[], dict[str, int]] | None = None
 
     def to_dict(self) -> dict[str, int]:
-        """The counts as /v1/routing shows them."""
+        """The counts as /v1/routing shows them: the whole gateway's."""
+        if self.gateway is not None:
+            return self.gateway()
+        return self.to_local_dict()
+
+    def to_local_dict(self) -> dict[str, int]:
+        """This process's own counts."""
         return {"answered": self.answered, "failed": self.failed}
 
     def watch(self, send: Send) -> Watch:
