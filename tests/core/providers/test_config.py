@@ -152,7 +152,7 @@ BAD = [
 
 
 @pytest.mark.parametrize(("path", "value", "message"), BAD,
-                         ids=[f"{p}={v!r}" for p, v, _ in BAD])
+                         ids=[f"{p}={v!r}" if v is not _DEL else f"{p} deleted" for p, v, _ in BAD])
 def test_refusals_name_the_table_and_key(path: str, value: Any, message: str) -> None:
     doc = copy.deepcopy(minimal())
     _set(doc, path, value)
