@@ -1,6 +1,7 @@
 """meshroute's own CPU per chat request, in-process (no sockets, no HTTP server):
 
   python benchmarks/bench_overhead.py [--requests 5000] [--rounds 5] [--clock cpu|wall]
+      [--gc default|settled]
 
 - middleware: the instant chat app alone vs behind MeshRouteMiddleware (annotate mode);
 - gateway: a bare pass-through vs the `meshroute serve` app, both forwarding to the same
@@ -15,7 +16,10 @@ unkeyed measured in the same round), and the ratio of the fastest rounds (other 
 machine only adds time, so the fastest round of each is the least disturbed). The clock is
 this process's CPU time by default (`--clock wall`: elapsed time): on a machine other work
 loads, elapsed time counts the other work's share of the CPU too. A keyed gateway's usage
-written behind (chat/ledger.py) is flushed inside the measured time.
+written behind (chat/ledger.py) is flushed inside the measured time. `--gc settled` sets the
+collector up as `meshroute serve --gc python` does once it has started (app/run.py
+`settle_heap`: the start-up heap frozen, full collections rarer); the default leaves
+CPython's.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._apps import chat, wrapped  # noqa: E402
 from meshroute_middleware.app.gateway import build_gateway  # noqa: E402
+from meshroute_middleware.app.run import settle_heap  # noqa: E402
 from meshroute_middleware.app.settings import ServeSettings  # noqa: E402
 from meshroute_middleware.core import parse_node  # noqa: E402
 from meshroute_middleware.core.clients import ClientTable, key_digest  # noqa: E402
@@ -135,7 +140,7 @@ async def per_request_us(app: Any, n: int, clock: Callable[[], float] = time.per
 KEYED = ("gateway keyed (no limits)", "gateway keyed (limits)")
 
 
-async def measure(requests: int, rounds: int, clock: str = "cpu"
+async def measure(requests: int, rounds: int, clock: str = "cpu", gc: str = "default"
                   ) -> tuple[dict[str, float], dict[str, float]]:
     """Median µs per request of each variant, and the median over rounds of each keyed
     variant's ratio to the unkeyed gateway measured in the same round (a round's ratio
@@ -156,6 +161,8 @@ async def measure(requests: int, rounds: int, clock: str = "cpu"
         "gateway keyed (limits)": (Keyed(limits), flush_limits)}
     for app, finish in apps.values():
         await per_request_us(app, 500, finish=finish)  # warm up: caches, first enumeration
+    if gc == "settled":
+        settle_heap()
     samples: dict[str, list[float]] = {name: [] for name in apps}
     names = list(apps)
     for r in range(rounds):  # each round starts one variant later: no variant always last
@@ -180,11 +187,14 @@ def main() -> int:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                         help="cpu: this process's CPU time (default; a loaded machine's other "
                         "work does not count); wall: elapsed time")
+    parser.add_argument("--gc", choices=("default", "settled"), default="default",
+                        help="settled: the collector as `meshroute serve --gc python` sets "
+                        "it (start-up heap frozen, full collections rarer)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks/results/overhead.json"))
     args = parser.parse_args()
-    res, keyed = asyncio.run(measure(args.requests, args.rounds, args.clock))
+    res, keyed = asyncio.run(measure(args.requests, args.rounds, args.clock, args.gc))
     what = "CPU time" if args.clock == "cpu" else "wall time"
-    print(f"\nclock: {what} of this process (--clock {args.clock})")
+    print(f"\nclock: {what} of this process (--clock {args.clock}); --gc {args.gc}")
     print(f"\n| in-process | µs per request ({what}) |\n|---|---:|")
     for name, us in res.items():
         print(f"| {name} | {us:.1f} |")
@@ -193,9 +203,10 @@ def main() -> int:
     print(f"| middleware's own cost | {mw:.1f} |\n| gateway's own cost | {gw:.1f} |")
     for name, ratio in keyed.items():
         print(f"| {name} | {ratio:.2f}× |")
-    Path(args.json).write_text(json.dumps({"clock": args.clock, "us_per_request": res,
-                                           "middleware_cost_us": mw, "gateway_cost_us": gw,
-                                           "keyed_ratio": keyed}, indent=2))
+    Path(args.json).write_text(json.dumps({"clock": args.clock, "gc": args.gc,
+                                           "us_per_request": res, "middleware_cost_us": mw,
+                                           "gateway_cost_us": gw, "keyed_ratio": keyed},
+                                          indent=2))
     return 0
 
 

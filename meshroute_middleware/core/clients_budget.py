@@ -21,7 +21,6 @@ key: the UTC day number). A store loads the rows one decision reads into a fresh
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,12 +63,13 @@ class _ClientRow:
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
     inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
-    rolled_at: float = -math.inf  # rolling twice at one `now` changes nothing: done once
+    rolled: int = -1  # the second of the last roll (as Window's: once per second)
 
     def roll(self, now: float) -> None:
-        if now == self.rolled_at:
+        second = int(now // 1)
+        if second == self.rolled:
             return
-        self.rolled_at = now
+        self.rolled = second
         self.window.roll(now)
         if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
             held = self.window.inflight

@@ -30,12 +30,20 @@ class Window:
     day_requests: int = 0
     day_tokens: int = 0
     inflight: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (tokens, at)
+    rolled: int = -1  # the second of the last roll
 
     def roll(self, now: float) -> None:
+        """Drop what left the minute, reservations past INFLIGHT_TTL_S, and a past day's
+        counts; once per second (buckets and days change on whole seconds; a reservation
+        then expires up to a second late, never early)."""
+        second = int(now // 1)
+        if second == self.rolled:
+            return
+        self.rolled = second
         for buckets in (self.requests, self.tokens):  # oldest first: seconds come in order
             while buckets:
                 first = next(iter(buckets))
-                if leaves(first) > now:
+                if first + 1 + MINUTE_S > now:  # leaves(first), inline: rolled per request
                     break
                 del buckets[first]
         while self.inflight:  # oldest first: reservation ids grow with time
