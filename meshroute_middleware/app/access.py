@@ -115,6 +115,8 @@ class AccessLog:
             return message
 
         async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start" and record.client() is not None:
+                seen.metered = True  # its tokens come from the client's meter (AccessCounters)
             seen.take(message, self.clock)
             await send(message)
         try:
@@ -162,7 +164,7 @@ class _Line:
 class _Seen:
     """What the client was sent: status, route, attempts, first byte, an error's body."""
 
-    __slots__ = ("attempts", "error", "meter", "route", "start", "status", "ttfb_ms")
+    __slots__ = ("attempts", "error", "meter", "metered", "route", "start", "status", "ttfb_ms")
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -172,6 +174,7 @@ class _Seen:
         self.ttfb_ms: int | None = None
         self.meter: TokenMeter | None = None
         self.error: bytearray | None = None  # an error answer's body, up to _MAX_ERROR_BODY
+        self.metered = False  # a client's request: no counting here
 
     def take(self, message: Message, clock: Callable[[], float]) -> None:
         if message["type"] == "http.response.start":
@@ -186,7 +189,7 @@ class _Seen:
                     self.attempts = int(value)
             if self.status >= 400:
                 self.error = bytearray()
-            else:
+            elif not self.metered:
                 self.meter = TokenMeter(streaming=is_sse(headers))
         elif message["type"] == "http.response.body":
             body = message.get("body", b"")
