@@ -35,15 +35,28 @@ _H_ATTEMPTS = b"x-meshroute-attempts"
 
 
 class AccessRecord:
-    """What one request's access line says, filled in as the request is served."""
+    """One request being served: what its access line will say, filled in as it passes. It
+    is the `send` the app is given (and `receive` its bound method): one object per open
+    stream (tests/chat/test_stream_footprint.py counts them)."""
 
-    __slots__ = ("body", "completion_tokens", "prompt_tokens", "state")
+    __slots__ = ("_receive", "_send", "attempts", "body", "clock", "completion_tokens",
+                 "error", "meter", "prompt_tokens", "route", "start", "state", "status",
+                 "ttfb_ms")
 
-    def __init__(self, state: dict[str, Any]) -> None:
+    def __init__(self, state: dict[str, Any], receive: Receive, send: Send,
+                 clock: Callable[[], float]) -> None:
         self.state = state  # the scope's: the client, once authenticated
-        self.body: list[bytes] = []
+        self._receive, self._send, self.clock = receive, send, clock
+        self.start = clock()
+        self.body = b""  # the request body as it arrived (its `model`)
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.status = 0
+        self.route: str | None = None
+        self.attempts = 0
+        self.ttfb_ms: int | None = None
+        self.meter: TokenMeter | None = None  # a request of no client: its answer counted
+        self.error: bytearray | None = None  # an error answer's body, up to _MAX_ERROR_BODY
 
     def client(self) -> str | None:
         found = self.state.get(CLIENT_STATE)
@@ -51,11 +64,66 @@ class AccessRecord:
 
     def model(self) -> str | None:
         try:
-            body = orjson.loads(b"".join(self.body))
+            body = orjson.loads(self.body)
         except orjson.JSONDecodeError:
             return None
         model = body.get("model") if isinstance(body, dict) else None
         return model if isinstance(model, str) else None
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.body += message.get("body", b"")
+        return message
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._started(message)
+        elif message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            if self.ttfb_ms is None and body:
+                self.ttfb_ms = round((self.clock() - self.start) * 1000)
+            if self.meter is not None:
+                self.meter.feed(body)
+            elif self.error is not None and len(self.error) < _MAX_ERROR_BODY:
+                self.error += body
+        await self._send(message)
+
+    def _started(self, message: Message) -> None:
+        self.status = int(message["status"])
+        headers = message.get("headers", ())
+        for name, value in headers:
+            if name == _H_ROUTE:
+                self.route = value.decode("latin-1")
+            elif name == _H_TRIED and not self.attempts:
+                self.attempts = len([t for t in value.split(b",") if t.strip()])
+            elif name == _H_ATTEMPTS and value.isdigit():
+                self.attempts = int(value)
+        if self.route is not None and not self.attempts:
+            self.attempts = 1
+        if self.status >= 400:
+            self.error = bytearray()
+        elif self.client() is None:  # a client's tokens come from its meter (AccessCounters)
+            self.meter = TokenMeter(streaming=is_sse(headers))
+
+    def _error(self) -> dict[str, Any]:
+        if not self.error:
+            return {}
+        try:
+            body = orjson.loads(bytes(self.error))
+        except orjson.JSONDecodeError:
+            return {}
+        error = body.get("error") if isinstance(body, dict) else None
+        return error if isinstance(error, dict) else {}
+
+    def error_code(self) -> str | None:
+        error = self._error()
+        code = error.get("code") or error.get("type")
+        return code if isinstance(code, str) else None
+
+    def error_message(self) -> str:
+        message = self._error().get("message")
+        return message if isinstance(message, str) else ""
 
 
 ACCESS: ContextVar[AccessRecord | None] = ContextVar("meshroute_access", default=None)
@@ -104,47 +172,35 @@ class AccessLog:
         state = scope.get("state")
         if not isinstance(state, dict):
             scope["state"] = state = {}
-        record = AccessRecord(state)
+        record = AccessRecord(state, receive, send, self.clock)
         token = ACCESS.set(record)
-        seen = _Seen(self.clock())
-
-        async def receiving() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                record.body.append(message.get("body", b""))
-            return message
-
-        async def sending(message: Message) -> None:
-            seen.take(message, self.clock)
-            await send(message)
         try:
-            await self.app(scope, receiving, sending)
+            await self.app(scope, record.receive, record)
         finally:
             ACCESS.reset(token)
-            self._done(scope, record, seen)
+            self._done(scope, record)
 
-    def _done(self, scope: Scope, record: AccessRecord, seen: _Seen) -> None:
-        client, code = record.client(), seen.error_code()
-        if seen.status == 429 and code in CLIENT_REFUSALS:
+    def _done(self, scope: Scope, record: AccessRecord) -> None:
+        client, code = record.client(), record.error_code()
+        if record.status == 429 and code in CLIENT_REFUSALS:
             token = ACCESS.set(record)  # the event names the client
             try:
-                self.telemetry.reject("clients", f"{client}: {code}: {seen.error_message()}",
-                                      code or "")
+                self.telemetry.reject("clients",
+                                      f"{client}: {code}: {record.error_message()}", code or "")
             finally:
                 ACCESS.reset(token)
         prompt, completion = record.prompt_tokens, record.completion_tokens
-        if completion is None and seen.meter is not None and seen.status == 200:
-            completion, prompt = seen.meter.completion_tokens, seen.meter.prompt_tokens
+        if completion is None and record.meter is not None and record.status == 200:
+            completion, prompt = record.meter.completion_tokens, record.meter.prompt_tokens
         fields = {
             "client": client, "model": record.model(), "path": scope["path"],
-            "route": seen.route, "attempts": seen.attempts, "status": seen.status or 499,
-            "ttfb_ms": seen.ttfb_ms, "duration_ms": round((self.clock() - seen.start) * 1000),
-            "prompt_tokens": prompt, "completion_tokens": completion,
-            "error": code}
+            "route": record.route, "attempts": record.attempts, "status": record.status or 499,
+            "ttfb_ms": record.ttfb_ms,
+            "duration_ms": round((self.clock() - record.start) * 1000),
+            "prompt_tokens": prompt, "completion_tokens": completion, "error": code}
         line = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (_Line(fields),),
                               None, extra={"access": fields})  # no caller lookup: ~20 µs
         log.handle(line)
-        record.body.clear()
 
 
 class _Line:
@@ -157,63 +213,3 @@ class _Line:
 
     def __str__(self) -> str:
         return " ".join(f"{k}={'-' if v is None else v}" for k, v in self.fields.items())
-
-
-class _Seen:
-    """What the client was sent: status, route, attempts, first byte, an error's body."""
-
-    __slots__ = ("attempts", "error", "meter", "route", "start", "status", "ttfb_ms")
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self.status = 0
-        self.route: str | None = None
-        self.attempts = 0
-        self.ttfb_ms: int | None = None
-        self.meter: TokenMeter | None = None
-        self.error: bytearray | None = None  # an error answer's body, up to _MAX_ERROR_BODY
-
-    def take(self, message: Message, clock: Callable[[], float]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = int(message["status"])
-            headers = message.get("headers", ())
-            for name, value in headers:
-                if name == _H_ROUTE:
-                    self.route = value.decode("latin-1")
-                elif name == _H_TRIED and not self.attempts:
-                    self.attempts = len([t for t in value.split(b",") if t.strip()])
-                elif name == _H_ATTEMPTS and value.isdigit():
-                    self.attempts = int(value)
-            if self.status >= 400:
-                self.error = bytearray()
-            else:
-                self.meter = TokenMeter(streaming=is_sse(headers))
-        elif message["type"] == "http.response.body":
-            body = message.get("body", b"")
-            if self.ttfb_ms is None and body:
-                self.ttfb_ms = round((clock() - self.start) * 1000)
-            if self.meter is not None:
-                self.meter.feed(body)
-            elif self.error is not None and len(self.error) < _MAX_ERROR_BODY:
-                self.error += body
-        if self.route is not None and not self.attempts:
-            self.attempts = 1
-
-    def _error(self) -> dict[str, Any]:
-        if not self.error:
-            return {}
-        try:
-            body = orjson.loads(bytes(self.error))
-        except orjson.JSONDecodeError:
-            return {}
-        error = body.get("error") if isinstance(body, dict) else None
-        return error if isinstance(error, dict) else {}
-
-    def error_code(self) -> str | None:
-        error = self._error()
-        code = error.get("code") or error.get("type")
-        return code if isinstance(code, str) else None
-
-    def error_message(self) -> str:
-        message = self._error().get("message")
-        return message if isinstance(message, str) else ""
