@@ -18,6 +18,7 @@ from typing import Literal
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
 from meshroute_middleware.chat.keyring import NodeSecrets
+from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
@@ -119,27 +120,12 @@ class ForwardMode:
         send = ex.send
         meter = m.answer(upstream.headers)
         note_node_load(attempts.router, decision, upstream.headers)
-        deadline = attempts.deadline
         error: ErrorKind | Literal[""] = ""
         try:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            timer = asyncio.timeout_at(deadline)  # one timer for the whole answer
-            try:
-                async with timer:
-                    async for chunk in upstream.chunks():
-                        if m.first is None:
-                            m.first = time.perf_counter()
-                        await send({"type": "http.response.body", "body": chunk,
-                                    "more_body": True})
-                        meter.feed(chunk)  # counted once on its way: the client does not wait
-            except ForwardError as exc:
-                error = exc.kind
-            except TimeoutError:
-                if not timer.expired():
-                    raise  # the client's connection, not the deadline (OSError, below)
-                error = "timeout"
+            error = await relay(send, upstream.chunks(), attempts.deadline, m)
         except OSError:
             ex.gone = True
         except BaseException:  # cancelled (the client left) or a bug: settle, then go on
@@ -159,11 +145,7 @@ class ForwardMode:
         if not ex.gone:
             # The client's response ends before the bookkeeping: a stream's last chunk is
             # not held back by recording it.
-            tail = b""
-            if error and meter.streaming:
-                tail = sse_error_event("the route's head failed mid-stream; partial response"
-                                       if error != "timeout" else "the route's head stalled "
-                                       "or the request's deadline ran out; partial response")
+            tail = sse_error_event(broken_text(error)) if error and meter.streaming else b""
             try:
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
             except OSError:

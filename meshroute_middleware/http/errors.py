@@ -3,7 +3,7 @@ code (the OpenAI `type` follows from the status), and every path answers through
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +24,12 @@ from meshroute_middleware.core.errors import (
     UnknownModelError,
 )
 from meshroute_middleware.core.providers.chain import InvalidModelError
-from meshroute_middleware.core.providers.exhaustion import UPSTREAM_FAILED
+from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
 from meshroute_middleware.mesh import MeshFullError
 
 __all__ = ["ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer", "RequestError",
-           "RoutesFailed", "RoutesRateLimited", "UpstreamFailed", "error_body", "send_error"]
+           "RoutesFailed", "RoutesRateLimited", "RoutesTooSmall", "UpstreamFailed", "error_body",
+           "exhaustion_answer", "send_error"]
 
 INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 
@@ -45,7 +46,11 @@ class RequestError(MeshRouteError):
 
 
 class RoutesFailed(NoRouteError):
-    """Every route tried failed before its first byte; `reasons` says why, per route."""
+    """No route answered; `routes` says why, route by route, in order (every path's shape)."""
+
+    def __init__(self, message: str, routes: Sequence[PassedOver] = ()) -> None:
+        super().__init__(message, {p.route: p.reason for p in routes})
+        self.routes = tuple(routes)
 
 
 class RoutesRateLimited(RoutesFailed):
@@ -60,6 +65,10 @@ class DeadlineExceeded(RoutesFailed):
     """The request's deadline ran out before any route answered."""
 
 
+class RoutesTooSmall(RoutesFailed):
+    """The request is larger than the context of every route of its model."""
+
+
 # The one table: error type -> (HTTP status, OpenAI error code); the most specific type wins
 # (looked up along the exception's MRO). RequestError carries its own status and code.
 ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
@@ -72,8 +81,9 @@ ERROR_TABLE: dict[type[BaseException], tuple[int, str]] = {
     NoRouteError: (503, "no_route_available"),
     RoutesFailed: (503, "no_route_available"),
     RoutesRateLimited: (429, "rate_limited"),
-    UpstreamFailed: (502, UPSTREAM_FAILED),
+    UpstreamFailed: (502, "upstream_failed"),
     DeadlineExceeded: (504, "request_timeout"),
+    RoutesTooSmall: (413, "context_length_exceeded"),
     MissingKeyError: (401, "missing_api_key"),  # [[clients]] (issue 24)
     InvalidKeyError: (401, "invalid_api_key"),
     ModelNotAllowedError: (403, "model_not_allowed"),
@@ -99,7 +109,7 @@ class ErrorAnswer:
         for kind in type(exc).__mro__:
             entry = ERROR_TABLE.get(kind)
             if entry is not None:
-                extra = {"routes": exc.reasons} if isinstance(exc, NoRouteError) else {}
+                extra = {"routes": routes_field(exc)} if isinstance(exc, NoRouteError) else {}
                 return cls(entry[0], text, entry[1], extra)
         return INTERNAL_ERROR
 
@@ -117,6 +127,21 @@ class ErrorAnswer:
 
 
 INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_MESSAGE, "internal_error")  # a bug of ours
+# The error of each status of the exhaustion rule (core/providers/exhaustion.py)
+_EXHAUSTED: dict[int, type[RoutesFailed]] = {413: RoutesTooSmall, 429: RoutesRateLimited,
+                                             502: UpstreamFailed, 503: RoutesFailed}
+
+
+def exhaustion_answer(exhausted: Exhaustion) -> ErrorAnswer:
+    """The one answer to a request no route answered, on every path (mesh, chain, mitm)."""
+    return ErrorAnswer.of(_EXHAUSTED[exhausted.status](exhausted.message, exhausted.routes))
+
+
+def routes_field(exc: NoRouteError) -> list[dict[str, Any]]:
+    """The error's `routes`: `[{"route", "reason", "until"}]`, route by route."""
+    if isinstance(exc, RoutesFailed):
+        return [p.to_dict() for p in exc.routes]
+    return [{"route": r, "reason": why, "until": None} for r, why in exc.reasons.items()]
 
 
 async def send_error(send: Send, status: int, message: str, code: str,
