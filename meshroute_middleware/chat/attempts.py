@@ -227,6 +227,13 @@ class Attempts:
             self._passed = []
         return self._passed
 
+    def cut_at(self, seconds: float | None) -> float:
+        """The loop time an attempt waiting at most `seconds` (None: no bound of its own)
+        for its first byte is cut at: never past the request's deadline."""
+        if seconds is None:
+            return self.deadline
+        return min(self.deadline, self._now() + seconds)
+
     def too_late(self) -> bool:
         """Whether the request's deadline has run out."""
         return self._now() >= self.deadline
