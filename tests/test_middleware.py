@@ -57,7 +57,8 @@ async def test_annotate_with_an_app_failing_on_every_route_is_502_listing_them()
     assert resp.status_code == 502, resp.text  # issue 24: the routes failed upstream (was 503)
     err = resp.json()["error"]
     assert err["code"] == "upstream_failed"
-    assert set(err["routes"]) == {"m|a[0-9]", "m|b[0-9]"}
-    assert resp.headers["x-meshroute-route"] in err["routes"]
+    routes = {r["route"]: r["reason"] for r in err["routes"]}
+    assert routes == {"m|a[0-9]": "app_error", "m|b[0-9]": "app_error"}
+    assert resp.headers["x-meshroute-route"] in routes
     rows = app.router.routing_table()["models"]["m"]["candidates"]
     assert all(r["last_error"] == "app_error" and r["in_flight"] == 0 for r in rows)

@@ -1,6 +1,10 @@
-"""One attempt lifecycle for every path (forward, annotate, a provider chain's mesh entries,
-the mitmproxy addon): choose → attempt → measure → record or cancel → fall back → answer or
-exhaust.
+"""One attempt lifecycle for every path (forward, annotate, the provider chain and its mesh
+entries, the mitmproxy addon): choose → attempt → measure → record or cancel → fall back →
+answer or exhaust.
+
+What differs between paths is the `Ranking` (the mesh Router's, which `Attempts` runs itself; the
+ProviderRouter's, chat/providers/ranking.py) and the attempt itself (forward, annotate, a
+provider call, a mitmproxy flow); the loop, the deadline and the exhaustion answer are these.
 
 The rules live here once:
 - a request has one deadline (`request_timeout_s` from the moment it is served): no attempt
@@ -10,10 +14,12 @@ The rules live here once:
   route: the attempt is cancelled, not recorded;
 - anything else is recorded as measured (a client that left mid-way leaves a sample of what
   was delivered until then);
-- when every route failed the client gets the one exhaustion status of every path
-  (core/providers/exhaustion.py: 429 when a route was rate limited, else 502
-  `upstream_failed`), or 504 when the deadline ran out first, listing, route by route, why
-  each was passed over.
+- when every route failed the client gets the one exhaustion answer of every path
+  (core/providers/exhaustion.py's rule, http/errors.py's codes: 429 `rate_limited` when a
+  route was limited, 502 `upstream_failed` when routes failed upstream, 503
+  `no_route_available` when none could be tried), or 504 `request_timeout` when the deadline
+  ran out first, listing route by route why each was passed over:
+  `"routes": [{"route", "reason", "until"}]`.
 """
 
 from __future__ import annotations
@@ -23,19 +29,19 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
-from meshroute_middleware.chat.headers import is_sse, response_headers
+from meshroute_middleware.chat.headers import Headers, is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
-from meshroute_middleware.core.contracts.retry_text import retry_text
 from meshroute_middleware.core.kinds import CONTEXT, ErrorKind
 from meshroute_middleware.core.providers.exhaustion import (
-    exhaustion_message,
-    exhaustion_status,
-    retry_after_s,
+    Exhaustion,
+    PassedOver,
+    by_rule,
+    firsts,
 )
 from meshroute_middleware.core.providers.keys import parse_retry_after
 from meshroute_middleware.forwarding.measure import TokenMeter
@@ -43,9 +49,7 @@ from meshroute_middleware.http.errors import (
     INTERNAL_ERROR,
     DeadlineExceeded,
     ErrorAnswer,
-    RoutesFailed,
-    RoutesRateLimited,
-    UpstreamFailed,
+    exhaustion_answer,
 )
 from meshroute_middleware.http.request import ChatRequest, RequestKind
 from meshroute_middleware.telemetry.metrics import Telemetry
@@ -53,6 +57,7 @@ from meshroute_middleware.telemetry.metrics import Telemetry
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)
 log = logging.getLogger("meshroute.attempts")
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 class Exchange:
@@ -122,12 +127,19 @@ class Measurement:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """An attempt that failed before its first byte; `kind` is what the statistics record."""
+    """An attempt that failed before its first byte; `kind` is what the statistics record,
+    `code` the reason the `routes` list gives when it says more (a provider's `http_401`)."""
 
     kind: ErrorKind
     reason: str
     held: tuple[Message, ...] = ()  # the failing answer, held back from the client (annotate)
     retry_at: float | None = None  # unix time a node's 429 said to come back
+    code: str = ""
+
+    @property
+    def why(self) -> str:
+        """The route's reason in an exhaustion answer's `routes`."""
+        return self.code or self.kind
 
 
 def retry_at(value: bytes | str | None) -> float | None:
@@ -145,26 +157,53 @@ def retry_at(value: bytes | str | None) -> float | None:
 # A failure that is no attempt's: the deadline ran out before the next route was tried.
 TOO_LATE = Failed("timeout", "no answer within the request's deadline")
 
-# The error of each status of the exhaustion rule (http/errors.py's table gives the code).
-_EXHAUSTED: dict[int, type[RoutesFailed]] = {429: RoutesRateLimited, 502: UpstreamFailed,
-                                             503: RoutesFailed}
-
 # One attempt of a path, given its own context (an Exchange, a mitmproxy flow): None once it
 # answered (and was settled), Failed to fall back.
-RouteAttempt = Callable[[Decision, Measurement, T], Awaitable[Failed | None]]
+RouteAttempt = Callable[[D, Measurement, T], Awaitable[Failed | None]]
+
+
+class Ranking(Protocol[D]):
+    """The routes of one request, in the order to try them, and what their attempts taught:
+    the first route (the caller's: `Router.choose`, `ProviderRanking.first`), the next after
+    a failure, record, cancel. `Attempts` is the mesh Router's own; the provider chain's is
+    chat/providers/ranking.py."""
+
+    @property
+    def passed(self) -> list[PassedOver]:
+        """The routes passed over so far, in order."""
+
+    def decided(self, decision: D) -> None:
+        """An attempt at `decision` starts."""
+
+    def failed(self, decision: D, measurement: Measurement, failed: Failed) -> PassedOver:
+        """Record an attempt that failed before its first byte; its entry in `routes`."""
+
+    async def next(self, after: D, failed: Failed) -> D | None:
+        """The route to try after `after` failed; None when there is none."""
+
+    def cancel(self, decision: D) -> None:
+        """An attempt ended without a record (the client left): it says nothing."""
+
+    def exhaustion(self) -> Exhaustion:
+        """No route answered: the exhaustion rule's answer for what was passed over."""
+
+    def headers(self, last: D | None) -> Headers:
+        """The `x-meshroute-*` headers of an answer that ends at `last`."""
 
 
 class Attempts:
     """The attempts of one chat request, from the first decision to the last, within one
-    deadline (a loop time: `asyncio.timeout_at(attempts.deadline)` bounds each wait)."""
+    deadline (a loop time: `asyncio.timeout_at(attempts.deadline)` bounds each wait), over
+    the mesh Router's ranking (its own `Ranking` methods: fallbacks, records, cancels) unless
+    given another (`ranking`: the provider chain's)."""
 
-    __slots__ = ("_now", "_open", "deadline", "failures", "inputs", "kind", "max_tokens",
-                 "measured", "model", "router", "telemetry", "text", "timeout_s")
+    __slots__ = ("_now", "_open", "_passed", "deadline", "inputs", "kind", "max_tokens",
+                 "measured", "model", "ranking", "router", "telemetry", "text", "timeout_s")
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str,
                  max_tokens: int | None = None, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  deadline: float | None = None, *, kind: RequestKind = "chat",
-                 inputs: int | None = None) -> None:
+                 inputs: int | None = None, ranking: Ranking[Any] | None = None) -> None:
         self.router, self.telemetry, self.model = router, telemetry, model
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         # what each attempt measures (Measurement): an embeddings request's inputs, a
@@ -172,26 +211,44 @@ class Attempts:
         self.kind = kind
         self.inputs = inputs if kind == "embeddings" else None
         self.text = kind == "completions"
+        self.ranking: Ranking[Any] = ranking if ranking is not None else self
+        self._passed: list[PassedOver] | None = None  # the mesh ranking's (on a failure)
         self._now = asyncio.get_running_loop().time  # the loop looked up once per request
         self.deadline = deadline if deadline is not None else self._now() + timeout_s
-        self.failures: dict[str, Failed] | None = None  # signature -> why it was passed over
         self.measured: Measurement | None = None  # the last attempt's measurement
-        self._open: list[Decision] = []
+        self._open: list[Any] = []
+
+    @property
+    def passed(self) -> list[PassedOver]:
+        """The routes passed over so far, in order."""
+        if self.ranking is not self:
+            return self.ranking.passed
+        if self._passed is None:
+            self._passed = []
+        return self._passed
+
+    def cut_at(self, seconds: float | None) -> float:
+        """The loop time an attempt waiting at most `seconds` (None: no bound of its own)
+        for its first byte is cut at: never past the request's deadline."""
+        if seconds is None:
+            return self.deadline
+        return min(self.deadline, self._now() + seconds)
 
     def too_late(self) -> bool:
         """Whether the request's deadline has run out."""
         return self._now() >= self.deadline
 
-    async def run(self, first: Decision, attempt: RouteAttempt[T],
-                  ctx: T) -> tuple[Decision, Failed | None]:
+    async def run(self, first: D, attempt: RouteAttempt[D, T],
+                  ctx: T) -> tuple[D, Failed | None]:
         """Try `first` (its caller chose it within the deadline), then the ranked fallbacks
         while attempts fail before their first byte and the deadline allows; return the last
         decision and, if no route answered, the last failure (TOO_LATE when the deadline ran
         out between attempts)."""
+        ranking = self.ranking
         decision = first
         while True:
             self._open.append(decision)
-            self.telemetry.decided(decision)
+            ranking.decided(decision)
             if decision is not first and self.too_late():
                 return decision, TOO_LATE
             measurement = self.measured = Measurement(self.max_tokens, inputs=self.inputs,
@@ -199,20 +256,38 @@ class Attempts:
             failed = await attempt(decision, measurement, ctx)
             if failed is None:
                 return decision, None
-            if failed.kind == CONTEXT:  # the request's size, refused: nothing of the route
-                self.router.cancel(decision)
-            else:
-                self.record(decision, measurement.failure(failed.kind))
-            if self.failures is None:
-                self.failures = {}
-            self.failures[decision.signature] = failed
-            following = self.router.fallback(decision)
+            ranking.passed.append(ranking.failed(decision, measurement, failed))
+            following = await ranking.next(decision, failed)
             if following is None:
                 return decision, failed
             decision = following
 
+    # -- the mesh Router's ranking ----------------------------------------------------------
+    def decided(self, decision: Decision) -> None:
+        self.telemetry.decided(decision)
+
+    def failed(self, decision: Decision, measurement: Measurement,
+               failed: Failed) -> PassedOver:
+        if failed.kind == CONTEXT:  # the request's size, refused: nothing of the route
+            self.router.cancel(decision)
+        else:
+            self.record(decision, measurement.failure(failed.kind))
+        return PassedOver(decision.signature, failed.why, failed.retry_at)
+
+    async def next(self, after: Decision, failed: Failed) -> Decision | None:
+        return self.router.fallback(after)
+
+    def cancel(self, decision: Decision) -> None:
+        self.router.cancel(decision)
+
+    def exhaustion(self) -> Exhaustion:
+        return by_rule(self.model, self.passed, time.time())
+
+    def headers(self, last: Decision | None) -> Headers:
+        return [] if last is None else response_headers(last)
+
     def record(self, decision: Decision, outcome: Outcome) -> None:
-        """Record a finished attempt and tell the world."""
+        """Record a finished mesh attempt and tell the world."""
         result = self.router.record(decision, outcome)
         self.telemetry.finished(decision, outcome, result, self.kind)
 
@@ -229,44 +304,32 @@ class Attempts:
     def close(self) -> None:
         """Whatever ended abnormally leaves the in-flight count (ending twice counts once)."""
         for decision in self._open:
-            self.router.cancel(decision)
+            self.ranking.cancel(decision)
 
-    def exhausted(self, failed: Failed) -> ErrorAnswer:
-        """No route answered: why, route by route (504 once the deadline ran out, else the
-        one status rule of core/providers/exhaustion.py: 429, 502 or 503)."""
-        failures = self.failures or {}
-        routes = {sig: f.reason for sig, f in failures.items()}
+    def exhausted(self, failed: Failed | None) -> tuple[ErrorAnswer, Headers]:
+        """No route answered: why, route by route, and the headers beyond the body (a 429's
+        `Retry-After`, when known); 504 once the deadline ran out."""
         if failed is TOO_LATE or self.too_late():
             log.warning("meshroute: a request for %r ran out of its %g s deadline",
                         self.model, self.timeout_s)
             self.telemetry.reject("request_timeout", "the request's deadline ran out")
             return ErrorAnswer.of(DeadlineExceeded(
                 "no route answered within the request's deadline of "
-                f"{self.timeout_s:g} s", routes))
-        kinds = [f.kind for f in failures.values()]
-        status = exhaustion_status(kinds)
-        message = exhaustion_message(self.model, kinds)
-        retry = self.retry_after_s() if status == 429 else None
-        if retry is not None:
-            now = time.time()
-            message += f"; {retry_text(now + retry, now)}"
-        return ErrorAnswer.of(_EXHAUSTED[status](message, routes))
+                f"{self.timeout_s:g} s", firsts(self.passed))), []
+        exhausted = self.ranking.exhaustion()
+        retry = exhausted.retry_after_s
+        return (exhaustion_answer(exhausted),
+                [] if retry is None else [(b"retry-after", str(retry).encode())])
 
     def retry_after_s(self) -> int | None:
-        """The exhaustion 429's `Retry-After`: the soonest any failed route's node said to
-        come back (core/providers/exhaustion.py's rule); None when no node said."""
-        failures = self.failures or {}
-        return retry_after_s((f.retry_at for f in failures.values()), time.time())
+        """The soonest any route passed over said to come back (whole seconds); None when
+        none said."""
+        return by_rule(self.model, self.passed, time.time()).retry_after_s
 
-    def retry_headers(self, answer: ErrorAnswer) -> list[tuple[bytes, bytes]]:
-        """What an exhaustion answer carries beyond its body: a 429's `Retry-After`, if known."""
-        retry = self.retry_after_s() if answer.status == 429 else None
-        return [] if retry is None else [(b"retry-after", str(retry).encode())]
-
-    async def send_exhausted(self, send: Send, last: Decision, failed: Failed) -> None:
+    async def send_exhausted(self, send: Send, last: Any, failed: Failed | None) -> None:
         """No route answered: say so, route by route (a 429 with `Retry-After` when known)."""
-        answer = self.exhausted(failed)
-        await answer.send(send, [*response_headers(last), *self.retry_headers(answer)])
+        answer, headers = self.exhausted(failed)
+        await answer.send(send, [*self.ranking.headers(last), *headers])
 
 
 async def internal_error(ex: Exchange, doing: str,

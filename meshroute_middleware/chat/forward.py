@@ -1,7 +1,9 @@
 """Forward mode: each attempt goes to the chosen route's head, and the answer streams back to
 the client untouched while it is measured.
 
-The request's deadline (chat.attempts) bounds the wait for a head and every chunk after it:
+A route's learned first-byte deadline (chat/deadlines.py) bounds the wait for its head, once
+the route is warm: a hang costs about the route's normal worst case, then the next route is
+tried. The request's deadline (chat.attempts) bounds the wait for a head and every chunk after it:
 a client that got nothing yet gets a 504 JSON error, a stream ends with an SSE error event.
 A non-stream answer that breaks off (the head died, stalled past the idle timeout, or the
 deadline ran out) is never passed off as complete: the client's connection is aborted
@@ -16,8 +18,10 @@ import time
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
+from meshroute_middleware.chat.deadlines import FirstByteDeadlines
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
 from meshroute_middleware.chat.keyring import NodeSecrets
+from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
@@ -55,6 +59,7 @@ class ForwardMode:
         self.forward_headers = forward_headers  # credentials the operator lets through
         self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
         self._watchdog = Watchdog()
+        self.deadlines = FirstByteDeadlines()  # learned per route (issue 34)
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Forward with fallback; send the client an error if every route failed."""
@@ -78,8 +83,11 @@ class ForwardMode:
         `context` failure the chain falls over from, not the client's answer."""
         req = ex.req
         reached, req.reached = req.reached, decision.signature  # charged its prompt from here
+        signature = decision.signature
+        learned = self.deadlines.deadline_s(signature)
+        cut_at = ex.attempts.cut_at(learned)
         try:
-            async with asyncio.timeout_at(ex.attempts.deadline):
+            async with asyncio.timeout_at(cut_at):
                 upstream = await self.forwarder.open(
                     decision.route.head.url + req.path, req.body,
                     self._headers(decision, ex))
@@ -88,7 +96,12 @@ class ForwardMode:
                 req.reached = reached
             return Failed(exc.kind, str(exc), retry_at=retry_at(exc.retry_after))
         except TimeoutError:
+            if cut_at < ex.attempts.deadline:  # the route's own learned deadline
+                self.deadlines.forget(signature)
+                return Failed("timeout", f"no first byte within the route's learned "
+                                         f"{learned:.2f} s")
             return Failed("timeout", "no answer within the request's deadline")
+        self.deadlines.observe(signature, time.perf_counter() - measurement.start)
         if self.size_falls_over and upstream.status in SIZE_STATUSES:
             refused = await _size_refusal(upstream, ex)
             if isinstance(refused, Failed):
@@ -119,27 +132,12 @@ class ForwardMode:
         send = ex.send
         meter = m.answer(upstream.headers)
         note_node_load(attempts.router, decision, upstream.headers)
-        deadline = attempts.deadline
         error: ErrorKind | Literal[""] = ""
         try:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            timer = asyncio.timeout_at(deadline)  # one timer for the whole answer
-            try:
-                async with timer:
-                    async for chunk in upstream.chunks():
-                        if m.first is None:
-                            m.first = time.perf_counter()
-                        await send({"type": "http.response.body", "body": chunk,
-                                    "more_body": True})
-                        meter.feed(chunk)  # counted once on its way: the client does not wait
-            except ForwardError as exc:
-                error = exc.kind
-            except TimeoutError:
-                if not timer.expired():
-                    raise  # the client's connection, not the deadline (OSError, below)
-                error = "timeout"
+            error = await relay(send, upstream.chunks(), attempts.deadline, m)
         except OSError:
             ex.gone = True
         except BaseException:  # cancelled (the client left) or a bug: settle, then go on
@@ -159,11 +157,7 @@ class ForwardMode:
         if not ex.gone:
             # The client's response ends before the bookkeeping: a stream's last chunk is
             # not held back by recording it.
-            tail = b""
-            if error and meter.streaming:
-                tail = sse_error_event("the route's head failed mid-stream; partial response"
-                                       if error != "timeout" else "the route's head stalled "
-                                       "or the request's deadline ran out; partial response")
+            tail = sse_error_event(broken_text(error)) if error and meter.streaming else b""
             try:
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
             except OSError:

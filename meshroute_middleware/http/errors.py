@@ -4,7 +4,7 @@ to its kinds (`ERROR_TABLE`), and every path answers through it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -29,12 +29,13 @@ from meshroute_middleware.core.errors import (
     UnknownModelError,
 )
 from meshroute_middleware.core.providers.chain import InvalidModelError
-from meshroute_middleware.core.providers.exhaustion import UPSTREAM_FAILED
+from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
 from meshroute_middleware.mesh import MeshFullError
 
 __all__ = ["ERROR_TABLE", "ERROR_TYPES", "INTERNAL_ERROR", "DeadlineExceeded", "ErrorAnswer",
-           "HttpError", "RequestError", "RoutesFailed", "RoutesRateLimited", "UpstreamFailed",
-           "answer", "error_body", "error_response", "http_error", "send_error", "server_error"]
+           "HttpError", "RequestError", "RoutesFailed", "RoutesRateLimited", "RoutesTooSmall",
+           "UpstreamFailed", "answer", "error_body", "error_response", "exhaustion_answer",
+           "http_error", "routes_field", "send_error", "server_error"]
 
 INTERNAL_MESSAGE = "internal error in meshroute; see the server log"
 
@@ -51,7 +52,11 @@ class RequestError(MeshRouteError):
 
 
 class RoutesFailed(NoRouteError):
-    """Every route tried failed before its first byte; `reasons` says why, per route."""
+    """No route answered; `routes` says why, route by route, in order (every path's shape)."""
+
+    def __init__(self, message: str, routes: Sequence[PassedOver] = ()) -> None:
+        super().__init__(message, {p.route: p.reason for p in routes})
+        self.routes = tuple(routes)
 
 
 class RoutesRateLimited(RoutesFailed):
@@ -64,6 +69,10 @@ class UpstreamFailed(RoutesFailed):
 
 class DeadlineExceeded(RoutesFailed):
     """The request's deadline ran out before any route answered."""
+
+
+class RoutesTooSmall(RoutesFailed):
+    """The request is larger than the context of every route of its model."""
 
 
 class HttpError(Enum):
@@ -108,6 +117,7 @@ class HttpError(Enum):
     REQUEST_TIMEOUT = (408, "request_timeout")
     TOO_MANY_NODES = (409, "too_many_nodes")
     REQUEST_TOO_LARGE = (413, "request_too_large")
+    CONTEXT_LENGTH_EXCEEDED = (413, "context_length_exceeded")  # larger than every route
     TOO_MANY_VALUES = (413, "too_many_values")
     TOO_MANY_MESSAGES = (413, "too_many_messages")
     TOO_MANY_CONTENT_PARTS = (413, "too_many_content_parts")
@@ -119,7 +129,7 @@ class HttpError(Enum):
     CLIENT_CLOSED = (499, "client_closed")  # nginx's: the client left before its answer
     # 5xx: ours or the routes'
     INTERNAL = (500, "internal_error")
-    UPSTREAM_FAILED = (502, UPSTREAM_FAILED)
+    UPSTREAM_FAILED = (502, "upstream_failed")
     UPSTREAM_ANSWER_INVALID = (502, "invalid_upstream_answer")
     NO_ROUTE = (503, "no_route_available")
     NOT_ROUTED = (503, "not_routed")
@@ -167,6 +177,7 @@ ERROR_TABLE: dict[type[BaseException], HttpError] = {
     RoutesRateLimited: HttpError.RATE_LIMITED,
     UpstreamFailed: HttpError.UPSTREAM_FAILED,
     DeadlineExceeded: HttpError.DEADLINE,
+    RoutesTooSmall: HttpError.CONTEXT_LENGTH_EXCEEDED,
     MissingKeyError: HttpError.MISSING_API_KEY,  # [[clients]] (issue 24)
     InvalidKeyError: HttpError.INVALID_API_KEY,
     ModelNotAllowedError: HttpError.MODEL_NOT_ALLOWED,
@@ -192,7 +203,7 @@ class ErrorAnswer:
         for kind in type(exc).__mro__:
             entry = ERROR_TABLE.get(kind)
             if entry is not None:
-                extra = {"routes": exc.reasons} if isinstance(exc, NoRouteError) else {}
+                extra = {"routes": routes_field(exc)} if isinstance(exc, NoRouteError) else {}
                 return cls(entry.status, text, entry.code, extra)
         return INTERNAL_ERROR
 
@@ -210,6 +221,21 @@ class ErrorAnswer:
 
 
 INTERNAL_ERROR = HttpError.INTERNAL.answer(INTERNAL_MESSAGE)  # a bug of ours
+# The error of each status of the exhaustion rule (core/providers/exhaustion.py)
+_EXHAUSTED: dict[int, type[RoutesFailed]] = {413: RoutesTooSmall, 429: RoutesRateLimited,
+                                             502: UpstreamFailed, 503: RoutesFailed}
+
+
+def exhaustion_answer(exhausted: Exhaustion) -> ErrorAnswer:
+    """The one answer to a request no route answered, on every path (mesh, chain, mitm)."""
+    return ErrorAnswer.of(_EXHAUSTED[exhausted.status](exhausted.message, exhausted.routes))
+
+
+def routes_field(exc: NoRouteError) -> list[dict[str, Any]]:
+    """The error's `routes`: `[{"route", "reason", "until"}]`, route by route."""
+    if isinstance(exc, RoutesFailed):
+        return [p.to_dict() for p in exc.routes]
+    return [{"route": r, "reason": why, "until": None} for r, why in exc.reasons.items()]
 
 
 async def send_error(send: Send, status: int, message: str, code: str,

@@ -156,7 +156,7 @@ def test_every_route_failing_is_one_openai_error_listing_why(tmp_path: Path) -> 
         assert info.value.status_code == 502  # issue 24: failed upstream (was 503)
         error = info.value.body
         assert isinstance(error, dict) and error["code"] == "upstream_failed"
-        assert set(error["routes"]) == {"m|dead[0-39]", "m|busy[0-39]"}
+        assert {r["route"] for r in error["routes"]} == {"m|dead[0-39]", "m|busy[0-39]"}
 
 
 def test_every_route_rate_limited_is_a_429(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOve
 from meshroute_middleware.core.providers.keys import parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind, classify_status
+from meshroute_middleware.http.errors import exhaustion_answer
 from meshroute_middleware.state.store import StateStore
 
 from .fake_provider import FakeProvider, Reply
@@ -74,7 +75,7 @@ class MiniGateway:
                 return Answer(got.route, tried, None, body)
             passed.append(over)
         ex = self.router.exhausted(res, passed, self.now)
-        return Answer(None, tried, ex, ex.error_body())
+        return Answer(None, tried, ex, json.loads(exhaustion_answer(ex).body()))
 
     def _send(self, got: ChainAttempt) -> tuple[PassedOver | None, dict[str, Any]]:
         c = got.candidate
@@ -143,7 +144,7 @@ def test_exhaustion_lists_every_reason_and_the_soonest_reset(
     again = gw.ask(pinned="fastco/big-model")  # key 2 now takes its own 429
     assert again.exhaustion is not None
     assert again.exhaustion.headers() == {"Retry-After": "40"}
-    assert again.body["error"]["code"] == "routes_exhausted"
+    assert again.body["error"]["code"] == "rate_limited"
     gw.now += 10
     third = gw.ask()
     assert third.tried == ["slowco/small-model#1"]  # both fastco keys are cooling

@@ -110,7 +110,7 @@ def test_the_provider_chain_skips_models_without_the_capability() -> None:
             with pytest.raises(openai.RateLimitError) as limited:
                 client.chat.completions.create(model="auto", messages=IMAGE)
             body = limited.value.body
-            assert isinstance(body, dict) and body["code"] == "routes_exhausted"
+            assert isinstance(body, dict) and body["code"] == "rate_limited"
             reasons = {r["route"]: r["reason"] for r in body["routes"]}
             assert reasons == {"slowco/small-model": "capability",
                                "fastco/big-model#1": "http_429",

@@ -115,7 +115,7 @@ def test_a_429_beside_a_500_is_429_with_retry_after(
         assert isinstance(error, openai.RateLimitError) and error.status_code == 429
         assert 1 <= int(error.response.headers["retry-after"]) <= 7  # the keys' cooldown
         body: Any = error.body
-        assert body["code"] == "routes_exhausted" and body["type"] == "rate_limit_error"
+        assert body["code"] == "rate_limited" and body["type"] == "rate_limit_error"
     assert routes(first) == {"fastco/big-model#1": "http_429", "fastco/big-model#2": "http_429",
                              "slowco/small-model#1": "http_5xx"}
     assert routes(again) == {"fastco/big-model#1": "cooldown", "fastco/big-model#2": "cooldown",

@@ -68,7 +68,7 @@ def test_exhaustion_is_429_with_every_reason_and_retry_after(
         assert answer.status_code == 429
         assert answer.headers["retry-after"] == "40"
         error = answer.json()["error"]
-        assert error["code"] == "routes_exhausted"
+        assert error["code"] == "rate_limited"
         assert {(r["route"], r["reason"]) for r in error["routes"]} == {
             ("fastco/big-model#1", "http_429"), ("fastco/big-model#2", "http_429"),
             ("slowco/small-model#1", "http_5xx")}
@@ -101,7 +101,7 @@ def test_unknown_alias_is_400_unknown_model_404_nothing_configured_503(
         assert gw.chat("fastco/no-such").headers["x-meshroute-attempts"] == "0"
         empty = gw.chat("auto")  # the chain names a mesh model no node serves
         assert empty.status_code == 503
-        assert empty.json()["error"]["code"] == "routes_exhausted"
+        assert empty.json()["error"]["code"] == "no_route_available"
 
 
 def test_an_upstream_4xx_is_relayed_scrubbed_of_the_key_and_blames_nobody(

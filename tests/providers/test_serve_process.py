@@ -76,7 +76,7 @@ def test_openai_client_restart_persistence_and_no_key_anywhere(
             client.chat.completions.create(model="fastco/big-model",
                                            messages=HI)  # type: ignore[arg-type]
         body: Any = limited.value.body
-        assert body["code"] == "routes_exhausted"
+        assert body["code"] == "rate_limited"
         assert {r["reason"] for r in body["routes"]} == {"rpd"}
         assert int(limited.value.response.headers["retry-after"]) >= 1
         seen += [json.dumps(body), limited.value.response.text]

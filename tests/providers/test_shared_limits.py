@@ -72,7 +72,7 @@ def test_rpm_10_is_10_requests_whatever_the_workers(n: int, tmp_path: Path) -> N
         for limited in (a for a in answers if a.status_code != 200):
             assert limited.status_code == 429
             error = limited.json()["error"]
-            assert error["code"] == "routes_exhausted"
+            assert error["code"] == "rate_limited"
             assert {r["reason"] for r in error["routes"]} == {"rpm"}
             assert 1 <= int(limited.headers["retry-after"]) <= 61
         keys = httpx.get(f"{url}/v1/routing/chain",

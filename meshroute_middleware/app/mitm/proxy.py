@@ -252,8 +252,8 @@ class MeshRouteAddon:
         try:
             _, failed = await attempts.run(first, self._attempt, pending)
             if failed is not None:
-                answer = attempts.exhausted(failed)
-                answer_error(flow, answer, attempts.retry_headers(answer))
+                answer, headers = attempts.exhausted(failed)
+                answer_error(flow, answer, headers)
         except ClientGone:
             pass  # it says nothing about the route: cancelled below
         finally:
@@ -297,11 +297,10 @@ class MeshRouteAddon:
         req.headers[TICKET_HEADER.decode()] = answer.ticket
         req.scheme, req.host, req.port = "http", "127.0.0.1", self.side.port
         req.path = RELAY_PATH
-        failures = pending.attempts.failures or {}
         flow.metadata["meshroute"] = {
             "signature": decision.signature, "mode": decision.mode,
             "attempt": decision.attempt, "head": decision.route.head.url,
-            "passed_over": {sig: f.reason for sig, f in failures.items()}}
+            "passed_over": [p.to_dict() for p in pending.attempts.passed]}
 
     # -- response ---------------------------------------------------------------------
     def responseheaders(self, flow: http.HTTPFlow) -> None:

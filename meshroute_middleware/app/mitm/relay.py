@@ -19,8 +19,9 @@ from typing import Literal
 from starlette.types import Receive, Scope, Send
 
 from meshroute_middleware.chat.headers import node_headers
+from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.core.kinds import ErrorKind
-from meshroute_middleware.forwarding.client import ForwardError, UpstreamResponse
+from meshroute_middleware.forwarding.client import UpstreamResponse
 from meshroute_middleware.forwarding.measure import sse_error_event
 from meshroute_middleware.http.errors import HttpError
 
@@ -102,20 +103,10 @@ class Relay:
         up = parked.upstream
         await send({"type": "http.response.start", "status": up.status,  # as the gateway's
                     "headers": node_headers(up.headers)})
-        try:
-            async with asyncio.timeout_at(parked.deadline):  # one timer for the whole body
-                async for chunk in up.chunks():
-                    await send({"type": "http.response.body", "body": chunk,
-                                "more_body": True})
-        except ForwardError as exc:
-            parked.error = exc.kind
-        except TimeoutError:
-            parked.error = "timeout"
+        parked.error = await relay(send, up.chunks(), parked.deadline)
         tail = b""
         if parked.error and parked.streaming:
-            tail = sse_error_event("the route's head failed mid-stream; partial response"
-                                   if parked.error != "timeout" else "the request's deadline "
-                                   "ran out; partial response")
+            tail = sse_error_event(broken_text(parked.error))
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 

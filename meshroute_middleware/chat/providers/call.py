@@ -22,8 +22,9 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
+from meshroute_middleware.chat.attempts import Failed, Measurement
 from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
     ChatStream,
     chat_completion,
@@ -39,10 +40,11 @@ from meshroute_middleware.chat.providers.messages_api import (
     request_payload,
     reverse,
 )
-from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
+from meshroute_middleware.chat.providers.ranking import ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest, header
+from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
-from meshroute_middleware.core.providers.exhaustion import PassedOver
+from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
@@ -77,18 +79,29 @@ def failure_reason(kind: str) -> str:
     return kind if kind in _REASONS else "http_5xx"
 
 
+# the statistics' error kind of each provider failure reason (else http_5xx)
+_KINDS: dict[str, ErrorKind] = {"timeout": "timeout", "connect": "connect",
+                                "http_429": "http_429", "context": "context"}
+
+
+def _failed(code: str, text: str, retry_at: float | None = None) -> Failed:
+    """A provider attempt's failure: `code` its reason (exhaustion.ATTEMPT_REASONS)."""
+    return Failed(_KINDS.get(code, "http_5xx"), text, retry_at=retry_at, code=code)
+
+
 class ProviderCall:
     """Makes provider attempts for the chain."""
 
     def __init__(self, providers: ProviderRouter, secrets: Mapping[str, tuple[Secret, ...]],
-                 forwarder: Forwarder, outcomes: ChainOutcomes, timeouts: ForwardTimeouts,
+                 forwarder: Forwarder, timeouts: ForwardTimeouts,
                  clock: Callable[[], float]) -> None:
         self.providers, self.secrets, self.forwarder = providers, secrets, forwarder
-        self.outcomes, self.timeouts, self.clock = outcomes, timeouts, clock
+        self.timeouts, self.clock = timeouts, clock
         self._scrubber = Scrubber(s.reveal() for keys in secrets.values() for s in keys)
 
-    async def __call__(self, cr: ChainRequest, got: ChainAttempt) -> PassedOver | None:
-        """Try `got`'s key; None once answered (or relayed), else why it was passed over."""
+    async def __call__(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
+                       m: Measurement) -> Failed | None:
+        """Try `got`'s key; None once answered (or relayed), else why it failed."""
         c = got.candidate
         assert c.provider is not None and got.key is not None
         secret = self.secrets[c.provider.name][got.key - 1]
@@ -104,21 +117,16 @@ class ProviderCall:
             url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        self.outcomes.begin(got, cr.tally.chain, len(cr.tally.tried) - 1, cr.objective)
-        try:
-            return await self._attempt(cr, got, url, body, headers)
-        except asyncio.CancelledError:  # the client left: settle the reservation, blame nobody
-            self.outcomes.cancelled(got)
-            raise
-        finally:
-            self.outcomes.end(got)
+        ranking.begin(got)
+        return await self._attempt(cr, got, ranking, m, url, body, headers)
 
     def _budget(self, cr: ChainRequest) -> float:
         return min(self.timeouts.first_byte_s, cr.time_to_deadline(),
                    self.providers.time_left(cr.started, self.clock()))
 
-    async def _attempt(self, cr: ChainRequest, got: ChainAttempt, url: str, body: bytes,
-                       headers: list[tuple[bytes, bytes]]) -> PassedOver | None:
+    async def _attempt(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
+                       m: Measurement, url: str, body: bytes,
+                       headers: list[tuple[bytes, bytes]]) -> Failed | None:
         budget = self._budget(cr)
         sent = time.perf_counter()
         req = cr.ex.req
@@ -126,25 +134,23 @@ class ProviderCall:
         try:
             upstream = await asyncio.wait_for(self.forwarder.open(url, body, headers), budget)
         except TimeoutError:
-            return self.outcomes.failed(got, "timeout", cr.session)
+            return _failed("timeout", "no first byte within the attempt's budget")
         except ForwardError as exc:
             if exc.kind == "connect":  # never reached the provider
                 req.reached = reached
             if exc.kind == "http_429":
-                return self.outcomes.record(
-                    got, OutcomeKind.RATE_LIMITED, session=cr.session,
-                    retry_after_s=parse_retry_after(exc.retry_after, self.clock()))
-            return self.outcomes.failed(got, failure_reason(exc.kind), cr.session)
+                now = self.clock()
+                wait = parse_retry_after(exc.retry_after, now)
+                return _failed("http_429", str(exc), None if wait is None else now + wait)
+            return _failed(failure_reason(exc.kind), str(exc))
         try:
             if upstream.status in REVOKING_STATUSES:
-                log.warning("providers: %s answered %d: key %s taken out of rotation until "
-                            "cleared or restarted", got.route, upstream.status, got.key)
-                return self.outcomes.key_refused(got, upstream.status)
+                return _failed(f"http_{upstream.status}", f"the provider refused key {got.key}")
             if upstream.status >= 400:
-                return await self._client_error(cr, got, upstream, budget)
+                return await self._client_error(cr, got, ranking, upstream, budget)
             if is_sse(upstream.headers):
-                return await self._stream(cr, got, upstream, sent, budget)
-            return await self._whole(cr, got, upstream, sent, budget)
+                return await self._stream(cr, got, ranking, m, upstream, sent, budget)
+            return await self._whole(cr, got, ranking, upstream, sent, budget)
         finally:
             upstream.close()
 
@@ -158,8 +164,9 @@ class ProviderCall:
             return decode_body(upstream.headers, bytes(out))  # compressed: read before scrubbing
         return await asyncio.wait_for(read(), budget)
 
-    async def _client_error(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
-                            budget: float) -> PassedOver | None:
+    async def _client_error(self, cr: ChainRequest, got: ChainAttempt,
+                            ranking: ProviderRanking, upstream: UpstreamResponse,
+                            budget: float) -> Failed | None:
         """A 4xx: the client's own mistake, relayed; a context-length refusal falls over."""
         try:
             body = await self._read_all(upstream, budget)
@@ -171,25 +178,25 @@ class ProviderCall:
                     if native_of(cr, got.candidate) is None
                     else messages_error(upstream.status, text))
         if upstream.status in (400, 413) and _CONTEXT_REFUSAL.search(body):
-            return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
-                                        session=cr.session)
+            return _failed("context", f"the provider refused the request's size "
+                                      f"({upstream.status})")
         if reverse(cr, got.candidate):
             body = chat_error(upstream.status, body)
-        self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, session=cr.session)
+        ranking.outcome(got, OutcomeKind.CLIENT_ERROR)
         await self._answer(cr, upstream, got, self._scrubber.scrub(body))
         return None
 
-    async def _whole(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
-                     sent: float, budget: float) -> PassedOver | None:
+    async def _whole(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
+                     upstream: UpstreamResponse, sent: float, budget: float) -> Failed | None:
         """A JSON answer: held whole (its usage settles the reservation), then sent."""
         try:
             body = await self._read_all(upstream, budget)
         except TimeoutError:
-            return self.outcomes.failed(got, "timeout", cr.session)
-        except ForwardError:
-            return self.outcomes.failed(got, "connect", cr.session)
-        except UndecodableError:  # a body it cannot have meant: a bad answer, not a cut
-            return self.outcomes.failed(got, "upstream_invalid", cr.session)
+            return _failed("timeout", "the answer did not come whole within the budget")
+        except ForwardError as exc:
+            return _failed("connect", str(exc))
+        except UndecodableError as exc:  # a body it cannot have meant: a bad answer, not a cut
+            return _failed("upstream_invalid", str(exc))
         done = time.perf_counter()
         meter = TokenMeter(streaming=False)
         meter.feed(body)
@@ -199,23 +206,24 @@ class ProviderCall:
                 answer = json.dumps(chat_completion(json.loads(body),
                                                     got.candidate.upstream_model)).encode()
             except (ValueError, UnicodeDecodeError, AttributeError):
-                return self.outcomes.failed(got, "upstream_invalid", cr.session)
+                return _failed("upstream_invalid", "the Messages answer could not be read")
         seconds = max(done - sent, 1e-6)
         # an embeddings answer is measured in inputs/s, recorded in the embeddings lane's
         # own statistics (docs/architecture.md, "Statistics per request kind")
         inputs = cr.ex.req.inputs
         done_units = meter.completion_tokens if inputs is None else inputs
-        self.outcomes.record(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
-                             completion_tokens=done_units,
-                             tokens_per_s=self.outcomes.tps(done_units, seconds),
-                             ttfb_ms=seconds * 1000, session=cr.session)
+        ranking.outcome(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
+                        completion_tokens=done_units,
+                        tokens_per_s=ranking.tps(done_units, seconds),
+                        ttfb_ms=seconds * 1000)
         await self._answer(cr, upstream, got, self._scrubber.scrub(answer))
         return None
 
-    async def _stream(self, cr: ChainRequest, got: ChainAttempt, upstream: UpstreamResponse,
-                      sent: float, budget: float) -> PassedOver | None:
-        """An SSE answer: nothing is sent before its first chunk; then it is relayed until it
-        ends, breaks or the request's deadline cuts it."""
+    async def _stream(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
+                      m: Measurement, upstream: UpstreamResponse, sent: float,
+                      budget: float) -> Failed | None:
+        """An SSE answer: nothing is sent before its first chunk; then it is relayed
+        (chat.relay) until it ends, breaks or the request's deadline cuts it."""
         chunks = decode_stream(upstream.headers, upstream.chunks()).__aiter__()
         scrub = self._scrubber.stream()  # holds back only a possible key's start
         held = bytearray()  # held back until content (a role-only chunk is no answer yet)
@@ -225,67 +233,52 @@ class ProviderCall:
                 held += await asyncio.wait_for(chunks.__anext__(),
                                                max(until - time.perf_counter(), 0.001))
         except TimeoutError:
-            return self.outcomes.failed(got, "timeout", cr.session)
-        except ForwardError:
-            return self.outcomes.failed(got, "connect", cr.session)
-        except UndecodableError:
-            return self.outcomes.failed(got, "upstream_invalid", cr.session)
+            return _failed("timeout", "no content within the attempt's budget")
+        except ForwardError as exc:
+            return _failed("connect", str(exc))
+        except UndecodableError as exc:
+            return _failed("upstream_invalid", str(exc))
         except StopAsyncIteration:  # ended without content: relay what it said, if anything
             if not held:
-                return self.outcomes.failed(got, "connect", cr.session)
-        first_at = time.perf_counter()
+                return _failed("connect", "the stream ended before any content")
         native = native_of(cr, got.candidate)
         if native is not None:
             native.relay()
-        meter = TokenMeter(streaming=True, text=cr.ex.req.kind == "completions")
+        m.answer(upstream.headers)
         options = cr.payload.get("stream_options")
         chat = (ChatStream(got.candidate.upstream_model, isinstance(options, dict)
                            and options.get("include_usage") is True)
                 if reverse(cr, got.candidate) else None)
-        tail = b""
-        ex, deadline = cr.ex, cr.deadline
+        tail = bytearray()  # the stream's last bytes: its usage
+
+        def passed_on(chunk: bytes) -> bytes:
+            tail[:] = (tail + chunk)[-4096:]
+            return scrub.feed(chunk if chat is None else chat.feed(chunk))
+
+        ex = cr.ex
         cr.tally.route = got.route
         ex.started = True
-        error: str | None = None
-        timer = asyncio.timeout_at(deadline)  # one timer for the whole relay, not per chunk
+        error = ""
         try:
             await ex.send({"type": "http.response.start", "status": upstream.status,
                            "headers": self._scrubber.headers(_passed_on(upstream.headers))
                            + cr.tally.headers()})
-            chunk = bytes(held)
-            try:
-                async with timer:
-                    while chunk:
-                        meter.feed(chunk)
-                        tail = (tail + chunk)[-4096:]
-                        out = chunk if chat is None else chat.feed(chunk)
-                        await ex.send({"type": "http.response.body", "body": scrub.feed(out),
-                                       "more_body": True})
-                        try:
-                            chunk = await chunks.__anext__()
-                        except StopAsyncIteration:
-                            break
-                        except (ForwardError, UndecodableError):
-                            error = "connect"
-                            break
-            except TimeoutError:
-                if not timer.expired():
-                    raise  # the client's connection, not the deadline (OSError, below)
-                error = "timeout"
-            last = b"" if chat is None or error is not None else scrub.feed(chat.close())
-            end = last + scrub.flush() + (b"" if error is None else broken_event(
-                "the provider failed mid-stream; partial response" if error == "connect"
-                else "the request's deadline ran out; partial response", native is not None))
+            error = await relay(ex.send, _readable(bytes(held), chunks), cr.deadline, m,
+                                passed_on)
+            error = "" if not error else "timeout" if error == "timeout" else "connect"
+            last = b"" if chat is None or error else scrub.feed(chat.close())
+            end = last + scrub.flush() + (b"" if not error else broken_event(
+                broken_text(error), native is not None))
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
         except OSError:
             ex.gone = True
         seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
-        tokens = meter.completion_tokens
-        kind = OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS
-        self.outcomes.record(got, kind, reason=error, used_tokens=total_tokens(tail),
-                             completion_tokens=tokens,
-                             tokens_per_s=self.outcomes.tps(tokens, seconds),
-                             ttfb_ms=(first_at - sent) * 1000, session=cr.session)
+        tokens = m.meter.completion_tokens if m.meter is not None else 0
+        first_at = m.first if m.first is not None else time.perf_counter()
+        ranking.outcome(got, OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS,
+                        reason=error or None, used_tokens=total_tokens(bytes(tail)),
+                        completion_tokens=tokens, tokens_per_s=ranking.tps(tokens, seconds),
+                        ttfb_ms=(first_at - sent) * 1000)
         return None
 
     async def _answer(self, cr: ChainRequest, upstream: UpstreamResponse, got: ChainAttempt,
@@ -305,6 +298,17 @@ class ProviderCall:
             await ex.send({"type": "http.response.body", "body": body, "more_body": False})
         except OSError:
             ex.gone = True
+
+
+async def _readable(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The held start, then the rest of a decoded stream; a stream that cannot be decoded
+    breaks off like a cut one."""
+    yield first
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except UndecodableError as exc:
+        raise ForwardError("stream", str(exc)) from exc
 
 
 def _passed_on(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -7,6 +7,9 @@ mesh models, tried in the ProviderRouter's order until one answers.
   (`mesh_entry.MeshEntry`); a key that is rate limited or refused passes to the next key.
 - When every key is limited, the chain may wait once for the soonest reset
   (`wait_for_key_s`), never past the request's deadline.
+- The chain runs the one attempt lifecycle (chat.attempts.Attempts) over the ProviderRouter's
+  ranking (`ranking.ProviderRanking`): the loop, the deadline and the exhaustion answer are
+  every path's.
 - Every response carries `x-meshroute-route`, `x-meshroute-attempts` and `x-meshroute-tried`
   (`tally`).
 """
@@ -18,7 +21,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
@@ -33,31 +36,21 @@ from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
-from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
+from meshroute_middleware.chat.providers.ranking import Acquire, ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.providers.tally import Tally, TallySend, with_tried
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
-from meshroute_middleware.core.providers.chain import (
-    Candidate,
-    InvalidModelError,
-    Resolution,
-    mesh_fit,
-)
-from meshroute_middleware.core.providers.exhaustion import PassedOver
-from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
+from meshroute_middleware.core.providers.chain import InvalidModelError, Resolution
+from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.forwarding.client import Forwarder, ForwardTimeouts
-from meshroute_middleware.http.errors import DeadlineExceeded, ErrorAnswer, HttpError, RequestError
+from meshroute_middleware.http.errors import ErrorAnswer, HttpError, RequestError
 from meshroute_middleware.http.request import H_SESSION, ChatRequest
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_key_families
 
 log = logging.getLogger("meshroute.providers")
-WAIT_MARGIN_S = 0.05  # slept past the soonest key reset before trying again
-_NEXT_KEY = frozenset({"http_429", "http_401", "http_403"})  # the key failed: try the next key
-# Shared key gates take a key in their store (awaited): (candidate, reserve, now, context need)
-Acquire = Callable[[Candidate, int, float, int], Awaitable[ChainAttempt | list[PassedOver]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +61,8 @@ class _Lane:
     providers: ProviderRouter
     call: ProviderCall
     mesh: MeshEntry
+    min_sample_tokens: int
+    kind: str
 
 
 class ProviderChat:
@@ -92,11 +87,10 @@ class ProviderChat:
         forward = ForwardMode(forwarder, node_keys=node_keys, size_falls_over=True)
 
         def lane(ranking: ProviderRouter, mesh_router: Router, kind: str = "chat") -> _Lane:
-            outcomes = ChainOutcomes(ranking, telemetry, clock,
-                                     mesh_router.config.min_sample_tokens, kind)
-            return _Lane(ranking, ProviderCall(ranking, secrets, forwarder, outcomes,
+            return _Lane(ranking, ProviderCall(ranking, secrets, forwarder,
                                                timeouts or ForwardTimeouts(), clock),
-                         MeshEntry(mesh_router, telemetry, forward, outcomes))
+                         MeshEntry(mesh_router, telemetry, forward),
+                         mesh_router.config.min_sample_tokens, kind)
         # Embeddings rank and record provider routes in statistics of their own (inputs/s),
         # over the same key gates and sessions: a key's limits are the provider's, whatever
         # the endpoint (docs/architecture.md, "Statistics per request kind").
@@ -126,7 +120,7 @@ class ProviderChat:
             return
         ex = Exchange(scope, receive, TallySend(send, tally), req,
                       Attempts(self.router, self.telemetry, req.model, req.max_tokens,
-                               self.request_timeout_s))
+                               self.request_timeout_s, kind=req.kind, inputs=req.inputs))
         opened: list[Attempts] = [ex.attempts]
         self.telemetry.in_flight += 1
         task = self._watchdog.watch(ex)
@@ -154,90 +148,26 @@ class ProviderChat:
         except ValueError:  # parse_chat accepted it with orjson; the stdlib must agree
             raise HttpError.INVALID_JSON.error("request body is not valid JSON") from None
         est = estimate(payload)
-        pin = ex.req.pin[0] if ex.req.pin and len(ex.req.pin) == 1 else None
-        if ex.req.pin is not None and pin is None:
+        if ex.req.pin is not None and len(ex.req.pin) != 1:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
                           header(ex.scope, H_SESSION), self.clock(), tally, opened,
                           ex.req.objective, est.prompt, est.max_completion)
-        needs, serves = ex.req.needs, self.router.serves
-        passed = self.providers.incapable(res, needs, serves)  # none capable: 400 here
-        for _ in range(2):  # once, and once more after waiting for a key (wait_for_key_s)
-            run: list[PassedOver] = []
-            ranked = self._lanes[ex.req.kind].providers.rank(
-                res, self.clock(), self.rng, pinned=pin, session=cr.session,
-                tokens=cr.context_need, needs=needs, mesh_serves=serves,
-                objective=ex.req.objective)
-            for scored in ranked:
-                if await self._candidate(cr, scored.candidate, run) or ex.started:
-                    return
-            passed = run + [p for p in passed if p.route not in {r.route for r in run}]
-            wait = self.providers.wait_for_key(passed, cr.started, self.clock())
-            if wait is None or cr.time_to_deadline() <= wait:
-                break
-            log.info("providers: every key of %r is limited; waiting %.1f s for one",
-                     res.model, wait)
-            # a hair past the reset: a wake-up exactly on it can still find the key limited
-            await asyncio.sleep(min(wait + WAIT_MARGIN_S, cr.time_to_deadline()))
-        if opened[0].too_late():
-            await self._too_late(cr, passed)
-            return
-        await self._exhausted(cr, res, passed)
-
-    async def _candidate(self, cr: ChainRequest, c: Candidate,
-                         passed: list[PassedOver]) -> bool:
-        """Try one candidate (each of its keys in turn after a 429); True once answered."""
-        tried = cr.tally.tried
-        fit = mesh_fit(c, cr.prompt, cr.asked)
-        if not fit.fits:  # larger than its [mesh.MODEL] allows: a route that fits, instead
-            passed.append(PassedOver(c.route, "context"))
-            log.info("providers: %s passed over (context: max_tokens %s, prompt ~%d tokens)",
-                     c.route, cr.asked, cr.prompt)
-            return False
-        while (self.providers.may_attempt(len(tried), cr.started, self.clock())
-               and not cr.opened[0].too_late()):
-            got = (self.providers.acquire(c, cr.reserve, self.clock(),
-                                          context_tokens=cr.context_need)
-                   if self.acquire is None
-                   else await self.acquire(c, cr.reserve, self.clock(), cr.context_need))
-            if isinstance(got, list):
-                passed += got
-                return False
-            tried.append(got.route)
-            lane = self._lanes[cr.ex.req.kind]
-            over = await (lane.call(cr, got) if c.is_provider
-                          else lane.mesh(cr, got, fit.max_tokens))
-            if over is None:
-                return True
-            if cr.ex.started:  # a client error relayed as it was: the request is over
-                return True
-            passed.append(over)
-            log.info("providers: %s passed over (%s)", over.route, over.reason)
-            if over.reason not in _NEXT_KEY or not c.is_provider:
-                return False
-        return False
-
-    async def _too_late(self, cr: ChainRequest, passed: list[PassedOver]) -> None:
-        """The request's deadline ran out before any route answered: 504."""
-        first = cr.opened[0]
-        log.warning("meshroute: a request for %r ran out of its %g s deadline",
-                    first.model, first.timeout_s)
-        self.telemetry.reject("request_timeout", "the request's deadline ran out")
-        cr.ex.started = True
-        await ErrorAnswer.of(DeadlineExceeded(
-            f"no route answered within the request's deadline of {first.timeout_s:g} s",
-            {p.route: p.reason for p in passed})).send(cr.ex.send, cr.tally.headers())
-
-    async def _exhausted(self, cr: ChainRequest, res: Resolution,
-                         passed: list[PassedOver]) -> None:
-        """Every route was passed over: the ProviderRouter's account of why."""
-        exhausted = self.providers.exhausted(res, passed, self.clock())
-        body = json.dumps(exhausted.error_body()).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode()), *cr.tally.headers(),
-                   *((k.lower().encode(), v.encode()) for k, v in exhausted.headers().items())]
-        cr.ex.started = True
-        send = cr.ex.send
-        await send({"type": "http.response.start", "status": exhausted.status,
-                    "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        lane = self._lanes[ex.req.kind]
+        serves = self.router.serves
+        ranking = ProviderRanking(
+            cr, res, lane.providers, self.providers, self.telemetry,
+            passed=self.providers.incapable(res, ex.req.needs, serves),  # none capable: 400
+            clock=self.clock, rng=self.rng, acquire=self.acquire, serves=serves,
+            min_sample_tokens=lane.min_sample_tokens, kind=lane.kind,
+            call=lane.call, mesh=lane.mesh)
+        attempts = ex.attempts
+        attempts.ranking = ranking
+        first = await ranking.first()
+        failed = None
+        if first is not None:
+            _, failed = await attempts.run(first, ranking.attempt, cr)
+            if failed is None or ex.started:
+                return
+        ex.started = True
+        await attempts.send_exhausted(ex.send, None, failed)

@@ -8,16 +8,16 @@ import json
 import time
 from typing import Any
 
-from meshroute_middleware.chat.attempts import Attempts
+from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement
 from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.providers.call import failure_reason
-from meshroute_middleware.chat.providers.outcomes import ChainOutcomes
+from meshroute_middleware.chat.providers.ranking import ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.chat.providers.tally import TallySend
 from meshroute_middleware.core import NoRouteError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
 from meshroute_middleware.core.kinds import CONTEXT
-from meshroute_middleware.core.providers.exhaustion import PassedOver
+from meshroute_middleware.core.providers.chain import mesh_fit
 from meshroute_middleware.core.providers.router import ChainAttempt
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 from meshroute_middleware.http.request import ChatRequest, answer_bound
@@ -27,17 +27,15 @@ from meshroute_middleware.telemetry.metrics import Telemetry
 class MeshEntry:
     """Runs a chain's mesh entries."""
 
-    def __init__(self, router: Router, telemetry: Telemetry, forward: ForwardMode,
-                 outcomes: ChainOutcomes) -> None:
+    def __init__(self, router: Router, telemetry: Telemetry, forward: ForwardMode) -> None:
         self.router, self.telemetry, self.forward = router, telemetry, forward
-        self.outcomes = outcomes
 
-    async def __call__(self, cr: ChainRequest, got: ChainAttempt,
-                       clamp_to: int | None = None) -> PassedOver | None:
-        """The mesh model's attempts (with `max_tokens` lowered to `clamp_to` when its
-        `[mesh.MODEL]` clamps, core/providers/chain.mesh_fit); None once answered, else why
-        it was passed over."""
+    async def __call__(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
+                       m: Measurement) -> Failed | None:
+        """The mesh model's attempts (with `max_tokens` lowered when its `[mesh.MODEL]`
+        clamps, core/providers/chain.mesh_fit); None once answered, else why it failed."""
         model = got.candidate.route
+        clamp_to = mesh_fit(got.candidate, cr.prompt, cr.asked).max_tokens
         payload = cr.payload if clamp_to is None else clamped(cr.payload, clamp_to)
         cr.tally.clamped = None if clamp_to is None else (clamp_to, cr.asked)
         bound = answer_bound(payload)
@@ -47,9 +45,9 @@ class MeshEntry:
             decision = router.choose(model, None, bound, cr.ex.req.prefix, cr.ex.req.needs,
                                      objective=cr.objective)
         except UnsupportedCapabilityError:  # its nodes changed since the chain was ranked
-            return PassedOver(model, "capability")
-        except (UnknownModelError, NoRouteError):
-            return self.outcomes.failed(got, "connect", cr.session)
+            return Failed("client_error", "no node has the capabilities", code="capability")
+        except (UnknownModelError, NoRouteError) as exc:
+            return Failed("connect", str(exc))
         first = cr.opened[0]
         attempts = Attempts(router, self.telemetry, model, bound, first.timeout_s,
                             deadline=first.deadline, kind=kind, inputs=inputs)
@@ -66,24 +64,22 @@ class MeshEntry:
         if not ex.started:  # nothing was answered with the lowered bound
             cr.tally.clamped = None
         if failed is not None and failed.kind == CONTEXT:  # the node refused the size
-            return self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, reason="context",
-                                        session=cr.session)
+            return failed
         if failed is not None:
-            return self.outcomes.failed(got, failure_reason(failed.kind), cr.session)
+            return Failed(failed.kind, failed.reason, code=failure_reason(failed.kind))
         if send.status is not None and 400 <= send.status < 500:
-            self.outcomes.record(got, OutcomeKind.CLIENT_ERROR, session=cr.session)
+            ranking.outcome(got, OutcomeKind.CLIENT_ERROR)
             return None
-        m = attempts.measured
+        took = attempts.measured
         now = time.perf_counter()
-        first_at = m.first if m is not None and m.first is not None else now
-        end = m.last if m is not None and m.last is not None else now
-        tokens = m.meter.completion_tokens if m is not None and m.meter is not None else 0
-        if kind == "embeddings" and m is not None:
-            tokens = m.outcome().completion_tokens  # its inputs, once answered whole
+        first_at = took.first if took is not None and took.first is not None else now
+        end = took.last if took is not None and took.last is not None else now
+        tokens = took.meter.completion_tokens if took is not None and took.meter is not None else 0
+        if kind == "embeddings" and took is not None:
+            tokens = took.outcome().completion_tokens  # its inputs, once answered whole
         seconds = max(end - sent, 1e-6)  # forwarding to the last byte
-        self.outcomes.record(got, OutcomeKind.SUCCESS,
-                             tokens_per_s=self.outcomes.tps(tokens, seconds),
-                             ttfb_ms=(first_at - sent) * 1000, session=cr.session)
+        ranking.outcome(got, OutcomeKind.SUCCESS, tokens_per_s=ranking.tps(tokens, seconds),
+                        ttfb_ms=(first_at - sent) * 1000)
         return None
 
 

@@ -63,7 +63,7 @@ def with_tried(send: Send, attempts: Attempts) -> Send:
     async def _send(message: Message) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
-            tried = list(attempts.failures or ())
+            tried = [p.route for p in attempts.passed]
             route = next((v.decode("latin-1") for k, v in headers if k == H_ROUTE), None)
             if route is not None and route not in tried:
                 tried.append(route)

@@ -10,7 +10,9 @@ the mesh path's `chat.attempts.Attempts.exhausted`, the mitmproxy addon through 
   for one state of the gateway);
 - otherwise 503: nothing is configured, no route exists, or none could be tried.
 The provider chain answers 413 before this rule when the request is larger than every
-candidate's context, and each path 504 when the request's deadline ran out first.
+candidate's context, and each path 504 when the request's deadline ran out first. Every path
+lists the routes the same way: `[{"route", "reason", "until"}]` (`PassedOver`), the codes come
+from http/errors.py's table.
 """
 
 from __future__ import annotations
@@ -20,18 +22,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contracts.error_body import error_object, error_type
 from ..contracts.retry_text import retry_text
 from .chain import Resolution
 from .keys import REASONS as GATE_REASONS
 
 # capability: lacks what the request needs; upstream_invalid: an answer that cannot be read
-# (a body that is not what its headers say, or not the API's JSON)
+# (a body that is not what its headers say, or not the API's JSON); stream, redirect,
+# app_error: the mesh path's error kinds (core/kinds.py)
 ATTEMPT_REASONS = ("http_429", "http_5xx", "timeout", "connect", "context", "http_401",
-                   "http_403", "capability", "upstream_invalid")
+                   "http_403", "capability", "upstream_invalid", "stream", "redirect",
+                   "app_error")
 REASONS = GATE_REASONS + ATTEMPT_REASONS
-ERROR_CODE = "routes_exhausted"  # the chain's 429, 413 and 503
-UPSTREAM_FAILED = "upstream_failed"  # the code of a 502, on every path
 # Reasons by what they tell the client. LIMITED: wait and retry (429). UPSTREAM: the routes
 # were tried and failed, or their keys were refused (502); the mesh path's error kinds
 # (core/kinds.py) are included. `context` and `client_error` are neither: a route too small
@@ -98,23 +99,15 @@ def exhaustion_message(model: str, reasons: Iterable[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Exhaustion:
-    """The answer to a request no route could take."""
+    """The answer to a request no route could take (its code: http/errors.py's table)."""
 
     status: int
     message: str
     routes: tuple[PassedOver, ...]
     retry_after_s: int | None = None
 
-    @property
-    def code(self) -> str:
-        return UPSTREAM_FAILED if self.status == 502 else ERROR_CODE
-
     def headers(self) -> dict[str, str]:
         return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
-
-    def error_body(self) -> dict[str, Any]:
-        return error_object(self.message, self.code, error_type(self.status),
-                            routes=[r.to_dict() for r in self.routes])
 
 
 def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float) -> Exhaustion:
@@ -124,16 +117,21 @@ def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float)
     of the same route) keeps its first entry: what actually happened to it.
     """
     model = resolution.model
-    firsts: dict[str, PassedOver] = {}
-    for p in passed:
-        firsts.setdefault(p.route, p)
-    passed = list(firsts.values())
+    passed = firsts(passed)
     if not resolution.candidates:
         return Exhaustion(503, f"no route is configured for model {model!r}", tuple(passed))
     too_big = {_base(p.route) for p in passed if p.reason == "context"}
     if all(c.route in too_big for c in resolution.candidates):
         return Exhaustion(413, f"the request is larger than the context of every route for "
                                f"model {model!r}", tuple(passed))
+    return by_rule(model, passed, now)
+
+
+def by_rule(model: str, passed: Sequence[PassedOver], now: float) -> Exhaustion:
+    """The status rule's answer (429, 502 or 503) for routes passed over in this order (the
+    mesh path's exhaustion, and the chain's once 413 and 503 "none configured" are ruled
+    out)."""
+    passed = firsts(passed)
     reasons = [p.reason for p in passed]
     status = exhaustion_status(reasons)
     retry = retry_after_s((p.until for p in passed), now) if status == 429 else None
@@ -141,6 +139,14 @@ def exhaustion(resolution: Resolution, passed: Sequence[PassedOver], now: float)
     if retry is not None:
         message += f"; {retry_text(now + retry, now)}"
     return Exhaustion(status, message, tuple(passed), retry)
+
+
+def firsts(passed: Sequence[PassedOver]) -> list[PassedOver]:
+    """Each route once, at its first entry, in order."""
+    seen: dict[str, PassedOver] = {}
+    for p in passed:
+        seen.setdefault(p.route, p)
+    return list(seen.values())
 
 
 def retry_after_s(untils: Iterable[float | None], now: float) -> int | None:
