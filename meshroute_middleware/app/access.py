@@ -20,18 +20,19 @@ from typing import Any, TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.headers import H_ROUTE, is_sse
+from meshroute_middleware.chat.providers.tally import H_ATTEMPTS, H_TRIED
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
 from meshroute_middleware.forwarding.measure import TokenMeter
+from meshroute_middleware.telemetry.client_metrics import ClientCounters
 from meshroute_middleware.telemetry.events import EventBus, Payload
-from meshroute_middleware.telemetry.metrics import ClientCounters, Telemetry
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 log = logging.getLogger("meshroute.access")
 T = TypeVar("T")
 CLIENT_REFUSALS = frozenset({"budget_exceeded", "client_rate_limited"})
 _MAX_ERROR_BODY = 16_384  # an error answer read for its code; a longer one is no refusal
-_H_ROUTE, _H_TRIED = b"x-meshroute-route", b"x-meshroute-tried"
-_H_ATTEMPTS = b"x-meshroute-attempts"
+_H_ROUTE, _H_TRIED, _H_ATTEMPTS = H_ROUTE, H_TRIED, H_ATTEMPTS
 
 
 class AccessRecord:

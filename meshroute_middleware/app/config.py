@@ -20,6 +20,7 @@ from meshroute_middleware.chat.keyring import (
     resolve_node_keys,
 )
 from meshroute_middleware.core.clients import Client, ClientConfigError
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.providers.config import ProvidersConfig, unserved_chain_entries
 from meshroute_middleware.http.guard import is_loopback_host
 from meshroute_middleware.state.store import MEMORY
@@ -98,7 +99,7 @@ def config_warnings(config: GatewayConfig) -> list[str]:
     return out
 
 
-class ChainEntryError(ValueError):
+class ChainEntryError(MeshRouteError, ValueError):
     """A chain entry that names no provider model, no profile and no declared mesh model."""
 
 

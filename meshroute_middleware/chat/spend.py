@@ -56,7 +56,7 @@ from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.state.limits import LimitsStore, LimitsStoreDown
-from meshroute_middleware.telemetry.metrics import ClientCounters
+from meshroute_middleware.telemetry.client_metrics import ClientCounters
 from meshroute_middleware.telemetry.requests import answered
 
 log = logging.getLogger("meshroute.clients")

@@ -15,7 +15,7 @@ Every event names the request's `objective` (issue 26: `throughput`, `ttft` or `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -36,6 +36,7 @@ from meshroute_middleware.core.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, 
 from meshroute_middleware.core.providers.exhaustion import PassedOver
 from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
+from meshroute_middleware.telemetry.client_metrics import OTHER_MODEL
 from meshroute_middleware.telemetry.events import EventBus, Payload
 from meshroute_middleware.telemetry.requests import RequestTally
 from meshroute_middleware.telemetry.services import ServiceStates
@@ -134,7 +135,6 @@ class _CallbackCollector(Collector):
 
 
 MAX_MODEL_SERIES = 4096  # (model, mode) and (model, result) label sets, each; then "other"
-OTHER_MODEL = "other"
 
 
 def _bump(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
@@ -408,80 +408,3 @@ class Telemetry:
         if last is None or not 0 <= now - last[0] < max_age_s:
             last = self._rendered[per_client] = (now, self.render(per_client))
         return last[1]
-
-
-MAX_CLIENT_SERIES = 4096  # label sets per client family; then the route is counted as `other`
-TOKEN_KINDS = ("prompt", "completion")
-
-
-class ClientCounters:
-    """What each configured client spent (issue 24), counted once per request at its end:
-    `meshroute_client_requests_total{client,route,status}`,
-    `meshroute_client_tokens_total{client,route,kind}` (kind prompt|completion) and
-    `meshroute_client_cost_usd_total{client}`. Clients are configured and routes are the
-    configured provider routes and the mesh's models, so the label sets are bounded; past
-    MAX_CLIENT_SERIES a new route is counted as `other` all the same."""
-
-    __slots__ = ("cost", "requests", "tokens")
-
-    def __init__(self) -> None:
-        self.requests: dict[tuple[str, str, str], int] = {}
-        self.tokens: dict[tuple[str, str, str], int] = {}
-        self.cost: dict[str, float] = {}
-
-    def count(self, client: str, route: str, status: int, prompt_tokens: int,
-              completion_tokens: int, cost_usd: float) -> None:
-        """One request of `client` ended with `status` on `route`."""
-        route = self._route(client, route)
-        key = (client, route, str(status))
-        self.requests[key] = self.requests.get(key, 0) + 1
-        for kind, n in zip(TOKEN_KINDS, (prompt_tokens, completion_tokens), strict=True):
-            if n:
-                tk = (client, route, kind)
-                self.tokens[tk] = self.tokens.get(tk, 0) + n
-        self.cost[client] = self.cost.get(client, 0.0) + cost_usd
-
-    def families(self) -> Iterator[Metric]:
-        """The three families, by client (for the admin and loopback: /metrics)."""
-        yield from self._families(by_client=True)
-
-    def aggregate_families(self) -> Iterator[Metric]:
-        """The three families summed over clients, without the `client` label (for anyone
-        else: /metrics)."""
-        yield from self._families(by_client=False)
-
-    def _families(self, by_client: bool) -> Iterator[Metric]:
-        who = ["client"] if by_client else []
-        requests = CounterMetricFamily("meshroute_client_requests",
-                                       "Chat requests of configured clients, by route and "
-                                       "status", labels=[*who, "route", "status"])
-        for labels, n in _summed(self.requests, by_client).items():
-            requests.add_metric(list(labels), n)
-        tokens = CounterMetricFamily("meshroute_client_tokens",
-                                     "Tokens configured clients spent, by route and kind "
-                                     "(prompt|completion)", labels=[*who, "route", "kind"])
-        for labels, n in _summed(self.tokens, by_client).items():
-            tokens.add_metric(list(labels), n)
-        cost = CounterMetricFamily("meshroute_client_cost_usd",
-                                   "USD configured clients spent (provider prices; mesh "
-                                   "routes are free)", labels=who)
-        for labels, usd in _summed({(c,): v for c, v in self.cost.items()}, by_client).items():
-            cost.add_metric(list(labels), usd)
-        yield from (requests, tokens, cost)
-
-    def _route(self, client: str, route: str) -> str:
-        if len(self.requests) < MAX_CLIENT_SERIES or any(
-                k[0] == client and k[1] == route for k in self.requests):
-            return route
-        return OTHER_MODEL
-
-
-def _summed(table: Mapping[Any, float], by_client: bool
-            ) -> dict[tuple[str, ...], float]:
-    """`table` (keyed by client first) as it is, or summed over its clients."""
-    if by_client:
-        return dict(table)
-    out: dict[tuple[str, ...], float] = {}
-    for key, n in table.items():
-        out[key[1:]] = out.get(key[1:], 0) + n
-    return out
