@@ -267,3 +267,17 @@ def test_otlp_endpoint_without_the_extra_is_a_one_line_error() -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'meshroute[otlp]'" in lines[0], proc.stderr
+
+
+def test_usage_attributes_of_each_shape() -> None:
+    from meshroute_middleware.telemetry.tracing import _usage
+    assert _usage({"prompt_tokens": 10, "completion_tokens": 3,
+                   "prompt_tokens_details": {"cached_tokens": 8}}) == {
+        "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 3,
+        "gen_ai.usage.cache_read.input_tokens": 8}
+    assert _usage({"input_tokens": 2, "output_tokens": 5, "cache_read_input_tokens": 90,
+                   "cache_creation_input_tokens": 7}) == {
+        "gen_ai.usage.input_tokens": 2, "gen_ai.usage.output_tokens": 5,
+        "gen_ai.usage.cache_read.input_tokens": 90,
+        "gen_ai.usage.cache_creation.input_tokens": 7}
+    assert _usage({}) == {}
