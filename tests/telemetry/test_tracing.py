@@ -26,7 +26,7 @@ from meshroute_middleware.core.clients import parse_clients
 
 from ..providers.fake_provider import FakeProvider, Reply
 from ..providers.gateway import ENV, gateway, providers_doc
-from ..upstream import free_port
+from ..upstream import FakeChat, ServerThread, free_port
 
 PATIENCE_S = 60.0  # for spans to arrive, on a loaded 2-core machine (never a speed bound)
 CLIENT_KEY = "mr-alice-0123456789abcdef"
@@ -281,3 +281,26 @@ def test_usage_attributes_of_each_shape() -> None:
         "gen_ai.usage.cache_read.input_tokens": 90,
         "gen_ai.usage.cache_creation.input_tokens": 7}
     assert _usage({}) == {}
+
+
+def test_a_mesh_request_has_its_attempt_with_the_routers_mode(
+        providers: tuple[FakeProvider, FakeProvider], receiver: Receiver) -> None:
+    fast, slow = providers
+    node = FakeChat("n1", tokens=6)
+    with ServerThread(node.app()) as head, gateway(providers_doc(fast, slow),
+                                                   otlp_endpoint=receiver.url) as gw:
+        added = httpx.post(f"{gw.url}/v1/nodes", timeout=30, json={
+            "node_id": "n1", "model": "qwen", "start": 0, "end": 39, "layers": 40,
+            "url": head.url})
+        assert added.status_code == 201
+        answer = gw.chat("qwen")
+        assert answer.status_code == 200, answer.text
+        spans = receiver.wait(2)
+    request = _request_span(spans)
+    assert request["name"] == "chat qwen"
+    (attempt,) = _attempts(spans, request)
+    # the router's own word (no statistics yet, exploring off: its greedy pick)
+    assert attempt["attrs"]["meshroute.mode"] in ("scout", "exploit", "greedy-fallback")
+    assert attempt["attrs"]["meshroute.head"] == "n1"
+    assert "meshroute.key_position" not in attempt["attrs"]
+    assert node.seen[-1]["headers"]["traceparent"].split("-")[1] == request["trace_id"]
