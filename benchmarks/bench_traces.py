@@ -3,10 +3,10 @@
   python benchmarks/bench_traces.py [--requests 2000] [--rounds 5] [--clock cpu|wall]
 
 - gateway (forward): `meshroute serve`'s app, no --otlp-endpoint;
-- traced: the same with --otlp-endpoint to an OTLP/HTTP receiver on 127.0.0.1 (a thread of this
-  process that reads and acknowledges each export), every span flushed inside the measured time;
+- traced: the same with --otlp-endpoint to an OTLP/HTTP receiver on 127.0.0.1 (a process of its
+  own that reads and acknowledges each export), every span flushed inside the measured time;
 - traced, collector down: --otlp-endpoint to a port nothing listens on (exports fail, counted).
-The CPU clock is this whole process's: the batch exporter's thread and the receiver's count too.
+The CPU clock is this whole process's: the batch exporter's thread counts too.
 Rounds interleave the variants; medians are reported, and each traced variant's ratio to the
 untraced gateway measured in the same round.
 """
@@ -17,11 +17,10 @@ import argparse
 import asyncio
 import socket
 import statistics
+import subprocess
 import sys
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,22 @@ from meshroute_middleware.app.settings import ServeSettings  # noqa: E402
 from meshroute_middleware.core import parse_node  # noqa: E402
 from meshroute_middleware.forwarding.memory import ASGIForwarder  # noqa: E402
 
-
-class _Ack(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # http.server's name for it
+RECEIVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Ack(BaseHTTPRequestHandler):
+    def do_POST(self):
         self.rfile.read(int(self.headers["content-length"]))
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
         self.send_header("content-length", "0")
         self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
+    def log_message(self, *args):
         pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Ack)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
 
 
 def _free_port() -> int:
@@ -71,11 +75,13 @@ def gateway(forwarder: ASGIForwarder, endpoint: str | None
 
 async def measure(requests: int, rounds: int, clock: str) -> tuple[dict[str, float],
                                                                    dict[str, float]]:
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Ack)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
+                                text=True)
+    assert receiver.stdout is not None
+    port = int(receiver.stdout.readline())
     forwarder = ASGIForwarder({HEAD: chat})
     apps = {"gateway (forward)": gateway(forwarder, None),
-            "traced": gateway(forwarder, f"http://127.0.0.1:{receiver.server_address[1]}"),
+            "traced": gateway(forwarder, f"http://127.0.0.1:{port}"),
             "traced, collector down": gateway(forwarder, f"http://127.0.0.1:{_free_port()}")}
     for app, finish in apps.values():
         await per_request_us(app, 200, finish=finish)  # warm up
@@ -87,7 +93,8 @@ async def measure(requests: int, rounds: int, clock: str) -> tuple[dict[str, flo
             print(f"\rround {r + 1}/{rounds}: {name:<24}", end="", file=sys.stderr, flush=True)
             samples[name].append(await per_request_us(app, requests, CLOCKS[clock], finish))
     print(file=sys.stderr)
-    receiver.shutdown()
+    receiver.kill()
+    receiver.wait()
     base = samples["gateway (forward)"]
     ratios = {name: statistics.median(t / b for t, b in zip(samples[name], base, strict=True))
               for name in names[1:]}
