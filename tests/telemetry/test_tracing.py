@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +27,7 @@ from meshroute_middleware.core.clients import parse_clients
 
 from ..providers.fake_provider import FakeProvider, Reply
 from ..providers.gateway import ENV, gateway, providers_doc
-from ..upstream import FakeChat, ServerThread, free_port
+from ..upstream import FakeChat, ServerThread, free_port, serve_process
 
 PATIENCE_S = 60.0  # for spans to arrive, on a loaded 2-core machine (never a speed bound)
 CLIENT_KEY = "mr-alice-0123456789abcdef"
@@ -42,6 +43,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each export's HTTP headers
         self.lock = threading.Lock()
         receiver = self
 
@@ -50,6 +52,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 request = ExportTraceServiceRequest.FromString(body)
                 with receiver.lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                     for resource in request.resource_spans:
                         service = {a.key: _value(a.value) for a in resource.resource.attributes}
                         for scoped in resource.scope_spans:
@@ -304,3 +307,18 @@ def test_a_mesh_request_has_its_attempt_with_the_routers_mode(
     assert attempt["attrs"]["meshroute.head"] == "n1"
     assert "meshroute.key_position" not in attempt["attrs"]
     assert node.seen[-1]["headers"]["traceparent"].split("-")[1] == request["trace_id"]
+
+
+def test_meshroute_serve_takes_the_standard_otel_variables(receiver: Receiver,
+                                                           tmp_path: Path) -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "svc-env",
+           "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=team%20a"}
+    with serve_process([], tmp_path / "log", env) as (url, _):
+        answer = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                            json={"model": "nobody-serves-this", "messages": MESSAGES})
+        assert answer.status_code == 404, answer.text
+        request = _request_span(receiver.wait(1))
+    assert request["service"]["service.name"] == "svc-env"
+    assert request["name"] == "chat nobody-serves-this"
+    assert request["attrs"]["error.type"] == answer.json()["error"]["code"]
+    assert receiver.headers[0]["x-tenant"] == "team a"
