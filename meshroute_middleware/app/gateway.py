@@ -173,6 +173,12 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     gw.app = AccessLog(gw.guard, telemetry, ROUTED_PATHS)
     if node_log is not None:  # a --workers worker: its node writes reach its siblings
         gw.app = ShareNodeWrites(gw.app, node_log)
+    if settings.otlp_endpoint:  # the otlp extra, imported only now (docs/observability.md)
+        from meshroute_middleware.telemetry import tracing
+        gw.app = tracing.traced(gw.app, tracing.Tracing(
+            settings.otlp_endpoint, tracing.parse_headers(settings.otlp_headers),
+            settings.otlp_service_name, settings.otlp_content), ROUTED_PATHS,
+            telemetry.add_collector)
     return gw
 
 

@@ -8,6 +8,7 @@ our own. Library code never reads os.environ: only `load_settings` looks at the 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -43,6 +44,7 @@ from meshroute_middleware.state.limits import RETENTION_DAYS
 from node_agent.discovery import HEALTH_INTERVAL_S
 
 GC_MODES = ("paced", "python")
+OTLP_INSTALL = "pip install 'meshroute[otlp]'"  # pyproject's extra (docs/observability.md)
 LOG_FORMATS = ("text", "json")  # app/logs.py
 # SIGTERM lets streams in flight finish this long (issue 33): a long answer of a slow node
 # (~1,000 tokens at ~40 tokens/s) fits; systemd's default stop timeout (90 s) is above it
@@ -54,9 +56,9 @@ _EDGE = EdgeLimits()  # the HTTP edge's defaults live with its protocol
 _GOSSIP = GossipConfig()  # gossip's with gossip
 
 # --help's groups, in the order shown: an option names its group (Option.group)
-LISTENING, NODES, FORWARDING, GOSSIP, STATE, PROVIDERS, POLICY = (
+LISTENING, NODES, FORWARDING, GOSSIP, STATE, PROVIDERS, POLICY, TRACES = (
     "listening", "nodes and discovery", "forwarding limits", "gossip", "state", "providers",
-    "policy")
+    "policy", "traces")
 GROUPS: dict[str, str] = {
     LISTENING: "the HTTP server: address, request limits, processes, logs",
     NODES: "where nodes come from (mDNS, --nodes-file, POST /v1/nodes) and who may add them",
@@ -65,6 +67,8 @@ GROUPS: dict[str, str] = {
     STATE: "what a restart keeps",
     PROVIDERS: "provider routes: the [routing] and [[providers]] tables of --config",
     POLICY: "how a route is chosen",
+    TRACES: "OpenTelemetry traces over OTLP/HTTP (pip install 'meshroute[otlp]'; "
+            "docs/observability.md)",
 }
 
 
@@ -211,6 +215,18 @@ OPTIONS: tuple[Option, ...] = (
            "garbage collector: 'paced' (short pauses, full collections when cheap) or "
            "'python' (CPython's own, on a frozen start-up heap)", group=LISTENING,
            choices=GC_MODES),
+    Option("otlp_endpoint", str, ("--otlp-endpoint",),
+           ("MESHROUTE_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+           "export a span per routed request to this OTLP/HTTP collector (a base URL: "
+           "/v1/traces is added)", group=TRACES),
+    Option("otlp_headers", str, (), ("MESHROUTE_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"),
+           "headers sent with every export, 'name=value,name=value'", group=TRACES,
+           secret=True),
+    Option("otlp_service_name", str, ("--otlp-service-name",),
+           ("MESHROUTE_OTLP_SERVICE_NAME", "OTEL_SERVICE_NAME"),
+           "the spans' service.name", group=TRACES),
+    Option("otlp_content", bool, ("--otlp-content",), ("MESHROUTE_OTLP_CONTENT",),
+           "put the messages and the answer in the spans (off: never)", group=TRACES),
 )
 
 
@@ -265,6 +281,10 @@ class ServeSettings:
     gc: str = "paced"  # app/gcpace.py; "python": CPython's own collector (serve.settle_heap)
     limits_store: str | None = None  # None: "local", "state-file" with --workers N
     usage_retention_days: int = RETENTION_DAYS  # Redis ledger rows expire after this
+    otlp_endpoint: str | None = None  # telemetry/tracing.py: None exports nothing
+    otlp_headers: str | None = None
+    otlp_service_name: str = "meshroute"
+    otlp_content: bool = False
     # a --workers worker (app/workers.py, no option): HTTP node writes shared through the
     # state file (app/nodeshare.py)
     share_node_writes: bool = False
@@ -300,6 +320,9 @@ class ServeSettings:
                              f"{self.usage_retention_days}")
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
+        if self.otlp_endpoint and not otlp_installed():
+            raise ValueError("traces need the OpenTelemetry SDK: "
+                             f"{OTLP_INSTALL}")
 
     @property
     def gossip(self) -> bool:
@@ -343,6 +366,15 @@ class ServeSettings:
                           self.header_timeout_s)
 
 
+def otlp_installed() -> bool:
+    """Whether the `otlp` extra is installed (nothing of it is imported here)."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in (
+            "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"))
+    except (ImportError, ValueError, AttributeError):  # a parent package missing or blocked
+        return False
+
+
 class SettingsError(MeshRouteError, ValueError):
     """A configuration value is malformed; the message names its source."""
 
@@ -355,7 +387,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = 
         members = [o for o in chosen if o.group == title]
         if not members:
             continue
-        env_only = [f"{o.env[0]}: {o.help}" for o in members if not o.flags]
+        env_only = [f"{', '.join(o.env)}: {o.help}" for o in members if not o.flags]
         if env_only:  # no flag (a secret): its variable is the only way to set it
             description += "; environment only: " + "; ".join(env_only)
         group = parser.add_argument_group(title, description)

@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.kinds import ErrorKind
+from meshroute_middleware.telemetry.events import TAP
 
 # Response headers a head's answer loses on its way (chat.headers drops the rest: cookies,
 # the head's own date/server). content-length is re-added from the parsed value.
@@ -205,6 +206,9 @@ class AiohttpForwarder:
         A request a stale pooled connection lost is sent once more on a fresh connection."""
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         hdrs.append(("accept-encoding", "identity"))
+        if (tap := TAP.get()) is not None:  # traces on: the attempt's traceparent (tracing.py)
+            hdrs = [h for h in hdrs if h[0].lower() not in ("traceparent", "tracestate")]
+            hdrs += tap.upstream_headers()
         try:
             raw = await self._post(self._client(), url, body, hdrs, _Reuse())
         except _StaleConnection:

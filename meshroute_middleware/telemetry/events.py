@@ -15,7 +15,8 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from contextvars import ContextVar
+from typing import Any, Protocol, TypeVar
 
 HISTORY = 500  # events kept for late subscribers
 QUEUE = 1000  # events buffered per slow subscriber before it misses some
@@ -26,6 +27,18 @@ T = TypeVar("T")
 # (id, type, ts, render, content): the event is {"type", "id", "ts", **render(content)}
 Entry = tuple[int, str, float, Callable[[Any], Payload], Any]
 _NONE: frozenset[int] = frozenset()
+
+
+class Tap(Protocol):
+    """A request's tracer (telemetry/tracing.py): every event published while serving the
+    request, as it is published; and the trace headers its upstream attempt sends."""
+
+    def __call__(self, entry: Entry) -> None: ...
+
+    def upstream_headers(self) -> list[tuple[str, str]]: ...
+
+
+TAP: ContextVar[Tap | None] = ContextVar("meshroute_event_tap", default=None)  # None: no traces
 
 
 def as_is(payload: Payload) -> Payload:
@@ -92,6 +105,9 @@ class EventBus:
 
     def _add(self, entry: Entry) -> None:
         """Keep an event and queue it for the subscribers."""
+        tap = TAP.get()
+        if tap is not None:
+            tap(entry)
         self._history.append(entry)
         if not self._subscribers:
             return
