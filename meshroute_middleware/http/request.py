@@ -20,7 +20,7 @@ from meshroute_middleware.core.objectives import (
     parse_objective,
 )
 from meshroute_middleware.core.prefix import Prefix, message_chain
-from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES
+from meshroute_middleware.core.providers.chain import MAX_SESSION_ID_BYTES, SESSION_HEADER
 from meshroute_middleware.core.providers.tokens import TokenEstimate, estimate
 from meshroute_middleware.endpoints import CHAT_PATH, PATHS, RequestKind, Translation
 from meshroute_middleware.http.errors import HttpError, RequestError
@@ -139,7 +139,7 @@ def check_large(body: bytes, limits: BodyLimits) -> None:
         check_messages(payload, limits)
 
 
-H_SESSION = b"x-session-id"
+H_SESSION = SESSION_HEADER.encode()
 H_OBJECTIVE = b"x-meshroute-objective"
 # The body's own field for meshroute's per-request options, stripped before forwarding, and
 # the options it may hold.

@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
+from meshroute_middleware.core.providers.chain import SESSION_HEADER
 from meshroute_middleware.telemetry.events import TAP, Entry, materialize
 
 log = logging.getLogger("meshroute.tracing")
@@ -44,7 +45,7 @@ MAX_BODY = 1 << 20  # bytes of a request or a JSON answer read for model, usage 
 MAX_CONTENT = 64 * 1024  # characters of --otlp-content per attribute
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
-_SESSION = b"x-session-id"
+_SESSION = SESSION_HEADER.encode()
 
 
 def traces_url(endpoint: str) -> str:

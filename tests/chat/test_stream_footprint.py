@@ -37,7 +37,10 @@ N = 40
 # the request guard's Host check, the answer's one deadline timer (request_timeout_s).
 # +1 on 2026-12-04 (issue 32): the filter that keeps a stream as its client asked while the
 # upstream is asked for usage (chat/stream_usage.py), 99.0 -> 99.7-100.6 in five runs.
-MAX_OBJECTS_PER_STREAM = 102
+# 102.8 on 2026-12-07 (three runs alike; issues 32 and 36): the request's token estimate,
+# computed once at parse and kept with it (one parse per request), and the one relay's
+# deadline (asyncio.timeout) around the upstream's chunks; each one object per stream.
+MAX_OBJECTS_PER_STREAM = 105
 # A /v1/responses stream adds its translation: the request's echo (its tools, text format),
 # the stream's items and the SSE line splitter. Measured 2026-12-02: 114.3 per stream (98.6
 # for chat in the same runs), the same in three runs; a list or closure per chunk crosses it.

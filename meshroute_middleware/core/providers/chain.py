@@ -28,6 +28,7 @@ SESSION_MAX = 10_000  # sessions remembered at most (least recently used dropped
 # issue 22: 3,000 requests with 60 KB ids added 172 MB; ids are capped at the HTTP edge
 # (http/request.py, 400) and here, and the whole map in bytes of ids and routes.
 MAX_SESSION_ID_BYTES = 128
+SESSION_HEADER = "x-session-id"  # a conversation's id, sent by the client (issue 26)
 SESSION_MAX_BYTES = 4 * 1024 * 1024
 
 
