@@ -197,8 +197,8 @@ class Attempts:
     the mesh Router's ranking (its own `Ranking` methods: fallbacks, records, cancels) unless
     given another (`ranking`: the provider chain's)."""
 
-    __slots__ = ("_now", "_open", "_passed", "deadline", "inputs", "kind", "max_tokens",
-                 "measured", "model", "ranking", "router", "telemetry", "text", "timeout_s")
+    __slots__ = ("_now", "_open", "_passed", "_ranking", "deadline", "inputs", "kind",
+                 "max_tokens", "measured", "model", "router", "telemetry", "text", "timeout_s")
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str,
                  max_tokens: int | None = None, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -211,7 +211,7 @@ class Attempts:
         self.kind = kind
         self.inputs = inputs if kind == "embeddings" else None
         self.text = kind == "completions"
-        self.ranking: Ranking[Any] = ranking if ranking is not None else self
+        self._ranking = ranking  # None: this object's own (no reference to itself: no cycle)
         self._passed: list[PassedOver] | None = None  # the mesh ranking's (on a failure)
         self._now = asyncio.get_running_loop().time  # the loop looked up once per request
         self.deadline = deadline if deadline is not None else self._now() + timeout_s
@@ -219,10 +219,19 @@ class Attempts:
         self._open: list[Any] = []
 
     @property
+    def ranking(self) -> Ranking[Any]:
+        """The ranking the attempts follow: the mesh Router's (this object) or another."""
+        return self if self._ranking is None else self._ranking
+
+    @ranking.setter
+    def ranking(self, ranking: Ranking[Any]) -> None:
+        self._ranking = None if ranking is self else ranking
+
+    @property
     def passed(self) -> list[PassedOver]:
         """The routes passed over so far, in order."""
-        if self.ranking is not self:
-            return self.ranking.passed
+        if self._ranking is not None:
+            return self._ranking.passed
         if self._passed is None:
             self._passed = []
         return self._passed
