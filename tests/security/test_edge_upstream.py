@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from meshroute_middleware.chat import relay
+
 from ..chat.test_forward import chat
 from .edge_util import EdgeGateway, RawNode, completion
 
@@ -107,7 +109,7 @@ def test_the_total_request_deadline_ends_a_stream_that_keeps_dripping() -> None:
         resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True), timeout=30)
         assert time.monotonic() - started < 7.0
         last = [line for line in resp.text.splitlines() if line.startswith("data: {")][-1]
-        assert json.loads(last[6:])["error"]["message"].startswith("the route's head stalled")
+        assert json.loads(last[6:])["error"]["message"].startswith(relay.STALLED_TEXT)
         [outcome] = gw.outcomes()
         assert outcome["ok"] is False and outcome["error"] == "timeout"
 
