@@ -1,6 +1,7 @@
 """The pure routing core: topology, enumeration, statistics, policies. No I/O, no clock."""
 
 from .config import RouterConfig
+from .decision import Decision
 from .errors import (
     InvalidNodeError,
     InvalidPinError,
@@ -10,7 +11,7 @@ from .errors import (
 )
 from .policies import Adr0021Policy, Arm, Outcome, Policy
 from .policies.registry import make_policy, register_policy
-from .router import Decision, Router
+from .router import Router
 from .routes import Hop, Route, enumerate_routes, pinned_route
 from .stats import RouteStatsStore, RouteView, StatEntry
 from .topology import NodeRecord, Topology, parse_node

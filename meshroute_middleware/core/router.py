@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from .cache_prior import prior_warm_tokens, route_prior
-from .capabilities import CAPABILITIES, NO_NEEDS, UnsupportedCapabilityError
+from .capabilities import NO_NEEDS, UnsupportedCapabilityError
 from .config import RouterConfig
+from .decision import Decision as Decision  # re-exported: its importers by the old path
+from .decision import slot_free, uncached
 from .errors import ModelGoneError, NoRouteError, UnknownModelError
 from .kinds import (
     FAILURE,
@@ -19,67 +21,20 @@ from .kinds import (
     SAMPLE,
     SUCCESS,
     ChangeKind,
-    DecisionMode,
     RecordResult,
 )
 from .node_load import RECORD_LAG_S, NodeLoads
 from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective
 from .policies import Arm, Outcome, Policy
 from .policies.registry import make_policy
-from .policies.ttft import ttft_choice, ttft_rank
+from .policies.ttft import ttft_choice
 from .prefix import Prefix, PrefixTable
 from .routes import Route, enumerate_routes, pinned_route
-from .stats import RouteStatsStore, RouteView
+from .routing_table import RECENT_ATTEMPTS, routing_table
+from .stats import RouteStatsStore
 from .topology import ModelTopology, NodeRecord, Topology, parse_networks
 
 Clock = Callable[[], float]
-ShareBasis = Literal["policy", "recent", "sampled"]  # how /v1/routing's shares were computed
-RECENT_ATTEMPTS = 256  # attempts per model behind the 'recent' traffic shares
-# ... the newest weighted most: an attempt counts half after this many newer ones, so the
-# shown split follows a change within a few dozen attempts, not 256.
-RECENT_HALF_LIFE = 32
-_RECENT_WEIGHTS = [0.5 ** (age / RECENT_HALF_LIFE) for age in range(RECENT_ATTEMPTS)]
-MIN_RECENT_FOR_SHARES = 32
-SHARE_DRAWS = 400  # Monte-Carlo draws behind one model's 'sampled' shares
-TABLE_SHARE_DRAWS = 4000  # draws for a whole table, split over its models (issue 11)
-MIN_SHARE_DRAWS = 10
-
-
-@dataclass(slots=True)
-class Decision:
-    """One routing decision: which route serves a request, and why."""
-
-    model: str
-    route: Route
-    mode: DecisionMode
-    attempt: int = 0  # 0 for the first choice, k for the k-th fallback
-    _ranked: tuple[Route, ...] = field(default=(), repr=False)  # the fallback chain so far
-    _unranked: Sequence[Arm] = field(default=(), repr=False)  # arms still to rank into it
-    _open: bool = field(default=False, repr=False)  # counted in flight, not yet ended
-    _load0: tuple[float, float] = field(default=(0.0, 0.0), repr=False)  # (area, t) at start
-    max_tokens: int | None = None  # the request's bound on its answer, if it set one
-    prefix: Prefix | None = None  # the prompt's message chain, if the request carried one
-    uncached_tokens: int = -1  # of the prompt, on this route as far as the router knows
-    objective: Objective = DEFAULT_OBJECTIVE  # what the request asked to be best at
-    ahead: int = -1  # attempts in flight on the route when this one began
-
-    @property
-    def signature(self) -> str:
-        """The chosen route's signature."""
-        return self.route.signature
-
-    @property
-    def ranked(self) -> tuple[Route, ...]:
-        """The fallback chain, best first.
-
-        Ranked on first use: ranking reads every arm's merged view, which a decision that
-        succeeds never needs (docs/benchmarks/engine.md).
-        """
-        if self._unranked:
-            rank = ttft_rank if self.objective == TTFT else _fallback_rank
-            self._ranked = tuple(a.route for a in sorted(self._unranked, key=rank))
-            self._unranked = ()
-        return self._ranked
 
 
 class Router:
@@ -238,7 +193,7 @@ class Router:
         chosen = arms.pop(i)
         return self._begin(Decision(model, chosen.route, mode, 0, (), arms,
                                     max_tokens=max_tokens, prefix=prefix,
-                                    uncached_tokens=_uncached(prefix, chosen.warm_tokens),
+                                    uncached_tokens=uncached(prefix, chosen.warm_tokens),
                                     objective=objective))
 
     def _missing(self, model: str, topo: ModelTopology,
@@ -256,7 +211,7 @@ class Router:
         warm = self.prefixes.warm(prefix).get(route.signature, 0) if prefix else 0
         return self._begin(Decision(decision.model, route, FALLBACK,
                                     decision.attempt + 1, rest, max_tokens=decision.max_tokens,
-                                    prefix=prefix, uncached_tokens=_uncached(prefix, warm),
+                                    prefix=prefix, uncached_tokens=uncached(prefix, warm),
                                     objective=decision.objective))
 
     def _begin(self, decision: Decision) -> Decision:
@@ -337,7 +292,7 @@ class Router:
                                        max_tokens=decision.max_tokens,
                                        uncached_tokens=decision.uncached_tokens,
                                        ahead=decision.ahead,
-                                       slot_free=_slot_free(decision))
+                                       slot_free=slot_free(decision))
             if decision.prefix is not None and outcome.ok:
                 self.prefixes.served(decision.prefix, sig)
         self.cancel(decision)
@@ -369,49 +324,9 @@ class Router:
                 for n in heads}
 
     # -- visibility ---------------------------------------------------------------
-    def _shares(self, arms: Sequence[Arm],
-                draws: int = SHARE_DRAWS) -> tuple[list[float], ShareBasis]:
-        """Shares and their basis: 'policy' (closed form), 'recent' (what the last attempts
-        did: a load-aware policy's next pick depends on what is in flight, so one snapshot
-        would say 100 % for whichever route is idle) or 'sampled' (Monte Carlo, cold)."""
-        exact = getattr(self.policy, "shares", None)
-        if exact is not None:
-            return list(exact(arms)), "policy"
-        recent = self._recent.get(arms[0].route.model) if arms else None
-        if recent is not None and len(recent) >= MIN_RECENT_FOR_SHARES:
-            weights: dict[str, float] = {}
-            # newest first; the deque holds at most RECENT_ATTEMPTS
-            for signature, w in zip(reversed(recent), _RECENT_WEIGHTS, strict=False):
-                weights[signature] = weights.get(signature, 0.0) + w
-            total = sum(weights.values())
-            return [weights.get(a.signature, 0.0) / total for a in arms], "recent"
-        if len(arms) == 1:
-            return [1.0], "sampled"
-        return estimate_shares(self.policy, arms, self.clock(), draws), "sampled"
-
     def routing_table(self, model: str | None = None) -> dict[str, Any]:
         """The /v1/routing document: config and, per model, epoch and candidate table."""
-        models = self.models() if model is None else [model]
-        now = self.clock()
-        # A bounded draw budget per table: 3,000 models at 400 draws each blocked the loop
-        # for seconds; a one-model table keeps the full 400.
-        draws = max(MIN_SHARE_DRAWS, min(SHARE_DRAWS, TABLE_SHARE_DRAWS // max(1, len(models))))
-        out: dict[str, Any] = {}
-        for name in models:
-            topo = self.topology.model(name)
-            arms = self.arms(name, now)
-            shares, basis = self._shares(arms, draws) if arms else ([], "policy")
-            out[name] = {"epoch": topo.epoch if topo else 0, "share_basis": basis,
-                         "candidates": self._table(arms, shares)}
-        return {"config": self.config.to_dict(), "models": out}
-
-    def _table(self, arms: Sequence[Arm], shares: Sequence[float]) -> list[dict[str, Any]]:
-        best = max((a.view.tps or 0.0 for a in arms if a.proven), default=0.0)
-        # The policy's own current estimate (thompson: its curve's s1), where it keeps one.
-        estimate: Callable[[str], float | None] = getattr(
-            self.policy, "estimate", lambda _signature: None)
-        return [_row(a, best, s, estimate(a.signature))
-                for a, s in zip(arms, shares, strict=True)]
+        return routing_table(self, model)
 
     def prune(self) -> int:
         """Drop statistics unseen for the prune horizon (24 h)."""
@@ -425,58 +340,3 @@ def _with_server_prior(arm: Arm) -> int:
     if prior is None:
         return arm.warm_tokens
     return prior_warm_tokens(prior, arm.warm_tokens, arm.view.count)
-
-
-def _slot_free(decision: Decision) -> bool:
-    """Whether the route's announced slots were not all taken when the attempt began."""
-    slots = decision.route.slots
-    return slots is not None and 0 <= decision.ahead < slots
-
-
-def _uncached(prefix: Prefix | None, warm_tokens: int) -> int:
-    """The prompt's tokens a route is not known to hold (-1 without a prompt)."""
-    return -1 if prefix is None else max(prefix.prompt_tokens - warm_tokens, 0)
-
-
-def _fallback_rank(arm: Arm) -> tuple[int, float]:
-    """Fallback order: proven arms by learned tps, then the rest by prior."""
-    v: RouteView = arm.view
-    if arm.proven and v.tps is not None:
-        return (0, -v.tps)
-    return (1, -arm.route.prior_tps)
-
-
-def estimate_shares(policy: Policy, arms: Sequence[Arm], now: float,
-                    draws: int = 400) -> list[float]:
-    """Monte-Carlo traffic shares for policies without a closed form (display only)."""
-    rng = random.Random(0x5EED)
-    counts = [0] * len(arms)
-    for _ in range(draws):
-        counts[policy.choose(arms, now, rng)[0]] += 1
-    return [c / draws for c in counts]
-
-
-def _row(arm: Arm, best_tps: float, share: float, estimate: float | None) -> dict[str, Any]:
-    v = arm.view
-    return {
-        "signature": arm.signature,
-        "hops": [{"node_id": h.node.node_id, "start_layer": h.start_layer,
-                  "end_layer": h.end_layer} for h in arm.route.hops],
-        "head": arm.route.head.node_id,
-        "caps": [c for c in CAPABILITIES if c in arm.route.caps],  # what every hop serves
-        "tps": v.tps,
-        "prior_tps": arm.prior_tps,
-        "estimate_tps": estimate,
-        "coefficient": (v.tps / best_tps) if (v.tps is not None and best_tps > 0) else None,
-        "share": share,
-        "samples": v.count,
-        "weight": v.mass,
-        "status": v.status,
-        "ttfb_ms": None if v.ttfb_s is None else v.ttfb_s * 1000.0,
-        "successes": v.ok,
-        "failures": v.fail,
-        "in_flight": arm.in_flight,
-        "slots": arm.route.slots,  # its narrowest hop's announced batch (None: unsaid)
-        "origins": v.origins,
-        "last_error": v.last_error or None,
-    }

@@ -1,6 +1,6 @@
 """The addon's mitmproxy options, generated from the project's one settings table.
 
-Every row of `settings.OPTIONS` that has a CLI flag becomes `meshroute_<name>` (so
+Every row of `app.options.OPTIONS` that has a CLI flag becomes `meshroute_<name>` (so
 `--set meshroute_nodes_file=nodes.json`, `--set meshroute_policy=adr0021`,
 `--set meshroute_gossip_peers=10.0.0.2:7946`). They are registered as optional strings (a
 sequence for repeatable ones): mitmproxy's `--set` cannot parse floats, and leaving a value unset
@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Optional
 
-from meshroute_middleware.app.settings import OPTIONS, Option, ServeSettings, load_settings
+from meshroute_middleware.app.options import OPTIONS, Option
+from meshroute_middleware.app.settings import ServeSettings, load_settings
 from meshroute_middleware.core.config import RouterConfig
 
 PREFIX = "meshroute_"

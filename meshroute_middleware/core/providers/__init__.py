@@ -23,10 +23,10 @@ from .keys import (
     Reservation,
     parse_retry_after,
 )
+from .ranked import Scored
 from .router import (
     ChainAttempt,
     ProviderRouter,
-    Scored,
     StateRestoreError,
 )
 from .scoring import (

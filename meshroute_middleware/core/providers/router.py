@@ -17,7 +17,7 @@ clock and the rng come in on every call. The forward loop of the adapter uses it
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,9 @@ from .keys import (
     key_route,
 )
 from .peers import Merged, Peers, PeerState, merged_stats
+from .ranked import MeshServes as MeshServes  # re-exported: its importers by the old path
+from .ranked import Scored as Scored
+from .ranked import by_price, by_score, has_caps, move_first
 from .scoring import (
     PRIORITY,
     STRATEGY_WEIGHTS,
@@ -65,26 +68,8 @@ from .scoring import (
     speed_score,
 )
 
-MeshServes = Callable[[str, frozenset[str]], bool]  # whether a mesh model has a route with them
 # Under the `cost` objective routes of one price are ranked as under this strategy (speed).
 COST_TIES = "fastest"
-
-
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """A candidate with its axes and combined score (sampled when ranking, expected on display;
-    None under `priority`, which ranks by the written order). Under the `ttft` objective
-    `speed` is the first-token axis (scoring.first_token_score) and `score` is reliability ×
-    that × headroom × rate limit."""
-
-    candidate: Candidate
-    score: float | None
-    reliability: float
-    speed: float
-    intelligence: float
-    price: float
-    headroom: float
-    rate_limit: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,16 +194,16 @@ class ProviderRouter:
             candidates = [c for c in candidates if has_caps(c, needs, mesh_serves)]
         ranked = [self.score(c, res.strategy, now, rng, objective) for c in candidates]
         if res.strategy == PRIORITY:
-            return _move_first(ranked, pinned)
+            return move_first(ranked, pinned)
         if objective == COST:
-            ranked.sort(key=_by_price)
-            return _move_first(ranked, pinned)
-        ranked.sort(key=_by_score)
+            ranked.sort(key=by_price)
+            return move_first(ranked, pinned)
+        ranked.sort(key=by_score)
         sticky = self.sessions.get(session, now)
         if sticky is not None and not self._usable(sticky, ranked, tokens, now):
             sticky = None
         for first in (sticky, pinned):  # the pin ends up in front of the session's route
-            ranked = _move_first(ranked, first)
+            ranked = move_first(ranked, first)
         return ranked
 
     # -- taking a route -------------------------------------------------------------------
@@ -443,17 +428,6 @@ class ProviderRouter:
                    for k in range(1, len(c.provider.keys) + 1))
 
 
-def has_caps(candidate: Candidate, needs: frozenset[str],
-             mesh_serves: MeshServes | None = None) -> bool:
-    """Whether a route has every capability in `needs` (a provider model: as configured; a
-    mesh model: as `mesh_serves` says, assumed when it is not given)."""
-    if not needs:
-        return True
-    if candidate.model is not None:
-        return needs <= candidate.model.capabilities
-    return mesh_serves is None or mesh_serves(candidate.route, needs)
-
-
 def _split_key(route: str | None) -> tuple[str | None, int | None]:
     """`fastco/big-model#2` → (`fastco/big-model`, 2); anything else → (route, None)."""
     if route is None:
@@ -462,21 +436,3 @@ def _split_key(route: str | None) -> tuple[str | None, int | None]:
     if sep and tail.isdigit():
         return head, int(tail)
     return route, None
-
-
-def _by_score(s: Scored) -> float:
-    """The sort key of a ranking by score: best first."""
-    return -s.score if s.score is not None else 0.0
-
-
-def _by_price(s: Scored) -> tuple[float, float]:
-    """The sort key under the `cost` objective: cheapest first (price axis 1 = free), then
-    by score."""
-    return (-s.price, _by_score(s))
-
-
-def _move_first(ranked: list[Scored], route: str | None) -> list[Scored]:
-    for i, s in enumerate(ranked):
-        if s.candidate.route == route:
-            return [s, *ranked[:i], *ranked[i + 1:]]
-    return ranked

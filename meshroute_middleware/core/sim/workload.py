@@ -9,8 +9,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from ..decision import Decision
 from ..prefix import Prefix, chain
-from ..router import Decision
 from .model import Conversations, Scenario
 
 
