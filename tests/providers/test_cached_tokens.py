@@ -14,7 +14,14 @@ import anthropic
 import openai
 import pytest
 
-from meshroute_middleware.core.clients_budget import cost_usd
+from meshroute_middleware.core.clients_budget import (
+    DAY_S,
+    USAGE,
+    ClientGates,
+    Spent,
+    cost_usd,
+    usage_report,
+)
 from meshroute_middleware.core.providers.config import parse_providers_config
 from meshroute_middleware.forwarding.measure import TokenMeter
 
@@ -221,3 +228,19 @@ def test_a_messages_client_behind_an_openai_upstream_gets_cache_read_input_token
         == [(2000, 1800, 16)]
     assert rows[0]["cost_usd"] == pytest.approx(
         2 * (100 * PRICE_IN + 900 * PRICE_CACHED + 8 * PRICE_OUT) / 1e6)
+
+
+def test_ledger_rows_from_before_cached_tokens_read_zero_and_add_up() -> None:
+    """A row a state file or Redis holds from before issue 35 has no cached fields: restored
+    and reported as 0, and a new request's cached tokens add to it."""
+    old = {"client": "alice", "route": "p/m", "day": 20_000, "requests": 2,
+           "prompt_tokens": 30, "completion_tokens": 7, "cost_usd": 0.5, "errors": 0}
+    assert usage_report([old], ("client",)) == [
+        {"client": "alice", "requests": 2, "prompt_tokens": 30, "completion_tokens": 7,
+         "cost_usd": 0.5, "errors": 0, "cached_tokens": 0, "cache_write_tokens": 0}]
+    gates = ClientGates()
+    gates.restore({USAGE: [{**old, "name": "alice p/m", "key": 20_000}]})
+    gates.record("alice", Spent("p/m", 100, 3, 0.1, False, 80, 15), 20_000 * DAY_S + 5)
+    [row] = gates.ledger()
+    assert (row["requests"], row["prompt_tokens"], row["cached_tokens"],
+            row["cache_write_tokens"]) == (3, 130, 80, 15)
