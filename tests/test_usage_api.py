@@ -66,9 +66,11 @@ async def test_the_admin_token_sees_every_client() -> None:
     assert resp.json()["object"] == "list" and resp.json()["group_by"] == "client"
     assert rows(resp) == [
         {"client": "alice", "requests": 3, "prompt_tokens": 31, "completion_tokens": 11,
-         "cost_usd": 0.75, "errors": 1},
+         "cost_usd": 0.75, "errors": 1, "cached_tokens": 0,
+         "cache_write_tokens": 0},
         {"client": "bob", "requests": 1, "prompt_tokens": 3, "completion_tokens": 3,
-         "cost_usd": 0.1, "errors": 0}]
+         "cost_usd": 0.1, "errors": 0, "cached_tokens": 0,
+         "cache_write_tokens": 0}]
 
 
 async def test_a_client_key_sees_its_own_rows_only() -> None:
@@ -79,9 +81,11 @@ async def test_a_client_key_sees_its_own_rows_only() -> None:
         other = await get(c, "key-alice", client="bob")
     assert rows(own) == [
         {"route": "p/m", "requests": 2, "prompt_tokens": 30, "completion_tokens": 10,
-         "cost_usd": 0.75, "errors": 1},
+         "cost_usd": 0.75, "errors": 1, "cached_tokens": 0,
+         "cache_write_tokens": 0},
         {"route": "q", "requests": 1, "prompt_tokens": 1, "completion_tokens": 1,
-         "cost_usd": 0.0, "errors": 0}]
+         "cost_usd": 0.0, "errors": 0, "cached_tokens": 0,
+         "cache_write_tokens": 0}]
     assert [r["client"] for r in rows(by_header)] == ["bob"]
     assert [(r["day"], r["date"]) for r in rows(named)] == [(DAY, "2025-11-28"),
                                                             (DAY + 1, "2025-11-29")]

@@ -151,8 +151,10 @@ class AccessCounters(ClientCounters):
     """Clients' counters that also hand a request's metered tokens to its access record."""
 
     def count(self, client: str, route: str, status: int, prompt_tokens: int,
-              completion_tokens: int, cost_usd: float) -> None:
-        super().count(client, route, status, prompt_tokens, completion_tokens, cost_usd)
+              completion_tokens: int, cost_usd: float, cached_tokens: int = 0,
+              cache_write_tokens: int = 0) -> None:
+        super().count(client, route, status, prompt_tokens, completion_tokens, cost_usd,
+                      cached_tokens, cache_write_tokens)
         record = ACCESS.get()
         if record is not None:
             record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens

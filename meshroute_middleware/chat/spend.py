@@ -60,7 +60,8 @@ from meshroute_middleware.telemetry.client_metrics import ClientCounters
 from meshroute_middleware.telemetry.requests import answered
 
 log = logging.getLogger("meshroute.clients")
-Prices = Mapping[str, tuple[float, float]]  # provider route -> (price_in, price_out) USD/Mtok
+# provider route -> (price_in, price_out[, price_cached_in, price_cache_write]) USD/Mtok
+Prices = Mapping[str, tuple[float, ...]]
 RETRY_UNKNOWN_S = 60  # a refusal whose end is not known (a request larger than tpm): a minute
 _FAILED = object()  # a store transaction that did not happen
 REFUSED = HttpError.CLIENT_RATE_LIMITED.status  # the status a refused request is counted under
@@ -69,12 +70,13 @@ _LIMITS = {"rpm": ("rpm", "requests a minute"), "tpm": ("tpm", "tokens a minute"
            "monthly_usd": ("monthly_usd", "USD a UTC month")}
 
 
-def prices_of(cfg: ProvidersConfig | None) -> dict[str, tuple[float, float]]:
-    """Each provider route's (price_in, price_out); mesh routes are not in it (free)."""
+def prices_of(cfg: ProvidersConfig | None) -> dict[str, tuple[float, ...]]:
+    """Each provider route's (price_in, price_out, price_cached_in, price_cache_write); mesh
+    routes are not in it (free)."""
     if cfg is None:
         return {}
-    return {f"{p.name}/{m.id}": (m.price_in, m.price_out) for p in cfg.providers
-            for m in p.models}
+    return {f"{p.name}/{m.id}": (m.price_in, m.price_out, *m.cache_prices)
+            for p in cfg.providers for m in p.models}
 
 
 def caps_of(cfg: ProvidersConfig | None) -> dict[str, int]:
@@ -211,7 +213,8 @@ class ClientSpend:
         """A request ended: counted, and its usage queued for the store (chat/ledger.py:
         written behind, retried until the store takes it)."""
         self.counters.count(client.name, spent.route, status, spent.prompt_tokens,
-                            spent.completion_tokens, spent.cost_usd)
+                            spent.completion_tokens, spent.cost_usd, spent.cached_tokens,
+                            spent.cache_write_tokens)
         if client.limited and admission is None:  # admitted while the store was away
             return
         self.ledger.add(client.name, admission, spent, self.clock())
@@ -254,8 +257,13 @@ class ClientSpend:
         if task.cancelled() or task.exception() is not None or task.result() is _FAILED:
             self.ledger.back(ends)
 
-    def cost(self, route: str, prompt_tokens: int, completion_tokens: int) -> float:
-        return cost_usd(prompt_tokens, completion_tokens, self.prices.get(route))
+    def cost(self, route: str, prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int = 0, cache_write_tokens: int = 0) -> float:
+        price = self.prices.get(route)
+        if price is None:
+            return 0.0
+        return cost_usd(prompt_tokens, completion_tokens, (price[0], price[1]), cached_tokens,
+                        cache_write_tokens, (price[2], price[3]) if len(price) >= 4 else None)
 
     async def usage_rows(self, client: str | None = None,
                          since: float = 0.0) -> list[dict[str, Any]]:
@@ -356,12 +364,15 @@ class Metered:
         if prompt is None:  # no usage: the estimate, when a route answered (or was sent it)
             prompt = self._prompt_estimate if self._status in (200, 499) else 0
         completion = meter.completion_tokens if meter is not None else 0
+        cached, written = (meter.cached_tokens, meter.cache_write_tokens) if meter is not None \
+            else (0, 0)
         # a 429 or 5xx is the gateway's own "no route answered" (routes tried are in its
         # body), whatever x-meshroute-route says was tried last
         route = NO_ROUTE if not self._status or self._status == 429 or self._status >= 500 \
             else self._route
-        usd = self._spend.cost(route, prompt, completion) if self._priced else 0.0
-        spent = Spent(route, prompt, completion, usd, not ok)
+        usd = self._spend.cost(route, prompt, completion, cached, written) \
+            if self._priced else 0.0
+        spent = Spent(route, prompt, completion, usd, not ok, cached, written)
         try:
             await self._spend.settle(self._client, self._admission, spent, self._status or 499)
         except Exception:  # a bug of ours must not fail the answer already given

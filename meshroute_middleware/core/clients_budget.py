@@ -55,6 +55,8 @@ class Spent:
     completion_tokens: int
     cost_usd: float
     error: bool
+    cached_tokens: int = 0  # of prompt_tokens: read from the provider's cache (issue 35)
+    cache_write_tokens: int = 0  # of prompt_tokens: written to the provider's cache
 
 
 @dataclass(slots=True)
@@ -93,12 +95,21 @@ def client_row(client: str) -> RowName:
 
 
 def cost_usd(prompt_tokens: int, completion_tokens: int,
-             price: tuple[float | None, float | None] | None) -> float:
-    """USD of one answer at (price_in, price_out) per million tokens; None prices are free."""
+             price: tuple[float | None, float | None] | None, cached_tokens: int = 0,
+             cache_write_tokens: int = 0,
+             cache_price: tuple[float, float] | None = None) -> float:
+    """USD of one answer at (price_in, price_out) per million tokens; None prices are free.
+    Of the prompt, `cached_tokens` are priced at `cache_price`'s first (cache reads) and
+    `cache_write_tokens` at its second (cache writes), the rest at price_in (issue 35);
+    no `cache_price`: price_in for all."""
     if price is None:
         return 0.0
-    price_in, price_out = price
-    return (prompt_tokens * (price_in or 0.0) + completion_tokens * (price_out or 0.0)) / 1e6
+    price_in, price_out = price[0] or 0.0, price[1] or 0.0
+    cached = min(max(0, cached_tokens), max(0, prompt_tokens))
+    written = min(max(0, cache_write_tokens), max(0, prompt_tokens) - cached)
+    read_price, write_price = cache_price or (price_in, price_in)
+    return ((prompt_tokens - cached - written) * price_in + cached * read_price
+            + written * write_price + completion_tokens * price_out) / 1e6
 
 
 class ClientGates:
@@ -195,9 +206,13 @@ class ClientGates:
         if ledger is None:
             ledger = self._usage[(client, spent.route, name[2])] = {
                 "client": client, "route": spent.route, "day": name[2], "requests": 0,
-                "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0}
+                "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0,
+                "cached_tokens": 0, "cache_write_tokens": 0}
         ledger["requests"] += 1
         ledger["prompt_tokens"] += max(0, spent.prompt_tokens)
+        ledger["cached_tokens"] = ledger.get("cached_tokens", 0) + max(0, spent.cached_tokens)
+        ledger["cache_write_tokens"] = (ledger.get("cache_write_tokens", 0)
+                                        + max(0, spent.cache_write_tokens))
         ledger["completion_tokens"] += max(0, spent.completion_tokens)
         ledger["cost_usd"] += max(0.0, spent.cost_usd)
         ledger["errors"] += int(spent.error)
@@ -257,6 +272,8 @@ class ClientGates:
                 "client": str(r["client"]), "route": str(r["route"]), "day": int(r["day"]),
                 **{k: int(r[k]) for k in ("requests", "prompt_tokens", "completion_tokens",
                                           "errors")},
+                # rows written before issue 35 hold no cached counts: 0
+                **{k: int(r.get(k, 0)) for k in ("cached_tokens", "cache_write_tokens")},
                 "cost_usd": float(r["cost_usd"])}
 
     def _row(self, client: str, now: float) -> _ClientRow:
@@ -277,7 +294,8 @@ def rows_of_request(client: str, route: str | None, now: float) -> list[RowName]
 
 
 GROUPS = ("client", "route", "day")
-COUNTS = ("requests", "prompt_tokens", "completion_tokens", "cost_usd", "errors")
+COUNTS = ("requests", "prompt_tokens", "completion_tokens", "cost_usd", "errors",
+          "cached_tokens", "cache_write_tokens")
 
 
 def usage_report(rows: list[dict[str, Any]], group_by: tuple[str, ...], *,
@@ -292,7 +310,8 @@ def usage_report(rows: list[dict[str, Any]], group_by: tuple[str, ...], *,
         key = tuple(r[g] for g in group_by)
         total = out.setdefault(key, {**dict(zip(group_by, key, strict=True)),
                                      "requests": 0, "prompt_tokens": 0,
-                                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 0})
+                                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 0,
+                                     "cached_tokens": 0, "cache_write_tokens": 0})
         for name in COUNTS:
-            total[name] += r[name]
+            total[name] += r.get(name, 0)  # a row from before issue 35: no cached counts
     return [out[k] for k in sorted(out)]

@@ -7,7 +7,10 @@ send one chunk per token). Anthropic's Messages answers (a route with `api = "an
 count the same way: `usage.output_tokens` (a stream's last `message_delta` carries the
 total), else one per `text_delta` / `input_json_delta` / `thinking_delta` event.
 `usage.prompt_tokens` (Anthropic: `input_tokens`) is read from the same places (None when the
-upstream sent none).
+upstream sent none), and the cached part of the prompt (issue 35): OpenAI's
+`prompt_tokens_details.cached_tokens` (included in `prompt_tokens`), Anthropic's
+`cache_read_input_tokens` and `cache_creation_input_tokens` (not included in its
+`input_tokens`: the prompt is their sum, the same meaning on every API).
 A completions stream carries its tokens as `choices[].text`: its meter looks for non-empty
 `"text"` instead, picked once per meter, so chat's scan is the same one regex as before.
 """
@@ -22,6 +25,9 @@ __all__ = ["TokenMeter", "sse_error_event"]
 
 _COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')  # OpenAI's, part of prompt_tokens
+_CACHE_READ = re.compile(rb'"cache_read_input_tokens"\s*:\s*(\d+)')  # Anthropic's, beside
+_CACHE_WRITE = re.compile(rb'"cache_creation_input_tokens"\s*:\s*(\d+)')  # input_tokens
 _NONEMPTY_CONTENT = re.compile(rb'"(?:content|arguments|reasoning_content|reasoning)"\s*:\s*"(?!")'
                                rb'|"type"\s*:\s*"(?:text|input_json|thinking)_delta"')
 _NONEMPTY_TEXT = re.compile(rb'"text"\s*:\s*"(?!")')  # completions' choices[].text
@@ -46,6 +52,12 @@ class TokenMeter:
         self.chunks_counted = 0
         self.usage_tokens: int | None = None
         self.usage_prompt_tokens: int | None = None  # a stream's usage chunk's prompt_tokens
+        # a stream's cached counts as last sent (None: never) and whether its prompt count
+        # was OpenAI's `prompt_tokens` (cache reads and writes included)
+        self._cached: int | None = None
+        self._cache_read: int | None = None
+        self._cache_write: int | None = None
+        self._openai_prompt = False
         # a stream: the pending (unfinished) SSE line, as it came, and its length (past
         # _MAX_LINE the rest of the line is skipped); a JSON body: its tail
         self._parts: list[bytes] = [] if streaming else _NO_PARTS
@@ -91,6 +103,9 @@ class TokenMeter:
             match = _PROMPT_TOKENS.search(line)
             if match:
                 self.usage_prompt_tokens = _count(match.group(1))
+                self._openai_prompt = match.group(0).startswith(b'"prompt')
+            if b"cache" in line:
+                self._cached_of(line)
         if self._token.search(line):
             self.chunks_counted += 1
 
@@ -103,13 +118,51 @@ class TokenMeter:
         found = self._last((b'"completion_tokens"', b'"output_tokens"'), _COMPLETION_TOKENS)
         return 0 if found is None else found
 
+    def _cached_of(self, line: bytes) -> None:
+        for pattern, name in ((_CACHED, "_cached"), (_CACHE_READ, "_cache_read"),
+                              (_CACHE_WRITE, "_cache_write")):
+            match = pattern.search(line)
+            if match:
+                setattr(self, name, _count(match.group(1)))
+
     @property
     def prompt_tokens(self) -> int | None:
-        """`usage.prompt_tokens` when the upstream sent it, else None."""
+        """The prompt's tokens as the upstream counted them (cache reads and writes
+        included: Anthropic's `input_tokens` leaves them out, so they are added), else None."""
         if self.streaming:
             self._flush()
-            return self.usage_prompt_tokens
-        return self._last((b'"prompt_tokens"', b'"input_tokens"'), _PROMPT_TOKENS)
+            prompt, openai = self.usage_prompt_tokens, self._openai_prompt
+        else:
+            prompt = self._last((b'"prompt_tokens"',), _PROMPT_TOKENS)
+            openai = prompt is not None
+            if prompt is None:
+                prompt = self._last((b'"input_tokens"',), _PROMPT_TOKENS)
+        if prompt is None or openai:
+            return prompt
+        read, write = self._anthropic_cache()
+        return prompt + read + write
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt's tokens read from the provider's cache (0: none reported)."""
+        read = self._cache_read if self.streaming else self._last(
+            (b'"cache_read_input_tokens"',), _CACHE_READ)
+        if read is not None:
+            return read
+        cached = self._cached if self.streaming else self._last((b'"cached_tokens"',), _CACHED)
+        return cached or 0
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """The prompt's tokens written to the provider's cache (0: none reported)."""
+        return self._anthropic_cache()[1]
+
+    def _anthropic_cache(self) -> tuple[int, int]:
+        if self.streaming:
+            self._flush()
+            return self._cache_read or 0, self._cache_write or 0
+        return (self._last((b'"cache_read_input_tokens"',), _CACHE_READ) or 0,
+                self._last((b'"cache_creation_input_tokens"',), _CACHE_WRITE) or 0)
 
     def _flush(self) -> None:
         """A stream's last line, ended without a newline, counts too."""

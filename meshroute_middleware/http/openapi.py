@@ -55,13 +55,14 @@ _USAGE: dict[str, Any] = {
         "data": {"type": "array", "items": {
             "type": "object",
             "required": ["requests", "prompt_tokens", "completion_tokens", "cost_usd",
-                         "errors"],
+                         "errors", "cached_tokens", "cache_write_tokens"],
             "properties": {
                 "client": {"type": "string"}, "route": {"type": "string"},
                 "day": {"type": "integer"}, "date": {"type": "string"},
                 "requests": {"type": "integer"}, "prompt_tokens": {"type": "integer"},
                 "completion_tokens": {"type": "integer"}, "cost_usd": {"type": "number"},
-                "errors": {"type": "integer"}}}}},
+                "errors": {"type": "integer"}, "cached_tokens": {"type": "integer"},
+                "cache_write_tokens": {"type": "integer"}}}}},
 }
 
 def _anthropic_errors(*errors: HttpError) -> dict[str, Any]:

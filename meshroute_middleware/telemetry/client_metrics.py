@@ -12,13 +12,15 @@ __all__ = ["MAX_CLIENT_SERIES", "OTHER_MODEL", "TOKEN_KINDS", "ClientCounters"]
 
 OTHER_MODEL = "other"  # the label past a family's bound of series
 MAX_CLIENT_SERIES = 4096  # label sets per client family; then the route is counted as `other`
-TOKEN_KINDS = ("prompt", "completion")
+# cached and cache_write: the parts of prompt read from / written to the provider's cache
+TOKEN_KINDS = ("prompt", "completion", "cached", "cache_write")
 
 
 class ClientCounters:
     """What each configured client spent (issue 24), counted once per request at its end:
     `meshroute_client_requests_total{client,route,status}`,
-    `meshroute_client_tokens_total{client,route,kind}` (kind prompt|completion) and
+    `meshroute_client_tokens_total{client,route,kind}` (kind prompt|completion, and
+    cached|cache_write: the parts of prompt read from / written to the provider's cache) and
     `meshroute_client_cost_usd_total{client}`. Clients are configured and routes are the
     configured provider routes and the mesh's models, so the label sets are bounded; past
     MAX_CLIENT_SERIES a new route is counted as `other` all the same."""
@@ -31,12 +33,14 @@ class ClientCounters:
         self.cost: dict[str, float] = {}
 
     def count(self, client: str, route: str, status: int, prompt_tokens: int,
-              completion_tokens: int, cost_usd: float) -> None:
+              completion_tokens: int, cost_usd: float, cached_tokens: int = 0,
+              cache_write_tokens: int = 0) -> None:
         """One request of `client` ended with `status` on `route`."""
         route = self._route(client, route)
         key = (client, route, str(status))
         self.requests[key] = self.requests.get(key, 0) + 1
-        for kind, n in zip(TOKEN_KINDS, (prompt_tokens, completion_tokens), strict=True):
+        for kind, n in zip(TOKEN_KINDS, (prompt_tokens, completion_tokens, cached_tokens,
+                                         cache_write_tokens), strict=True):
             if n:
                 tk = (client, route, kind)
                 self.tokens[tk] = self.tokens.get(tk, 0) + n
@@ -60,7 +64,8 @@ class ClientCounters:
             requests.add_metric(list(labels), n)
         tokens = CounterMetricFamily("meshroute_client_tokens",
                                      "Tokens configured clients spent, by route and kind "
-                                     "(prompt|completion)", labels=[*who, "route", "kind"])
+                                     "(prompt|completion|cached|cache_write)",
+                                     labels=[*who, "route", "kind"])
         for labels, n in _summed(self.tokens, by_client).items():
             tokens.add_metric(list(labels), n)
         cost = CounterMetricFamily("meshroute_client_cost_usd",

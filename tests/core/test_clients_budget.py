@@ -17,6 +17,8 @@ from meshroute_middleware.core.clients_budget import (
 )
 from meshroute_middleware.core.providers.keys import Refusal
 
+NO_CACHE = {"cached_tokens": 0, "cache_write_tokens": 0}  # nothing cached (issue 35)
+
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC).timestamp()
 
 
@@ -98,7 +100,7 @@ def test_settle_is_idempotent_and_fills_the_ledger_row() -> None:
     assert rows == [{"name": "alice fastco/m", "key": int(T0 // DAY_S), "client": "alice",
                      "route": "fastco/m", "day": int(T0 // DAY_S), "requests": 2,
                      "prompt_tokens": 7, "completion_tokens": 3, "cost_usd": 0.5,
-                     "errors": 1}]
+                     "errors": 1, **NO_CACHE}]
 
 
 def test_rows_roundtrip_keeps_windows_budgets_and_reservations() -> None:
@@ -142,11 +144,11 @@ def test_usage_report_groups_filters_and_sorts() -> None:
     day = int(T0 // DAY_S)
     rows = [
         {"client": "a", "route": "p/m", "day": day - 1, "requests": 1, "prompt_tokens": 1,
-         "completion_tokens": 1, "cost_usd": 0.1, "errors": 0},
+         "completion_tokens": 1, "cost_usd": 0.1, "errors": 0, **NO_CACHE},
         {"client": "a", "route": "q", "day": day, "requests": 2, "prompt_tokens": 2,
-         "completion_tokens": 2, "cost_usd": 0.0, "errors": 1},
+         "completion_tokens": 2, "cost_usd": 0.0, "errors": 1, **NO_CACHE},
         {"client": "b", "route": "p/m", "day": day, "requests": 4, "prompt_tokens": 4,
-         "completion_tokens": 4, "cost_usd": 0.4, "errors": 0},
+         "completion_tokens": 4, "cost_usd": 0.4, "errors": 0, **NO_CACHE},
     ]
     by_route = usage_report(rows, ("route",))
     assert [(r["route"], r["requests"]) for r in by_route] == [("p/m", 5), ("q", 2)]

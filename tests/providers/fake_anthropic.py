@@ -30,6 +30,10 @@ class FakeAnthropic:
     input_tokens: int = 12
     output_tokens: int = 4
     status: int = 200
+    # the prompt's tokens read from / written to the cache, reported beside input_tokens
+    # (as Anthropic does) when either is set
+    cache_read: int = 0
+    cache_write: int = 0
     seen: list[dict[str, Any]] = field(default_factory=list)
     base_url: str = ""
 
@@ -56,15 +60,21 @@ class FakeAnthropic:
                    "content": [{"type": "text", "text": self.text}] if call is None else [call],
                    "stop_reason": "end_turn" if call is None else "tool_use",
                    "stop_sequence": None,
-                   "usage": {"input_tokens": self.input_tokens,
-                             "output_tokens": self.output_tokens}}
+                   "usage": {**self._input(), "output_tokens": self.output_tokens}}
         if body.get("stream"):
             return StreamingResponse(self._events(message), media_type="text/event-stream")
         return JSONResponse(message)
 
+    def _input(self) -> dict[str, int]:
+        usage = {"input_tokens": self.input_tokens}
+        if self.cache_read or self.cache_write:
+            usage.update(cache_read_input_tokens=self.cache_read,
+                         cache_creation_input_tokens=self.cache_write)
+        return usage
+
     def _events(self, message: dict[str, Any]) -> Iterator[bytes]:
         start = {**message, "content": [], "stop_reason": None,
-                 "usage": {"input_tokens": self.input_tokens, "output_tokens": 1}}
+                 "usage": {**self._input(), "output_tokens": 1}}
         yield _event("message_start", {"type": "message_start", "message": start})
         block = message["content"][0]
         opened = {**block, "input": {}} if block["type"] == "tool_use" else {"type": "text",

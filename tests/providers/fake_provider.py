@@ -60,6 +60,7 @@ class Reply:
     # chunk of their own (`"choices": []`)
     asked_usage: bool = False
     delta: str = "content"  # streaming: what each token is ("reasoning_content", "tool_calls")
+    cached_tokens: int = 0  # of prompt_tokens, read from the cache: prompt_tokens_details
 
     @classmethod
     def ok(cls, tokens: int = 8, **kw: Any) -> Reply:
@@ -316,9 +317,13 @@ def _delta(kind: str, i: int) -> dict[str, Any]:
     return {kind: f"t{i} "}
 
 
-def _usage(reply: Reply) -> dict[str, int]:
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.tokens,
-            "total_tokens": reply.prompt_tokens + reply.tokens}
+def _usage(reply: Reply) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": reply.prompt_tokens,
+                           "completion_tokens": reply.tokens,
+                           "total_tokens": reply.prompt_tokens + reply.tokens}
+    if reply.cached_tokens:  # as OpenAI reports a prompt cache hit
+        out["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+    return out
 
 
 def _sse(data: dict[str, Any]) -> bytes:

@@ -32,6 +32,8 @@ from ..upstream import ServerThread
 from .fake_provider import FakeProvider, Reply
 from .gateway import ENV, HI, providers_doc
 
+NO_CACHE = {"cached_tokens": 0, "cache_write_tokens": 0}  # nothing cached (issue 35)
+
 T0 = 1_796_040_000.0  # 2026-11-30 06:40 UTC
 MIDNIGHT = 1_796_083_200.0  # 2026-12-01 00:00 UTC
 NEXT_MONTH = MIDNIGHT  # the same instant: December starts at it
@@ -185,11 +187,11 @@ def test_usage_totals_match_what_the_provider_saw(
     bob_cost = 5 * PRICE_IN / 1e6 + 7 * PRICE_OUT / 1e6
     assert rows == [
         {"client": "alice", "route": "fastco/big-model", "requests": 2, "prompt_tokens": 24,
-         "completion_tokens": 8, "cost_usd": pytest.approx(cost), "errors": 0},
+         "completion_tokens": 8, "cost_usd": pytest.approx(cost), "errors": 0, **NO_CACHE},
         {"client": "bob", "route": "fastco/big-model", "requests": 1, "prompt_tokens": 5,
-         "completion_tokens": 7, "cost_usd": pytest.approx(bob_cost), "errors": 0},
+         "completion_tokens": 7, "cost_usd": pytest.approx(bob_cost), "errors": 0, **NO_CACHE},
         {"client": "bob", "route": "slowco/small-model", "requests": 1, "prompt_tokens": 9,
-         "completion_tokens": 4, "cost_usd": 0.0, "errors": 0}]
+         "completion_tokens": 4, "cost_usd": 0.0, "errors": 0, **NO_CACHE}]
     assert [(r["route"], r["requests"]) for r in by_route] == [("fastco/big-model", 3),
                                                                ("slowco/small-model", 1)]
 
@@ -202,7 +204,7 @@ def test_a_request_no_route_answered_is_an_error_of_route_none(
         assert gw.chat("alice", model="auto").status_code != 200  # both routes tried, 500
         rows = gw.usage(group_by="client,route")
     assert rows == [{"client": "alice", "route": "none", "requests": 1, "prompt_tokens": 0,
-                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 1}]
+                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 1, **NO_CACHE}]
 
 
 def test_the_client_metrics(providers: tuple[FakeProvider, FakeProvider],

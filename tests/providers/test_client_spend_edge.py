@@ -16,6 +16,8 @@ from ..conftest import FakeClock
 from .fake_provider import FakeProvider
 from .test_client_spend import H_TEST_CLIENT, T0, make_client, priced_doc, served
 
+NO_CACHE = {"cached_tokens": 0, "cache_write_tokens": 0}  # nothing cached (issue 35)
+
 COUNT = {"model": "fastco/big-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -40,7 +42,7 @@ def test_count_tokens_is_under_the_clients_rpm(
     assert chat.status_code == 429
     assert fast.seen == []  # counting tokens reaches no provider
     assert rows == [{"client": "alice", "route": "none", "requests": 2, "prompt_tokens": 0,
-                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 0}]
+                     "completion_tokens": 0, "cost_usd": 0.0, "errors": 0, **NO_CACHE}]
 
 
 def test_a_client_over_its_rpm_is_refused_before_a_large_body_is_read(

@@ -54,6 +54,16 @@ class ProviderModel:
     # default cap); a client's request without one holds this much completion in flight
     # (issue 32). None = not stated (DEFAULT_COMPLETION_TOKENS is held)
     max_output: int | None = None
+    # USD per million prompt tokens read from / written to the provider's cache (issue 35);
+    # None = not stated: price_in
+    price_cached_in: float | None = None
+    price_cache_write: float | None = None
+
+    @property
+    def cache_prices(self) -> tuple[float, float]:
+        """(cached read, cache write) USD per million tokens, price_in where not stated."""
+        return (self.price_in if self.price_cached_in is None else self.price_cached_in,
+                self.price_in if self.price_cache_write is None else self.price_cache_write)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +286,8 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{here} must be a table")
     _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens",
-                          "capabilities", "api", "max_output"})
+                          "capabilities", "api", "max_output", "price_cached_in",
+                          "price_cache_write"})
     model_id = t.get("id")
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ProviderConfigError(f"{here}: id must be a non-empty string")
@@ -289,7 +300,9 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
                          _number(t, "price_out", here, 0.0, low=0.0),
                          _opt_int(t, "monthly_tokens", here), _capabilities(t, here),
                          _choice(t, "api", APIS, here, "openai") or "openai",
-                         _opt_int(t, "max_output", here))
+                         _opt_int(t, "max_output", here),
+                         *(None if k not in t else _number(t, k, here, 0.0, low=0.0)
+                           for k in ("price_cached_in", "price_cache_write")))
 
 
 def _capabilities(t: Mapping[str, Any], where: str) -> frozenset[str]:

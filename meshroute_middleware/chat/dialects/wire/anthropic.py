@@ -403,8 +403,21 @@ def stop_reason(choice: Mapping[str, Any], asked: Asked) -> tuple[str, str | Non
 
 
 def usage(raw: object, input_tokens: int, output_tokens: int) -> dict[str, int]:
-    """Messages `usage` from an OpenAI one, the fallbacks where it says nothing."""
+    """Messages `usage` from an OpenAI one, the fallbacks where it says nothing. The prompt's
+    cached part (`prompt_tokens_details.cached_tokens`, and the cache writes a gateway may
+    report as `cache_creation_input_tokens`) is Messages' `cache_read_input_tokens` /
+    `cache_creation_input_tokens`, outside `input_tokens` as on Anthropic's API (issue 35)."""
     raw = raw if isinstance(raw, Mapping) else {}
     prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-    return {"input_tokens": prompt if _integer(prompt) else input_tokens,
-            "output_tokens": completion if _integer(completion) else output_tokens}
+    out = {"input_tokens": prompt if _integer(prompt) else input_tokens,
+           "output_tokens": completion if _integer(completion) else output_tokens}
+    details = raw.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    written = raw.get("cache_creation_input_tokens")
+    if _integer(cached) or _integer(written):
+        read = max(0, int(cached)) if _integer(cached) else 0
+        wrote = max(0, int(written)) if _integer(written) else 0
+        out["input_tokens"] = max(0, int(out["input_tokens"]) - read - wrote)
+        out["cache_creation_input_tokens"] = wrote
+        out["cache_read_input_tokens"] = read
+    return out

@@ -174,14 +174,24 @@ def chat_completion(message: Mapping[str, Any], model: str) -> dict[str, Any]:
             "usage": chat_usage(message.get("usage"))}
 
 
-def chat_usage(usage: object) -> dict[str, int]:
-    """Messages usage as chat completions'."""
+def chat_usage(usage: object) -> dict[str, Any]:
+    """Messages usage as chat completions'. The prompt is Messages' input tokens, cache reads
+    and cache writes (issue 35); the reads are `prompt_tokens_details.cached_tokens`, the
+    writes (which OpenAI's shape has no field for) `cache_creation_input_tokens`."""
     usage = usage if isinstance(usage, Mapping) else {}
     given, made = usage.get("input_tokens"), usage.get("output_tokens")
-    prompt = given if isinstance(given, int) else 0
+    read, wrote = usage.get("cache_read_input_tokens"), usage.get("cache_creation_input_tokens")
+    read = read if isinstance(read, int) and read > 0 else 0
+    wrote = wrote if isinstance(wrote, int) and wrote > 0 else 0
+    prompt = (given if isinstance(given, int) else 0) + read + wrote
     completion = made if isinstance(made, int) else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
+        out["prompt_tokens_details"] = {"cached_tokens": read}
+        if wrote:
+            out["cache_creation_input_tokens"] = wrote
+    return out
 
 
 def chat_error(status: int, body: bytes) -> bytes:
