@@ -5,7 +5,13 @@
 
 The per-request count is the difference of the two totals over the difference of the counts
 (start-up cancels out). Same app and request as bench_overhead.py's `gateway (forward)`; with
-`--stream` the request asks for a stream.
+`--stream` the request asks for a stream. With `--fixed-clock` the routing clock advances
+10 ms per request instead of following the wall clock: the beliefs' time decay, and so how
+often a route's saturation curve is refitted, then no longer depends on how fast the process
+runs (under callgrind, on a loaded machine, it runs 50-100x slower than natively, and the
+refits a slower run makes show up as instructions per request); and `time.perf_counter`
+steps 1 ms per call, so the upstream's measured speeds the policy learns from follow the code
+run rather than the machine.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._apps import chat
 from benchmarks.bench_overhead import BODY, HEAD, SCOPE, gateway_app
+from meshroute_middleware.app.gateway import build_gateway
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.core import parse_node
 from meshroute_middleware.forwarding.memory import ASGIForwarder
 from meshroute_middleware.http.request import replay
 
@@ -27,8 +38,35 @@ STREAM_BODY = json.dumps({"model": "m", "stream": True,
                           "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
-async def run(n: int, body: bytes) -> None:
-    app = gateway_app(ASGIForwarder({HEAD: chat}))
+STEP_S = 0.01  # the fixed clock's advance per request
+
+
+def fixed_clock_app(forwarder: ASGIForwarder, now: list[float]) -> Any:
+    """bench_overhead's gateway app with a routing clock that reads `now[0]`."""
+    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=1),
+                            forwarder=forwarder, clock=lambda: now[0])
+    gateway.mesh.upsert(parse_node({"node_id": "b", "model": "m", "start": 0, "end": 39,
+                                    "layers": 40, "url": HEAD}))
+    return gateway.app
+
+
+def _stepping_perf_counter() -> Any:
+    """A `time.perf_counter` that advances 1 ms per call: the upstream's measured speeds, which
+    the policy learns from, then follow the code run, not how fast it runs."""
+    ticks = [0]
+
+    def perf_counter() -> float:
+        ticks[0] += 1
+        return ticks[0] * 0.001
+    return perf_counter
+
+
+async def run(n: int, body: bytes, fixed_clock: bool = False) -> None:
+    now = [1_000_000.0]
+    if fixed_clock:
+        time.perf_counter = _stepping_perf_counter()
+    forwarder = ASGIForwarder({HEAD: chat})
+    app = fixed_clock_app(forwarder, now) if fixed_clock else gateway_app(forwarder)
     statuses: list[int] = []
 
     async def send(message: Any) -> None:
@@ -39,6 +77,7 @@ async def run(n: int, body: bytes) -> None:
         await asyncio.sleep(3600)
 
     for _ in range(n):
+        now[0] += STEP_S
         await app({**SCOPE, "state": {}}, replay(body, never), send)
     if statuses != [200] * n:
         raise SystemExit(f"not every request was answered 200: {set(statuses)}")
@@ -46,7 +85,8 @@ async def run(n: int, body: bytes) -> None:
 
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    asyncio.run(run(n, STREAM_BODY if "--stream" in sys.argv else BODY))
+    asyncio.run(run(n, STREAM_BODY if "--stream" in sys.argv else BODY,
+                    fixed_clock="--fixed-clock" in sys.argv))
     return 0
 
 

@@ -21,6 +21,7 @@ from meshroute_middleware.http.request import (
     ChatRequest,
     RequestKind,
     check_large,
+    parse_chat,
     replay,
 )
 from meshroute_middleware.http.shape import BodyLimits
@@ -33,17 +34,23 @@ log = logging.getLogger("meshroute.middleware")
 
 
 def parse(body: bytes, translation: Translation | None, kind: RequestKind,
-          objective: bytes | None, session_id: str | None) -> ChatRequest:
-    """The request a body holds, in its API's translation (RequestError when invalid)."""
-    return PARSERS[kind](body if translation is None else translation.request(body),
-                         objective, session_id)
+          objective: bytes | None, session_id: str | None,
+          count_tokens: bool = True) -> ChatRequest:
+    """The request a body holds, in its API's translation (RequestError when invalid).
+    `count_tokens`: a chat request keeps its token estimate (a client's admission reads it;
+    without a client it is not counted)."""
+    if translation is not None:
+        body = translation.request(body)
+    if kind == "chat":
+        return parse_chat(body, objective, session_id, count_tokens)
+    return PARSERS[kind](body, objective, session_id)
 
 
 def _parse_large(body: bytes, limits: BodyLimits, translation: Translation | None,
                  kind: RequestKind, objective: bytes | None,
-                 session_id: str | None) -> ChatRequest:
+                 session_id: str | None, count_tokens: bool) -> ChatRequest:
     check_large(body, limits)
-    return parse(body, translation, kind, objective, session_id)
+    return parse(body, translation, kind, objective, session_id, count_tokens)
 
 
 async def parse_large(body: bytes, limits: BodyLimits, translation: Translation | None,
@@ -54,7 +61,7 @@ async def parse_large(body: bytes, limits: BodyLimits, translation: Translation 
     if spend is not None and client is not None:
         await spend.check(client)
     return await asyncio.to_thread(_parse_large, body, limits, translation, kind, objective,
-                                   session_id)
+                                   session_id, spend is not None and client is not None)
 
 
 class Host(Protocol):

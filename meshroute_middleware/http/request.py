@@ -170,12 +170,13 @@ def check_session_id(scope: Scope) -> str | None:
 
 
 def parse_chat(body: bytes, objective: bytes | None = None,
-               session_id: str | None = None) -> ChatRequest:
+               session_id: str | None = None, count_tokens: bool = True) -> ChatRequest:
     """Validate the JSON body; strip meshroute's own `route` and `meshroute` fields before
     forwarding. `objective`: the `x-meshroute-objective` header's value, if sent (the body's
     `meshroute.objective` wins over it). `session_id` (the `x-session-id` header) marks the
     prompt's conversation explicitly: a hint that recognises it when its messages no longer
-    match (issue 26)."""
+    match (issue 26). `count_tokens`: keep the prompt's token estimate (`tokens`), which only
+    a client's admission reads (chat/spend.py); a request of no client skips the count."""
     payload, model, pin, body, chosen = parse_common(body, objective)
     options = payload.get("stream_options")
     return ChatRequest(body, model, pin, answer_bound(payload),
@@ -183,7 +184,8 @@ def parse_chat(body: bytes, objective: bytes | None = None,
                        needs=request_needs(body, payload), objective=chosen,
                        stream=payload.get("stream") is True,
                        asks_usage=isinstance(options, dict)
-                       and options.get("include_usage") is True, tokens=estimate(payload))
+                       and options.get("include_usage") is True,
+                       tokens=estimate(payload) if count_tokens else None)
 
 
 def parse_common(body: bytes, objective: bytes | None = None

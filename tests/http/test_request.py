@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from meshroute_middleware.chat.intake import parse
+from meshroute_middleware.core.providers.tokens import estimate
 from meshroute_middleware.http.request import RequestError, parse_chat
 
 
@@ -140,3 +142,12 @@ def test_a_model_named_like_the_field_is_not_an_option() -> None:
     body = b'{"model": "meshroute", "messages": []}'
     req = parse_chat(body)
     assert req.objective == "throughput" and req.body == body
+
+
+def test_the_token_estimate_is_made_only_when_a_client_admission_reads_it() -> None:
+    body = b'{"model": "m", "max_tokens": 7, "messages": [{"role": "user", "content": "hello"}]}'
+    counted = estimate(json.loads(body))
+    assert parse_chat(body).tokens == counted
+    assert parse_chat(body, count_tokens=False).tokens is None
+    assert parse(body, None, "chat", None, None).tokens == counted
+    assert parse(body, None, "chat", None, None, count_tokens=False).tokens is None
