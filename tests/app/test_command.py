@@ -221,6 +221,7 @@ def test_ctrl_c_ends_a_responses_stream_at_once(tmp_path: Path) -> None:
     assert slow.cancelled == 1
 
 
+@pytest.mark.alone
 def test_ctrl_c_stops_workers_at_once_with_event_streams_open(tmp_path: Path) -> None:
     """--workers 2: the parent relays Ctrl-C to both; each drains its own streams."""
     with serve_process(["--workers", "2"], tmp_path / "log") as (url, proc):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from ..redis_server import redis_server
 from ..upstream import free_port, serve_process
@@ -39,6 +40,7 @@ def served(urls: list[str], each: int) -> list[int]:
     return ok
 
 
+@pytest.mark.alone
 def test_two_trackers_one_budget_a_share_while_the_store_is_gone(tmp_path: Path) -> None:
     with redis_server(tmp_path) as server, FakeProvider("fast").serve() as fast:
         config = tmp_path / "meshroute.toml"

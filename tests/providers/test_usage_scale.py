@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from meshroute_middleware.core.clients_budget import usage_row
@@ -68,6 +69,7 @@ def timed_get(url: str, key: str, **params: str) -> tuple[float, httpx.Response]
     return time.perf_counter() - started, answer
 
 
+@pytest.mark.alone
 def test_a_clients_usage_on_a_year_of_150k_rows_answers_within_500_ms(tmp_path: Path) -> None:
     clients = "".join(f'[[clients]]\nname = "c{i:02d}"\nkey = "sha256:'
                       f'{hashlib.sha256(key_of(i).encode()).hexdigest()}"\n'

@@ -81,6 +81,7 @@ def agent_history(turns: int) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.alone
 async def test_what_ordinary_clients_send_passes_the_default_limits_whole() -> None:
     head = FakeChat("a")
     mesh = Mesh({1: head})

@@ -28,6 +28,7 @@ def tiny_body(path: str) -> bytes:
     return head + b",".join([one] * TINY_MESSAGES) + b"]}"
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
 def test_healthz_stays_fast_while_a_body_of_480k_messages_is_refused(
         tmp_path: Path, path: str) -> None:
