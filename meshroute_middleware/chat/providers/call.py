@@ -259,6 +259,16 @@ class ProviderCall:
         cr.tally.route = got.route
         ex.started = True
         error = ""
+
+        def record() -> None:
+            seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
+            tokens = m.meter.completion_tokens if m.meter is not None else 0
+            first_at = m.first if m.first is not None else time.perf_counter()
+            ranking.outcome(got, OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS,
+                            reason=error or None, used_tokens=total_tokens(bytes(tail)),
+                            completion_tokens=tokens, tokens_per_s=ranking.tps(tokens, seconds),
+                            ttfb_ms=(first_at - sent) * 1000)
+
         try:
             await ex.send({"type": "http.response.start", "status": upstream.status,
                            "headers": self._scrubber.headers(_passed_on(upstream.headers))
@@ -269,16 +279,18 @@ class ProviderCall:
             last = b"" if chat is None or error else scrub.feed(chat.close())
             end = last + scrub.flush() + (b"" if not error else broken_event(
                 broken_text(error), native is not None))
+        except OSError:
+            ex.gone = True
+            record()
+            return None
+        try:  # the whole answer was relayed: it is recorded even if the client leaves now
             await ex.send({"type": "http.response.body", "body": end, "more_body": False})
         except OSError:
             ex.gone = True
-        seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
-        tokens = m.meter.completion_tokens if m.meter is not None else 0
-        first_at = m.first if m.first is not None else time.perf_counter()
-        ranking.outcome(got, OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS,
-                        reason=error or None, used_tokens=total_tokens(bytes(tail)),
-                        completion_tokens=tokens, tokens_per_s=ranking.tps(tokens, seconds),
-                        ttfb_ms=(first_at - sent) * 1000)
+        except BaseException:
+            record()
+            raise
+        record()
         return None
 
     async def _answer(self, cr: ChainRequest, upstream: UpstreamResponse, got: ChainAttempt,
