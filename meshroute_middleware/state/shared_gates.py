@@ -406,16 +406,25 @@ class SharedGates(KeyGates):
 
 def shared_part(rows: Snapshot, share: int) -> Snapshot:
     """`rows` with every count divided by `share` (rounded up): on gates that admit 1/share
-    of each limit, what is left to this tracker is 1/share of what the limit had left."""
+    of each limit, what is left to this tracker is 1/share of what the limit had left. A
+    window's 1-second buckets are divided together (each the rise of its running total's
+    share), so that 10 requests over buckets of 3 and 7 are 5 of a half, not 2 + 4."""
     if share <= 1:
         return rows
 
     def part(n: Any) -> int:
         return -(-int(n) // share)
 
+    def parts(buckets: list[list[int]]) -> list[list[int]]:
+        out, total, shown = [], 0, 0
+        for second, n in buckets:
+            total += int(n)
+            out.append([second, part(total) - shown])
+            shown = part(total)
+        return out
+
     out: Snapshot = dict(rows)
-    out["windows"] = [{**r, "requests": [[b, part(n)] for b, n in r["requests"]],
-                       "tokens": [[b, part(n)] for b, n in r["tokens"]],
+    out["windows"] = [{**r, "requests": parts(r["requests"]), "tokens": parts(r["tokens"]),
                        "day_requests": part(r["day_requests"]),
                        "day_tokens": part(r["day_tokens"]),
                        "inflight": [[i, part(n), at] for i, n, at in r.get("inflight", ())]}

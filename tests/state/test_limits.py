@@ -171,6 +171,24 @@ def test_local_gates_start_from_the_rows_last_read_and_settles_are_written_back(
     assert all(r is not None for r in sent)
 
 
+def test_the_share_of_a_minute_spread_over_seconds_is_half_of_its_sum() -> None:
+    """10 of rpm 20 used over four seconds in odd counts (3, 3, 1, 3): each of two trackers
+    has 5 left while the store is away, not 3 (each second's count rounded up on its own:
+    CI's outage share came out [1, 1] for [2, 2] whenever its requests crossed a second)."""
+    cfg = config(rpm=20)
+    store = MemoryLimits()
+    a, b = workers(cfg, store, n=2)
+    for g in (a, b):
+        g.trackers = 2
+        g._beat_at = T0
+    for second, (g, n) in enumerate(((a, 3), (b, 3), (b, 1), (a, 3))):  # both beat
+        assert all(take(g, cfg, T0 + second + i * 0.01) is not None for i in range(n))
+    assert a.trackers == 2
+    store.down = True
+    local = [take(a, cfg, T0 + 4.5 + i * 0.01) for i in range(10)]
+    assert sum(r is not None for r in local) == 5
+
+
 def test_sqlite_rows_are_the_state_files_own(tmp_path: Path) -> None:
     """What the shared gates write is what a restarted single process restores."""
     path = str(tmp_path / "state.db")
