@@ -8,8 +8,10 @@
   in-process chat app through the same in-memory forwarder (meshroute_middleware.forwarding.memory).
 The difference is what routing, measuring, recording, events and metrics cost per request.
 - keyed: the same gateway with one `[[clients]]` client and its key on every request, once with
-  no limits and once with rpm/tpm/daily_tokens/monthly_usd set high enough never to refuse
-  (the in-memory limits store): what a client key costs, as a ratio to the unkeyed gateway.
+  no limits and once with rpm/tpm/daily_tokens/monthly_usd set high enough never to refuse,
+  in this process's memory (`--state-file :memory:`) and in a state file (the default of a
+  gateway with provider tables, and what `--workers N` share): what a client key costs, as
+  a ratio to the unkeyed gateway (with the same state file, or none).
 Rounds interleave the variants (each round starting at the next one); medians are
 reported. Each keyed ratio is given twice: the median of the rounds' ratios (keyed over
 unkeyed measured in the same round), and the ratio of the fastest rounds (other work on the
@@ -29,6 +31,7 @@ import asyncio
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -103,11 +106,14 @@ def gateway_app(forwarder: ASGIForwarder, clients: tuple[ClientTable, ...] = ())
     return gateway_and_flush(forwarder, clients)[0]
 
 
-def gateway_and_flush(forwarder: ASGIForwarder, clients: tuple[ClientTable, ...] = ()
+def gateway_and_flush(forwarder: ASGIForwarder, clients: tuple[ClientTable, ...] = (),
+                      state_file: str | None = None
                       ) -> tuple[Any, Callable[[], Awaitable[Any]]]:
-    """The gateway's app, and what writes its usage queued behind the answers."""
-    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=1, clients=clients),
-                            forwarder=forwarder)
+    """The gateway's app, and what writes its usage queued behind the answers. `state_file`:
+    clients' limits in that state file (what a gateway with provider tables uses by
+    default), else in this process's memory."""
+    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=1, clients=clients,
+                                    state_file=state_file), forwarder=forwarder)
     gateway.mesh.upsert(parse_node({"node_id": "b", "model": "m", "start": 0, "end": 39,
                                     "layers": 40, "url": HEAD}))
     ledger = getattr(gateway.spend, "ledger", None)  # an older checkout writes at once
@@ -137,7 +143,10 @@ async def per_request_us(app: Any, n: int, clock: Callable[[], float] = time.per
     return took
 
 
-KEYED = ("gateway keyed (no limits)", "gateway keyed (limits)")
+# each keyed variant and the unkeyed gateway it is compared with
+KEYED = {"gateway keyed (no limits)": "gateway (forward)",
+         "gateway keyed (limits)": "gateway (forward)",
+         "gateway keyed (limits, state file)": "gateway (forward, state file)"}
 
 
 async def measure(requests: int, rounds: int, clock: str = "cpu", gc: str = "default"
@@ -153,12 +162,19 @@ async def measure(requests: int, rounds: int, clock: str = "cpu", gc: str = "def
     unkeyed, flush_unkeyed = gateway_and_flush(forwarder)
     keyed, flush_keyed = gateway_and_flush(forwarder, (plain,))
     limits, flush_limits = gateway_and_flush(forwarder, (limited,))
+    state_dir = tempfile.TemporaryDirectory(prefix="bench-overhead-")
+    unfiled, flush_unfiled = gateway_and_flush(forwarder, (),
+                                               str(Path(state_dir.name) / "plain.db"))
+    filed, flush_filed = gateway_and_flush(forwarder, (limited,),
+                                           str(Path(state_dir.name) / "state.db"))
     apps: dict[str, tuple[Any, Callable[[], Awaitable[Any]]]] = {
         "bare app": (chat, _nothing), "middleware (annotate)": (wrapped(), _nothing),
         "pass-through": (PassThrough(forwarder), _nothing),
         "gateway (forward)": (unkeyed, flush_unkeyed),
         "gateway keyed (no limits)": (Keyed(keyed), flush_keyed),
-        "gateway keyed (limits)": (Keyed(limits), flush_limits)}
+        "gateway keyed (limits)": (Keyed(limits), flush_limits),
+        "gateway (forward, state file)": (unfiled, flush_unfiled),
+        "gateway keyed (limits, state file)": (Keyed(filed), flush_filed)}
     for app, finish in apps.values():
         await per_request_us(app, 500, finish=finish)  # warm up: caches, first enumeration
     if gc == "settled":
@@ -171,12 +187,12 @@ async def measure(requests: int, rounds: int, clock: str = "cpu", gc: str = "def
             print(f"\rround {r + 1}/{rounds}: {name:<24}", end="", file=sys.stderr, flush=True)
             samples[name].append(await per_request_us(app, requests, CLOCKS[clock], finish))
     print(file=sys.stderr)
-    unkeyed = samples["gateway (forward)"]
     ratios = {}
-    for name in KEYED:
-        ratios[f"{name} / gateway (forward), median of rounds"] = statistics.median(
+    for name, base in KEYED.items():
+        unkeyed = samples[base]
+        ratios[f"{name} / {base}, median of rounds"] = statistics.median(
             k / u for k, u in zip(samples[name], unkeyed, strict=True))
-        ratios[f"{name} / gateway (forward), fastest rounds"] = min(samples[name]) / min(unkeyed)
+        ratios[f"{name} / {base}, fastest rounds"] = min(samples[name]) / min(unkeyed)
     return {name: statistics.median(v) for name, v in samples.items()}, ratios
 
 

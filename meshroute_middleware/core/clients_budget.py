@@ -122,7 +122,8 @@ class ClientGates:
         self._clients: dict[str, _ClientRow] = {}
         self._usage: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._next_id = first_id
-        self._dirty: set[RowName] = set()
+        self._dirty: set[str] = set()  # clients whose row changed since the last snapshot
+        self._dirty_usage: set[tuple[str, str, int]] = set()  # ledger rows likewise
 
     # -- deciding -------------------------------------------------------------------------
 
@@ -157,10 +158,9 @@ class ClientGates:
             return refusal
         row = self._row(client.name, now)
         win = row.window
-        self._dirty.add(client_row(client.name))
+        self._dirty.add(client.name)
         self._next_id += 1
-        second = int(now // 1)
-        win.requests[second] = win.requests.get(second, 0) + 1
+        _count(win.requests, int(now // 1), 1)
         win.day_requests += 1
         win.inflight[self._next_id] = (max(0, tokens), now)
         if usd > 0:
@@ -182,8 +182,7 @@ class ClientGates:
         """A request of a client without limits, counted once at its end (nothing was
         reserved for it: chat/ledger.py writes these behind)."""
         row = self._row(client, now)
-        second = int(now // 1)
-        row.window.requests[second] = row.window.requests.get(second, 0) + 1
+        _count(row.window.requests, int(now // 1), 1)
         row.window.day_requests += 1
         self._spend(client, row, spent, now)
 
@@ -194,18 +193,17 @@ class ClientGates:
 
     def _spend(self, client: str, row: _ClientRow, spent: Spent, now: float) -> None:
         win = row.window
-        self._dirty.add(client_row(client))
+        self._dirty.add(client)
         used = max(0, spent.prompt_tokens) + max(0, spent.completion_tokens)
         if used:
-            second = int(now // 1)
-            win.tokens[second] = win.tokens.get(second, 0) + used
+            _count(win.tokens, int(now // 1), used)
             win.day_tokens += used
         row.month_usd += max(0.0, spent.cost_usd)
-        name = usage_row(client, spent.route, day_of(now))
-        ledger = self._usage.get((client, spent.route, name[2]))
+        key = (client, spent.route, day_of(now))
+        ledger = self._usage.get(key)
         if ledger is None:
-            ledger = self._usage[(client, spent.route, name[2])] = {
-                "client": client, "route": spent.route, "day": name[2], "requests": 0,
+            ledger = self._usage[key] = {
+                "client": client, "route": spent.route, "day": key[2], "requests": 0,
                 "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0,
                 "cached_tokens": 0, "cache_write_tokens": 0}
         ledger["requests"] += 1
@@ -216,7 +214,7 @@ class ClientGates:
         ledger["completion_tokens"] += max(0, spent.completion_tokens)
         ledger["cost_usd"] += max(0.0, spent.cost_usd)
         ledger["errors"] += int(spent.error)
-        self._dirty.add(name)
+        self._dirty_usage.add(key)
 
     def ledger(self) -> list[dict[str, Any]]:
         """Every ledger row held, as plain data (copies)."""
@@ -235,12 +233,14 @@ class ClientGates:
 
     def snapshot(self, now: float, *, changed_only: bool = False,
                  shared: bool = True) -> Snapshot:
-        """The rows as plain data (`changed_only`: those changed since the last snapshot)."""
+        """The rows as plain data (`changed_only`: those changed since the last snapshot; the
+        work is the changed rows', however many rows are held)."""
         dirty, self._dirty = self._dirty, set()
+        dirty_usage, self._dirty_usage = self._dirty_usage, set()
         clients = []
-        for name, row in self._clients.items():
-            if changed_only and client_row(name) not in dirty:
-                continue
+        names = [n for n in dirty if n in self._clients] if changed_only else self._clients
+        for name in names:
+            row = self._clients[name]
             row.roll(now)
             win = row.window
             clients.append({
@@ -251,10 +251,26 @@ class ClientGates:
                 "inflight": [[i, n, at] for i, (n, at) in win.inflight.items()],
                 "inflight_usd": [[i, usd] for i, usd in row.inflight_usd.items()],
                 "month": row.month, "month_usd": row.month_usd})
-        usage = [{**data, "name": f"{client} {route}", "key": day}
-                 for (client, route, day), data in self._usage.items()
-                 if not changed_only or usage_row(client, route, day) in dirty]
+        keys = [k for k in dirty_usage if k in self._usage] if changed_only else self._usage
+        usage = [{**self._usage[k], "name": f"{k[0]} {k[1]}", "key": k[2]} for k in keys]
         return {CLIENTS: clients, USAGE: usage}
+
+    def forget(self, name: RowName) -> None:
+        """Drop a row held (the store no longer has it: gates kept live across decisions,
+        state/sqlite_limits.py)."""
+        section, row, key = name
+        if section == CLIENTS:
+            self._clients.pop(row, None)
+            self._dirty.discard(row)
+            return
+        for held in [k for k in self._usage if k[2] == key and f"{k[0]} {k[1]}" == row]:
+            del self._usage[held]  # a client's name may hold a space: matched whole
+            self._dirty_usage.discard(held)
+
+    def forget_ledger(self) -> None:
+        """Drop every ledger row held (gates kept live: the store keeps them)."""
+        self._usage.clear()
+        self._dirty_usage.clear()
 
     def restore(self, data: Snapshot) -> None:
         """Load rows (each replaces what is held of it)."""
@@ -282,6 +298,18 @@ class ClientGates:
             row = self._clients[client] = _ClientRow()
         row.roll(now)
         return row
+
+
+def _count(buckets: dict[int, int], second: int, n: int) -> None:
+    """Add `n` to a window's bucket; the buckets stay in time order (Window.roll drops the
+    oldest first), also when a request's end is recorded after a later one began."""
+    if second in buckets or not buckets or second > next(reversed(buckets)):
+        buckets[second] = buckets.get(second, 0) + n
+        return
+    buckets[second] = n
+    ordered = sorted(buckets.items())
+    buckets.clear()
+    buckets.update(ordered)
 
 
 def rows_of_request(client: str, route: str | None, now: float) -> list[RowName]:

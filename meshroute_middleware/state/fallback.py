@@ -40,11 +40,12 @@ class FallbackLimits:
     """A LimitsStore that decides on the rows last read while `store` fails, and writes those
     decisions back when it answers again."""
 
-    blocking = False
-
     def __init__(self, store: LimitsStore, clock: Callable[[], float] = time.time) -> None:
         self.store, self.clock = store, clock
         self.mode = store.mode
+        # a blocking store's transaction has no await inside: a caller cancelled while it
+        # waits for the write-back (a task of its own) is cancelled before it, not in it
+        self.blocking = store.blocking
         self.up = True
         self.failures = 0  # store transactions that failed
         self.local_decisions = 0  # decisions taken here while the store was away

@@ -2,6 +2,13 @@
 `StateStore` persists for one process, plus sections it does not read (`revoked`, `cursor`,
 `tracker`), one `BEGIN IMMEDIATE` transaction per decision. Each worker opens its own
 connection; it never checkpoints the WAL itself (the StateKeeper's writes do, off the loop).
+
+The clients' gates (`transact_with`) are kept live in this process, as state/live_clients.py
+keeps them, and stay exact across the processes sharing the file: each transaction still
+reads its rows, and a row whose stored text is not the one this process last wrote or read
+(another worker changed it, or it is gone) is loaded again; the rest are decided on as held,
+with no decoding or rebuilding (issue 32, "a key costs little"). A transaction that fails
+drops what is held: the next one loads everything again.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from meshroute_middleware.core.clients_budget import USAGE
+from meshroute_middleware.core.clients_budget import CLIENTS, USAGE, ClientGates
 from meshroute_middleware.core.providers.keys import KeyGates, RowName, Snapshot
 from meshroute_middleware.state.limits import (
     TRACKERS_WINDOW_S,
@@ -27,6 +34,7 @@ from meshroute_middleware.state.limits import (
 )
 
 T = TypeVar("T")
+MAX_LIVE_LEDGER = 4096  # ledger rows held live; past it they are dropped (read again if used)
 SQLITE_BUSY_S = 2.0  # a state file locked longer than this counts as failed, for RETRY_S
 
 
@@ -42,6 +50,7 @@ class SqliteLimits:
         self.path, self.busy_s = path, busy_s
         self._db: sqlite3.Connection | None = None
         self._select: dict[int, str] = {}
+        self._live: dict[Callable[[int], Any], _Live] = {}  # per kind of gates (`make`)
 
     def open(self) -> SqliteLimits:
         try:
@@ -69,7 +78,31 @@ class SqliteLimits:
 
     async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
                             op: Callable[[G], T], now: float, first_id: int) -> Outcome[T]:
-        return self._transact(rows, make, op, now, first_id)
+        """`op` on gates of `make`'s kind held live, their rows checked against the file."""
+        db = self._db
+        if db is None:
+            raise LimitsStoreDown(f"state file {self.path} is not open")
+        live = self._live.get(make)
+        if live is None:
+            gates = make(first_id)
+            if not isinstance(gates, ClientGates):  # only the clients' gates are held live
+                return self._transact(rows, make, op, now, first_id)
+            live = self._live[make] = _Live(gates)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result, writes = live.decide(rows, self._texts(db, rows), op, now,
+                                             first_id)
+                db.executemany(_UPSERT, [(*name, text, now) for name, text in writes])
+            except BaseException:
+                del self._live[make]
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._live.pop(make, None)
+            raise LimitsStoreDown(f"state file {self.path}: {exc}") from exc
+        return Outcome(result, live.rows(rows, writes))
 
     async def scan(self, section: str) -> list[dict[str, Any]]:
         db = self._db
@@ -95,12 +128,9 @@ class SqliteLimits:
             try:
                 result, changed, after = decide(self._load(db, rows), op, now, first_id,
                                                 make)
-                db.executemany(
-                    "INSERT INTO route_state (section, name, key_pos, data, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (section, name, key_pos) DO UPDATE "
-                    "SET data = excluded.data, updated_at = excluded.updated_at",
-                    [(section, str(r["name"]), int(r["key"]), encode(r), now)
-                     for section, items in changed.items() for r in items])
+                db.executemany(_UPSERT, [(section, str(r["name"]), int(r["key"]), encode(r),
+                                          now) for section, items in changed.items()
+                                         for r in items])
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
@@ -130,18 +160,25 @@ class SqliteLimits:
         return int(row[0])
 
     def _load(self, db: sqlite3.Connection, rows: Sequence[RowName]) -> Snapshot:
+        return rows_by_section({name: decode(name, data)
+                                for name, data in self._texts(db, rows).items()})
+
+    def _texts(self, db: sqlite3.Connection, rows: Sequence[RowName]) -> dict[RowName, str]:
+        """The stored data of those of `rows` the file holds."""
         wanted = set(rows)
         pairs = sorted({(s, n) for s, n, _ in rows})
+        if not pairs:
+            return {}
         sql = self._select.get(len(pairs))
         if sql is None:
             sql = self._select[len(pairs)] = (
                 "SELECT section, name, key_pos, data FROM route_state WHERE "
                 + " OR ".join(["(section = ? AND name = ?)"] * len(pairs)))
-        out: dict[RowName, dict[str, Any]] = {}
+        out: dict[RowName, str] = {}
         for section, name, key, data in db.execute(sql, [x for p in pairs for x in p]):
             if (section, name, key) in wanted:
-                out[(section, name, key)] = decode((section, name, key), data)
-        return rows_by_section(out)
+                out[(section, name, key)] = data
+        return out
 
     @staticmethod
     def new_run(path: str) -> None:
@@ -153,6 +190,59 @@ class SqliteLimits:
             db.execute("UPDATE route_state SET data = json_remove(data, '$.inflight') "
                        "WHERE section IN ('windows', 'clients')")
         db.close()
+
+
+_UPSERT = ("INSERT INTO route_state (section, name, key_pos, data, updated_at) VALUES "
+           "(?, ?, ?, ?, ?) ON CONFLICT (section, name, key_pos) DO UPDATE SET "
+           "data = excluded.data, updated_at = excluded.updated_at")
+
+
+class _Live:
+    """Gates held across transactions, and each row's data as this process last wrote or
+    read it (what tells a row another process changed)."""
+
+    def __init__(self, gates: ClientGates) -> None:
+        self.gates = gates
+        self.known: dict[RowName, tuple[str, dict[str, Any]]] = {}
+
+    def decide(self, rows: Sequence[RowName], stored: dict[RowName, str],
+               op: Callable[[Any], T], now: float,
+               first_id: int) -> tuple[T, list[tuple[RowName, str]]]:
+        """`op`'s result on the gates, `rows` brought up to date from `stored` (their data
+        in the file) first, and the rows it changed, encoded."""
+        gates, known = self.gates, self.known
+        stale: dict[RowName, dict[str, Any]] = {}
+        for name in rows:
+            text = stored.get(name)
+            held = known.get(name)
+            if text is None:  # not in the file (never written, or removed): not held
+                if held is not None or name[0] == CLIENTS:
+                    known.pop(name, None)
+                    gates.forget(name)
+            elif held is None or held[0] != text:
+                row = decode(name, text)
+                stale[name] = row
+                known[name] = (text, row)
+        if stale:
+            gates.restore(rows_by_section(stale))
+        gates.number_from(first_id)
+        result = op(gates)
+        writes = []
+        for section, items in gates.snapshot(now, changed_only=True, shared=True).items():
+            for row in items:
+                name = (section, str(row["name"]), int(row["key"]))
+                text = encode(row)
+                known[name] = (text, row)
+                writes.append((name, text))
+        if len(known) > MAX_LIVE_LEDGER:  # the ledger's old days: the file keeps them
+            gates.forget_ledger()
+            self.known = {n: v for n, v in known.items() if n[0] != USAGE}
+        return result, writes
+
+    def rows(self, rows: Sequence[RowName], writes: list[tuple[RowName, str]]) -> Snapshot:
+        """`rows` and those written, as they are after the decision."""
+        names = dict.fromkeys([*rows, *(name for name, _ in writes)])
+        return rows_by_section({n: self.known[n][1] for n in names if n in self.known})
 
 
 MOVED_SECTIONS = ("windows", "keys", "clients", "usage")  # what `limits migrate` moves
