@@ -156,7 +156,9 @@ class ClientSpend:
             return Metered(self, client, None, est.prompt, req, send)
         routes = self.routes_of(req, chain)
         completion = est.max_completion
-        if completion is None:  # the upstream's default cap: the largest stated, else ours
+        if completion is None and not routes:  # the mesh: our default cap
+            completion = DEFAULT_COMPLETION_TOKENS
+        elif completion is None:  # the upstream's default cap: the largest stated, else ours
             completion = max((self.caps[r] for r in routes if r in self.caps),
                              default=DEFAULT_COMPLETION_TOKENS)
         tokens = est.prompt + completion
@@ -360,12 +362,10 @@ class Metered:
         reached = self._req.reached
         if not self._status and reached is not None:  # left before the first byte came
             self._status, (self._route, self._priced) = 499, ledger_route(reached.encode())
-        prompt = meter.prompt_tokens if meter is not None else None
+        prompt, completion, cached, written = meter.counts() if meter is not None \
+            else (None, 0, 0, 0)
         if prompt is None:  # no usage: the estimate, when a route answered (or was sent it)
             prompt = self._prompt_estimate if self._status in (200, 499) else 0
-        completion = meter.completion_tokens if meter is not None else 0
-        cached, written = (meter.cached_tokens, meter.cache_write_tokens) if meter is not None \
-            else (0, 0)
         # a 429 or 5xx is the gateway's own "no route answered" (routes tried are in its
         # body), whatever x-meshroute-route says was tried last
         route = NO_ROUTE if not self._status or self._status == 429 or self._status >= 500 \

@@ -134,7 +134,10 @@ class ClientGates:
         hold, state/fallback.py)."""
         if not self.enforce:
             return None
-        row = self._row(client.name, now)
+        return self._check(self._row(client.name, now), client, tokens, usd)
+
+    @staticmethod
+    def _check(row: _ClientRow, client: Client, tokens: int, usd: float) -> Refusal | None:
         win = row.window
         pending = sum(n for n, _ in win.inflight.values()) + tokens
         if client.rpm is not None and sum(win.requests.values()) + 1 > client.rpm:
@@ -153,19 +156,20 @@ class ClientGates:
               usd: float = 0.0) -> Admission | Refusal:
         """`check`, and when it passes, count the request now with `tokens` and `usd` in
         flight."""
-        refusal = self.check(client, tokens, now, usd)
+        row = self._row(client.name, now)
+        refusal = self._check(row, client, tokens, usd) if self.enforce else None
         if refusal is not None:
             return refusal
-        row = self._row(client.name, now)
         win = row.window
         self._dirty.add(client.name)
         self._next_id += 1
         _count(win.requests, int(now // 1), 1)
         win.day_requests += 1
-        win.inflight[self._next_id] = (max(0, tokens), now)
+        tokens = tokens if tokens > 0 else 0
+        win.inflight[self._next_id] = (tokens, now)
         if usd > 0:
             row.inflight_usd[self._next_id] = usd
-        return Admission(self._next_id, client.name, max(0, tokens), max(0.0, usd))
+        return Admission(self._next_id, client.name, tokens, usd if usd > 0 else 0.0)
 
     # -- recording ------------------------------------------------------------------------
 
@@ -194,11 +198,14 @@ class ClientGates:
     def _spend(self, client: str, row: _ClientRow, spent: Spent, now: float) -> None:
         win = row.window
         self._dirty.add(client)
-        used = max(0, spent.prompt_tokens) + max(0, spent.completion_tokens)
+        prompt = spent.prompt_tokens if spent.prompt_tokens > 0 else 0
+        completion = spent.completion_tokens if spent.completion_tokens > 0 else 0
+        usd = spent.cost_usd if spent.cost_usd > 0 else 0.0
+        used = prompt + completion
         if used:
             _count(win.tokens, int(now // 1), used)
             win.day_tokens += used
-        row.month_usd += max(0.0, spent.cost_usd)
+        row.month_usd += usd
         key = (client, spent.route, day_of(now))
         ledger = self._usage.get(key)
         if ledger is None:
@@ -207,13 +214,15 @@ class ClientGates:
                 "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "errors": 0,
                 "cached_tokens": 0, "cache_write_tokens": 0}
         ledger["requests"] += 1
-        ledger["prompt_tokens"] += max(0, spent.prompt_tokens)
-        ledger["cached_tokens"] = ledger.get("cached_tokens", 0) + max(0, spent.cached_tokens)
-        ledger["cache_write_tokens"] = (ledger.get("cache_write_tokens", 0)
-                                        + max(0, spent.cache_write_tokens))
-        ledger["completion_tokens"] += max(0, spent.completion_tokens)
-        ledger["cost_usd"] += max(0.0, spent.cost_usd)
-        ledger["errors"] += int(spent.error)
+        ledger["prompt_tokens"] += prompt
+        if spent.cached_tokens > 0:  # every row held has both cache counts (`restore`)
+            ledger["cached_tokens"] += spent.cached_tokens
+        if spent.cache_write_tokens > 0:
+            ledger["cache_write_tokens"] += spent.cache_write_tokens
+        ledger["completion_tokens"] += completion
+        ledger["cost_usd"] += usd
+        if spent.error:
+            ledger["errors"] += 1
         self._dirty_usage.add(key)
 
     def ledger(self) -> list[dict[str, Any]]:

@@ -157,6 +157,30 @@ class TokenMeter:
         """The prompt's tokens written to the provider's cache (0: none reported)."""
         return self._anthropic_cache()[1]
 
+    def counts(self) -> tuple[int | None, int, int, int]:
+        """(prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens) at once: a
+        JSON body's tail is copied once, and looked through for cache counts only when it
+        names one."""
+        if self.streaming:
+            return (self.prompt_tokens, self.completion_tokens, self.cached_tokens,
+                    self.cache_write_tokens)
+        tail = bytes(self._tail[-_MAX_JSON_TAIL:])
+        completion = self._last((b'"completion_tokens"', b'"output_tokens"'),
+                                _COMPLETION_TOKENS, tail)
+        prompt = self._last((b'"prompt_tokens"',), _PROMPT_TOKENS, tail)
+        openai = prompt is not None
+        if prompt is None:
+            prompt = self._last((b'"input_tokens"',), _PROMPT_TOKENS, tail)
+        if b"cache" not in tail:
+            return prompt, completion or 0, 0, 0
+        read = self._last((b'"cache_read_input_tokens"',), _CACHE_READ, tail)
+        write = self._last((b'"cache_creation_input_tokens"',), _CACHE_WRITE, tail) or 0
+        if prompt is not None and not openai:
+            prompt += (read or 0) + write
+        cached = read if read is not None else self._last((b'"cached_tokens"',), _CACHED,
+                                                          tail) or 0
+        return prompt, completion or 0, cached, write
+
     def _anthropic_cache(self) -> tuple[int, int]:
         if self.streaming:
             self._flush()
@@ -171,10 +195,12 @@ class TokenMeter:
             self._parts.clear()
             self._pending = 0
 
-    def _last(self, names: tuple[bytes, ...], pattern: re.Pattern[bytes]) -> int | None:
+    def _last(self, names: tuple[bytes, ...], pattern: re.Pattern[bytes],
+              tail: bytes | None = None) -> int | None:
         """A JSON body's last count under the first of `names` it holds (usage closes the
         body), else None."""
-        tail = bytes(self._tail[-_MAX_JSON_TAIL:])
+        if tail is None:
+            tail = bytes(self._tail[-_MAX_JSON_TAIL:])
         for name in names:
             at = tail.rfind(name)
             while at >= 0:

@@ -171,3 +171,21 @@ def test_a_messages_thinking_delta_counts() -> None:
     event = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
              b'"delta":{"type":"thinking_delta","thinking":"hm"}}\n\n')
     assert feed(TokenMeter(streaming=True), event * 3, 4096) == 3
+
+
+@pytest.mark.parametrize("body", [
+    b'{"usage": {"prompt_tokens": 12, "completion_tokens": 3}}',
+    b'{"usage": {"prompt_tokens": 12, "completion_tokens": 3, '
+    b'"prompt_tokens_details": {"cached_tokens": 8}}}',
+    b'{"content": [], "usage": {"input_tokens": 5, "output_tokens": 2, '
+    b'"cache_read_input_tokens": 40, "cache_creation_input_tokens": 9}}',
+    b'{"content": [], "usage": {"input_tokens": 5, "output_tokens": 2}}',
+    b'{"choices": [{"message": {"content": "cache cached_tokens"}}]}',
+    b'{"usage": {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": 1}}',
+])
+@pytest.mark.parametrize("streaming", [True, False])
+def test_counts_at_once_are_the_counts_one_by_one(body: bytes, streaming: bool) -> None:
+    meter = TokenMeter(streaming=streaming)
+    meter.feed(b"data: " + body + b"\n\n" if streaming else body)
+    assert meter.counts() == (meter.prompt_tokens, meter.completion_tokens,
+                              meter.cached_tokens, meter.cache_write_tokens)
