@@ -264,3 +264,24 @@ def test_the_official_openai_client_sees_both_429s_with_their_codes(
     assert codes == {"alice": ("client_rate_limited", "61"),
                      "bob": ("budget_exceeded", str(math.ceil(MIDNIGHT - T0)))}
     assert len(fast.seen) == 2
+
+
+def test_a_chain_request_estimates_its_tokens_once_with_a_client_or_without(
+        providers: tuple[FakeProvider, FakeProvider], clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshroute_middleware.chat.providers import chain
+    from meshroute_middleware.core.providers import tokens
+    from meshroute_middleware.http import request
+    calls: list[int] = []
+
+    def counted(payload: dict[str, Any]) -> tokens.TokenEstimate:
+        calls.append(1)
+        return tokens.estimate(payload)
+    monkeypatch.setattr(chain, "estimate", counted)
+    monkeypatch.setattr(request, "estimate", counted)
+    fast, slow = providers
+    with served(priced_doc(fast, slow), [make_client("alice", rpm=10)], clock) as gw:
+        assert gw.chat("alice").status_code == 200
+        assert len(calls) == 1  # intake's, read by the admission and by the chain
+        assert gw.chat(None).status_code == 200
+        assert len(calls) == 2  # no client: intake skips it, the chain counts it

@@ -147,7 +147,8 @@ class ProviderChat:
             payload = json.loads(ex.req.body)
         except ValueError:  # parse_chat accepted it with orjson; the stdlib must agree
             raise HttpError.INVALID_JSON.error("request body is not valid JSON") from None
-        est = estimate(payload)
+        est = ex.req.tokens  # intake's, when a client's admission read it: counted once
+        est = estimate(payload) if est is None else est
         if ex.req.pin is not None and len(ex.req.pin) != 1:
             raise InvalidPinError("pin one route of the chain: 'route': [\"provider/model\"]")
         cr = ChainRequest(ex, payload, est.reserve, est.context_need,
