@@ -43,7 +43,6 @@ from meshroute_middleware.core.clients_budget import (
     Admission,
     ClientGates,
     Spent,
-    client_row,
     cost_usd,
     day_of,
     rows_of_request,
@@ -274,15 +273,6 @@ class ClientSpend:
         store is away."""
         await self.ledger.flush()
         return await self.store.usage(client, day_of(since))
-
-    async def spent_now(self, client: str) -> dict[str, float]:
-        """A client's counters as the store holds them now (the dashboard, tests)."""
-        await self.ledger.flush()
-        now = self.clock()
-        out = await self.store.transact_with([client_row(client)], self._gates,
-                                             lambda g: g.spent(client, now), now, 0)
-        spent: dict[str, float] = out.result
-        return spent
 
     async def _transact(self, client: str, route: str | None,
                         op: Callable[[ClientGates], Any], now: float) -> Any:

@@ -230,14 +230,6 @@ class ClientGates:
         return [{**data, "name": f"{client} {route}", "key": day}
                 for (client, route, day), data in self._usage.items()]
 
-    # -- display --------------------------------------------------------------------------
-
-    def spent(self, client: str, now: float) -> dict[str, float]:
-        """A client's counters now: tokens today (in flight included) and USD this month."""
-        row = self._row(client, now)
-        return {"day_tokens": row.window.day_tokens, "month_usd": row.month_usd,
-                "minute_requests": sum(row.window.requests.values())}
-
     # -- rows -----------------------------------------------------------------------------
 
     def snapshot(self, now: float, *, changed_only: bool = False,

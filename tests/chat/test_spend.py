@@ -17,6 +17,7 @@ from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.spend import ClientSpend, ledger_route
 from meshroute_middleware.core import parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
+from meshroute_middleware.core.clients_budget import CLIENTS
 from meshroute_middleware.forwarding.memory import ASGIForwarder
 from meshroute_middleware.http.request import parse_chat
 from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
@@ -207,7 +208,8 @@ async def test_a_settle_the_store_failed_is_retried_until_it_lands() -> None:
     rows = await spend.usage_rows()
     assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         (1, 4, 9)]
-    assert (await spend.spent_now("bob"))["day_tokens"] == 13  # the reservation let go
+    [bob] = await store.scan(CLIENTS)
+    assert (bob["day_tokens"], bob["inflight"]) == (13, [])  # the reservation let go
 
 
 async def test_a_mesh_stream_is_asked_for_usage_and_the_client_gets_none() -> None:

@@ -111,8 +111,9 @@ def test_rows_roundtrip_keeps_windows_budgets_and_reservations() -> None:
     b = g.admit(c, 50, T0)
     g = roundtrip(g, T0 + 1)
     assert g.admit(c, 10, T0 + 2) == Refusal("rpm", T0 + 61)
-    assert g.spent("alice", T0 + 2) == {"day_tokens": 900, "month_usd": 0.4,
-                                        "minute_requests": 2}
+    [row] = g.snapshot(T0 + 2)["clients"]
+    assert (row["day_tokens"], row["month_usd"], row["requests"]) == (900, 0.4,
+                                                                      [[int(T0), 2]])
     assert isinstance(b, Admission)
     g.settle(b, spent(10, 10, usd=0.7), T0 + 70)  # the reservation was kept with the row
     assert g.admit(c, 10, T0 + 71) == Refusal(

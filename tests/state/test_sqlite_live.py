@@ -13,7 +13,7 @@ import pytest
 
 from meshroute_middleware.chat.spend import ClientRefused, ClientSpend
 from meshroute_middleware.core.clients import Client
-from meshroute_middleware.core.clients_budget import ClientGates, client_row
+from meshroute_middleware.core.clients_budget import CLIENTS, ClientGates, client_row
 from meshroute_middleware.http.request import ChatRequest
 from meshroute_middleware.state.sqlite_limits import SqliteLimits
 from meshroute_middleware.state.store import StateStore
@@ -102,8 +102,8 @@ async def test_a_failed_decision_leaves_nothing_held_that_the_file_does_not_hold
     with pytest.raises(RuntimeError):
         await store.transact_with([client_row("alice")], make, admit_then_fail, T0, 0)
     out = await store.transact_with([client_row("alice")], make,
-                                    lambda g: g.spent("alice", T0), T0, 0)
-    assert out.result["minute_requests"] == 1  # the failed decision's 5 were rolled back
+                                    lambda g: g.snapshot(T0)[CLIENTS], T0, 0)
+    assert out.result[0]["requests"] == [[int(T0), 1]]  # the failed decision's 5: rolled back
 
 
 async def test_the_ledger_rows_held_are_bounded_and_read_again_when_used(
