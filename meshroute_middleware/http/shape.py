@@ -6,14 +6,17 @@ a body, not with its bytes: 13.7 MiB of 480k tiny messages took 0.3 s to parse a
 read as a chat request, holding the event loop (and the GIL: a worker thread does not help a
 C parser). So a body of at most INLINE_BYTES is read at once on the loop (it cannot hold many
 values); a larger one is read in a worker thread, after `check_large` (http/request.py): when
-byte counts cannot rule it out, a scan of its tokens in Python (which gives up the GIL every
-few ms, so the loop keeps serving) refuses too many values before anything parses the body;
+byte counts cannot rule it out, a scan of its tokens in Python refuses too many values before
+anything parses the body. The scan hands the GIL back every YIELD_TOKENS tokens: a thread
+left to the interpreter's switch interval holds it 5 ms each time the loop's thread gives it
+up for a syscall, and a loaded machine made that 510 ms for one `/healthz`;
 then the parsed body's messages and parts are counted, and its depth is scanned as every
 body's is (`load_object`). Each refusal is a 413 (400 for the depth) with its own code."""
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,7 @@ INLINE_BYTES = 32 * 1024
 _NEXT = re.compile(rb'(?:"[^"\\]*(?:\\.[^"\\]*)*"|[^"\[\]{},])*([\[\]{},])', re.DOTALL)
 _OPEN, _CLOSE = frozenset(b"[{"), frozenset(b"]}")
 COUNT_STEP = 1024 * 1024  # bytes counted per call by value_bound
+YIELD_TOKENS = 2048  # tokens `scan` reads between two hand-backs of the GIL (~0.5 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,7 @@ def value_bound(body: bytes) -> int:
         end = start + COUNT_STEP
         found += (body.count(b",", start, end) + body.count(b"{", start, end)
                   + body.count(b"[", start, end))
+        time.sleep(0)  # the GIL handed back to the event loop's thread between steps
     return found
 
 
@@ -76,8 +81,12 @@ def scan(body: bytes, max_depth: int, max_values: int | None = None) -> None:
     stops at the first limit passed. Values are counted as 1, and 1 per comma and per opening
     bracket outside strings (each value is the root, the first in its container or after a
     comma: at least as many as there are). Invalid JSON is left to the parser."""
-    values, depth = 1, 0
+    values, depth, tokens = 1, 0, 0
     for match in _NEXT.finditer(body):
+        tokens += 1
+        if tokens == YIELD_TOKENS:  # the event loop's thread takes the GIL now, not later
+            tokens = 0
+            time.sleep(0)
         token = body[match.start(1)]
         if token in _OPEN:
             values += 1
