@@ -326,8 +326,12 @@ class Metered:
         if kind == "http.response.start":
             self._status = int(message["status"])
             headers = message.get("headers", ())
-            self._route, self._priced = ledger_route(
-                next((v for k, v in headers if k == H_ROUTE), None))
+            route = None
+            for name, value in headers:
+                if name == H_ROUTE:
+                    route = value
+                    break
+            self._route, self._priced = ledger_route(route)
             self._meter = TokenMeter(streaming=is_sse(headers))
         elif kind == "http.response.body":
             body = message.get("body", b"")

@@ -12,7 +12,7 @@ import hmac
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -57,12 +57,14 @@ class Client:
     tpm: int | None = None
     daily_tokens: int | None = None
     monthly_usd: float | None = None
+    # whether a limit or a budget applies (a client without one is only recorded); set from
+    # the limits, read on every request
+    limited: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def limited(self) -> bool:
-        """Whether a limit or a budget applies (a client without one is only recorded)."""
-        return not (self.rpm is None and self.tpm is None and self.daily_tokens is None
-                    and self.monthly_usd is None)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limited", not (
+            self.rpm is None and self.tpm is None and self.daily_tokens is None
+            and self.monthly_usd is None))
 
 
 @dataclass(frozen=True, slots=True)
