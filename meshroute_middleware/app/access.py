@@ -178,15 +178,23 @@ class AccessCounters(ClientCounters):
 
 
 class AccessLog:
-    """ASGI wrapper: one `meshroute.access` line per request on `paths` (when INFO is on)."""
+    """ASGI wrapper: one `meshroute.access` line per request on `paths` (when INFO is on).
+    With `clients()` true (any [[clients]] configured now: a reload may add some), a request's
+    record is kept with the log off too, for its events' `client` and a client refusal's
+    `rejected` event; with neither, a request passes straight through."""
 
     def __init__(self, app: ASGIApp, telemetry: Telemetry, paths: Iterable[str],
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 clients: Callable[[], bool] = lambda: True) -> None:
         self.app, self.telemetry, self.paths, self.clock = app, telemetry, frozenset(paths), clock
+        self.clients = clients
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope["path"] not in self.paths
-                or not log.isEnabledFor(logging.INFO)):
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        logged = log.isEnabledFor(logging.INFO)
+        if not logged and not self.clients():  # no line to write, no client to name
             await self.app(scope, receive, send)
             return
         state = scope.get("state")
@@ -198,9 +206,9 @@ class AccessLog:
             await self.app(scope, record.receive, record)
         finally:
             ACCESS.reset(token)
-            self._done(scope, record)
+            self._done(scope, record, logged)
 
-    def _done(self, scope: Scope, record: AccessRecord) -> None:
+    def _done(self, scope: Scope, record: AccessRecord, logged: bool) -> None:
         client, code = record.client(), record.error_code()
         if record.status == 429 and code in CLIENT_REFUSALS:
             token = ACCESS.set(record)  # the event names the client
@@ -209,6 +217,8 @@ class AccessLog:
                                       f"{client}: {code}: {record.error_message()}", code or "")
             finally:
                 ACCESS.reset(token)
+        if not logged:
+            return
         prompt, completion = record.prompt_tokens, record.completion_tokens
         if completion is None and record.meter is not None and record.status == 200:
             completion, prompt = record.meter.completion_tokens, record.meter.prompt_tokens

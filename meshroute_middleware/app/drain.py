@@ -26,12 +26,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core.contracts.error_body import sse_error_event
-from meshroute_middleware.http.errors import HttpError
+from meshroute_middleware.http.errors import SHUTTING_DOWN_MESSAGE, HttpError
 from meshroute_middleware.http.request import PATHS
 from meshroute_middleware.telemetry.events import EventBus
 
 ROUTED_PATHS = frozenset({*PATHS.values(), *DIALECTS})  # chat, embeddings, completions, dialects
-SHUTTING_DOWN = "the gateway is shutting down"
+SHUTTING_DOWN = SHUTTING_DOWN_MESSAGE
 
 
 class _Open:

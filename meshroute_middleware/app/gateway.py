@@ -170,7 +170,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
         background_services(config, mesh, keeper, clock, providers, embeddings, node_log),
         gw.startup_failures, spend)), settings.guard(), reject=telemetry.reject,
         dialects=DIALECTS)
-    gw.app = AccessLog(gw.guard, telemetry, ROUTED_PATHS)
+    gw.app = AccessLog(gw.guard, telemetry, ROUTED_PATHS,
+                       clients=lambda: bool(gw.config.clients))
     if node_log is not None:  # a --workers worker: its node writes reach its siblings
         gw.app = ShareNodeWrites(gw.app, node_log)
     if settings.otlp_endpoint:  # the otlp extra, imported only now (docs/observability.md)

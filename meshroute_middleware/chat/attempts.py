@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from meshroute_middleware.chat.headers import Headers, is_sse, response_headers
 from meshroute_middleware.core import Decision, Outcome, Router
+from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.core.contracts.limits import MAX_ANSWER_TOKENS, MAX_TPS
 from meshroute_middleware.core.kinds import CONTEXT, ErrorKind
 from meshroute_middleware.core.providers.exhaustion import (
@@ -44,11 +46,14 @@ from meshroute_middleware.core.providers.exhaustion import (
     firsts,
 )
 from meshroute_middleware.core.providers.keys import parse_retry_after
+from meshroute_middleware.forwarding.client import ForwarderClosed
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import (
     INTERNAL_ERROR,
+    SHUTTING_DOWN_MESSAGE,
     DeadlineExceeded,
     ErrorAnswer,
+    HttpError,
     exhaustion_answer,
 )
 from meshroute_middleware.http.request import ChatRequest, RequestKind
@@ -344,9 +349,31 @@ class Attempts:
 async def internal_error(ex: Exchange, doing: str,
                          headers: Iterable[tuple[bytes, bytes]] = ()) -> bool:
     """A bug of ours while `doing`: logged, and the client gets the JSON 500 (True) unless
-    its answer had started (False: the caller re-raises, the server aborts the response)."""
+    its answer had started (False: the caller re-raises, the server aborts the response).
+    The forwarder closed under the answer is no bug: `closed_under`."""
+    if isinstance(sys.exc_info()[1], ForwarderClosed):
+        return await closed_under(ex, headers)
     log.exception("meshroute: internal error while %s", doing)
     if ex.started:
         return False
     await INTERNAL_ERROR.send(ex.send, headers)
+    return True
+
+
+async def closed_under(ex: Exchange, headers: Iterable[tuple[bytes, bytes]] = ()) -> bool:
+    """The gateway closed its upstream connections under this request (it stops): one info
+    line, and the client's answer ends as a drain's cut ends it: a 503 `shutting_down` when
+    nothing was sent, a stream's error event; an answer that is not a stream is left
+    unfinished (never passed off as complete). True: handled."""
+    log.info("meshroute: a %s answer was cut: the gateway closed its upstream connections",
+             "streamed" if ex.req.stream else "whole")
+    try:
+        if not ex.started:
+            await HttpError.SHUTTING_DOWN.send(ex.send, SHUTTING_DOWN_MESSAGE, headers)
+        elif ex.req.stream:
+            await ex.send({"type": "http.response.body", "more_body": False,
+                           "body": sse_error_event(f"{SHUTTING_DOWN_MESSAGE}; partial "
+                                                   "response", "shutting_down")})
+    except OSError:  # the client left meanwhile
+        ex.gone = True
     return True

@@ -256,6 +256,10 @@ class Router:
         for sig in touched:
             self._tick(sig, now)
 
+    def own_in_flight(self) -> dict[str, int]:
+        """This tracker's own attempts open now, by route signature (no other tracker's)."""
+        return dict(self._in_flight)
+
     def concurrency(self, decision: Decision, now: float) -> float:
         """The route's mean in-flight count over an open attempt's life so far."""
         area0, t0 = decision._load0

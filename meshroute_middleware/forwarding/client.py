@@ -23,6 +23,7 @@ the head failing, as is the retry failing.
 from __future__ import annotations
 
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -66,6 +67,12 @@ class ForwardError(MeshRouteError):
         super().__init__(message)
         self.kind, self.status, self.body = kind, status, body
         self.retry_after = retry_after  # a 429's Retry-After header, as sent
+
+
+class ForwarderClosed(MeshRouteError):
+    """The gateway closed its upstream connections under an answer still being relayed (it
+    is stopping, after a drain waited for what it could): no failure of the route's, and no
+    bug (chat/attempts.py `internal_error` ends the client's answer as a drain's cut does)."""
 
 
 class UpstreamResponse(Protocol):
@@ -113,7 +120,7 @@ class HeldAnswer:
         """Nothing to release: the upstream response was closed once read."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)
 class _AiohttpResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -141,9 +148,16 @@ class _AiohttpResponse:
             raise ForwardError("stream", f"the head stalled {what}") from exc
         except aiohttp.ClientError as exc:
             raise ForwardError("stream", f"the head failed mid-response: {exc!r}") from exc
+        except RuntimeError as exc:  # aiohttp's "Connection closed.": the session closed
+            raise ForwarderClosed("upstream connections closed mid-response") from exc
 
     def close(self) -> None:
         self.raw.close()
+
+    def cut(self) -> None:
+        """The forwarder closes: a read waiting now, or the next, raises ForwarderClosed."""
+        self.raw.content.set_exception(
+            ForwarderClosed("upstream connections closed mid-response"))
 
 
 class _Reuse:
@@ -178,6 +192,9 @@ class AiohttpForwarder:
         self._session: aiohttp.ClientSession | None = None
         self._fresh_session: aiohttp.ClientSession | None = None
         self.stale_retries = 0  # requests retried because a pooled connection was stale
+        # the answers handed out, while referenced: cut when the forwarder closes (aiohttp
+        # left a read waiting on a closed session unwoken: a client's stream hung)
+        self._answers: weakref.WeakSet[_AiohttpResponse] = weakref.WeakSet()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -227,7 +244,9 @@ class AiohttpForwarder:
         out = [(k, v) for k, v in raw.raw_headers if k.lower() not in HOP_BY_HOP]
         if (cl := raw.headers.get("content-length")) is not None:
             out.append((b"content-length", cl.encode()))
-        return _AiohttpResponse(raw.status, out, raw, self.idle_s)
+        answer = _AiohttpResponse(raw.status, out, raw, self.idle_s)
+        self._answers.add(answer)
+        return answer
 
     async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes,
                     hdrs: list[tuple[str, str]], reuse: _Reuse | None) -> aiohttp.ClientResponse:
@@ -258,7 +277,9 @@ class AiohttpForwarder:
         yield retries
 
     async def aclose(self) -> None:
-        """Close the sessions."""
+        """Close the sessions; the answers still being read end with ForwarderClosed."""
+        for answer in list(self._answers):
+            answer.cut()
         for session in (self._session, self._fresh_session):
             if session is not None:
                 await session.close()

@@ -221,6 +221,7 @@ class ErrorAnswer:
 
 
 INTERNAL_ERROR = HttpError.INTERNAL.answer(INTERNAL_MESSAGE)  # a bug of ours
+SHUTTING_DOWN_MESSAGE = "the gateway is shutting down"  # a request a stopping gateway ends
 # The error of each status of the exhaustion rule (core/providers/exhaustion.py)
 _EXHAUSTED: dict[int, type[RoutesFailed]] = {413: RoutesTooSmall, 429: RoutesRateLimited,
                                              502: UpstreamFailed, 503: RoutesFailed}

@@ -4,6 +4,7 @@ the dashboard and the OpenAPI document."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -74,7 +75,8 @@ class GatewayAPI:
         self.router, self.telemetry = mesh.router, mesh.telemetry
         self.warnings = list(warnings)
         self.cache_s, self.clock = cache_s, clock
-        self._routing: dict[str | None, tuple[float, bytes]] = {}  # query -> (at, body)
+        # query -> (at, the nodes' digest, body)
+        self._routing: dict[str | None, tuple[float, str, bytes]] = {}
 
     def routes(self) -> list[Route]:
         """The routes, for a Starlette app."""
@@ -213,12 +215,38 @@ class GatewayAPI:
         return Response(self._routing_body(model), media_type="application/json")
 
     def _routing_body(self, model: str | None) -> bytes:
-        """The routing table as JSON, computed at most once per `cache_s` per query."""
-        now = self.clock()
+        """The routing table as JSON, computed at most once per `cache_s` per query and set
+        of nodes (a node that joined or left shows at once). A worker of `--workers N`
+        shares it with the others (telemetry/workers.py), as /metrics."""
+        now, members = self.clock(), self._members()
+        workers = self.telemetry.workers
+        if workers is not None:
+            name = "routing.json" if model is None else f"routing-{_digest([model])}.json"
+            return workers.shared(name, now, self.cache_s, members,
+                                  lambda: self._routing_table(model))
         cached = self._routing.get(model)
-        if cached is not None and now - cached[0] < self.cache_s:
-            return cached[1]
+        if cached is not None and now - cached[0] < self.cache_s and cached[1] == members:
+            return cached[2]
+        body = self._routing_table(model)
+        if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models
+            self._routing.clear()
+        self._routing[model] = (now, members, body)
+        return body
+
+    def _members(self) -> str:
+        """A digest of the node ids in the topology: the same in every worker holding the
+        same nodes."""
+        return _digest(sorted(n.node_id for n in self.router.topology.nodes()))
+
+    def _routing_table(self, model: str | None) -> bytes:
+        """The routing table as JSON, computed now; a route's `in_flight` is the whole
+        gateway's (every worker's own attempts, or what its nodes report holding if more)."""
         table = self.router.routing_table(model)
+        flying = self.telemetry.route_in_flight()
+        if flying:
+            for entry in table["models"].values():
+                for row in entry["candidates"]:
+                    row["in_flight"] = max(row["in_flight"], flying.get(row["signature"], 0))
         if self.embeddings_router is not None:
             table["embeddings"] = embeddings_table(self.embeddings_router, model,
                                                    self.embeddings_providers)
@@ -227,12 +255,8 @@ class GatewayAPI:
         if self.telemetry.requests is not None:
             table["requests"] = self.telemetry.requests.to_dict()
         table["objectives"] = dict(self.telemetry.objectives)  # requests routed by each
-        body = json.dumps(table, ensure_ascii=False, allow_nan=False,
+        return json.dumps(table, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode()
-        if len(self._routing) > len(self.router.topology.models()) + 1:  # gone models
-            self._routing.clear()
-        self._routing[model] = (now, body)
-        return body
 
     async def events(self, request: Request) -> Response:
         """Server-Sent Events: history after ?since= (or Last-Event-ID), then live."""
@@ -293,3 +317,8 @@ def build_api_app(api: GatewayAPI, extra_routes: list[Route] | None = None) -> S
     """The inner Starlette app: endpoints plus OpenAI-style error handlers."""
     return Starlette(routes=api.routes() + list(extra_routes or []),
                      exception_handlers={HTTPException: http_error, 500: server_error})
+
+
+def _digest(parts: Sequence[str]) -> str:
+    """A short hex digest of `parts`, stable across processes (unlike hash())."""
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()

@@ -299,6 +299,23 @@ class Telemetry:
         in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
         in_flight.add_metric([], self.in_flight)
         yield in_flight
+        yield self._route_in_flight()
+
+    def _route_in_flight(self) -> GaugeMetricFamily:
+        """This process's own attempts open on each mesh route (routes with none left out:
+        a route's series comes and goes with its traffic, bounded by the routes in use)."""
+        family = GaugeMetricFamily("meshroute_route_in_flight",
+                                   "Attempts in flight on a mesh route", labels=["signature"])
+        for signature, count in sorted(self._learned.router.own_in_flight().items()):
+            family.add_metric([signature], count)
+        return family
+
+    def route_in_flight(self) -> dict[str, int] | None:
+        """Each mesh route's attempts in flight in the whole gateway, every worker's (None:
+        one process, whose routing table counts its own already)."""
+        if self.workers is None:
+            return None
+        return self.workers.counts(self).in_flight
 
     def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
         """Export more metrics (gossip, discovery) computed at scrape time."""

@@ -37,7 +37,7 @@ from meshroute_middleware.telemetry.worker_files import (
 )
 
 log = logging.getLogger("meshroute.serve")
-COUNTS_MEMO_S = 0.05  # /v1/routing reads two counts at once: one merge serves both
+COUNTS_MEMO_S = 0.05  # /v1/routing reads three counts at once: one merge serves them all
 CLIENT_LABEL = "client"
 SHM = "/dev/shm"
 PREFIX = "meshroute-workers-"
@@ -49,6 +49,7 @@ class GatewayCounts:
 
     requests: dict[str, int]
     objectives: dict[str, int]
+    in_flight: dict[str, int]  # attempts open on each mesh route, by signature
 
 
 class _Families:
@@ -89,25 +90,36 @@ class WorkerMetrics:
     def render_cached(self, telemetry: Telemetry, now: float, max_age_s: float,
                       per_client: bool) -> bytes:
         """The last exposition any worker computed while it is younger than `max_age_s`,
-        else a new one. Under one lock, so that the scrapes of a scraper never go back in
-        time whichever worker answers each."""
-        cache = self.files.directory / ("metrics-clients.prom" if per_client
-                                        else "metrics.prom")
-        with _locked(self.files.directory / "render.lock"):
+        else a new one, so that the scrapes of a scraper never go back in time whichever
+        worker answers each."""
+        return self.shared("metrics-clients.prom" if per_client else "metrics.prom", now,
+                           max_age_s, "-", lambda: self.render(telemetry, per_client))
+
+    def shared(self, name: str, now: float, max_age_s: float, tag: str,
+               compute: Callable[[], bytes]) -> bytes:
+        """The body any worker last computed as `name`, while it is younger than `max_age_s`
+        and was computed with the same `tag` (a word: what the body depends on beyond its
+        age); else `compute()`'s, kept for the others. Under one lock per name, so that two
+        workers never compute it at once and a reader never sees half of one."""
+        cache = self.files.directory / name
+        with _locked(self.files.directory / f".{name}.lock"):
             try:
-                stamp, _, body = cache.read_bytes().partition(b"\n")
-                if 0 <= now - float(stamp) < max_age_s:
+                head, _, body = cache.read_bytes().partition(b"\n")
+                stamp, _, seen = head.decode().partition(" ")
+                if seen == tag and 0 <= now - float(stamp) < max_age_s:
                     return body
             except (FileNotFoundError, ValueError):
                 pass
-            body = self.render(telemetry, per_client)
+            body = compute()
             staging = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-            staging.write_bytes(repr(now).encode() + b"\n" + body)
+            staging.write_bytes(f"{now!r} {tag}\n".encode() + body)
             os.replace(staging, cache)
             return body
 
     def counts(self, telemetry: Telemetry) -> GatewayCounts:
-        """The gateway's request counts (/v1/routing), merged from every worker's files."""
+        """The gateway's request counts and attempts in flight (/v1/routing), merged from
+        every worker's files (this worker's written first; a sibling's are SYNC_S old at
+        most)."""
         now = self.clock()
         if self._counts is not None and 0 <= now - self._counts[0] < COUNTS_MEMO_S:
             return self._counts[1]
@@ -116,7 +128,9 @@ class WorkerMetrics:
         counts = GatewayCounts(_by_label(merged.get("meshroute_requests"), "result",
                                          ("answered", "failed")),
                                _by_label(merged.get("meshroute_objective_requests"),
-                                         "objective", OBJECTIVES))
+                                         "objective", OBJECTIVES),
+                               _by_label(merged.get("meshroute_route_in_flight"),
+                                         "signature", ()))
         self._counts = (now, counts)
         return counts
 

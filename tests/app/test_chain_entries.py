@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from meshroute_middleware.app.config import ChainEntryError, check_chains
+from meshroute_middleware.core.providers.chain import resolve
 from meshroute_middleware.core.providers.config import parse_providers_config
+
+from ..providers.fake_provider import FakeProvider
+from ..providers.gateway import gateway, providers_doc
 
 CONFIG = """
 [routing]
@@ -69,3 +73,69 @@ def test_serve_refuses_it_in_one_line_with_exit_2(tmp_path: Path, workers: int) 
         env={"FAST_A": "sk-fast-AAAA-secret", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"meshroute serve: {ERROR}", done.stderr
+
+
+NESTED = """
+[routing]
+chain = ["coding", "fastco/big-model"]
+
+[profiles.coding]
+chain = ["qwen", "review", "fastco/big-model"]
+
+[profiles.review]
+chain = ["slowco/small-model", "coding", "qwen"]
+
+[[providers]]
+name = "fastco"
+base_url = "http://127.0.0.1:9/v1"
+keys = ["env:FAST_A"]
+
+[[providers.models]]
+id = "big-model"
+tier = "large"
+
+[[providers]]
+name = "slowco"
+base_url = "http://127.0.0.1:9/v1"
+keys = ["env:SLOW_A"]
+
+[[providers.models]]
+id = "small-model"
+tier = "small"
+
+[mesh.qwen]
+"""
+
+
+@pytest.mark.parametrize(("model", "routes"), [
+    # the profile's routes in its place, each route once, a cycle (review -> coding) cut
+    ("auto", ["qwen", "slowco/small-model", "fastco/big-model"]),
+    ("auto:coding", ["qwen", "slowco/small-model", "fastco/big-model"]),
+    ("auto:review", ["slowco/small-model", "qwen", "fastco/big-model"]),
+])
+def test_a_profile_named_in_a_chain_routes_as_its_own_chain(model: str,
+                                                            routes: list[str]) -> None:
+    cfg = parse_providers_config(tomllib.loads(NESTED))
+    check_chains(cfg)  # passes the start-up check, as it did: and now routes too
+    resolved = resolve(cfg, model, mesh_models={"qwen"})
+    assert [c.route for c in resolved.candidates] == routes
+    assert resolved.missing == ()
+
+
+def test_a_mesh_model_of_a_profiles_name_is_the_mesh_model() -> None:
+    cfg = parse_providers_config(tomllib.loads(NESTED.replace("[mesh.qwen]", "[mesh.review]")))
+    resolved = resolve(cfg, "auto", mesh_models={"review"})
+    assert [c.route for c in resolved.candidates] == ["review", "fastco/big-model"]
+    assert resolved.missing == ("qwen",)  # declared nowhere now; nothing serves it
+
+
+def test_a_request_through_a_chain_of_one_profile_is_answered() -> None:
+    fast, slow = FakeProvider("fast"), FakeProvider("slow", models=("small-model",))
+    with fast.serve(), slow.serve():
+        doc = providers_doc(fast, slow, chain=("thrifty",))
+        doc["profiles"] = {"thrifty": {"chain": ["slowco/small-model", "fastco/big-model"]}}
+        with gateway(doc) as gw:
+            answer = gw.chat("auto")
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-meshroute-route"] == "slowco/small-model#1"
+    assert len(slow.seen) == 1 and fast.seen == []

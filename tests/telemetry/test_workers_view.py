@@ -162,3 +162,16 @@ def test_routing_counts_the_whole_gateway(gateway: Gateway) -> None:
         table = resp.json()
         shown[tracker] = (table["requests"]["answered"], sum(table["objectives"].values()))
     assert all(v == (REQUESTS, REQUESTS) for v in shown.values())
+
+
+def test_routing_never_goes_back_whichever_worker_answers(gateway: Gateway) -> None:
+    """One cached document for the gateway: with a cache per worker, a worker's older copy
+    answered after its sibling's newer one showed fewer requests than the read before."""
+    shown: list[tuple[str, int]] = []
+    for _ in range(30):
+        gateway.chat(1)
+        tracker, resp = gateway.read("/v1/routing")
+        shown.append((tracker, resp.json()["requests"]["answered"]))
+    assert len({tracker for tracker, _ in shown}) == 2, shown
+    counts = [answered for _, answered in shown]
+    assert counts == sorted(counts), shown

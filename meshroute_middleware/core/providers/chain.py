@@ -9,6 +9,7 @@
   provider model and every mesh model, ranked by that strategy (`priority`: in the config
   file's order, providers and their models as written, then the mesh models by name);
 - `auto:<profile>`: that profile's chain.
+A profile named inside a chain stands for its own chain's entries there (`expand_chain`).
 An unknown `auto:*` raises InvalidModelError (HTTP 400 `invalid_model`); an unknown model
 UnknownModelError (404). Also here: pinning and session stickiness, which reorder a ranking.
 """
@@ -83,10 +84,12 @@ def resolve(cfg: ProvidersConfig, model: str, mesh_models: Collection[str]) -> R
             raise InvalidModelError(f"unknown model alias {model!r}: not one of "
                                     f"auto:{{{','.join(sorted(AUTO_ALIASES))}}} and no profile "
                                     f"named {name!r}")
-        return _from_chain(cfg, model, profile.chain, _strategy(cfg, profile), mesh_models)
+        return _from_chain(cfg, model, expand_chain(cfg, profile.chain, mesh_models, (name,)),
+                           _strategy(cfg, profile), mesh_models)
     if model == "auto":
         active = cfg.profile(cfg.routing.profile) if cfg.routing.profile else None
-        chain = active.chain if active else cfg.routing.chain
+        chain = (expand_chain(cfg, active.chain, mesh_models, (active.name,)) if active
+                 else expand_chain(cfg, cfg.routing.chain, mesh_models))
         return _from_chain(cfg, model, chain, _strategy(cfg, active), mesh_models)
     if cfg.names_provider(model):
         pair = cfg.split_route(model)
@@ -142,6 +145,28 @@ def mesh_fit(c: Candidate, prompt: int, asked: int | None) -> Fit:
 
 def _strategy(cfg: ProvidersConfig, profile: Profile | None) -> str:
     return profile.strategy if profile and profile.strategy else cfg.routing.strategy
+
+
+def expand_chain(cfg: ProvidersConfig, chain: Sequence[str], mesh_models: Collection[str],
+                 within: tuple[str, ...] = ()) -> list[str]:
+    """A chain's entries with each profile it names replaced by that profile's own chain, in
+    its place (issue 33: a chain entry may name a profile), each entry once where it first
+    comes. A provider model or a mesh model (declared, or served now) of the same name wins
+    over a profile; a profile being expanded already (`within`: a cycle) adds nothing."""
+    out: list[str] = []
+    for entry in chain:
+        profile = (None if cfg.split_route(entry) is not None or entry in cfg.mesh_limits
+                   or entry in mesh_models else cfg.profile(entry))
+        if profile is None:
+            parts = [entry]
+        elif profile.name in within:
+            parts = []
+        else:
+            parts = expand_chain(cfg, profile.chain, mesh_models, (*within, profile.name))
+        for part in parts:
+            if part not in out:
+                out.append(part)
+    return out
 
 
 def _from_chain(cfg: ProvidersConfig, model: str, chain: Sequence[str], strategy: str,

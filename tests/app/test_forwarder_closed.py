@@ -1,0 +1,80 @@
+"""The forwarder closed under open streams (a server stopping, after a drain waited for them,
+or an app embedding the middleware whose lifespan ends first): each stream ends quietly, with
+the API's shutting-down error event, never as an internal error of meshroute (aiohttp's
+"Connection closed." RuntimeError from a stream whose connection the closing session cut)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from meshroute_middleware.app.gateway import build_gateway
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.core import RouterConfig
+
+from ..upstream import FakeChat, ServerThread
+
+PATIENCE_S = 60.0
+
+
+class LoopOf:
+    """An ASGI wrapper that remembers the server's event loop."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.loop = app, None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.app(scope, receive, send)
+
+
+def test_a_stream_open_when_the_forwarder_closes_ends_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slow = FakeChat("slow", tokens=400, token_delay_s=0.05)  # 20 s: open when it closes
+    gateway = build_gateway(replace(ServeSettings(), mdns=False, seed=3,
+                                    router=RouterConfig(explore_share=0.0)))
+    app = LoopOf(gateway.app)
+    lines: list[str] = []
+    first = threading.Event()
+    with ServerThread(slow.app()) as head, ServerThread(app) as server:
+        joined = httpx.post(f"{server.url}/v1/nodes", json={
+            "node_id": "slow", "model": "m", "start": 0, "end": 0, "layers": 1,
+            "url": head.url, "tps": 10})
+        assert joined.status_code in (200, 201)
+        status: list[int] = []
+
+        def read() -> None:
+            try:
+                with httpx.stream("POST", f"{server.url}/v1/chat/completions",
+                                  timeout=PATIENCE_S, json={
+                                      "model": "m", "stream": True,
+                                      "messages": [{"role": "user", "content": "hi"}]}) as r:
+                    status.append(r.status_code)
+                    for line in r.iter_lines():
+                        lines.append(line)
+                        first.set()
+            except httpx.HTTPError as exc:
+                lines.append(f"transport: {exc!r}")
+            finally:
+                first.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        with caplog.at_level(logging.INFO):
+            reader.start()
+            assert first.wait(PATIENCE_S) and status == [200], lines
+            assert app.loop is not None and gateway.forwarder is not None
+            asyncio.run_coroutine_threadsafe(gateway.forwarder.aclose(),
+                                             app.loop).result(PATIENCE_S)
+            reader.join(PATIENCE_S)
+    assert not reader.is_alive()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]  # no "internal error", no traceback
+    data = [line for line in lines if line.startswith("data: ")]
+    assert '"shutting_down"' in data[-1] and len(data) < 400, lines[-3:]  # ended, cut short
+    assert any("closed its upstream connections" in r.getMessage() for r in caplog.records)
