@@ -22,14 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -60,6 +60,7 @@ from meshroute_middleware.telemetry.genai import (
     usage_attributes,
 )
 from meshroute_middleware.telemetry.genai import parse_headers as parse_headers  # the app's
+from meshroute_middleware.telemetry.otlp_export import SDK_LOGGER, CountedExporter, Outage
 
 log = logging.getLogger("meshroute.tracing")
 EXPORT_TIMEOUT_S = 5.0  # one export's bound (the exporter's thread waits, never a request)
@@ -68,32 +69,6 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 _SESSION = SESSION_HEADER.encode()
 _ERROR, _UNSET = Status(StatusCode.ERROR), Status(StatusCode.UNSET)
-
-
-class CountedExporter(SpanExporter):
-    """An exporter that counts what failed (an unreachable collector, a refusal)."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.failures = 0  # export calls that failed
-        self.spans_lost = 0  # spans in them
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:  # an exporter's bug must not stop the batch thread
-            log.exception("OTLP export raised")
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self.failures += 1
-            self.spans_lost += len(spans)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
 
 
 class Tracing:
@@ -106,6 +81,10 @@ class Tracing:
         self.exporter = CountedExporter(exporter or OTLPSpanExporter(
             endpoint=traces_url(endpoint), headers=dict(headers or {}),
             timeout=EXPORT_TIMEOUT_S))
+        sdk_log = logging.getLogger(SDK_LOGGER)
+        for old in [f for f in sdk_log.filters if isinstance(f, Outage)]:
+            sdk_log.removeFilter(old)  # a gateway built again (tests, reload): the newest
+        sdk_log.addFilter(self.exporter.outage)
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
                                        shutdown_on_exit=True)
         self.processor = BatchSpanProcessor(self.exporter)
@@ -148,6 +127,7 @@ class Tracing:
     def shutdown(self) -> None:
         """Export what is left and stop the exporter's thread."""
         self.provider.shutdown()
+        logging.getLogger(SDK_LOGGER).removeFilter(self.exporter.outage)
 
     def metric_families(self) -> Iterator[Metric]:
         """Failed exports, for /metrics (Telemetry.add_collector)."""
@@ -156,6 +136,10 @@ class Tracing:
                                   value=self.exporter.failures)
         yield CounterMetricFamily("meshroute_otlp_spans_lost",
                                   "Spans in failed OTLP exports", value=self.exporter.spans_lost)
+        yield CounterMetricFamily("meshroute_otlp_log_lines_suppressed",
+                                  "The OTLP exporter's log lines held back during outages "
+                                  "(one line per outage is logged)",
+                                  value=self.exporter.outage.suppressed)
 
 
 class Traced:
