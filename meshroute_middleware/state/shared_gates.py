@@ -90,22 +90,23 @@ class SharedGates(KeyGates):
 
     async def acquire(self, router: ProviderRouter, candidate: Candidate, tokens: int,
                       now: float, context_tokens: int | None = None,
-                      ) -> ChainAttempt | list[PassedOver]:
+                      prefer: tuple[int, ...] = ()) -> ChainAttempt | list[PassedOver]:
         """`ProviderRouter.acquire`, with the key taken in the store."""
         early = router.admit(candidate, tokens, context_tokens)
         if early is not None or candidate.provider is None or candidate.model is None:
             return early or ChainAttempt(candidate)
-        taken = await self.atake(candidate.provider, candidate.model, tokens, now)
+        taken = await self.atake(candidate.provider, candidate.model, tokens, now, prefer)
         return router.taken(candidate, *taken)
 
-    async def atake(self, provider: Provider, model: ProviderModel, tokens: int,
-                    now: float) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
+    async def atake(self, provider: Provider, model: ProviderModel, tokens: int, now: float,
+                    prefer: tuple[int, ...] = ()) -> tuple[Reservation | None,
+                                                           list[tuple[int, Refusal]]]:
         """`take` in the store, after everything this process applied before it."""
         if self._drainer is not None and not self._drainer.done():
             await asyncio.shield(self._drainer)
 
         def op(g: KeyGates) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
-            return g.take(provider, model, tokens, now)
+            return g.take(provider, model, tokens, now, prefer)
 
         if self._usable(now) and await self._write_back(now):
             try:
@@ -116,10 +117,10 @@ class SharedGates(KeyGates):
                     rows_of_route(provider, model), op, now, self._next_ids())))
             except LimitsStoreDown as exc:
                 self._lost(exc, now)
-        return self._take_locally(provider, model, tokens, now)
+        return self._take_locally(provider, model, tokens, now, prefer)
 
-    def take(self, provider: Provider, model: ProviderModel, tokens: int,
-             now: float) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
+    def take(self, provider: Provider, model: ProviderModel, tokens: int, now: float,
+             prefer: tuple[int, ...] = ()) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
         """A blocking store's take (ProviderRouter.acquire); an async store's needs acquire."""
         if not self.store.blocking:
             raise RuntimeError("this limits store is taken with `await SharedGates.acquire`")
@@ -128,18 +129,20 @@ class SharedGates(KeyGates):
             try:
                 return self._took(self.store.transact_now(
                     rows_of_route(provider, model),
-                    lambda g: g.take(provider, model, tokens, now), now, self._next_ids()))
+                    lambda g: g.take(provider, model, tokens, now, prefer), now,
+                    self._next_ids()))
             except LimitsStoreDown as exc:
                 self._lost(exc, now)
             finally:
                 self._count(time.perf_counter() - started)
-        return self._take_locally(provider, model, tokens, now)
+        return self._take_locally(provider, model, tokens, now, prefer)
 
-    def _take_locally(self, provider: Provider, model: ProviderModel, tokens: int,
-                      now: float) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
+    def _take_locally(self, provider: Provider, model: ProviderModel, tokens: int, now: float,
+                      prefer: tuple[int, ...] = ()) -> tuple[Reservation | None,
+                                                             list[tuple[int, Refusal]]]:
         """`take` on the local gates; a key taken is owed to the store (reserved there)."""
         self.fallback_decisions += 1
-        got = self._fallback(now).take(provider, model, tokens, now)
+        got = self._fallback(now).take(provider, model, tokens, now, prefer)
         reservation = got[0]
         if reservation is not None:
             key = reservation.key

@@ -21,15 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import Span, SpanKind, StatusCode, set_span_in_context
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,68 +47,28 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
 from meshroute_middleware.core.providers.chain import SESSION_HEADER
 from meshroute_middleware.telemetry.events import TAP, Entry, materialize
+from meshroute_middleware.telemetry.genai import (
+    MAX_CONTENT,
+    answer_text,
+    content,
+    error_type,
+    json_object,
+    number,
+    operation,
+    stream_text,
+    traces_url,
+    usage_attributes,
+)
+from meshroute_middleware.telemetry.genai import parse_headers as parse_headers  # the app's
+from meshroute_middleware.telemetry.otlp_export import SDK_LOGGER, CountedExporter, Outage
 
 log = logging.getLogger("meshroute.tracing")
-TRACES_PATH = "/v1/traces"  # OTLP/HTTP's signal path under a base endpoint
 EXPORT_TIMEOUT_S = 5.0  # one export's bound (the exporter's thread waits, never a request)
 MAX_BODY = 1 << 20  # bytes of a request or a JSON answer read for model, usage and content
-MAX_CONTENT = 64 * 1024  # characters of --otlp-content per attribute
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 _SESSION = SESSION_HEADER.encode()
-
-
-def traces_url(endpoint: str) -> str:
-    """The OTLP/HTTP traces URL of `endpoint`, a base URL (as OTEL_EXPORTER_OTLP_ENDPOINT
-    is) or the full `/v1/traces` URL."""
-    base = endpoint.rstrip("/")
-    return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
-
-
-def parse_headers(text: str | None) -> dict[str, str]:
-    """OTEL_EXPORTER_OTLP_HEADERS' form: `name=value,name=value`, values URL-encoded."""
-    from urllib.parse import unquote
-    out: dict[str, str] = {}
-    for part in (text or "").split(","):
-        name, eq, value = part.partition("=")
-        if eq and name.strip():
-            out[unquote(name.strip()).lower()] = unquote(value.strip())
-    return out
-
-
-def operation(path: str) -> str:
-    """gen_ai.operation.name of a routed path."""
-    if path.endswith("/embeddings"):
-        return "embeddings"
-    if path == "/v1/completions":
-        return "text_completion"
-    return "chat"
-
-
-class CountedExporter(SpanExporter):
-    """An exporter that counts what failed (an unreachable collector, a refusal)."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.failures = 0  # export calls that failed
-        self.spans_lost = 0  # spans in them
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:  # an exporter's bug must not stop the batch thread
-            log.exception("OTLP export raised")
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self.failures += 1
-            self.spans_lost += len(spans)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+_ERROR, _UNSET = Status(StatusCode.ERROR), Status(StatusCode.UNSET)
 
 
 class Tracing:
@@ -111,10 +81,44 @@ class Tracing:
         self.exporter = CountedExporter(exporter or OTLPSpanExporter(
             endpoint=traces_url(endpoint), headers=dict(headers or {}),
             timeout=EXPORT_TIMEOUT_S))
+        sdk_log = logging.getLogger(SDK_LOGGER)
+        for old in [f for f in sdk_log.filters if isinstance(f, Outage)]:
+            sdk_log.removeFilter(old)  # a gateway built again (tests, reload): the newest
+        sdk_log.addFilter(self.exporter.outage)
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
                                        shutdown_on_exit=True)
-        self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
+        self.processor = BatchSpanProcessor(self.exporter)
+        self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("meshroute")
+        self._scope = InstrumentationScope("meshroute")
+
+    def root(self, carrier: Mapping[str, str],
+             name: str) -> tuple[SpanContext | None, SpanContext]:
+        """A request's parent (an incoming `traceparent`'s, else None) and its own span's
+        context, sampled as the provider's sampler says (parent-based by default)."""
+        context = _PROPAGATOR.extract(carrier) if carrier else None
+        parent: SpanContext | None = get_current_span(context).get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+        ids = self.provider.id_generator
+        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
+        sampled = self.provider.sampler.should_sample(context, trace_id, name, SpanKind.SERVER)
+        flags = TraceFlags(TraceFlags.SAMPLED if sampled.decision is Decision.RECORD_AND_SAMPLE
+                           else TraceFlags.DEFAULT)
+        return parent, SpanContext(trace_id, ids.generate_span_id(), False, flags,
+                                   sampled.trace_state)
+
+    def child(self, parent: SpanContext) -> SpanContext:
+        """A new span's context under `parent` (its trace, sampling and state)."""
+        return SpanContext(parent.trace_id, self.provider.id_generator.generate_span_id(),
+                           False, parent.trace_flags, parent.trace_state)
+
+    def emit(self, span: _Open, parent: SpanContext | None) -> None:
+        """An ended span, to the batch processor (which drops it unless sampled)."""
+        self.processor.on_end(ReadableSpan(
+            span.name, span.context, parent, self.provider.resource, span.attributes,
+            kind=span.kind, status=_ERROR if span.error else _UNSET, start_time=span.start,
+            end_time=time.time_ns(), instrumentation_scope=self._scope))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Export every ended span now (blocking: tests, shutdown)."""
@@ -123,6 +127,7 @@ class Tracing:
     def shutdown(self) -> None:
         """Export what is left and stop the exporter's thread."""
         self.provider.shutdown()
+        logging.getLogger(SDK_LOGGER).removeFilter(self.exporter.outage)
 
     def metric_families(self) -> Iterator[Metric]:
         """Failed exports, for /metrics (Telemetry.add_collector)."""
@@ -131,6 +136,10 @@ class Tracing:
                                   value=self.exporter.failures)
         yield CounterMetricFamily("meshroute_otlp_spans_lost",
                                   "Spans in failed OTLP exports", value=self.exporter.spans_lost)
+        yield CounterMetricFamily("meshroute_otlp_log_lines_suppressed",
+                                  "The OTLP exporter's log lines held back during outages "
+                                  "(one line per outage is logged)",
+                                  value=self.exporter.outage.suppressed)
 
 
 class Traced:
@@ -175,8 +184,17 @@ class Traced:
         return sending
 
 
-def _number(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+class _Open:
+    """A span being recorded: built as plain data and handed to the batch processor whole
+    when it ends (no SDK span object, lock or per-attribute check on the request path)."""
+
+    __slots__ = ("attributes", "context", "error", "kind", "name", "start")
+
+    def __init__(self, name: str, context: SpanContext, kind: SpanKind,
+                 attributes: dict[str, Any]) -> None:
+        self.name, self.context, self.kind, self.attributes = name, context, kind, attributes
+        self.start = time.time_ns()
+        self.error = False
 
 
 class _Trace:
@@ -184,21 +202,23 @@ class _Trace:
 
     def __init__(self, tracing: Tracing, scope: Scope) -> None:
         self.tracing, self.scope = tracing, scope
-        headers = {k.decode("latin-1"): v.decode("latin-1")
-                   for k, v in scope.get("headers", ()) if k in _TRACE_HEADERS}
+        carrier: dict[str, str] = {}
+        self.session: str | None = None
+        for k, v in scope.get("headers", ()):
+            if k in _TRACE_HEADERS:
+                carrier[k.decode("latin-1")] = v.decode("latin-1")
+            elif k == _SESSION:
+                self.session = v.decode("latin-1")
         self.operation = operation(scope["path"])
-        self.span: Span = tracing.tracer.start_span(
-            self.operation, context=_PROPAGATOR.extract(headers), kind=SpanKind.SERVER,
-            attributes={"gen_ai.operation.name": self.operation,
-                        "http.request.method": scope.get("method", ""),
-                        "url.path": scope["path"]})
-        self.context = set_span_in_context(self.span)
-        self.session = next((v.decode("latin-1") for k, v in scope.get("headers", ())
-                             if k == _SESSION), None)
+        self.parent, self.span = tracing.root(carrier, self.operation)
+        self.attributes: dict[str, Any] = {"gen_ai.operation.name": self.operation,
+                                           "http.request.method": scope.get("method", ""),
+                                           "url.path": scope["path"]}
+        self.started = time.time_ns()
         self.body = bytearray()
-        self.attempts: dict[tuple[str, int], Span] = {}
+        self.attempts: dict[tuple[str, int], _Open] = {}
         self.routes: list[str] = []
-        self.current: Span | None = None  # the attempt being forwarded (its traceparent)
+        self.current: _Open | None = None  # the attempt being forwarded (its traceparent)
         self.objective: str | None = None
         self.chain: str | None = None
         self.provider: str | None = None
@@ -217,7 +237,7 @@ class _Trace:
             return
         event = materialize(entry)
         signature = str(event.get("signature", ""))
-        attempt = _number(event.get("attempt")) or 0
+        attempt = number(event.get("attempt")) or 0
         self.objective = event.get("objective") or self.objective
         self.chain = event.get("chain") or self.chain
         if kind == "route-selected":
@@ -238,8 +258,8 @@ class _Trace:
             position = signature.rpartition("#")[2]
             if position.isdigit():
                 attrs["meshroute.key_position"] = int(position)
-        span = self.tracing.tracer.start_span(f"attempt {signature}", context=self.context,
-                                              kind=SpanKind.CLIENT, attributes=attrs)
+        span = _Open(f"attempt {signature}", self.tracing.child(self.span), SpanKind.CLIENT,
+                     attrs)
         self.attempts[(signature, attempt)] = self.current = span
         self.routes.append(signature)
 
@@ -247,27 +267,30 @@ class _Trace:
         span = self.attempts.pop((signature, attempt), None)
         if span is None:
             return
+        attrs = span.attributes
         result = str(event.get("result", ""))
-        span.set_attribute("meshroute.outcome", result)
+        attrs["meshroute.outcome"] = result
         if isinstance(event.get("ttfb_ms"), int | float):
-            span.set_attribute("meshroute.ttfb_ms", float(event["ttfb_ms"]))
-        if (tokens := _number(event.get("completion_tokens"))) is not None:
-            span.set_attribute("gen_ai.usage.output_tokens", tokens)
+            attrs["meshroute.ttfb_ms"] = float(event["ttfb_ms"])
+        if (tokens := number(event.get("completion_tokens"))) is not None:
+            attrs["gen_ai.usage.output_tokens"] = tokens
         if event.get("error"):
-            span.set_attribute("error.type", str(event["error"]))
-            if result == "failure":
-                span.set_status(StatusCode.ERROR)
+            attrs["error.type"] = str(event["error"])
+            span.error = result == "failure"
         elif event.get("mode") == "provider":
             self.provider = str(event.get("head"))
-        span.end()
+        self.tracing.emit(span, self.span)
         if span is self.current:
             self.current = None
 
     def upstream_headers(self) -> list[tuple[str, str]]:
         """The `traceparent` (and `tracestate`) an attempt sends upstream."""
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=set_span_in_context(self.current or self.span))
-        return list(carrier.items())
+        ctx = self.current.context if self.current is not None else self.span
+        headers = [("traceparent",
+                    f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}")]
+        if ctx.trace_state:
+            headers.append(("tracestate", ctx.trace_state.to_header()))
+        return headers
 
     # the request and its answer, as they pass
     def take_body(self, chunk: bytes) -> None:
@@ -308,127 +331,52 @@ class _Trace:
             if isinstance(part.get("usage"), dict):
                 self.found["usage"] = {**self.found.get("usage", {}), **part["usage"]}
         if self.tracing.content and self.streaming:
-            self.text.extend(_stream_text(obj))
+            self.text.extend(stream_text(obj))
 
     def finish(self) -> None:
-        span = self.span
-        request = _json(bytes(self.body))
+        attrs = self.attributes
+        request = json_object(bytes(self.body))
         model = request.get("model") if isinstance(request.get("model"), str) else None
+        name = self.operation
         if model:
-            span.update_name(f"{self.operation} {model}")
-            span.set_attribute("gen_ai.request.model", model)
+            name = f"{self.operation} {model}"
+            attrs["gen_ai.request.model"] = model
         if not self.streaming:
-            answer = _json(bytes(self.answer))
+            answer = json_object(bytes(self.answer))
             self._take(answer)
             if self.tracing.content:
-                self.text.extend(_answer_text(answer))
+                self.text.extend(answer_text(answer))
         if isinstance(self.found.get("model"), str):
-            span.set_attribute("gen_ai.response.model", self.found["model"])
-        for name, count in _usage(self.found.get("usage", {})).items():
-            span.set_attribute(name, count)
+            attrs["gen_ai.response.model"] = self.found["model"]
+        attrs.update(usage_attributes(self.found.get("usage", {})))
         client = self.scope.get("state", {}).get(CLIENT_STATE)
         if isinstance(client, Client):
-            span.set_attribute("meshroute.client", client.name)
+            attrs["meshroute.client"] = client.name
         if self.session:
-            span.set_attribute("gen_ai.conversation.id", self.session)
-        for name, text in (("meshroute.objective", self.objective),
-                           ("meshroute.chain", self.chain or model),
-                           ("gen_ai.provider.name", self.provider)):
+            attrs["gen_ai.conversation.id"] = self.session
+        for key, text in (("meshroute.objective", self.objective),
+                          ("meshroute.chain", self.chain or model),
+                          ("gen_ai.provider.name", self.provider)):
             if text:
-                span.set_attribute(name, text)
-        span.set_attribute("meshroute.attempted_routes", self.routes)
-        span.set_attribute("http.response.status_code", self.status or 499)
+                attrs[key] = text
+        attrs["meshroute.attempted_routes"] = tuple(self.routes)
+        attrs["http.response.status_code"] = self.status or 499
         if self.tracing.content:
-            span.set_attribute("gen_ai.input.messages", _content(request))
-            span.set_attribute("gen_ai.output.messages", "".join(self.text)[:MAX_CONTENT])
-        error = self.raised or (_error_type(bytes(self.answer), self.status)
+            attrs["gen_ai.input.messages"] = content(request)
+            attrs["gen_ai.output.messages"] = "".join(self.text)[:MAX_CONTENT]
+        error = self.raised or (error_type(bytes(self.answer), self.status)
                                 if self.status >= 400 else None)
         if error:
-            span.set_attribute("error.type", error)
-        if self.raised or self.status >= 500:
-            span.set_status(StatusCode.ERROR)
+            attrs["error.type"] = error
         for attempt in self.attempts.values():  # no outcome: the request ended first
-            attempt.set_attribute("meshroute.outcome", "cancelled")
-            attempt.end()
-        span.end()
+            attempt.attributes["meshroute.outcome"] = "cancelled"
+            self.tracing.emit(attempt, self.span)
+        root = _Open(name, self.span, SpanKind.SERVER, attrs)
+        root.start, root.error = self.started, bool(self.raised or self.status >= 500)
+        self.tracing.emit(root, self.parent)
 
 
 Payload = dict[str, Any]
-
-
-def _json(body: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _usage(usage: Mapping[str, Any]) -> dict[str, int]:
-    """gen_ai.usage.* of an OpenAI, Anthropic or Responses usage object."""
-    out: dict[str, int] = {}
-    inp = _number(usage.get("prompt_tokens"))
-    if inp is None:
-        inp = _number(usage.get("input_tokens"))
-    outp = _number(usage.get("completion_tokens"))
-    if outp is None:
-        outp = _number(usage.get("output_tokens"))
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    cached = _number(details.get("cached_tokens")) if isinstance(details, dict) else None
-    if cached is None:
-        cached = _number(usage.get("cache_read_input_tokens"))
-    written = _number(usage.get("cache_creation_input_tokens"))
-    for name, value in (("gen_ai.usage.input_tokens", inp),
-                        ("gen_ai.usage.output_tokens", outp),
-                        ("gen_ai.usage.cache_read.input_tokens", cached),
-                        ("gen_ai.usage.cache_creation.input_tokens", written)):
-        if value is not None:
-            out[name] = value
-    return out
-
-
-def _error_type(body: bytes, status: int) -> str:
-    """An error answer's code (OpenAI's or Anthropic's shape), else its status."""
-    error = _json(body).get("error")
-    if isinstance(error, dict):
-        code = error.get("code") or error.get("type")
-        if isinstance(code, str) and code:
-            return code
-    return str(status)
-
-
-def _content(request: Mapping[str, Any]) -> str:
-    """The request's messages (or input, or prompt) as JSON, bounded."""
-    for name in ("messages", "input", "prompt"):
-        if name in request:
-            return orjson.dumps(request[name]).decode()[:MAX_CONTENT]
-    return ""
-
-
-def _answer_text(answer: Mapping[str, Any]) -> Iterator[str]:
-    for choice in answer.get("choices") or ():
-        if isinstance(choice, dict):
-            message = choice.get("message")
-            if isinstance(message, dict) and isinstance(message.get("content"), str):
-                yield message["content"]
-            elif isinstance(choice.get("text"), str):
-                yield choice["text"]
-    for block in answer.get("content") or ():
-        if isinstance(block, dict) and isinstance(block.get("text"), str):
-            yield block["text"]
-
-
-def _stream_text(event: Mapping[str, Any]) -> Iterator[str]:
-    for choice in event.get("choices") or ():
-        if isinstance(choice, dict):
-            delta = choice.get("delta")
-            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                yield delta["content"]
-            elif isinstance(choice.get("text"), str):
-                yield choice["text"]
-    delta = event.get("delta")
-    if isinstance(delta, dict) and isinstance(delta.get("text"), str):
-        yield delta["text"]
 
 
 def traced(app: ASGIApp, tracing: Tracing, paths: Iterable[str],

@@ -31,8 +31,10 @@ def providers_doc(fast: FakeProvider, slow: FakeProvider, *,
     doc: dict[str, Any] = {
         "routing": {"chain": list(chain), **(routing or {})},
         "providers": [
+            # round-robin keys: these tests send one prompt again and again, which provider-key
+            # affinity would keep on one key (tests/providers/test_affinity.py: it on)
             {"name": "fastco", "base_url": fast.base_url, "keys": ["env:FAST_A", "env:FAST_B"],
-             **(fast_limits or {}),
+             "cache_ttl": 0, **(fast_limits or {}),
              "models": [{"id": "big-model", "tier": "large", "context": 4096}]},
             {"name": "slowco", "base_url": slow.base_url, "keys": ["env:SLOW_A"],
              "models": [{"id": "small-model", "tier": "small", "context": 2048}]}]}

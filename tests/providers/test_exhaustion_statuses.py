@@ -27,6 +27,7 @@ chain = ["fastco/big-model", "slowco/small-model"]
 name = "fastco"
 base_url = "{fast.base_url}"
 keys = ["env:FAST_A", "env:FAST_B"]
+cache_ttl = 0  # keys by turns (round-robin): every request sends one prompt
 
 [[providers.models]]
 id = "big-model"

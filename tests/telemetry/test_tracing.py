@@ -273,7 +273,7 @@ def test_otlp_endpoint_without_the_extra_is_a_one_line_error() -> None:
 
 
 def test_usage_attributes_of_each_shape() -> None:
-    from meshroute_middleware.telemetry.tracing import _usage
+    from meshroute_middleware.telemetry.genai import usage_attributes as _usage
     assert _usage({"prompt_tokens": 10, "completion_tokens": 3,
                    "prompt_tokens_details": {"cached_tokens": 8}}) == {
         "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 3,

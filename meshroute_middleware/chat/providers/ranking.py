@@ -15,6 +15,8 @@ from typing import Any
 from meshroute_middleware.chat.attempts import Failed, Measurement
 from meshroute_middleware.chat.headers import Headers
 from meshroute_middleware.chat.providers.request import ChainRequest
+from meshroute_middleware.core.prefix import Prefix
+from meshroute_middleware.core.providers.affinity import Turn, key_order, preferred
 from meshroute_middleware.core.providers.chain import Candidate, Resolution, mesh_fit
 from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
 from meshroute_middleware.core.providers.router import ChainAttempt, MeshServes, ProviderRouter
@@ -25,8 +27,11 @@ log = logging.getLogger("meshroute.providers")
 WAIT_MARGIN_S = 0.05  # slept past the soonest key reset before trying again
 _NEXT_KEY = frozenset({"http_429", "http_401", "http_403"})  # the key failed: try the next key
 _REFUSED = {"http_401": 401, "http_403": 403}
-# Shared key gates take a key in their store (awaited): (candidate, reserve, now, context need)
-Acquire = Callable[[Candidate, int, float, int], Awaitable[ChainAttempt | list[PassedOver]]]
+_SYSTEM = frozenset({"system", "developer"})  # a prompt's leading instructions, not its talk
+# Shared key gates take a key in their store (awaited): (candidate, reserve, now, context need,
+# the keys to try in order)
+Acquire = Callable[[Candidate, int, float, int, tuple[int, ...]],
+                   Awaitable[ChainAttempt | list[PassedOver]]]
 # One attempt at a taken route (a provider call, a mesh entry)
 ChainCall = Callable[[ChainRequest, ChainAttempt, "ProviderRanking", Measurement],
                      Awaitable[Failed | None]]
@@ -51,6 +56,7 @@ class ProviderRanking:
         self._waited = False
         self._recorded: set[ChainAttempt] = set()
         self._live: dict[ChainAttempt, tuple[int, float]] = {}  # provider attempts: n, start
+        self.turn = conversation_turn(cr.ex.req.prefix, cr.payload.get("messages"), cr.prompt)
         self._ranked = self._rank()
 
     # -- the Ranking protocol -----------------------------------------------------------
@@ -122,7 +128,8 @@ class ProviderRanking:
         """Record an attempt's outcome in the ProviderRouter; a provider attempt's is
         published too."""
         self._recorded.add(got)
-        over = self.providers.record(got, kind, self.clock(), session=self.cr.session, **kw)
+        over = self.providers.record(got, kind, self.clock(), session=self.cr.session,
+                                     turn=self.turn, **kw)
         live = self._live.get(got)
         if live is not None:  # a mesh entry's own attempts published themselves
             self.telemetry.provider_finished(
@@ -150,7 +157,7 @@ class ProviderRanking:
         return iter([s.candidate for s in self.providers.rank(
             self.res, self.clock(), self.rng, pinned=pin, session=cr.session,
             tokens=cr.context_need, needs=cr.ex.req.needs, mesh_serves=self.serves,
-            objective=cr.objective)])
+            objective=cr.objective, turn=self.turn)])
 
     async def _advance(self) -> ChainAttempt | None:
         """The next candidate that can be taken: once more after a wait for a key reset."""
@@ -190,10 +197,38 @@ class ProviderRanking:
         if (not self.gates.may_attempt(len(cr.tally.tried), cr.started, self.clock())
                 or cr.opened[0].too_late()):
             return None
-        got = (self.gates.acquire(c, cr.reserve, self.clock(), context_tokens=cr.context_need)
+        prefer = self._key_order(c)
+        got = (self.gates.acquire(c, cr.reserve, self.clock(), context_tokens=cr.context_need,
+                                  prefer=prefer)
                if self._acquire is None
-               else await self._acquire(c, cr.reserve, self.clock(), cr.context_need))
+               else await self._acquire(c, cr.reserve, self.clock(), cr.context_need, prefer))
         if isinstance(got, list):
             self._passed += got
             return None
         return got
+
+    def _key_order(self, c: Candidate) -> tuple[int, ...]:
+        """The conversation's keys of a provider route in the order to try them, its warm key
+        first (core/providers/affinity.py); () for round-robin: no conversation, one key, or
+        the provider's `cache_ttl` is 0."""
+        provider, turn = c.provider, self.turn
+        if turn is None or provider is None or len(provider.keys) < 2 or not provider.cache_ttl_s:
+            return ()
+        order = key_order(turn.conversation, c.route, len(provider.keys))
+        return preferred(order, self.providers.affinity.warm(turn, self.clock()), c.route)
+
+
+def conversation_turn(prefix: Prefix | None, messages: Any, prompt_tokens: int) -> Turn | None:
+    """Who a chat request's conversation is (core/providers/affinity.py): its `x-session-id`,
+    else its prompt through the first message after the leading system ones, which every
+    turn repeats; None for a request with no messages."""
+    if prefix is None or not prefix.hashes:
+        return None
+    if prefix.session:
+        return Turn(prefix.session, prompt_tokens)
+    lead = 0
+    if isinstance(messages, list):
+        while lead < len(messages) and isinstance(messages[lead], dict) \
+                and messages[lead].get("role") in _SYSTEM:
+            lead += 1
+    return Turn(prefix.hashes[min(lead, len(prefix.hashes) - 1)], prompt_tokens)

@@ -16,6 +16,7 @@ from typing import Any
 from ..aliases import NO_ALIASES, Aliases, parse_aliases
 from ..capabilities import DEFAULT_CAPS, parse_caps
 from ..errors import MeshRouteError
+from .affinity import DEFAULT_CACHE_TTL_S, parse_ttl
 from .scoring import AUTO_ALIASES
 
 # top-level tables owned here
@@ -85,6 +86,7 @@ class Provider:
     keys: tuple[str, ...]
     limits: Limits
     models: tuple[ProviderModel, ...]
+    cache_ttl_s: float = DEFAULT_CACHE_TTL_S  # `cache_ttl`: how long its prompt cache stays warm
 
     def model(self, model_id: str) -> ProviderModel | None:
         return next((m for m in self.models if m.id == model_id), None)
@@ -237,7 +239,10 @@ def _provider(i: int, t: object) -> Provider:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ProviderConfigError(f"{where}: name must be a string matching [a-z0-9-]+")
     where = f"[[providers]] {name!r}"
-    _no_unknown(t, where, {"name", "base_url", "keys", "models", *_LIMITS})
+    _no_unknown(t, where, {"name", "base_url", "keys", "models", "cache_ttl", *_LIMITS})
+    ttl = parse_ttl(t.get("cache_ttl", DEFAULT_CACHE_TTL_S))
+    if ttl is None:
+        raise ProviderConfigError(f"{where}: cache_ttl must be seconds or like '5m', '300s'")
     base_url = t.get("base_url")
     if not isinstance(base_url, str) or not re.fullmatch(r"https?://[^\s/]+(/\S*)?", base_url):
         raise ProviderConfigError(f"{where}: base_url must be an http(s) URL")
@@ -248,7 +253,7 @@ def _provider(i: int, t: object) -> Provider:
         raise ProviderConfigError(f"{where}: needs at least one [[providers.models]]")
     if len(set(ids)) != len(ids):
         raise ProviderConfigError(f"{where}: a model id is listed twice")
-    return Provider(name, base_url.rstrip("/"), _keys(t, where), limits, models)
+    return Provider(name, base_url.rstrip("/"), _keys(t, where), limits, models, ttl)
 
 
 def _node_key(i: int, t: object) -> NodeKey:

@@ -45,7 +45,7 @@ from .windows import DAY_S, INFLIGHT_TTL_S, MINUTE_S, Window, frees, month_start
 __all__ = ["COOLDOWN_LADDER_S", "DAY_S", "INFLIGHT_TTL_S", "LADDER_RESET_S", "MINUTE_S",
            "REASONS", "RETRY_AFTER_MAX_S", "REVOKING_STATUSES", "SHARED_SECTIONS", "KeyGates",
            "Refusal", "Reservation", "RowName", "Snapshot", "key_route", "parse_retry_after",
-           "route_name", "rows_of_route"]
+           "route_name", "rows_of_route", "split_key_route"]
 
 Snapshot = dict[str, list[dict[str, Any]]]  # section -> rows of plain data (the state store's)
 RowName = tuple[str, str, int]  # (section, provider or route name, 1-based key; 0 for a cursor)
@@ -80,6 +80,16 @@ def route_name(provider: str, model_id: str) -> str:
 def key_route(route: str, key: int) -> str:
     """The display name of one key on one route: `fastco/big-model#2`."""
     return f"{route}#{key}"
+
+
+def split_key_route(route: str | None) -> tuple[str | None, int | None]:
+    """`fastco/big-model#2` → (`fastco/big-model`, 2); anything else → (route, None)."""
+    if route is None:
+        return None, None
+    head, sep, tail = route.rpartition("#")
+    if sep and tail.isdigit():
+        return head, int(tail)
+    return route, None
 
 
 class KeyGates:
@@ -140,30 +150,32 @@ class KeyGates:
             return Refusal("budget", month_start(route.month + 1))
         return None
 
-    def pick(self, provider: Provider, model: ProviderModel, tokens: int,
-             now: float) -> tuple[int | None, list[tuple[int, Refusal]]]:
+    def pick(self, provider: Provider, model: ProviderModel, tokens: int, now: float,
+             prefer: tuple[int, ...] = ()) -> tuple[int | None, list[tuple[int, Refusal]]]:
         """Round-robin: the next key (1-based) that passes every gate, and who was refused why.
 
         `tokens` is the caller's estimate of the request's total (prompt + completion) tokens.
+        `prefer`: the keys to try, in this order, instead (a conversation's: affinity.py);
+        the round-robin position is left where it is.
         """
         n = len(provider.keys)
         name = route_name(provider.name, model.id)
         start = self._cursor.get(name, 0) % n
         refused: list[tuple[int, Refusal]] = []
-        for step in range(n):
-            key = (start + step) % n + 1
+        for key in prefer or [(start + step) % n + 1 for step in range(n)]:
             refusal = self.check(provider, model, key, tokens, now)
             if refusal is None:
-                self._cursor[name] = key % n
-                self._dirty.add(("cursor", name, 0))
+                if not prefer:
+                    self._cursor[name] = key % n
+                    self._dirty.add(("cursor", name, 0))
                 return key, refused
             refused.append((key, refusal))
         return None, refused
 
-    def take(self, provider: Provider, model: ProviderModel, tokens: int,
-             now: float) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
+    def take(self, provider: Provider, model: ProviderModel, tokens: int, now: float,
+             prefer: tuple[int, ...] = ()) -> tuple[Reservation | None, list[tuple[int, Refusal]]]:
         """`pick` and `reserve` in one step: the reservation made, and who was refused why."""
-        key, refused = self.pick(provider, model, tokens, now)
+        key, refused = self.pick(provider, model, tokens, now, prefer)
         if key is None:
             return None, refused
         return self.reserve(provider, model, key, tokens, now), refused

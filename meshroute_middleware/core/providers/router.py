@@ -24,6 +24,7 @@ from typing import Any
 from ..capabilities import NO_NEEDS, UnsupportedCapabilityError
 from ..errors import InvalidPinError, MeshRouteError
 from ..objectives import COST, DEFAULT_OBJECTIVE, TTFT, Objective
+from .affinity import Affinity, Turn, cache_discount, keeps
 from .chain import (
     Candidate,
     Resolution,
@@ -45,6 +46,7 @@ from .keys import (
     Reservation,
     Snapshot,
     key_route,
+    split_key_route,
 )
 from .peers import Merged, Peers, PeerState, merged_stats
 from .ranked import MeshServes as MeshServes  # re-exported: its importers by the old path
@@ -103,6 +105,7 @@ class ProviderRouter:
         self.stats: dict[str, RouteStats] = {}
         self._stats_dirty: set[str] = set()
         self.peers: Peers | None = None  # gossiping trackers' reports (core/providers/peers)
+        self.affinity = Affinity()  # conversations' warm routes and keys (issue 35)
 
     def resolve(self, model: str, mesh_models: Collection[str]) -> Resolution:
         return resolve(self.cfg, model, mesh_models)
@@ -125,11 +128,12 @@ class ProviderRouter:
 
     def score(self, candidate: Candidate, strategy: str, now: float,
               rng: random.Random | None = None,
-              objective: Objective = DEFAULT_OBJECTIVE) -> Scored:
+              objective: Objective = DEFAULT_OBJECTIVE, warm_share: float = 0.0) -> Scored:
         """All axes of one route; reliability is a Thompson draw when `rng` is given (never
         under `priority`: its axes are shown, not ranked by, so no draw is spent). The
         `ttft` objective scores the first-token axis alone beside reliability; `cost` the
-        COST_TIES strategy, which breaks ties of price (`rank` sorts by price first)."""
+        COST_TIES strategy, which breaks ties of price (`rank` sorts by price first).
+        `warm_share`: the prompt's share in this route's cache, read at `price_cached_in`."""
         if strategy == PRIORITY:
             rng = None
         st = self.stats.get(candidate.route)
@@ -148,7 +152,8 @@ class ProviderRouter:
                      else sample_speed(st.tokens_per_s, st.ttfb_ms, st.ok, rng))
         intelligence = intelligence_score(candidate.tier)
         model = candidate.model
-        price = price_score(model.price_in, model.price_out) if model else 1.0
+        price = price_score(cache_discount(model.price_in, model.price_cached_in, warm_share),
+                            model.price_out) if model else 1.0
         headroom = self._headroom(candidate, now)
         rate_limit = rate_limit_factor(st.penalty_now(now))
         total: float | None
@@ -167,8 +172,9 @@ class ProviderRouter:
              pinned: str | None = None, session: str | None = None,
              tokens: int = 0, needs: frozenset[str] = NO_NEEDS,
              mesh_serves: MeshServes | None = None,
-             objective: Objective = DEFAULT_OBJECTIVE) -> list[Scored]:
-        """The order to try routes in: by score, then the session's route, then the pin first.
+             objective: Objective = DEFAULT_OBJECTIVE, turn: Turn | None = None) -> list[Scored]:
+        """The order to try routes in: by score, then the conversation's warm route (unless
+        clearly worse: affinity.py), the session's route, then the pin first.
         With `needs`, only the routes having those capabilities (`mesh_serves` says it for a
         mesh model; without it a mesh model's own router decides).
 
@@ -192,13 +198,20 @@ class ProviderRouter:
             if pin is not None and not has_caps(pin, needs, mesh_serves):
                 raise UnsupportedCapabilityError(pinned or res.model, needs)
             candidates = [c for c in candidates if has_caps(c, needs, mesh_serves)]
-        ranked = [self.score(c, res.strategy, now, rng, objective) for c in candidates]
+        held = self.affinity.warm(turn, now) if res.strategy != PRIORITY else None
+        ranked = [self.score(c, res.strategy, now, rng, objective, held.warm_share(
+            turn.prompt_tokens) if held and turn and c.route == held.route else 0.0)
+            for c in candidates]
         if res.strategy == PRIORITY:
             return move_first(ranked, pinned)
         if objective == COST:
             ranked.sort(key=by_price)
             return move_first(ranked, pinned)
         ranked.sort(key=by_score)
+        if held is not None and self._usable(held.route, ranked, tokens, now) and keeps(
+                next(s.score for s in ranked if s.candidate.route == held.route),
+                ranked[0].score):
+            ranked = move_first(ranked, held.route)
         sticky = self.sessions.get(session, now)
         if sticky is not None and not self._usable(sticky, ranked, tokens, now):
             sticky = None
@@ -209,18 +222,19 @@ class ProviderRouter:
     # -- taking a route -------------------------------------------------------------------
 
     def acquire(self, candidate: Candidate, tokens: int, now: float, *,
-                context_tokens: int | None = None) -> ChainAttempt | list[PassedOver]:
+                context_tokens: int | None = None,
+                prefer: tuple[int, ...] = ()) -> ChainAttempt | list[PassedOver]:
         """Take the candidate: a key that passes its gates (reserved), or why none does.
 
         `tokens`: what to reserve against the key's limits (`TokenEstimate.reserve`);
         `context_tokens`: what the context must hold (`TokenEstimate.context_need`; default
-        `tokens`).
+        `tokens`); `prefer`: the keys to try, in order (affinity.py; else round-robin).
         """
         early = self.admit(candidate, tokens, context_tokens)
         if early is not None or candidate.provider is None or candidate.model is None:
             return early or ChainAttempt(candidate)
         return self.taken(candidate, *self.gates.take(candidate.provider, candidate.model,
-                                                      tokens, now))
+                                                      tokens, now, prefer))
 
     def admit(self, candidate: Candidate, tokens: int,
               context_tokens: int | None = None) -> ChainAttempt | list[PassedOver] | None:
@@ -245,8 +259,8 @@ class ProviderRouter:
     def record(self, attempt: ChainAttempt, kind: OutcomeKind, now: float, *,
                reason: str | None = None, used_tokens: int | None = None,
                tokens_per_s: float | None = None, ttfb_ms: float | None = None,
-               retry_after_s: float | None = None,
-               session: str | None = None) -> PassedOver | None:
+               retry_after_s: float | None = None, session: str | None = None,
+               turn: Turn | None = None) -> PassedOver | None:
         """Fold an attempt's outcome in; the PassedOver to report when the route failed.
 
         `reason` (`http_5xx`, `timeout`, `connect`, or `context` for an upstream's
@@ -268,6 +282,9 @@ class ProviderRouter:
                                                 retry_after_s, now)
             elif kind is OutcomeKind.SUCCESS:
                 self.gates.succeeded(attempt.candidate.route, attempt.key)
+                provider = attempt.candidate.provider
+                self.affinity.served(turn, attempt.candidate.route, attempt.key, now,
+                                     provider.cache_ttl_s if provider else 0.0)
         if kind is OutcomeKind.SUCCESS:
             self.sessions.served(session, attempt.candidate.route, now)
             return None
@@ -322,7 +339,7 @@ class ProviderRouter:
         """Clear cooldowns, revoked keys and 429 penalties: all, one route (`fastco/big-model`)
         or one key (`fastco/big-model#2`, its cooldown and revocation only). How many keys had
         a cooldown or were revoked."""
-        base, key = _split_key(route)
+        base, key = split_key_route(route)
         if key is None:
             for name, stats in self.stats.items():
                 if base is None or name == base:
@@ -333,7 +350,7 @@ class ProviderRouter:
     def knows_route(self, route: str) -> bool:
         """Whether `clear` can name `route`: a provider route (or one of its keys) or a mesh
         model with statistics."""
-        base, key = _split_key(route)
+        base, key = split_key_route(route)
         assert base is not None
         pair = self.cfg.split_route(base)
         if pair is not None:
@@ -427,12 +444,3 @@ class ProviderRouter:
         return any(self.gates.check(c.provider, c.model, k, tokens, now) is None
                    for k in range(1, len(c.provider.keys) + 1))
 
-
-def _split_key(route: str | None) -> tuple[str | None, int | None]:
-    """`fastco/big-model#2` → (`fastco/big-model`, 2); anything else → (route, None)."""
-    if route is None:
-        return None, None
-    head, sep, tail = route.rpartition("#")
-    if sep and tail.isdigit():
-        return head, int(tail)
-    return route, None
