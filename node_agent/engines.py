@@ -8,10 +8,11 @@ What each engine is read for (docs/architecture.md, "What a node agent reads"):
   `llamacpp:prompt_tokens_cached_total` (tokens reused from the cache) /
   `llamacpp:prompt_tokens_total` (tokens processed, the cached ones excluded); `/props`
   `total_slots` and `default_generation_settings.n_ctx` (the context one slot holds);
-  `/slots` the busy slots (`is_processing`, or the older `state` 1) and, where `/props` is
-  not there, the slot count and each slot's `n_ctx`. `/slots`' per-slot prompt figures
-  (`n_prompt_tokens`, `n_prompt_tokens_cache`, `n_past`) describe that slot's last prompt
-  only: neither a cache capacity nor a hit rate, they are not read;
+  `/slots` (read only where those do not say it) the busy slots (`is_processing`, or the
+  older `state` 1) and, where `/props` is not there, the slot count and each slot's `n_ctx`.
+  `/slots`' per-slot prompt figures (`n_prompt_tokens`, `n_prompt_tokens_cache`, `n_past`)
+  describe that slot's last prompt only: neither a cache capacity nor a hit rate, they are
+  not read;
 - vLLM `/metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc` (the older `vllm:gpu_cache_usage_perc`), the prefix-cache
   counters `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits` (and the older
@@ -282,6 +283,19 @@ def props_context(props: Any, default: int | None = None) -> int | None:
         return default
     found = _tokens(settings.get("n_ctx"), "/props 'n_ctx'")
     return default if found is None else found
+
+
+def slots_needed(page: MetricsPage | None, props: Any) -> bool:
+    """Whether llama.cpp's /slots says anything /metrics and /props do not: it does when
+    /metrics lacks `requests_processing` (no `--metrics`) or /props its slot count or context.
+    Each read of a page is a task on the server's one loop, between its batches: the agent
+    reads the fewest."""
+    if page is None or "llamacpp:requests_processing" not in page.sums or props is None:
+        return True
+    try:
+        return props_slots(props) is None or props_context(props) is None
+    except LoadFormatError:
+        return True
 
 
 def props_slots(props: Any, default: int | None = None) -> int | None:

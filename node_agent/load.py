@@ -49,6 +49,7 @@ from .engines import (
     parse_json,
     read_metrics,
     sglang_reading,
+    slots_needed,
     tgi_reading,
     vllm_reading,
 )
@@ -218,9 +219,10 @@ class LoadReader:
                 log.warning("load: %s/metrics: %s", self.base, exc)
         detected = detect(page.sums) if page is not None else None
         if self.source in ("auto", "llamacpp") and detected in (None, "llamacpp"):
-            slots = await self._json(session, "/slots", busy_slots)
             if self._props is None:
                 self._props = await self._json(session, "/props", _props_object)
+            if slots_needed(page, self._props):
+                slots = await self._json(session, "/slots", busy_slots)
         return self.take(page, slots, self._props)
 
     async def _json(self, session: aiohttp.ClientSession, path: str,

@@ -114,3 +114,37 @@ def test_load_from_takes_sglang() -> None:
 def test_an_unknown_source_is_refused() -> None:
     with pytest.raises(ValueError, match="--load-from"):
         LoadReader("http://127.0.0.1:1", "ollama", 1.0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("pages", "asked"), [
+    # --metrics and /props say the running requests, the slot count and the context
+    ({"/metrics": "metrics_busy.txt", "/slots": "slots_busy.json", "/props": "props.json"},
+     ["/metrics", "/props", "/metrics", "/metrics"]),
+    # no /props: each slot's n_ctx and the slot count come from /slots
+    ({"/metrics": "metrics_busy.txt", "/slots": "slots_busy.json"},
+     ["/metrics", "/props", "/slots"] * 3),
+    # no --metrics: the busy slots come from /slots
+    ({"/slots": "slots_busy.json", "/props": "props.json"},
+     ["/metrics", "/props", "/slots", "/metrics", "/slots", "/metrics", "/slots"]),
+])
+async def test_llamacpps_slots_are_read_only_where_nothing_else_says_it(
+        pages: dict[str, str], asked: list[str]) -> None:
+    """Each page read is a task on llama.cpp's one loop, between its batches: /slots (two
+    tasks' worth with /metrics, every 0.25 s) is left out where /metrics and /props say all
+    it says, and the reading is the same."""
+    got: list[str] = []
+    texts = {path: page("llamacpp_real/" + name) for path, name in pages.items()}
+
+    async def serve(request: Request) -> Response:
+        got.append(request.url.path)
+        text = texts.get(request.url.path)
+        return PlainTextResponse("not found", status_code=404) if text is None \
+            else PlainTextResponse(text)
+    app = Starlette(routes=[Route(p, serve) for p in ("/metrics", "/slots", "/props")])
+    async with serve_app(app) as url, aiohttp.ClientSession() as session:
+        reader = LoadReader(url + "/v1", "llamacpp", 12.0)
+        for _ in range(3):
+            await reader.read_once(session)
+    assert got == asked
+    assert reader.held() == 2 and reader.slot_count() == 2
