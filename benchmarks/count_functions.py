@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from types import FrameType
 from typing import Any
 
@@ -38,9 +37,9 @@ def main() -> int:
     from benchmarks._apps import chat
     from benchmarks.bench_overhead import BODY, HEAD, SCOPE
     from benchmarks.forward_instructions import fixed_clock_app
-    try:  # a driver from before the stepping perf_counter: the wall clock's
-        from benchmarks.forward_instructions import _stepping_perf_counter
-        time.perf_counter = _stepping_perf_counter()
+    try:  # a driver from before the stepped clocks: the wall clock's
+        from benchmarks.forward_instructions import fixed_clocks
+        fixed_clocks()
     except ImportError:
         pass
     from meshroute_middleware.forwarding.memory import ASGIForwarder

@@ -33,6 +33,7 @@ T = TypeVar("T")
 CLIENT_REFUSALS = frozenset({"budget_exceeded", "client_rate_limited"})
 _MAX_ERROR_BODY = 16_384  # an error answer read for its code; a longer one is no refusal
 _H_ROUTE, _H_TRIED, _H_ATTEMPTS = H_ROUTE, H_TRIED, H_ATTEMPTS
+_INFO = logging.INFO
 
 
 class AccessRecord:
@@ -135,11 +136,14 @@ class ClientEvents(EventBus):
     request's `client` (null for a request of no client)."""
 
     def publish_lazy(self, kind: str, render: Callable[[T], Payload], content: T) -> None:
-        record = ACCESS.get()
+        record = ACCESS.get()  # None: no access record (the log is off), no client named
         if record is None:
-            super().publish_lazy(kind, render, content)
+            _publish_lazy(self, kind, render, content)  # the bus's own, no super() per event
         else:
-            super().publish_lazy(kind, _with_client, (render, content, record.client()))
+            _publish_lazy(self, kind, _with_client, (render, content, record.client()))
+
+
+_publish_lazy = EventBus.publish_lazy
 
 
 def _with_client(item: tuple[Callable[[Any], Payload], Any, str | None]) -> Payload:
@@ -169,7 +173,7 @@ class AccessLog:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope["path"] not in self.paths
-                or not log.isEnabledFor(logging.INFO)):
+                or not log.isEnabledFor(_INFO)):  # asked per request: a level set later holds
             await self.app(scope, receive, send)
             return
         state = scope.get("state")
