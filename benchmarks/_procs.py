@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,15 +176,24 @@ class Procs:
         return proc
 
     def stop(self) -> None:
-        for p in self.running:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.running:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop(self.running)
+
+
+def stop(procs: Iterable[subprocess.Popen[Any]], wait_s: float = 15.0) -> None:
+    """Stop processes the way a user would, all at once: SIGTERM to every one still running,
+    then wait for each (its graceful shutdown, `wait_s`); one still running after that is
+    killed. The one copy of this rule: benchmarks, and tests (tests/engines,
+    tests/node_agent) import it from here (tests may import benchmarks; not the reverse)."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
 
 
 @contextmanager

@@ -5,7 +5,9 @@
 Runs TREE's `meshroute serve` app (TREE: a checkout, e.g. one made with `git archive`; its
 benchmarks/forward_instructions.py must have `fixed_clock_app`) on `--requests` then twice as
 many sequential chat requests under `sys.settrace` with opcode events, the routing clock
-stepping 10 ms per request; per request = (count at 2n − count at n) / n, per function. It
+stepping 10 ms per request (and, with a driver that has `fixed_clocks`, `time.perf_counter`
+1 ms per call and the watchdog's sweep put off: forward_instructions.py); per request =
+(count at 2n − count at n) / n, per function. It
 prints the total in meshroute's code that does not learn from measured speeds: every module
 except the learning core (`core/saturation.py`, `core/policies/`, fed wall-clock timings of
 the in-memory upstream, so its refits follow how slowly the process runs) and the watchdog's
@@ -19,7 +21,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from types import FrameType
 from typing import Any
 
@@ -38,9 +39,9 @@ def main() -> int:
     from benchmarks._apps import chat
     from benchmarks.bench_overhead import BODY, HEAD, SCOPE
     from benchmarks.forward_instructions import fixed_clock_app
-    try:  # a driver from before the stepping perf_counter: the wall clock's
-        from benchmarks.forward_instructions import _stepping_perf_counter
-        time.perf_counter = _stepping_perf_counter()
+    try:  # a driver from before the stepped clocks: the wall clock's
+        from benchmarks.forward_instructions import fixed_clocks
+        fixed_clocks()
     except ImportError:
         pass
     from meshroute_middleware.forwarding.memory import ASGIForwarder

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from meshroute_middleware.chat.aliasing import answer_model, with_model
 from meshroute_middleware.chat.annotate import AnnotateMode
 from meshroute_middleware.chat.attempts import Attempts, Exchange, internal_error
+from meshroute_middleware.chat.body_deadline import BodyDeadlines
 from meshroute_middleware.chat.config import (
     DEFAULT_MAX_BODY_BYTES,
     MiddlewareConfig,
@@ -104,48 +105,52 @@ class MeshRouteMiddleware:
         self._via = via_entry(self.config.loop_marker or secrets.token_hex(8))
         self._via_header = (VIA, self._via)
         self._auth = ClientAuth(self.config.clients)
+        self._bodies = BodyDeadlines(self.config.body_timeout_s)
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
                 self.forwarder, forward_headers=allow_list(self.config.forward_headers),
                 node_keys=node_keys))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self.app(scope, receive, self._lifespan_send(send))
-        elif scope["type"] == "http" and scope["method"] != "POST" and scope["path"] in DIALECTS:
-            # the app answers another method (405), in the dialect's error shape
-            await self.app(scope, receive, DIALECTS[scope["path"]].open(send).send)
-        elif (scope["type"] != "http" or scope["method"] != "POST"
-              or (scope["path"] not in self._kinds and scope["path"] not in DIALECTS)):
+        if scope["type"] != "http":
+            lifespan = scope["type"] == "lifespan"
+            await self.app(scope, receive, self._lifespan_send(send) if lifespan else send)
+            return
+        path = scope["path"]
+        kind = self._kinds.get(path)
+        dialect = DIALECTS.get(path) if kind is None else None
+        if scope["method"] != "POST":  # the app answers (a dialect's 405 in its error shape)
+            await self.app(scope, receive, send if dialect is None else dialect.open(send).send)
+        elif kind is None and dialect is None:
             await self.app(scope, receive, send)
         else:
-            kind = self._kinds.get(scope["path"])
-            dialect = DIALECTS.get(scope["path"]) if kind is None else None
             translation = None if dialect is None else dialect.open(send)
             # counts the request by the chat path's answer (before any translation: one
             # rule for what an answered request is, whatever API it is answered in)
-            watched = self._requests.watch(send if translation is None else translation.send)
+            watched = Watch(self._requests, send if translation is None else translation.send)
             try:
-                if await self._authenticated(scope, watched):  # every inference path, first
+                refused = self._unauthenticated(scope)  # every inference path, first
+                if refused is None:
                     await self._chat(scope, receive, watched, translation, kind or "chat",
                                      watched)
+                else:
+                    await refused.send(watched, CHALLENGE)
             finally:
                 watched.close()
 
-    async def _authenticated(self, scope: Scope, send: Send) -> bool:
-        """Whether the request may go on: its client known (or none configured), its key
-        out of its headers; else its 401 is sent. Called before any body is read."""
+    def _unauthenticated(self, scope: Scope) -> ErrorAnswer | None:
+        """None when the request may go on: its client known (or none configured), its key
+        out of its headers; else its 401 (counted and logged). Before any body is read."""
         try:
             client = self._auth.authenticate(scope)
         except (MissingKeyError, InvalidKeyError) as exc:
             answer = ErrorAnswer.of(exc)
             self.telemetry.reject("http", f"401 {answer.code}", answer.code)
             self._auth.log_refusal(scope["path"], answer.code)
-            await answer.send(send, CHALLENGE)
-            return False
+            return answer
         if client is not None:
             log.debug("client %s: %s", client.name, scope["path"])
-        return True
+        return None
 
     def _lifespan_send(self, send: Send) -> Send:
         async def _send(message: Message) -> None:
@@ -174,8 +179,8 @@ class MeshRouteMiddleware:
             if (translation is not None and client is not None and self.spend is not None
                     and isinstance(translation, Local)):  # count_tokens: under the client's rpm
                 await self.spend.admit_free(client)
-            body = await read_body(scope, receive, self.config.max_body_bytes,
-                                   self.config.body_timeout_s)
+            with self._bodies:  # its deadline (408): one timer for every body being read
+                body = await read_body(scope, receive, self.config.max_body_bytes)
             objective = header_value(scope, H_OBJECTIVE)
             if self.config.body_limits.inline(body):  # small: read at once
                 req = parse(body, translation, kind, objective, session_id,
@@ -210,7 +215,7 @@ class MeshRouteMiddleware:
             if translation is not None:  # an app that serves it (annotate) gets a chat request
                 scope = {**scope, "path": self.config.path,
                          "raw_path": self.config.path.encode()}
-            router = self.router_for(kind)
+            router = self.embeddings_router if kind == "embeddings" else self.router
             decision = None if chain else router.choose(req.model, req.pin, req.max_tokens,
                                                         req.prefix, req.needs,
                                                         objective=req.objective)

@@ -38,6 +38,7 @@ _MAX_ERROR_BODY = 16_384  # an error answer read for its code; a longer one is n
 _MAX_MODEL_BODY = 64 * 1024
 _MODEL = re.compile(rb'[{,]\s*"model"\s*:\s*"((?:[^"\\]|\\.){0,256})"')
 _H_ROUTE, _H_TRIED, _H_ATTEMPTS = H_ROUTE, H_TRIED, H_ATTEMPTS
+_INFO = logging.INFO
 
 
 class AccessRecord:
@@ -152,11 +153,14 @@ class ClientEvents(EventBus):
     request's `client` (null for a request of no client)."""
 
     def publish_lazy(self, kind: str, render: Callable[[T], Payload], content: T) -> None:
-        record = ACCESS.get()
+        record = ACCESS.get()  # None: no access record (the log is off), no client named
         if record is None:
-            super().publish_lazy(kind, render, content)
+            _publish_lazy(self, kind, render, content)  # the bus's own, no super() per event
         else:
-            super().publish_lazy(kind, _with_client, (render, content, record.client()))
+            _publish_lazy(self, kind, _with_client, (render, content, record.client()))
+
+
+_publish_lazy = EventBus.publish_lazy
 
 
 def _with_client(item: tuple[Callable[[Any], Payload], Any, str | None]) -> Payload:
@@ -193,7 +197,7 @@ class AccessLog:
         if scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        logged = log.isEnabledFor(logging.INFO)
+        logged = log.isEnabledFor(_INFO)
         if not logged and not self.clients():  # no line to write, no client to name
             await self.app(scope, receive, send)
             return

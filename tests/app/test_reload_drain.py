@@ -100,8 +100,10 @@ def _streaming(url: str) -> Stream:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sighup_adds_a_client_while_a_stream_in_flight_completes(tmp_path: Path,
                                                                  workers: int) -> None:
-    slow = FakeChat(name="slow", tokens=TOKENS, token_delay_s=TOKEN_DELAY_S)
-    with ServerThread(slow.app()) as head:
+    # the stream is held after its first token until the reload was checked (its chats are
+    # answered at once: a 5 s stream made each of them take 5 s too)
+    held = FakeChat(name="slow", tokens=TOKENS, hold_after=1)
+    with ServerThread(held.app()) as head:
         config, flags = _setup(tmp_path, head.url, ALICE)
         with serve_process([*flags, "--workers", str(workers)], tmp_path / "log",
                            ENV) as (url, proc):
@@ -113,6 +115,8 @@ def test_sighup_adds_a_client_while_a_stream_in_flight_completes(tmp_path: Path,
             # every worker reloaded: new connections, spread by the kernel, all let in
             assert [_chat(url, BOB_KEY) for _ in range(8)] == [200] * 8
             assert _chat(url, ALICE_KEY) == 200
+            assert not stream.done.is_set()  # still in flight across the reload
+            held.released.set()
             assert stream.done.wait(PATIENCE_S)
             assert proc.poll() is None
     log = (tmp_path / "log").read_text()

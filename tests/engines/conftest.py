@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmarks._procs import stop
+
 from ..upstream import free_port
 from .llama_server import LlamaServer, require_engine
 
@@ -41,16 +43,6 @@ def meshroute(args: list[str], log: Path) -> subprocess.Popen[bytes]:
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1",
                                      "XDG_STATE_HOME": str(log.parent)})
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @dataclass
@@ -79,8 +71,7 @@ class Mesh:
             self.workdir / f"agent-{node_id}.log")
 
     def close(self) -> None:
-        for proc in [*self.agents.values(), *self.procs]:
-            stop(proc)
+        stop([*self.agents.values(), *self.procs], wait_s=10)
         for server in self.servers.values():
             server.stop()
 

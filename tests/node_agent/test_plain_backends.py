@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from benchmarks._procs import stop
 from meshroute_middleware.core.contracts.txt import encode_node
 from node_agent.cli import node_record, node_settings
 
@@ -106,14 +107,7 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[Any]]]:
         return proc
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    stop(started, wait_s=10)
 
 
 def test_a_whole_model_node_with_its_own_key(
