@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from meshroute_middleware.core.hedging import quantile
+
 WINDOW = 64  # the last first-byte times kept per route
 MIN_SAMPLES = 10  # fewer: the route is cold and keeps the ceiling
 QUANTILE = 0.99
@@ -55,6 +57,13 @@ class FirstByteDeadlines:
                                                 or times.fresh >= REFRESH):
             times.deadline_s = learned_s(times.times)
             times.fresh = 0
+
+    def quantile_s(self, route: str, q: float) -> float | None:
+        """The `q` quantile of `route`'s kept times; None while it is cold."""
+        times = self._routes.get(route)
+        if times is None or len(times.times) < MIN_SAMPLES:
+            return None
+        return quantile(list(times.times), q)
 
     def forget(self, route: str) -> None:
         """The route was cut at its learned deadline: cold again (the ceiling holds)."""

@@ -1,0 +1,181 @@
+"""Hedged first tokens (issue 34): a route whose first byte takes 20 ms, but 2 s one time in
+25, answers 100 requests with a p99 time to first byte under 0.5 s when hedged at its p95,
+for at most 110 upstream requests; every losing upstream request is cancelled (its
+connection closed). Timed on a virtual clock (tests/chat/virtual_time.py): no wall-clock
+bound."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+import pytest
+
+from meshroute_middleware.app.gateway import Gateway, build_gateway
+from meshroute_middleware.app.settings import ServeSettings
+from meshroute_middleware.core import RouterConfig
+from meshroute_middleware.core.hedging import (
+    DEFAULT_MAX_SHARE,
+    HedgeAfter,
+    HedgeCap,
+    HedgePlan,
+    HedgeSyntaxError,
+    parse_hedge_after,
+)
+
+from ..conftest import FakeClock
+from .virtual_time import run_virtual
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+SSE = [(b"content-type", b"text/event-stream")]
+
+
+def node(node_id: str, port: int, tps: float) -> dict[str, Any]:
+    return {"node_id": node_id, "model": "m", "start": 0, "end": 39, "layers": 40,
+            "url": f"http://127.0.0.1:{port}", "tps": tps}
+
+
+@dataclass
+class _Answer:
+    owner: SlowTail
+    status: int = 200
+    headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: list(SSE))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for word in ("a", "b", "c"):
+            yield b'data: {"choices":[{"delta":{"content":"' + word.encode() + b'"}}]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    def close(self) -> None:
+        self.owner.closed += 1
+
+
+@dataclass
+class SlowTail:
+    """Every route's head: its answer after `fast_s` (± `jitter`, seeded), but after `slow_s`
+    on every `every`-th request it receives (counted over all routes); a request cancelled
+    while it waits is a connection closed before its first byte."""
+
+    fast_s: float = 0.02
+    jitter: float = 0.2
+    rng: random.Random = field(default_factory=lambda: random.Random(34))
+    slow_s: float = 2.0
+    every: int = 25
+    opened: int = 0
+    closed: int = 0
+    cancelled: int = 0
+
+    async def open(self, url: str, body: bytes,
+                   headers: Iterable[tuple[bytes, bytes]]) -> _Answer:
+        self.opened += 1
+        try:
+            fast = self.fast_s * (1 + self.jitter * (2 * self.rng.random() - 1))
+            await asyncio.sleep(self.slow_s if self.opened % self.every == 0 else fast)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return _Answer(self)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _gateway(upstream: SlowTail, hedge_after: str | None,
+             max_share: float = DEFAULT_MAX_SHARE) -> Gateway:
+    settings = replace(ServeSettings(), mdns=False, seed=7, hedge_after=hedge_after,
+                       hedge_max_share=max_share, router=RouterConfig(explore_share=0.0))
+    gateway = build_gateway(settings, forwarder=upstream, clock=FakeClock())
+    gateway.mesh.upsert_raw(node("one", 1, tps=50), "test")
+    gateway.mesh.upsert_raw(node("two", 2, tps=40), "test")
+    return gateway
+
+
+async def _first_bytes(gateway: Gateway, n: int) -> list[float]:
+    """Seconds (virtual) each of `n` requests in a row took to its answer."""
+    loop = asyncio.get_running_loop()
+    took = []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app),
+                                 base_url="http://gw", timeout=90) as client:
+        for _ in range(n):
+            started = loop.time()
+            answer = await client.post("/v1/chat/completions", json=CHAT)
+            took.append(loop.time() - started)
+            assert answer.status_code == 200
+            assert answer.text.endswith("data: [DONE]\n\n")
+    return took
+
+
+def p99(times: list[float]) -> float:
+    return sorted(times)[int(0.99 * len(times)) - 1]  # the 99th of 100, nearest rank
+
+
+def test_hedging_at_p95_cuts_a_slow_tail_for_a_few_extra_requests() -> None:
+    upstream = SlowTail()
+    gateway = _gateway(upstream, "p95", max_share=0.1)  # the issue's budget: ≤ 110 upstream
+    took = run_virtual(lambda: _first_bytes(gateway, 100))
+    assert gateway.hedging is not None
+    counts = gateway.hedging.counts
+    assert p99(took) < 0.5, sorted(took)[-5:]
+    assert upstream.opened <= 110
+    assert counts["won"] >= 3  # the slow ones were answered by their hedge
+    # each race's loser cancelled before its first byte (its connection closed)
+    assert upstream.cancelled == counts["won"] + counts["lost"]
+    assert upstream.closed == upstream.opened - upstream.cancelled  # every answer closed
+    text = gateway.telemetry.render().decode()
+    assert f'meshroute_hedges_total{{outcome="won"}} {counts["won"]}.0' in text
+
+
+def test_the_default_cap_holds_hedges_to_five_percent() -> None:
+    upstream = SlowTail()
+    gateway = _gateway(upstream, "p95")
+    run_virtual(lambda: _first_bytes(gateway, 100))
+    assert gateway.hedging is not None
+    counts = gateway.hedging.counts
+    assert gateway.hedging.cap.hedges == counts["won"] + counts["lost"] <= 5
+    # beyond the hedges: the slow requests left unhedged, cut at their learned first-byte
+    # deadline and answered by the next route (chat/deadlines.py)
+    assert upstream.opened <= 100 + 5 + 4
+
+
+def test_without_hedging_the_slow_tail_is_the_p99() -> None:
+    upstream = SlowTail()
+    took = run_virtual(lambda: _first_bytes(_gateway(upstream, None), 100))
+    assert p99(took) >= 1.0  # the learned first-byte deadline's floor cuts the 2 s ones
+    # the 4 slow ones cut at their learned deadline (their connection closed), then the
+    # next route: 4 more upstream requests, for a time to first byte of ~1 s
+    assert upstream.opened == 104 and upstream.cancelled == 4
+
+
+def test_a_hedge_is_marked_in_the_route_selected_event() -> None:
+    upstream = SlowTail(every=12)
+    gateway = _gateway(upstream, "40ms", max_share=1.0)
+    took = run_virtual(lambda: _first_bytes(gateway, 40))
+    modes = [e.get("mode") for e in gateway.telemetry.events.history(0)
+             if e.get("type") == "route-selected"]
+    assert "hedge" in modes
+    assert max(took) < 0.5
+
+
+def test_hedge_settings_parse_and_refuse() -> None:
+    assert parse_hedge_after("p95") == HedgeAfter(quantile=0.95)
+    assert parse_hedge_after("250ms") == HedgeAfter(fixed_s=0.25)
+    assert parse_hedge_after("1.5s") == HedgeAfter(fixed_s=1.5)
+    assert parse_hedge_after("off") is None
+    for bad in ("p100", "p0", "fast", "-5ms", "0s"):
+        with pytest.raises(HedgeSyntaxError):
+            parse_hedge_after(bad)
+    plan = HedgePlan(HedgeAfter(quantile=0.9), {"m": None, "auto:fast": HedgeAfter(fixed_s=1)})
+    assert plan.for_name("m") is None and plan.for_name("other") == HedgeAfter(quantile=0.9)
+    assert plan.for_name("auto:fast") == HedgeAfter(fixed_s=1)
+
+
+def test_the_cap_lets_at_most_its_share_of_requests_hedge() -> None:
+    cap = HedgeCap(0.05)
+    for _ in range(1000):
+        cap.seen()
+        cap.take()  # every request would hedge
+    assert cap.hedges == 50
