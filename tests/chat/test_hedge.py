@@ -7,6 +7,7 @@ bound."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
@@ -14,10 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
-from meshroute_middleware.core import RouterConfig
+from meshroute_middleware.chat.hedge import Hedging, client_reserve
+from meshroute_middleware.chat.spend import ClientSpend
+from meshroute_middleware.core import RouterConfig, parse_node
+from meshroute_middleware.core.clients import CLIENT_STATE, Client
 from meshroute_middleware.core.hedging import (
     DEFAULT_MAX_SHARE,
     HedgeAfter,
@@ -26,10 +31,13 @@ from meshroute_middleware.core.hedging import (
     HedgeSyntaxError,
     parse_hedge_after,
 )
+from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfig
+from meshroute_middleware.state.limits import MemoryLimits
 
 from ..conftest import FakeClock
 from .virtual_time import run_virtual
 
+T0 = 1_796_040_000.0
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 SSE = [(b"content-type", b"text/event-stream")]
 
@@ -61,6 +69,7 @@ class SlowTail:
     while it waits is a connection closed before its first byte."""
 
     fast_s: float = 0.02
+    slow: frozenset[int] = frozenset()  # these requests are slow too (1 is the first)
     jitter: float = 0.2
     rng: random.Random = field(default_factory=lambda: random.Random(34))
     slow_s: float = 2.0
@@ -74,7 +83,8 @@ class SlowTail:
         self.opened += 1
         try:
             fast = self.fast_s * (1 + self.jitter * (2 * self.rng.random() - 1))
-            await asyncio.sleep(self.slow_s if self.opened % self.every == 0 else fast)
+            slow = self.opened % self.every == 0 or self.opened in self.slow
+            await asyncio.sleep(self.slow_s if slow else fast)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -179,3 +189,65 @@ def test_the_cap_lets_at_most_its_share_of_requests_hedge() -> None:
         cap.seen()
         cap.take()  # every request would hedge
     assert cap.hedges == 50
+
+
+BOB = Client("bob", hashlib.sha256(b"bob").digest(), rpm=3)
+
+
+def _bob_app(spend: ClientSpend, upstream: SlowTail) -> ASGIApp:
+    """A mesh of two routes behind a middleware hedging every request after 40 ms, with
+    `spend`'s limits; every request is bob's."""
+    hedging = Hedging(HedgePlan(HedgeAfter(fixed_s=0.04), max_share=1.0),
+                      client_reserve(spend))
+    app = MeshRouteMiddleware(_nothing, MiddlewareConfig(), forwarder=upstream, spend=spend,
+                              hedging=hedging)
+    for n, name in enumerate(("one", "two"), 1):
+        app.router.upsert_node(parse_node(node(name, n, tps=50 - n)))
+
+    async def as_bob(scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("state", {})[CLIENT_STATE] = BOB
+        await app(scope, receive, send)
+    return as_bob
+
+
+async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
+    raise AssertionError("the middleware serves chat itself")
+
+
+async def _statuses(app: ASGIApp, n: int) -> list[int]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        return [(await client.post("/v1/chat/completions", json=CHAT)).status_code
+                for _ in range(n)]
+
+
+def test_a_hedge_is_admitted_against_its_clients_rpm_and_settled() -> None:
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    upstream = SlowTail(slow=frozenset({1}))  # the first request's first route is slow
+
+    async def main() -> tuple[list[int], list[dict[str, Any]]]:
+        statuses = await _statuses(_bob_app(spend, upstream), 3)
+        return statuses, await spend.usage_rows()
+
+    statuses, rows = run_virtual(main)
+    # rpm = 3: the first request and its hedge, the second; the third is refused
+    assert statuses == [200, 200, 429]
+    assert upstream.opened == 3 and upstream.cancelled == 1  # the slow loser, cancelled
+    # the loser is a request of its own: cancelled (499) after it reached its route,
+    # charged its prompt like the two answered ones
+    [row] = rows
+    assert (row["route"], row["requests"], row["errors"]) == ("m", 3, 1)
+    assert row["prompt_tokens"] % 3 == 0 and row["prompt_tokens"] > 0
+    assert spend.counters.requests[("bob", "m", "499")] == 1
+
+
+def test_no_hedge_for_a_client_at_its_rpm() -> None:
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    upstream = SlowTail(slow=frozenset({3}))  # the third request's first route is slow
+
+    async def main() -> list[int]:
+        return await _statuses(_bob_app(spend, upstream), 3)
+
+    # the third request is bob's last of his rpm: its hedge is refused, it waits 2 s
+    assert run_virtual(main) == [200, 200, 200]
+    assert upstream.opened == 3 and upstream.cancelled == 0
