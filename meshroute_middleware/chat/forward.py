@@ -18,7 +18,7 @@ import time
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
-from meshroute_middleware.chat.deadlines import FirstByteDeadlines
+from meshroute_middleware.chat.deadlines import FirstByteDeadlines, GapDeadlines
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets
@@ -62,6 +62,7 @@ class ForwardMode:
         self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
         self._watchdog = Watchdog()
         self.deadlines = FirstByteDeadlines()  # learned per route (issue 34)
+        self.gaps = GapDeadlines(getattr(forwarder, "idle_s", None))  # between two chunks
         self.hedging = hedging  # hedged first tokens (chat/hedge.py), when configured
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
@@ -142,7 +143,8 @@ class ForwardMode:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            error = await relay(send, upstream.chunks(), attempts.deadline, m)
+            error = await relay(send, self.gaps.paced(decision.signature, upstream.chunks()),
+                                attempts.deadline, m)
         except OSError:
             ex.gone = True
         except BaseException:  # cancelled (the client left) or a bug: settle, then go on
