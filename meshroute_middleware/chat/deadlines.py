@@ -17,14 +17,20 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from typing import TypeVar
 
-from meshroute_middleware.core.hedging import quantile
+from meshroute_middleware.core.learned import (
+    FLOOR_S,
+    MARGIN,
+    MIN_SAMPLES,
+    QUANTILE,
+    WINDOW,
+    learned_s,
+    quantile,
+)
 from meshroute_middleware.forwarding.client import ForwardError
 
-WINDOW = 64  # the last first-byte times kept per route
-MIN_SAMPLES = 10  # fewer: the route is cold and keeps the ceiling
-QUANTILE = 0.99
-MARGIN = 3.0  # × the route's QUANTILE: room for a loaded moment that is not a hang
-FLOOR_S = 1.0  # no learned deadline is shorter (a route measured at 20 ms still gets 1 s)
+__all__ = ["FLOOR_S", "MARGIN", "MIN_SAMPLES", "QUANTILE", "WINDOW", "FirstByteDeadlines",
+           "GapDeadlines", "KeyDeadlines", "LearnedCut", "learned_s"]
+
 T = TypeVar("T")
 REFRESH = 8  # the deadline is recomputed after this many new samples (not per request)
 
@@ -74,13 +80,6 @@ class FirstByteDeadlines:
     def forget(self, route: str) -> None:
         """The route was cut at its learned deadline: cold again (the ceiling holds)."""
         self._routes.pop(route, None)
-
-
-def learned_s(times: deque[float] | list[float]) -> float:
-    """MARGIN × the QUANTILE of `times`, at least FLOOR_S."""
-    ordered = sorted(times)
-    at = min(len(ordered) - 1, int(QUANTILE * len(ordered)))
-    return max(FLOOR_S, MARGIN * ordered[at])
 
 
 class GapDeadlines(FirstByteDeadlines):

@@ -112,12 +112,6 @@ class HedgeCap:
         return True
 
 
-def quantile(times: list[float], q: float) -> float:
-    """The `q` quantile of `times` (nearest rank, not interpolated); `times` not empty."""
-    ordered = sorted(times)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def hedge_keys(doc: Mapping[str, object]) -> dict[str, HedgeAfter | None]:
     """The `hedge` keys of a config's provider tables, by the name a request asks for:
     `[profiles.NAME]` as `auto:NAME`, `[mesh.MODEL]` as `MODEL` (`[routing] hedge` is the
