@@ -164,9 +164,9 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     telemetry.add_client_collector(spend.counters.families, spend.counters.aggregate_families)
     gw = Gateway(config, router, telemetry, mesh, _NO_APP, providers, store, keeper, spend,
                  [], embeddings, forwarder=forwarder, gates=gates, clock=clock)
-    gw.chat = provider_chat(gw, config, telemetry)
     gw.hedging = Hedging(config.settings.hedge_plan(), client_reserve(spend))
     telemetry.add_collector(gw.hedging.metric_families)
+    gw.chat = provider_chat(gw, config, telemetry)
     node_log = (NodeLog(store.path, config.tracker_id).open()
                 if settings.share_node_writes and store is not None and store.path != MEMORY
                 else None)
@@ -199,7 +199,8 @@ def provider_chat(gw: Gateway, config: GatewayConfig,
                         acquire=None if gates is None
                         else functools.partial(gates.acquire, providers),
                         node_keys=config.node_secrets,
-                        embeddings_router=gw.embeddings_router)
+                        embeddings_router=gw.embeddings_router,
+                        hedging=hedging_of(gw, settings))
 
 
 def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:

@@ -147,10 +147,11 @@ class ForwardMode:
                                 attempts.deadline, m)
         except OSError:
             ex.gone = True
-        except BaseException:  # cancelled (the client left) or a bug: settle, then go on
+        except BaseException as exc:  # cancelled (the client left, a hedge won) or a bug
             upstream.close()
             m.last = time.perf_counter()
-            attempts.settle(decision, m, error, gone=ex.gone)
+            attempts.settle(decision, m, error,
+                            gone=ex.gone or isinstance(exc, asyncio.CancelledError))
             raise
         upstream.close()
         m.last = time.perf_counter()

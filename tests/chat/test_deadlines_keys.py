@@ -59,6 +59,7 @@ class Provider:
     head_s: float = 0.02
     limited: bool = False
     hang: bool = False
+    slow: frozenset[int] = frozenset()  # these requests (1 is the first) answer after 2 s
     opened: int = 0
     cut: int = 0
 
@@ -66,7 +67,8 @@ class Provider:
                    headers: Iterable[tuple[bytes, bytes]]) -> _Head:
         self.opened += 1
         try:
-            await asyncio.sleep(3600 if self.hang else self.head_s)
+            await asyncio.sleep(3600 if self.hang else 2.0 if self.opened in self.slow
+                                else self.head_s)
         except asyncio.CancelledError:
             self.cut += 1
             raise
@@ -78,16 +80,18 @@ class Provider:
         pass
 
 
-def _gateway(provider: Provider, chain: tuple[str, ...] = ("fastco/big",)) -> Gateway:
+def _gateway(provider: Provider, chain: tuple[str, ...] = ("fastco/big",),
+             **settings: object) -> Gateway:
     doc = {"routing": {"chain": list(chain), "strategy": "priority"},
            "providers": [{"name": "fastco", "base_url": "http://127.0.0.1:9/v1",
                           "keys": ["env:KEY_A"],
                           "models": [{"id": "big", "tier": "large", "context": 4096},
                                      {"id": "other", "tier": "large", "context": 4096}]}]}
-    settings = replace(ServeSettings(), mdns=False, seed=3, state_file=":memory:",
-                       router=RouterConfig(explore_share=0.0),
-                       providers=parse_providers_config(doc))  # first-byte timeout: 60 s
-    return build_gateway(GatewayConfig.build(settings, ENV), forwarder=provider)
+    base = replace(ServeSettings(), mdns=False, seed=3, state_file=":memory:",
+                   router=RouterConfig(explore_share=0.0),
+                   providers=parse_providers_config(doc))  # first-byte timeout: 60 s
+    return build_gateway(GatewayConfig.build(replace(base, **settings), ENV),
+                         forwarder=provider)
 
 
 async def _post(client: httpx.AsyncClient) -> tuple[int, float]:

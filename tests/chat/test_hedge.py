@@ -35,6 +35,9 @@ from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfi
 from meshroute_middleware.state.limits import MemoryLimits
 
 from ..conftest import FakeClock
+from .test_deadlines_keys import Provider
+from .test_deadlines_keys import _gateway as keys_gateway
+from .test_deadlines_keys import _post as post_chain
 from .virtual_time import run_virtual
 
 T0 = 1_796_040_000.0
@@ -251,3 +254,39 @@ def test_no_hedge_for_a_client_at_its_rpm() -> None:
     # the third request is bob's last of his rpm: its hedge is refused, it waits 2 s
     assert run_virtual(main) == [200, 200, 200]
     assert upstream.opened == 3 and upstream.cancelled == 0
+
+
+def test_a_chain_hedges_on_its_next_route_and_the_losing_key_is_released() -> None:
+    provider = Provider(slow=frozenset({3}))  # the third request's first route is slow
+    gateway = keys_gateway(provider, ("fastco/big", "fastco/other"), hedge_after="100ms",
+                           hedge_max_share=1.0)
+
+    async def main() -> list[tuple[int, float]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app),
+                                     base_url="http://gw", timeout=90) as client:
+            return [await post_chain(client) for _ in range(4)]
+
+    assert gateway.providers is not None
+    gates = gateway.providers.gates
+    taken: list[object] = []
+    settled: list[object] = []
+    take, settle = gates.take, gates.settle
+
+    def counted_take(*args: Any, **kw: Any) -> Any:
+        got = take(*args, **kw)
+        taken.append(got)
+        return got
+
+    def counted_settle(reservation: Any, *args: Any) -> None:
+        settled.append(reservation)
+        settle(reservation, *args)
+
+    gates.take, gates.settle = counted_take, counted_settle  # type: ignore[method-assign]
+    answers = run_virtual(main)
+    assert [status for status, _ in answers] == [200] * 4
+    assert answers[2][1] < 0.2  # the hedge's answer after 100 + 20 ms, not 2 s
+    assert provider.opened == 5 and provider.cut == 1  # the slow one cancelled
+    assert gateway.hedging is not None and gateway.hedging.counts == {"won": 1, "lost": 0}
+    # every key reservation settled once, the loser's included (as nothing spent)
+    reservations = [t[0] for t in taken if isinstance(t, tuple) and t[0] is not None]
+    assert len(reservations) == 5 and sorted(map(id, settled)) == sorted(map(id, reservations))
