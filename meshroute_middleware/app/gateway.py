@@ -164,7 +164,7 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     telemetry.add_client_collector(spend.counters.families, spend.counters.aggregate_families)
     gw = Gateway(config, router, telemetry, mesh, _NO_APP, providers, store, keeper, spend,
                  [], embeddings, forwarder=forwarder, gates=gates, clock=clock)
-    gw.hedging = Hedging(config.settings.hedge_plan(), client_reserve(spend))
+    gw.hedging = Hedging(config.settings.hedge_plan(), client_reserve(spend), telemetry.events)
     telemetry.add_collector(gw.hedging.metric_families)
     gw.chat = provider_chat(gw, config, telemetry)
     node_log = (NodeLog(store.path, config.tracker_id).open()

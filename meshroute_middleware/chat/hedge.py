@@ -32,6 +32,7 @@ from meshroute_middleware.chat.deadlines import FirstByteDeadlines
 from meshroute_middleware.chat.spend import ClientRefused, ClientSpend
 from meshroute_middleware.core.hedging import HedgeAfter, HedgeCap, HedgePlan
 from meshroute_middleware.core.kinds import HEDGE
+from meshroute_middleware.telemetry.events import EventBus
 
 if TYPE_CHECKING:
     from meshroute_middleware.chat.attempts import Attempts, Exchange
@@ -51,8 +52,10 @@ class Hedging:
     the loop's clock, from an attempt's start to its first body byte), and what it counted
     (`won`, `lost`: `meshroute_hedges_total{outcome}`)."""
 
-    def __init__(self, plan: HedgePlan, reserve: Reserve | None = None) -> None:
+    def __init__(self, plan: HedgePlan, reserve: Reserve | None = None,
+                 events: EventBus | None = None) -> None:
         self.plan = plan
+        self.events = events  # a `hedge` event as each hedge starts
         self.cap = HedgeCap(plan.max_share)
         self.first_bytes = FirstByteDeadlines()
         self.reserve = reserve
@@ -222,6 +225,10 @@ class Hedge:
                  _route(following))
         start(following, Measurement(attempts.max_tokens, inputs=attempts.inputs,
                                      text=attempts.text))
+        if self.hedging.events is not None:  # before the hedge's own route-selected event
+            self.hedging.events.publish("hedge", {"model": attempts.model,
+                                                  "signature": _route(following),
+                                                  "after": _route(decision)})
 
     def _outcome(self, attempts: Attempts, racers: list[_Racer],
                  gate: Gate) -> tuple[Any, Measurement, Failed | None]:

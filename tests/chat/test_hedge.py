@@ -167,9 +167,11 @@ def test_a_hedge_is_marked_in_the_route_selected_event() -> None:
     upstream = SlowTail(every=12)
     gateway = _gateway(upstream, "40ms", max_share=1.0)
     took = run_virtual(lambda: _first_bytes(gateway, 40))
-    modes = [e.get("mode") for e in gateway.telemetry.events.history(0)
-             if e.get("type") == "route-selected"]
+    history = gateway.telemetry.events.history(0)
+    modes = [e.get("mode") for e in history if e.get("type") == "route-selected"]
     assert "hedge" in modes
+    hedges = [e for e in history if e.get("type") == "hedge"]
+    assert hedges and hedges[0]["signature"] != hedges[0]["after"]
     assert max(took) < 0.5
 
 
