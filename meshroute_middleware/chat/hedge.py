@@ -43,7 +43,7 @@ HEDGED = Failed("timeout", "no first byte within the hedge delay")  # what `next
 
 # A hedge's reservation against its client's limits: None when refused (no hedge), else the
 # release to call with the route it reached and whether it lost.
-Reserve = Callable[["Exchange"], Awaitable["Release | None"]]
+Reserve = Callable[["Exchange", bool], Awaitable["Release | None"]]
 Release = Callable[[str | None], Awaitable[None]]
 
 
@@ -75,14 +75,14 @@ class Hedging:
         if plan != self.plan:
             self.plan, self.cap.max_share = plan, plan.max_share
 
-    def for_request(self, name: str, ex: Exchange) -> Hedge | None:
-        """The hedge of one request for `name` (a model, a chain); None when it does not
-        hedge."""
+    def for_request(self, name: str, ex: Exchange, chain: bool = False) -> Hedge | None:
+        """The hedge of one request for `name` (a mesh model; with `chain`, a provider
+        chain: its hedges are priced as its routes are); None when it does not hedge."""
         after = self.plan.for_name(name)
         if after is None:
             return None
         self.cap.seen()
-        return Hedge(self, after, ex)
+        return Hedge(self, after, ex, chain)
 
 
 class Gate:
@@ -125,10 +125,11 @@ class Hedge:
     """One request's hedge: `race` runs an attempt, and a hedge beside it when its first
     byte is late."""
 
-    __slots__ = ("after", "ex", "hedging", "losers", "release")
+    __slots__ = ("after", "chain", "ex", "hedging", "losers", "release")
 
-    def __init__(self, hedging: Hedging, after: HedgeAfter, ex: Exchange) -> None:
-        self.hedging, self.after, self.ex = hedging, after, ex
+    def __init__(self, hedging: Hedging, after: HedgeAfter, ex: Exchange,
+                 chain: bool = False) -> None:
+        self.hedging, self.after, self.ex, self.chain = hedging, after, ex, chain
         self.losers: list[Any] = []  # decisions cancelled by the race: settled as nothing
         self.release: Release | None = None  # the hedge's reservation, while it races
 
@@ -138,7 +139,7 @@ class Hedge:
 
     async def _reserve(self) -> Release | None:
         reserve = self.hedging.reserve
-        return _free if reserve is None else await reserve(self.ex)
+        return _free if reserve is None else await reserve(self.ex, self.chain)
 
     def _delay_s(self, decision: Any) -> float | None:
         learned = None
@@ -258,6 +259,8 @@ class Hedge:
 
     @staticmethod
     def _record_failure(attempts: Attempts, racer: _Racer) -> None:
+        if racer.task is None or racer.task.cancelled():  # the client left: says nothing
+            return
         failed = _result(racer)
         if failed is not None:
             ranking = attempts.ranking
@@ -286,13 +289,13 @@ def client_reserve(spend: ClientSpend) -> Reserve:
     """Hedges reserved against their client's limits and budgets like any request (an
     admission of their own, ClientRefused: no hedge); a hedge that lost is settled as a
     request cancelled after reaching `route` (its prompt charged), else as nothing."""
-    async def reserve(ex: Exchange) -> Release | None:
+    async def reserve(ex: Exchange, chain: bool) -> Release | None:
         client = ex.req.client
         if client is None:
             return _free
         req = replace(ex.req, reached=None)
         try:
-            metered = await spend.admit(client, req, _nowhere, chain=False)
+            metered = await spend.admit(client, req, _nowhere, chain)
         except ClientRefused:
             return None
 

@@ -292,3 +292,23 @@ def test_a_chain_hedges_on_its_next_route_and_the_losing_key_is_released() -> No
     # every key reservation settled once, the loser's included (as nothing spent)
     reservations = [t[0] for t in taken if isinstance(t, tuple) and t[0] is not None]
     assert len(reservations) == 5 and sorted(map(id, settled)) == sorted(map(id, reservations))
+
+
+def test_a_client_leaving_mid_race_leaves_no_failure_recorded() -> None:
+    upstream = SlowTail(slow=frozenset({11, 12}))  # request 11 and its hedge: both slow
+    gateway = _gateway(upstream, "40ms", max_share=1.0)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app),
+                                     base_url="http://gw", timeout=90) as client:
+            for _ in range(10):
+                assert (await client.post("/v1/chat/completions", json=CHAT)).is_success
+            with pytest.raises(TimeoutError):  # the client gives up after 0.5 s
+                await asyncio.wait_for(client.post("/v1/chat/completions", json=CHAT), 0.5)
+
+    run_virtual(main)
+    assert upstream.opened == 12 and upstream.cancelled == 2
+    rows = gateway.router.routing_table()["models"]["m"]["candidates"]
+    # neither racer is blamed (no failure, no error), and nothing is left in flight
+    assert all(r["failures"] == 0 and not r["last_error"] and r["in_flight"] == 0
+               for r in rows), rows

@@ -167,7 +167,7 @@ class ProviderChat:
         attempts = ex.attempts
         attempts.ranking = ranking
         if self.hedging is not None:
-            attempts.hedge = self.hedging.for_request(ex.req.model, ex)
+            attempts.hedge = self.hedging.for_request(ex.req.model, ex, chain=True)
         first = await ranking.first()
         failed = None
         if first is not None:
