@@ -29,7 +29,7 @@ from meshroute_middleware.core.learned import (
 from meshroute_middleware.forwarding.client import ForwardError
 
 __all__ = ["FLOOR_S", "MARGIN", "MIN_SAMPLES", "QUANTILE", "WINDOW", "FirstByteDeadlines",
-           "GapDeadlines", "KeyDeadlines", "LearnedCut", "learned_s"]
+           "GapDeadlines", "KeyDeadlines", "LearnedCut", "Paced", "learned_s"]
 
 T = TypeVar("T")
 REFRESH = 8  # the deadline is recomputed after this many new samples (not per request)
@@ -100,48 +100,54 @@ class GapDeadlines(FirstByteDeadlines):
             return None
         return learned
 
-    def paced(self, route: str, chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    def paced(self, route: str, chunks: AsyncIterable[bytes]) -> Paced:
         """`chunks`, each within the route's learned gap of the one before (ForwardError
-        'timeout' past it, and the route forgets); a whole answer's longest gap is learned."""
-        return _Paced(self, route, chunks.__aiter__(), self.deadline_s(route))
+        'timeout' past it, and the route forgets); `Paced.learn()` once the answer came
+        whole learns its longest gap."""
+        return Paced(self, route, chunks.__aiter__(), self.deadline_s(route))
 
 
-class _Paced:
-    """GapDeadlines.paced's iterator: one small object per open stream (a generator and
-    its frame would keep more alive: tests/chat/test_stream_footprint.py)."""
+class Paced:
+    """GapDeadlines.paced's iterator: one small object per open stream, and no coroutine of
+    its own while the route is cold (tests/chat/test_stream_footprint.py counts them). A
+    gap is timed from one request for a chunk to the next (the wait and the chunk's send),
+    from the second chunk on (the first is the first-byte deadline's)."""
 
-    __slots__ = ("gaps", "last", "limit", "longest", "route", "source")
+    __slots__ = ("asked", "gaps", "last", "limit", "longest", "route", "source")
 
     def __init__(self, gaps: GapDeadlines, route: str, source: AsyncIterator[bytes],
                  limit: float | None) -> None:
         self.gaps, self.route, self.source, self.limit = gaps, route, source, limit
-        self.last: float | None = None  # loop time of the last chunk
+        self.asked = 0  # chunks asked for so far
+        self.last = 0.0  # loop time of the last ask
         self.longest = 0.0
 
-    def __aiter__(self) -> _Paced:
+    def __aiter__(self) -> Paced:
         return self
 
-    async def __anext__(self) -> bytes:
-        limit, last = self.limit, self.last
+    def __anext__(self) -> Awaitable[bytes]:
+        at = asyncio.get_running_loop().time()
+        self.asked += 1
+        if self.asked > 2 and at - self.last > self.longest:
+            self.longest = at - self.last
+        self.last = at
+        if self.limit is None or self.asked == 1:
+            return self.source.__anext__()
+        return self._within(self.limit)
+
+    async def _within(self, limit: float) -> bytes:
         try:
-            if limit is None or last is None:  # before the first: the first-byte deadline's
-                chunk = await self.source.__anext__()
-            else:
-                async with asyncio.timeout(limit):
-                    chunk = await self.source.__anext__()
-        except StopAsyncIteration:
-            if last is not None:
-                self.gaps.observe(self.route, self.longest)
-            raise
+            async with asyncio.timeout(limit):
+                return await self.source.__anext__()
         except TimeoutError:
             self.gaps.forget(self.route)
             raise ForwardError("timeout", f"silent for more than the route's learned "
                                           f"{limit:.2f} s between two chunks") from None
-        at = asyncio.get_running_loop().time()
-        if last is not None and at - last > self.longest:
-            self.longest = at - last
-        self.last = at
-        return chunk
+
+    def learn(self) -> None:
+        """The answer came whole: its longest gap is one of the route's samples."""
+        if self.asked > 2:
+            self.gaps.observe(self.route, self.longest)
 
 
 class LearnedCut(TimeoutError):

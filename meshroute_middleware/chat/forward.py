@@ -143,8 +143,10 @@ class ForwardMode:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            error = await relay(send, self.gaps.paced(decision.signature, upstream.chunks()),
-                                attempts.deadline, m)
+            paced = self.gaps.paced(decision.signature, upstream.chunks())
+            error = await relay(send, paced, attempts.deadline, m)
+            if not error:
+                paced.learn()
         except OSError:
             ex.gone = True
         except BaseException as exc:  # cancelled (the client left, a hedge won) or a bug
