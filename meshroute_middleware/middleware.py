@@ -32,6 +32,7 @@ from meshroute_middleware.chat.config import (
 from meshroute_middleware.chat.dialects import DIALECTS, Local, Translation
 from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.headers import VIA, add_via, allow_list, came_back, via_entry
+from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.intake import parse, parse_large, refuse
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.spend import ClientSpend, Metered
@@ -84,7 +85,8 @@ class MeshRouteMiddleware:
                  spend: ClientSpend | None = None,
                  aliases: Aliases = NO_ALIASES,
                  node_keys: NodeSecrets | None = None,
-                 embeddings_router: Router | None = None) -> None:
+                 embeddings_router: Router | None = None,
+                 hedging: Hedging | None = None) -> None:
         self.app = app
         self.aliases = aliases  # `[aliases]`: applied to the requested model before routing
         self.providers = providers  # provider routes (issue 12): auto, auto:*, provider/model
@@ -109,7 +111,7 @@ class MeshRouteMiddleware:
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
                 self.forwarder, forward_headers=allow_list(self.config.forward_headers),
-                node_keys=node_keys))
+                node_keys=node_keys, hedging=hedging))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -31,6 +31,7 @@ from meshroute_middleware.app.nodeshare import NodeLog, ShareNodeWrites
 from meshroute_middleware.app.services import background_services
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat.dialects import DIALECTS
+from meshroute_middleware.chat.hedge import Hedging, client_reserve
 from meshroute_middleware.chat.providers import ProviderChat
 from meshroute_middleware.chat.spend import ClientSpend, caps_of, prices_of
 from meshroute_middleware.core import InvalidNodeError, Router, parse_node
@@ -81,6 +82,7 @@ class Gateway:
     clock: Callable[[], float] = time.time
     chat: ProviderChat | None = None  # the provider chain's server
     guard: RequestGuard | None = None  # over what a reload builds again (app/reload.py)
+    hedging: Hedging | None = None  # hedged first tokens (chat/hedge.py): kept over reloads
 
 
 def build_gateway(config: GatewayConfig | ServeSettings, forwarder: Forwarder | None = None,
@@ -162,6 +164,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     telemetry.add_client_collector(spend.counters.families, spend.counters.aggregate_families)
     gw = Gateway(config, router, telemetry, mesh, _NO_APP, providers, store, keeper, spend,
                  [], embeddings, forwarder=forwarder, gates=gates, clock=clock)
+    gw.hedging = Hedging(config.settings.hedge_plan(), client_reserve(spend), telemetry.events)
+    telemetry.add_collector(gw.hedging.metric_families)
     gw.chat = provider_chat(gw, config, telemetry)
     node_log = (NodeLog(store.path, config.tracker_id).open()
                 if settings.share_node_writes and store is not None and store.path != MEMORY
@@ -196,7 +200,8 @@ def provider_chat(gw: Gateway, config: GatewayConfig,
                         acquire=None if gates is None
                         else functools.partial(gates.acquire, providers),
                         node_keys=config.node_secrets,
-                        embeddings_router=gw.embeddings_router)
+                        embeddings_router=gw.embeddings_router,
+                        hedging=hedging_of(gw, settings))
 
 
 def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:
@@ -226,7 +231,16 @@ def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:
                                aliases=settings.providers.aliases
                                if settings.providers else NO_ALIASES,
                                node_keys=config.node_secrets,
-                               embeddings_router=gw.embeddings_router)
+                               embeddings_router=gw.embeddings_router,
+                               hedging=hedging_of(gw, settings))
+
+
+def hedging_of(gw: Gateway, settings: ServeSettings) -> Hedging | None:
+    """The gateway's hedging under `settings`' plan (a reload's too); None when off."""
+    if gw.hedging is None:
+        return None
+    gw.hedging.configure(settings.hedge_plan())
+    return gw.hedging if gw.hedging.plan.enabled else None
 
 
 @contextlib.asynccontextmanager

@@ -97,6 +97,12 @@ OPTIONS: tuple[Option, ...] = (
            group=FORWARDING),
     Option("idle_timeout_s", float, ("--idle-timeout",), ("MESHROUTE_IDLE_TIMEOUT",),
            "seconds a head may stay silent between two chunks of an answer", group=FORWARDING),
+    Option("hedge_after", str, ("--hedge-after",), ("MESHROUTE_HEDGE_AFTER",),
+           "start the next route too when a first byte is late: a quantile of the route's "
+           "learned first-byte times ('p95') or a delay ('250ms'); 'off' (TOML [routing] "
+           "hedge)", group=FORWARDING, default="off"),
+    Option("hedge_max_share", float, ("--hedge-max-share",), ("MESHROUTE_HEDGE_MAX_SHARE",),
+           "most hedges per request, over the gateway's requests", group=FORWARDING),
     Option("request_timeout_s", float, ("--request-timeout",), ("MESHROUTE_REQUEST_TIMEOUT",),
            "total seconds a chat request may take, every fallback included", group=FORWARDING),
     Option("body_timeout_s", float, ("--body-timeout",), ("MESHROUTE_BODY_TIMEOUT",),

@@ -26,6 +26,14 @@ from meshroute_middleware.chat.attempts import DEFAULT_REQUEST_TIMEOUT_S
 from meshroute_middleware.core.clients import ClientConfigError, ClientTable, parse_clients
 from meshroute_middleware.core.config import RouterConfig
 from meshroute_middleware.core.errors import MeshRouteError
+from meshroute_middleware.core.hedging import (
+    DEFAULT_MAX_SHARE,
+    HedgeAfter,
+    HedgePlan,
+    HedgeSyntaxError,
+    hedge_keys,
+    parse_hedge_after,
+)
 from meshroute_middleware.core.providers.config import TABLES as PROVIDER_TABLES
 from meshroute_middleware.core.providers.config import (
     ProviderConfigError,
@@ -76,6 +84,9 @@ class ServeSettings:
     first_byte_timeout_s: float = _TIMEOUTS.first_byte_s
     idle_timeout_s: float = _TIMEOUTS.idle_s
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    hedge_after: str | None = None  # chat/hedge.py: core.hedging.parse_hedge_after's
+    hedge_max_share: float = DEFAULT_MAX_SHARE
+    hedges: Mapping[str, HedgeAfter | None] = field(default_factory=dict)  # by model, chain
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     header_timeout_s: float = _EDGE.header_timeout_s
     max_connections: int = _EDGE.max_connections
@@ -144,6 +155,7 @@ class ServeSettings:
         if self.usage_retention_days < 1:
             raise ValueError("usage_retention_days must be >= 1, got "
                              f"{self.usage_retention_days}")
+        self.hedge_plan()  # HedgeSyntaxError (a ValueError) names a bad one
         if self.gossip_fanout < 1:
             raise ValueError(f"gossip_fanout must be >= 1, got {self.gossip_fanout}")
         if self.otlp_endpoint and not otlp_installed():
@@ -164,6 +176,11 @@ class ServeSettings:
                                 body_limits=BodyLimits(self.max_messages,
                                                        self.max_content_parts,
                                                        self.max_json_values))
+
+    def hedge_plan(self) -> HedgePlan:
+        """Which requests hedge, when, and how many may (chat/hedge.py)."""
+        return HedgePlan(parse_hedge_after(self.hedge_after or ""), self.hedges,
+                         self.hedge_max_share)
 
     def guard(self) -> GuardConfig:
         """What the request guard allows: origins, Host names, and the listening address."""
@@ -299,6 +316,13 @@ def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig |
     except ClientConfigError as exc:
         raise SettingsError(f"{path}: {exc}") from exc
     tables = {k: data.pop(k) for k in PROVIDER_TABLES if k in data}
+    routing = tables.get("routing")
+    if isinstance(routing, dict) and "hedge" in routing:  # the file's default hedge
+        data.setdefault("hedge_after", routing["hedge"])
+    try:
+        data["hedges"] = hedge_keys(tables)
+    except HedgeSyntaxError as exc:
+        raise SettingsError(f"{path}: {exc}") from exc
     limits = data.pop("limits", {})  # [limits] store = "redis://…", usage_retention_days
     if not isinstance(limits, dict) or set(limits) - {"store", "usage_retention_days"}:
         raise SettingsError(f"{path}: [limits] takes store and usage_retention_days")
@@ -312,13 +336,14 @@ def _from_file(path: str) -> tuple[dict[str, tuple[Any, str]], ProvidersConfig |
             providers = parse_providers_config(tables)
         except ProviderConfigError as exc:
             raise SettingsError(f"{path}: {exc}") from exc
+    hedges = data.pop("hedges")
     flat = {**data.get("router", {}), **{k: v for k, v in data.items() if k != "router"}}
     known = {o.name: o for o in OPTIONS}
     unknown = sorted(set(flat) - set(known))
     if unknown:
         raise SettingsError(f"{path}: unknown option(s) {', '.join(unknown)}")
-    return ({k: (_convert(known[k], v, path), path) for k, v in flat.items()}, providers,
-            clients)
+    return ({**{k: (_convert(known[k], v, path), path) for k, v in flat.items()},
+             "hedges": (hedges, path)}, providers, clients)
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:

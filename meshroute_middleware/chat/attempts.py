@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -58,6 +58,9 @@ from meshroute_middleware.http.errors import (
 )
 from meshroute_middleware.http.request import ChatRequest, RequestKind
 from meshroute_middleware.telemetry.metrics import Telemetry
+
+if TYPE_CHECKING:
+    from meshroute_middleware.chat.hedge import Hedge
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # the one home of this default (settings refer to it)
 log = logging.getLogger("meshroute.attempts")
@@ -202,7 +205,7 @@ class Attempts:
     the mesh Router's ranking (its own `Ranking` methods: fallbacks, records, cancels) unless
     given another (`ranking`: the provider chain's)."""
 
-    __slots__ = ("_now", "_open", "_passed", "_ranking", "deadline", "inputs", "kind",
+    __slots__ = ("_now", "_open", "_passed", "_ranking", "deadline", "hedge", "inputs", "kind",
                  "max_tokens", "measured", "model", "router", "telemetry", "text", "timeout_s")
 
     def __init__(self, router: Router, telemetry: Telemetry, model: str,
@@ -222,6 +225,7 @@ class Attempts:
         self.deadline = deadline if deadline is not None else self._now() + timeout_s
         self.measured: Measurement | None = None  # the last attempt's measurement
         self._open: list[Any] = []
+        self.hedge: Hedge | None = None  # its hedge (chat/hedge.py), when it hedges
 
     @property
     def ranking(self) -> Ranking[Any]:
@@ -248,6 +252,10 @@ class Attempts:
             return self.deadline
         return min(self.deadline, self._now() + seconds)
 
+    def opened(self, decision: Any) -> None:
+        """An attempt at `decision` began beside the loop's own (a hedge)."""
+        self._open.append(decision)
+
     def too_late(self) -> bool:
         """Whether the request's deadline has run out."""
         return self._now() >= self.deadline
@@ -267,7 +275,12 @@ class Attempts:
                 return decision, TOO_LATE
             measurement = self.measured = Measurement(self.max_tokens, inputs=self.inputs,
                                                       text=self.text)
-            failed = await attempt(decision, measurement, ctx)
+            if self.hedge is None:
+                failed = await attempt(decision, measurement, ctx)
+            else:  # raced beside a hedge: the lifecycle goes on from what the race says
+                decision, measurement, failed = await self.hedge.race(
+                    self, decision, measurement, attempt, ctx)
+                self.measured = measurement
             if failed is None:
                 return decision, None
             ranking.passed.append(ranking.failed(decision, measurement, failed))
@@ -310,6 +323,8 @@ class Attempts:
                status: int | None = None, gone: bool = False) -> None:
         """Record an attempt that answered, or cancel it if it says nothing of the route."""
         client_error = status is not None and 400 <= status < 500
+        if self.hedge is not None and self.hedge.lost(decision):
+            return  # cancelled by the hedge's race, which settled it
         if client_error or (gone and measurement.first is None):
             self.router.cancel(decision)
         else:

@@ -1,5 +1,6 @@
-"""First-byte deadlines learned per route (issue 34): a hung route costs about its own worst
-normal wait, not the whole `--first-byte-timeout`.
+"""Deadlines learned per route (issue 34): a hung route costs about its own worst normal wait,
+not the whole `--first-byte-timeout` (before the first byte) or `--idle-timeout` (between two
+chunks of an answer: `GapDeadlines`, learned from each answer's longest silence).
 
 Each route keeps its last WINDOW times to the answer's head; once it has MIN_SAMPLES, an
 attempt at it waits at most MARGIN × their QUANTILE, and never less than FLOOR_S. A cold route
@@ -11,13 +12,26 @@ route that became slow for good relearns its new normal instead of being cut for
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from typing import TypeVar
 
-WINDOW = 64  # the last first-byte times kept per route
-MIN_SAMPLES = 10  # fewer: the route is cold and keeps the ceiling
-QUANTILE = 0.99
-MARGIN = 3.0  # × the route's QUANTILE: room for a loaded moment that is not a hang
-FLOOR_S = 1.0  # no learned deadline is shorter (a route measured at 20 ms still gets 1 s)
+from meshroute_middleware.core.learned import (
+    FLOOR_S,
+    MARGIN,
+    MIN_SAMPLES,
+    QUANTILE,
+    WINDOW,
+    learned_s,
+    quantile,
+)
+from meshroute_middleware.forwarding.client import ForwardError
+
+__all__ = ["FLOOR_S", "MARGIN", "MIN_SAMPLES", "QUANTILE", "WINDOW", "FirstByteDeadlines",
+           "GapDeadlines", "KeyDeadlines", "LearnedCut", "Paced", "learned_s"]
+
+T = TypeVar("T")
 REFRESH = 8  # the deadline is recomputed after this many new samples (not per request)
 
 
@@ -56,13 +70,150 @@ class FirstByteDeadlines:
             times.deadline_s = learned_s(times.times)
             times.fresh = 0
 
+    def quantile_s(self, route: str, q: float) -> float | None:
+        """The `q` quantile of `route`'s kept times; None while it is cold."""
+        times = self._routes.get(route)
+        if times is None or len(times.times) < MIN_SAMPLES:
+            return None
+        return quantile(list(times.times), q)
+
     def forget(self, route: str) -> None:
         """The route was cut at its learned deadline: cold again (the ceiling holds)."""
         self._routes.pop(route, None)
 
 
-def learned_s(times: deque[float] | list[float]) -> float:
-    """MARGIN × the QUANTILE of `times`, at least FLOOR_S."""
-    ordered = sorted(times)
-    at = min(len(ordered) - 1, int(QUANTILE * len(ordered)))
-    return max(FLOOR_S, MARGIN * ordered[at])
+class GapDeadlines(FirstByteDeadlines):
+    """Per route: the longest silence between two chunks it is allowed, learned as the
+    first-byte deadline is (MARGIN × the QUANTILE of each whole answer's longest gap, at
+    least FLOOR_S) and only when shorter than `ceiling_s` (the forwarder's idle timeout,
+    which holds otherwise). A route cut at it is cold again."""
+
+    __slots__ = ("ceiling_s",)
+
+    def __init__(self, ceiling_s: float | None = None) -> None:
+        super().__init__()
+        self.ceiling_s = ceiling_s
+
+    def deadline_s(self, route: str) -> float | None:
+        learned = super().deadline_s(route)
+        if learned is None or (self.ceiling_s is not None and learned >= self.ceiling_s):
+            return None
+        return learned
+
+    def paced(self, route: str, chunks: AsyncIterable[bytes]) -> Paced:
+        """`chunks`, each within the route's learned gap of the one before (ForwardError
+        'timeout' past it, and the route forgets); `Paced.learn()` once the answer came
+        whole learns its longest gap."""
+        return Paced(self, route, chunks.__aiter__(), self.deadline_s(route))
+
+
+class Paced:
+    """GapDeadlines.paced's iterator: one small object per open stream, and no coroutine of
+    its own while the route is cold (tests/chat/test_stream_footprint.py counts them). A
+    gap is timed from one request for a chunk to the next (the wait and the chunk's send),
+    from the second chunk on (the first is the first-byte deadline's)."""
+
+    __slots__ = ("asked", "gaps", "last", "limit", "longest", "route", "source")
+
+    def __init__(self, gaps: GapDeadlines, route: str, source: AsyncIterator[bytes],
+                 limit: float | None) -> None:
+        self.gaps, self.route, self.source, self.limit = gaps, route, source, limit
+        self.asked = 0  # chunks asked for so far
+        self.last = 0.0  # loop time of the last ask
+        self.longest = 0.0
+
+    def __aiter__(self) -> Paced:
+        return self
+
+    def __anext__(self) -> Awaitable[bytes]:
+        at = asyncio.get_running_loop().time()
+        self.asked += 1
+        if self.asked > 2 and at - self.last > self.longest:
+            self.longest = at - self.last
+        self.last = at
+        if self.limit is None or self.asked == 1:
+            return self.source.__anext__()
+        return self._within(self.limit)
+
+    async def _within(self, limit: float) -> bytes:
+        try:
+            async with asyncio.timeout(limit):
+                return await self.source.__anext__()
+        except TimeoutError:
+            self.gaps.forget(self.route)
+            raise ForwardError("timeout", f"silent for more than the route's learned "
+                                          f"{limit:.2f} s between two chunks") from None
+
+    def learn(self) -> None:
+        """The answer came whole: its longest gap is one of the route's samples."""
+        if self.asked > 2:
+            self.gaps.observe(self.route, self.longest)
+
+
+class LearnedCut(TimeoutError):
+    """An attempt cut at its route's learned first-byte deadline: a timeout the chain falls
+    over from like any other."""
+
+
+class KeyDeadlines:
+    """Provider keys' first-byte deadlines, learned per key route and per load (issue 34).
+
+    A provider answers later under a burst: a deadline learned while it was idle would cut a
+    burst's attempts and turn the provider's own answer (a 429, say) into a timeout. So each
+    time is kept with the attempts in flight on the key when it came, and an attempt is cut
+    only at a deadline learned under at least the load it meets, counted until the cut
+    (`open`): MARGIN × the QUANTILE of those times, never under FLOOR_S nor under the worst
+    of them (the key's observed worst case under that load). A load never seen keeps the
+    ceiling (the attempt's own budget); a key cut forgets, as mesh routes do."""
+
+    __slots__ = ("_flying", "_times")
+
+    def __init__(self) -> None:
+        self._times: dict[str, deque[tuple[float, int]]] = {}
+        self._flying: dict[str, int] = {}
+
+    def deadline_s(self, route: str, load: int) -> float | None:
+        """The learned deadline of an attempt at `route` with `load` attempts in flight on
+        it; None when fewer than MIN_SAMPLES times were taken under as much load."""
+        times = [s for s, at in self._times.get(route, ()) if at >= load]
+        if len(times) < MIN_SAMPLES:
+            return None
+        return max(learned_s(times), max(times))
+
+    def observe(self, route: str, seconds: float, load: int) -> None:
+        """An attempt at `route` got its answer's head after `seconds`, under `load`."""
+        times = self._times.get(route)
+        if times is None:
+            times = self._times[route] = deque(maxlen=WINDOW)
+        times.append((seconds, load))
+
+    def forget(self, route: str) -> None:
+        """The key was cut at its learned deadline: cold again (the ceiling holds)."""
+        self._times.pop(route, None)
+
+    async def open(self, route: str, opening: Awaitable[T], budget_s: float) -> T:
+        """`opening` (an upstream's head), within `budget_s` (TimeoutError past it) and the
+        key's learned deadline under the load it met (LearnedCut past it)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        load = self._flying[route] = self._flying.get(route, 0) + 1
+        task = asyncio.ensure_future(opening)
+        try:
+            while True:
+                learned = self.deadline_s(route, load)
+                cut = learned is not None and learned < budget_s
+                limit = learned if cut and learned is not None else budget_s
+                await asyncio.wait({task}, timeout=max(0.0, limit - (loop.time() - started)))
+                if task.done():
+                    head = task.result()
+                    self.observe(route, loop.time() - started, load)
+                    return head
+                if not cut:
+                    raise TimeoutError
+                if self._flying[route] <= load:  # the load it was learned under: cut
+                    self.forget(route)
+                    raise LearnedCut(f"no first byte within the key's learned {limit:.2f} s")
+                load = self._flying[route]  # a burst came meanwhile: its deadline, if any
+        finally:
+            task.cancel()  # (done: no effect) an attempt cut closes its connection
+            self._flying[route] -= 1

@@ -18,8 +18,9 @@ import time
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
-from meshroute_middleware.chat.deadlines import FirstByteDeadlines
+from meshroute_middleware.chat.deadlines import FirstByteDeadlines, GapDeadlines
 from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
+from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.chat.watchdog import Watchdog
@@ -53,17 +54,22 @@ class ForwardMode:
 
     def __init__(self, forwarder: Forwarder, *,
                  forward_headers: frozenset[bytes] = frozenset(),
-                 node_keys: NodeSecrets | None = None, size_falls_over: bool = False) -> None:
+                 node_keys: NodeSecrets | None = None, size_falls_over: bool = False,
+                 hedging: Hedging | None = None) -> None:
         self.forwarder = forwarder
         self.size_falls_over = size_falls_over
         self.forward_headers = forward_headers  # credentials the operator lets through
         self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
         self._watchdog = Watchdog()
         self.deadlines = FirstByteDeadlines()  # learned per route (issue 34)
+        self.gaps = GapDeadlines(getattr(forwarder, "idle_s", None))  # between two chunks
+        self.hedging = hedging  # hedged first tokens (chat/hedge.py), when configured
 
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Forward with fallback; send the client an error if every route failed."""
         task = self._watchdog.watch(ex)
+        if self.hedging is not None:
+            ex.attempts.hedge = self.hedging.for_request(ex.req.model, ex)
         try:
             last, failed = await ex.attempts.run(first, self.attempt, ex)
             if failed is not None and not ex.started:
@@ -137,13 +143,17 @@ class ForwardMode:
             ex.started = True
             await send({"type": "http.response.start", "status": upstream.status,
                         "headers": from_node(upstream.headers, decision)})
-            error = await relay(send, upstream.chunks(), attempts.deadline, m)
+            paced = self.gaps.paced(decision.signature, upstream.chunks())
+            error = await relay(send, paced, attempts.deadline, m)
+            if not error:
+                paced.learn()
         except OSError:
             ex.gone = True
-        except BaseException:  # cancelled (the client left) or a bug: settle, then go on
+        except BaseException as exc:  # cancelled (the client left, a hedge won) or a bug
             upstream.close()
             m.last = time.perf_counter()
-            attempts.settle(decision, m, error, gone=ex.gone)
+            attempts.settle(decision, m, error,
+                            gone=ex.gone or isinstance(exc, asyncio.CancelledError))
             raise
         upstream.close()
         m.last = time.perf_counter()

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Final, Literal
 
 # ADR-0021 decision modes (the x-meshroute-mode header, the route-selected event).
-DecisionMode = Literal["scout", "exploit", "pinned", "greedy-fallback", "fallback"]
+DecisionMode = Literal["scout", "exploit", "pinned", "greedy-fallback", "fallback", "hedge"]
 SCOUT: Final = "scout"  # an unproven route tried on purpose
 EXPLOIT: Final = "exploit"  # a proven route drawn by its learned speed
 PINNED: Final = "pinned"  # the request named its route
 GREEDY: Final = "greedy-fallback"  # nothing proven yet: the best prior
 FALLBACK: Final = "fallback"  # the next ranked route after a failed attempt
+HEDGE: Final = "hedge"  # the next ranked route, raced beside a slow first byte (chat/hedge.py)
 
 # What Router.record made of an attempt.
 RecordResult = Literal["sample", "success", "failure"]

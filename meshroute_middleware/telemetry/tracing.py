@@ -218,6 +218,7 @@ class _Trace:
         self.body = bytearray()
         self.attempts: dict[tuple[str, int], _Open] = {}
         self.routes: list[str] = []
+        self.hedged: set[str] = set()  # routes whose next attempt is a hedge
         self.current: _Open | None = None  # the attempt being forwarded (its traceparent)
         self.objective: str | None = None
         self.chain: str | None = None
@@ -233,6 +234,9 @@ class _Trace:
     # the routing events (events.TAP), in the request's context as they are published
     def __call__(self, entry: Entry) -> None:
         kind = entry[1]
+        if kind == "hedge":  # the next attempt at this route is a hedge (chat/hedge.py)
+            self.hedged.add(str(materialize(entry).get("signature", "")))
+            return
         if kind not in ("route-selected", "outcome"):
             return
         event = materialize(entry)
@@ -249,6 +253,9 @@ class _Trace:
         mode, provider = str(event.get("mode", "")), event.get("mode") == "provider"
         if provider:  # a provider chain: its best-ranked route, then its fallbacks
             mode = "fallback" if attempt else "exploit"
+        if signature in self.hedged:
+            self.hedged.discard(signature)
+            mode = "hedge"
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": self.operation, "meshroute.route": str(event.get("model")),
             "meshroute.route.signature": signature, "meshroute.attempt": attempt,

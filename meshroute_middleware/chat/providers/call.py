@@ -12,7 +12,9 @@ Nothing reaches the client before the first content byte of an answer: until the
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
 event. Every wait is bounded by the first-byte timeout, the chain's budget and the request's
-deadline; a head silent between two chunks is the forwarder's idle timeout.
+deadline, and the head's by the key's learned first-byte deadline under its load
+(chat/deadlines.py `KeyDeadlines`); a head silent between two chunks is the forwarder's idle
+timeout.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from meshroute_middleware.chat.attempts import Failed, Measurement
+from meshroute_middleware.chat.deadlines import KeyDeadlines, LearnedCut
 from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
     ChatStream,
     chat_completion,
@@ -98,6 +101,7 @@ class ProviderCall:
         self.providers, self.secrets, self.forwarder = providers, secrets, forwarder
         self.timeouts, self.clock = timeouts, clock
         self._scrubber = Scrubber(s.reveal() for keys in secrets.values() for s in keys)
+        self.deadlines = KeyDeadlines()  # first-byte deadlines learned per key and load
 
     async def __call__(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                        m: Measurement) -> Failed | None:
@@ -132,7 +136,10 @@ class ProviderCall:
         req = cr.ex.req
         reached, req.reached = req.reached, got.route  # sent: charged its prompt from here
         try:
-            upstream = await asyncio.wait_for(self.forwarder.open(url, body, headers), budget)
+            upstream = await self.deadlines.open(got.route, self.forwarder.open(url, body,
+                                                                                headers), budget)
+        except LearnedCut as exc:  # a timeout like any: the chain falls over to the next
+            return _failed("timeout", str(exc))
         except TimeoutError:
             return _failed("timeout", "no first byte within the attempt's budget")
         except ForwardError as exc:

@@ -33,6 +33,7 @@ from meshroute_middleware.chat.attempts import (
     internal_error,
 )
 from meshroute_middleware.chat.forward import ForwardMode
+from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
@@ -77,8 +78,10 @@ class ProviderChat:
                  clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, acquire: Acquire | None = None,
                  node_keys: NodeSecrets | None = None,
-                 embeddings_router: Router | None = None) -> None:
+                 embeddings_router: Router | None = None,
+                 hedging: Hedging | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
+        self.hedging = hedging  # hedged first tokens (chat/hedge.py), when configured
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
         self.request_timeout_s = request_timeout_s
         self.clock = clock
@@ -164,6 +167,8 @@ class ProviderChat:
             call=lane.call, mesh=lane.mesh)
         attempts = ex.attempts
         attempts.ranking = ranking
+        if self.hedging is not None:
+            attempts.hedge = self.hedging.for_request(ex.req.model, ex, chain=True)
         first = await ranking.first()
         failed = None
         if first is not None:

@@ -205,7 +205,7 @@ def parse_providers_config(doc: Mapping[str, Any]) -> ProvidersConfig:
 def _routing(t: Mapping[str, Any]) -> Routing:
     where = "[routing]"
     _no_unknown(t, where, {"strategy", "chain", "profile", "wait_for_key_s", "max_attempts",
-                           "total_budget_s"})
+                           "total_budget_s", "hedge"})  # hedge: app/settings.py
     return Routing(
         strategy=_choice(t, "strategy", STRATEGIES, where, "balanced") or "balanced",
         chain=_chain(t, where),
@@ -226,7 +226,7 @@ def _profile(name: object, t: object) -> Profile:
     if name in AUTO_ALIASES:
         raise ProviderConfigError(f"{where}: 'auto:{name}' already means the {AUTO_ALIASES[name]}"
                                   " strategy; give the profile another name")
-    _no_unknown(t, where, {"chain", "strategy"})
+    _no_unknown(t, where, {"chain", "strategy", "hedge"})  # hedge: core/hedging.py
     strategy = _choice(t, "strategy", STRATEGIES, where, None) if "strategy" in t else None
     return Profile(name, _chain(t, where), strategy)
 
@@ -327,7 +327,7 @@ def _mesh_tier(name: object, t: object) -> str:
     where = f"[mesh.{name}]"
     if not isinstance(t, Mapping):
         raise ProviderConfigError(f"{where} must be a table")
-    _no_unknown(t, where, {"tier", "context", "max_tokens", "clamp"})
+    _no_unknown(t, where, {"tier", "context", "max_tokens", "clamp", "hedge"})
     return _choice(t, "tier", TIERS, where, DEFAULT_MESH_TIER) or DEFAULT_MESH_TIER
 
 

@@ -2,7 +2,9 @@
 
 from .engine import Simulator, run
 from .model import Event, NodeSpec, Scenario
+from .reliability import POLICIES, RELIABILITY_SCENARIOS, run_reliability
 from .scenarios import SCENARIOS
 from .workload import Trace
 
-__all__ = ["SCENARIOS", "Event", "NodeSpec", "Scenario", "Simulator", "Trace", "run"]
+__all__ = ["POLICIES", "RELIABILITY_SCENARIOS", "SCENARIOS", "Event", "NodeSpec", "Scenario",
+           "Simulator", "Trace", "run", "run_reliability"]
