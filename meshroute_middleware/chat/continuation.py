@@ -148,25 +148,32 @@ def continuation_body(body: bytes, kind: RequestKind, text: str,
 
 @dataclass(slots=True)
 class Splice:
-    """Rewrites a continuing route's events into the first route's answer."""
+    """Rewrites a continuing route's events into the first route's answer.
+
+    A chat route may answer a prefill with the prefill itself first (llama.cpp's server
+    does: its first content is the assistant message it was given, then the new text): what
+    the continuation says while it is still the text relayed so far is that echo, dropped."""
 
     first: Partial
     routes: list[str]  # every route that served a part, in order
     done: list[int] = field(default_factory=list)  # tokens each failed attempt delivered
     comment: bytes = b""  # sent before the next event: the switch, visible
-    _started: bool = False
+    _echo: str | None = None  # the text relayed so far, while the continuation may repeat it
+    _pending: str = ""  # the continuation's text so far, while it is a prefix of the echo
 
     def meshroute(self) -> dict[str, Any]:
         """The `meshroute` field of the answer's last chunks."""
         return {"attempts": len(self.routes), "routes": list(self.routes)}
 
-    def switch(self, failed: str, error: str, following: str, tokens_done: int) -> None:
-        """`failed` broke off (`error`) after `tokens_done` tokens; `following` goes on."""
+    def switch(self, failed: str, error: str, following: str, tokens_done: int,
+               echo: str = "") -> None:
+        """`failed` broke off (`error`) after `tokens_done` tokens; `following` goes on,
+        perhaps first repeating `echo` (a chat prefill: the text relayed so far)."""
         self.done.append(tokens_done)
         self.routes.append(following)
         self.comment += (f": meshroute: {failed} failed mid-stream ({error}); the answer "
                          f"continues on {following}\n\n").encode()
-        self._started = False
+        self._echo, self._pending = (echo or None), ""
 
     def __call__(self, events: bytes) -> bytes:
         """The whole events `events` of the continuing route, rewritten."""
@@ -195,18 +202,29 @@ class Splice:
                 continue
             delta = choice.get("delta")
             if isinstance(delta, dict):
-                delta.pop("role", None)
+                delta.pop("role", None)  # the answer has its role chunk
+                if self._echo is not None and isinstance(delta.get("content"), str):
+                    delta["content"] = self._unecho(delta["content"])
             last = last or choice.get("finish_reason") is not None
-        if not self._started and not last and chunk.get("usage") is None and _empty(choices):
-            return None  # the continuation's opening role chunk: the answer has one
-        self._started = True
         usage = chunk.get("usage")
+        if not last and usage is None and _empty(choices):
+            return None  # nothing left to say: a role chunk, an echo
         if isinstance(usage, dict):
             chunk["usage"] = self._summed(usage)
             last = True
         if last:
             chunk["meshroute"] = self.meshroute()
         return b"data: " + json.dumps(chunk).encode()
+
+    def _unecho(self, piece: str) -> str:
+        """`piece` of the continuation's text, less any repeat of the text relayed so far."""
+        echo = self._echo or ""
+        seen = self._pending + piece
+        if len(seen) < len(echo) and echo.startswith(seen):
+            self._pending = seen  # maybe the echo: held until it is told apart
+            return ""
+        self._echo, self._pending = None, ""
+        return seen[len(echo):] if seen.startswith(echo) else seen
 
     def _summed(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The continuation's usage plus the failed attempts': each delivered its counted

@@ -244,7 +244,8 @@ class ForwardMode:
             return False
         if splice is None:
             splice = transcript.splice = Splice(partial, [decision.signature])
-        splice.switch(decision.signature, error, following.signature, done)
+        splice.switch(decision.signature, error, following.signature, done,
+                      partial.text if ex.req.kind == "chat" else "")
         transcript.restart()
         attempts.telemetry.failover(decision, following, error)
         _, failed = await attempts.run(following, self._continue, GoingOn(ex, body, transcript))

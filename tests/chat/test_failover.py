@@ -35,6 +35,7 @@ class Continuer:
     die_after: int | None = None
     tool_call: bool = False
     refuse_prefill: bool = False  # answer a trailing assistant message with a 400
+    echo: bool = False  # repeat a prefill before the new text, as llama.cpp's server does
     seen: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -53,7 +54,9 @@ class Continuer:
             if done and self.refuse_prefill:
                 return JSONResponse({"error": {"message": "no prefill", "type": "x"}}, 400)
         assert TEXT.startswith(done), f"{done!r} is not how the answer begins"
-        rest = [w for w in WORDS[len(done.split()):]]
+        rest = WORDS[len(done.split()):]
+        if self.echo and done and not completions:
+            rest = [done[:4], done[4:], *rest]  # the prefill, in two pieces, then the rest
         usage = {"prompt_tokens": 10 + len(done.split()), "completion_tokens": len(rest),
                  "total_tokens": 10 + len(done.split()) + len(rest)}
         if not body.get("stream"):
@@ -118,8 +121,9 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": "count"}], **extra}
 
 
-async def test_a_stream_killed_after_5_of_20_words_reaches_the_client_whole() -> None:
-    a, b = Continuer("a", die_after=5), Continuer("b")
+@pytest.mark.parametrize("echo", [False, True])
+async def test_a_stream_killed_after_5_of_20_words_reaches_the_client_whole(echo: bool) -> None:
+    a, b = Continuer("a", die_after=5), Continuer("b", echo=echo)
     mesh = mesh_of(a, b)
     async with mesh.client() as client:
         resp = await client.post("/v1/chat/completions",
@@ -142,8 +146,8 @@ async def test_a_stream_killed_after_5_of_20_words_reaches_the_client_whole() ->
         finish = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
         assert finish["meshroute"] == {"attempts": 2, "routes": ["m|a[0-39]", "m|b[0-39]"]}
         usage = chunks[-1]["usage"]  # the continuation's plus the dead attempt's
-        assert usage["completion_tokens"] == 20
-        assert usage["total_tokens"] == usage["prompt_tokens"] + 20
+        assert usage["completion_tokens"] == (22 if echo else 20)  # what b says it made
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         assert chunks[-1]["meshroute"]["attempts"] == 2
     # the next route received the partial answer as an assistant message
     assert b.seen[0]["messages"] == [{"role": "user", "content": "count"},
@@ -234,7 +238,8 @@ async def test_a_node_that_cannot_continue_is_passed_over() -> None:
 
 
 async def test_a_second_death_goes_on_on_the_third_route() -> None:
-    a, b, c = Continuer("a", die_after=5), Continuer("b", die_after=4), Continuer("c")
+    a, b = Continuer("a", die_after=5), Continuer("b", die_after=6, echo=True)
+    c = Continuer("c", echo=True)
     mesh = Mesh({1: a, 2: b, 3: c})  # type: ignore[dict-item]
     mesh.add(node("a", 0, 39, 1, tps=30), node("b", 0, 39, 2, tps=20),
              node("c", 0, 39, 3, tps=10))
@@ -245,7 +250,7 @@ async def test_a_second_death_goes_on_on_the_third_route() -> None:
         assert "".join(ch["choices"][0]["delta"].get("content") or ""
                        for ch in chunks if ch["choices"]) == TEXT
         assert chunks[-1]["meshroute"]["attempts"] == 3
-        assert chunks[-1]["usage"]["completion_tokens"] == 20
+        assert chunks[-1]["usage"]["completion_tokens"] == 5 + 6 + 13  # a's, b's, c's counts
     assert c.seen[0]["messages"][-1] == {"role": "assistant", "content": "".join(WORDS[:9])}
 
 
@@ -266,7 +271,7 @@ async def test_completions_continue_the_prompt_exactly() -> None:
 
 
 async def test_messages_clients_get_one_whole_answer() -> None:
-    mesh = mesh_of(Continuer("a", die_after=5), Continuer("b"))
+    mesh = mesh_of(Continuer("a", die_after=5), Continuer("b", echo=True))
     async with mesh.client() as client:
         resp = await client.post("/v1/messages", json={
             "model": "m", "max_tokens": 100, "stream": True,
