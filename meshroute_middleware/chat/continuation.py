@@ -56,14 +56,15 @@ def next_continuing(router: Router, after: Decision) -> Decision | None:
     return following
 
 
-def _events(raw: bytes) -> Iterator[bytes]:
+def events_of(raw: bytes) -> Iterator[bytes]:
     """The `data:` payloads of the whole SSE events in `raw`, in order."""
     for line in raw.replace(b"\r\n", b"\n").split(b"\n"):
         if line.startswith(_DATA):
             yield line[len(_DATA):].strip()
 
 
-def _json(data: bytes) -> dict[str, Any] | None:
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """`data` read as a JSON object; None when it is not one."""
     if not data.startswith(b"{"):
         return None
     try:
@@ -89,8 +90,8 @@ def partial_of(sent: bytes, kind: RequestKind) -> Partial:
     """Parse the events a stream sent: its text so far, its id, and whether it can go on."""
     out = Partial()
     pieces: list[str] = []
-    for data in _events(sent):
-        chunk = _json(data)
+    for data in events_of(sent):
+        chunk = json_object(data)
         if chunk is None:
             continue
         if out.id is None and isinstance(chunk.get("id"), str):
@@ -125,7 +126,7 @@ def continuation_body(body: bytes, kind: RequestKind, text: str,
     of it, taken off its bound): chat with a trailing assistant message, a completions prompt
     with `text` appended; None when the request cannot carry it (a prompt that is not one
     string). Without text the request goes as it was: there is nothing to continue."""
-    payload = _json(body)
+    payload = json_object(body)
     if payload is None:
         return None
     if text:
@@ -187,8 +188,8 @@ class Splice:
         return b"".join(out)
 
     def _event(self, event: bytes) -> bytes | None:
-        data = next(_events(event), None)
-        chunk = None if data is None else _json(data)
+        data = next(events_of(event), None)
+        chunk = None if data is None else json_object(data)
         if chunk is None:
             return event  # [DONE], a comment: as it came
         for name, value in (("id", self.first.id), ("created", self.first.created),

@@ -26,6 +26,7 @@ from meshroute_middleware.chat.continuation import (
     next_continuing,
 )
 from meshroute_middleware.chat.deadlines import FirstByteDeadlines
+from meshroute_middleware.chat.gather import Gathering, gathers
 from meshroute_middleware.chat.headers import (
     Headers,
     forwardable,
@@ -77,6 +78,9 @@ class ForwardMode:
     async def serve(self, ex: Exchange, first: Decision) -> None:
         """Forward with fallback; send the client an error if every route failed."""
         task = self._watchdog.watch(ex)
+        gathered = gathers(ex.req, ex.attempts.router, first)
+        if gathered is not None:  # not streamed: gathered from a stream, to be continued
+            ex.req.body, ex.send = gathered, Gathering(ex.send, ex.req.kind)
         try:
             last, failed = await ex.attempts.run(first, self.attempt, ex)
             if failed is not None and not ex.started:

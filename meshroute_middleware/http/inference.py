@@ -87,7 +87,7 @@ def parse_completion(body: bytes, objective: bytes | None = None,
               if isinstance(prompt, str) else None)
     return ChatRequest(body, model, pin, answer_bound(payload), prefix,
                        needs=NEEDS["completions"], kind="completions", objective=chosen,
-                       continues=may_continue(payload))
+                       stream=payload.get("stream") is True, continues=may_continue(payload))
 
 
 # (body, the x-meshroute-objective header, the x-session-id header) -> the request

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -15,6 +15,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from meshroute_middleware.core.contracts.txt import decode_node, encode_node
+from meshroute_middleware.core.errors import InvalidNodeError
+from meshroute_middleware.core.topology import parse_node
+from node_agent.cli import node_record, node_settings
 
 from .test_forward import Mesh, node
 
@@ -341,3 +346,105 @@ async def test_an_event_cut_in_half_by_the_death_never_reaches_the_client() -> N
     assert "".join(c["choices"][0]["delta"].get("content") or ""
                    for c in events(resp.text)) == TEXT
     assert b.seen[0]["messages"][-1]["content"] == "".join(WORDS[:5])
+
+
+async def test_without_streaming_the_answer_is_whole_too() -> None:
+    a, b = Continuer("a", die_after=5), Continuer("b", echo=True)
+    mesh = mesh_of(a, b)
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat(max_tokens=100))
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"] == "application/json"
+        assert resp.headers["x-meshroute-attempts"] == "2"
+        answer = resp.json()
+    assert answer["object"] == "chat.completion" and answer["id"] == "id-a"
+    assert answer["choices"] == [{"index": 0, "logprobs": None, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": TEXT}}]
+    assert answer["meshroute"] == {"attempts": 2, "routes": ["m|a[0-39]", "m|b[0-39]"]}
+    assert answer["usage"]["completion_tokens"] == 5 + 17  # a's 5 words, b's echo and 15
+    # the route was asked for a stream, to know what it said; the next got it as a message
+    assert a.seen[0]["stream"] is True and a.seen[0]["max_tokens"] == 100
+    assert b.seen[0]["messages"][-1] == {"role": "assistant", "content": "".join(WORDS[:5])}
+    assert b.seen[0]["max_tokens"] == 95
+
+
+async def test_a_whole_answer_not_continued_is_a_502() -> None:
+    mesh = mesh_of(Continuer("a", die_after=5), Continuer("b", refuse_prefill=True))
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat())
+        assert resp.status_code == 502 and resp.json()["error"]["code"] == "upstream_failed"
+
+
+async def test_completions_without_streaming() -> None:
+    a, b = Continuer("a", die_after=5), Continuer("b")
+    mesh = Mesh({1: a, 2: b})  # type: ignore[dict-item]
+    caps = ["completions"]
+    mesh.add({**node("a", 0, 39, 1, tps=30), "caps": caps},
+             {**node("b", 0, 39, 2, tps=10), "caps": caps})
+    async with mesh.client() as client:
+        resp = await client.post("/v1/completions", json={"model": "m", "prompt": PROMPT})
+        answer = resp.json()
+    assert answer["object"] == "text_completion"
+    assert answer["choices"][0]["text"] == TEXT
+    assert b.seen[0]["prompt"] == PROMPT + "".join(WORDS[:5])
+
+
+@pytest.mark.parametrize(("extra", "heads"), [
+    ({}, 1),  # no other route to continue on: as it was sent
+    ({"meshroute": {"continue": False}}, 2),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 2),
+    ({"n": 2}, 2),
+])
+async def test_a_request_that_would_not_be_continued_goes_as_it_was_sent(
+        extra: dict[str, Any], heads: int) -> None:
+    a = Continuer("a")
+    mesh = Mesh({1: a, 2: Continuer("b")})  # type: ignore[dict-item]
+    mesh.add(*[node("a", 0, 39, 1, tps=30), node("b", 0, 39, 2, tps=10)][:heads])
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat(**extra))
+        assert resp.status_code == 200
+        assert resp.json()["choices"][0]["message"]["content"] == TEXT
+    assert "stream" not in a.seen[0]
+    assert "x-meshroute-attempts" not in resp.headers
+
+
+async def test_a_whole_answer_without_a_death_is_the_streams_gathered() -> None:
+    a = Continuer("a")
+    mesh = mesh_of(a, Continuer("b"))
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat())
+        answer = resp.json()
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": TEXT}
+    assert answer["usage"] == {"prompt_tokens": 10, "completion_tokens": 20,
+                               "total_tokens": 30}
+    assert "meshroute" not in answer and "x-meshroute-attempts" not in resp.headers
+
+
+async def test_messages_and_responses_without_streaming() -> None:
+    mesh = mesh_of(Continuer("a", die_after=5), Continuer("b", echo=True))
+    async with mesh.client() as client:
+        resp = await client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "count"}]})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["content"] == [{"type": "text", "text": TEXT}]
+        assert resp.json()["type"] == "message"
+    mesh = mesh_of(Continuer("a", die_after=5), Continuer("b", echo=True))
+    async with mesh.client() as client:
+        resp = await client.post("/v1/responses", json={"model": "m", "input": "count"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["output"][0]["content"][0]["text"] == TEXT
+
+
+def test_a_node_announces_that_it_cannot_continue_and_older_records_can() -> None:
+    settings = node_settings({"model": "m", "url": "http://127.0.0.1:1", "continues": False},
+                             {})
+    record = node_record(settings, "http://127.0.0.1:1", None, 10.0)
+    assert record.continues is False and record.to_dict()["continues"] is False
+    props = encode_node(record)
+    assert props["co"] == "False" and decode_node(props).continues is False
+    able = replace(record, continues=True)  # the default: nothing more is announced
+    assert "continues" not in able.to_dict() and "co" not in encode_node(able)
+    assert decode_node(encode_node(able)).continues is True
+    with pytest.raises(InvalidNodeError):
+        parse_node({**able.to_dict(), "continues": "maybe"})

@@ -5,6 +5,8 @@ assistant message; the client reads one whole answer."""
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,5 +72,57 @@ def test_a_stream_whose_server_is_killed_goes_on_on_the_other(tmp_path: Path) ->
         # the gateway asked for the bound less what was delivered: one is the other's start
         assert own_rest.startswith(went_on) or went_on.startswith(own_rest), (own_rest, went_on)
         assert min(len(own_rest), len(went_on)) > 0
+    finally:
+        mesh.close()
+
+
+def decoding(server_url: str) -> int:
+    """Tokens the server's busiest slot has made of the answer it is making (0: idle)."""
+    try:
+        slots = httpx.get(server_url + "/slots", timeout=2).json()
+    except (httpx.TransportError, ValueError):
+        return 0
+    made = 0
+    for slot in slots:
+        following = slot.get("next_token")
+        if isinstance(following, list):  # one per sequence in newer servers
+            following = following[0] if following else {}
+        if slot.get("is_processing") and isinstance(following, dict):
+            made = max(made, int(following.get("n_decoded", 0)))
+    return made
+
+
+def test_an_answer_not_streamed_whose_server_is_killed_is_whole(tmp_path: Path) -> None:
+    mesh = start_mesh(tmp_path)
+    try:
+        body = {"model": mesh.model, "max_tokens": MAX_TOKENS, "temperature": 0,
+                "messages": PROMPT}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, mesh.gateway + "/v1/chat/completions",
+                                 json=body, timeout=180)
+            victim = ""
+            deadline = time.monotonic() + 120
+            while not victim and not answer.done():
+                assert time.monotonic() < deadline, "no server started the answer"
+                victim = next((n for n, s in mesh.servers.items()
+                               if decoding(s.url) >= 5), "")
+                time.sleep(0.05)
+            assert victim, "the answer came before a server could be killed"
+            mesh.servers[victim].kill()
+            resp = answer.result()
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-meshroute-attempts"] == "2"
+        got = resp.json()
+        survivor = next(n for n in mesh.servers if n != victim)
+        assert got["meshroute"]["routes"][1].split("|", 1)[1].startswith(survivor)
+        text = got["choices"][0]["message"]["content"]
+        # the survivor's own answer, uninterrupted (greedy, its cache not used): the same
+        # words, none repeated or lost
+        own = httpx.post(mesh.servers[survivor].url + "/v1/chat/completions", timeout=180,
+                         json={"messages": PROMPT, "max_tokens": MAX_TOKENS,
+                               "temperature": 0, "cache_prompt": False}
+                         ).json()["choices"][0]["message"]["content"]
+        assert own.startswith(text) or text.startswith(own), (own, text)
+        assert len(text) > 40
     finally:
         mesh.close()
