@@ -19,6 +19,7 @@ from starlette.routing import Route
 from meshroute_middleware.core.contracts.txt import decode_node, encode_node
 from meshroute_middleware.core.errors import InvalidNodeError
 from meshroute_middleware.core.topology import parse_node
+from meshroute_middleware.forwarding.memory import ASGIForwarder
 from node_agent.cli import node_record, node_settings
 
 from .test_forward import Mesh, node
@@ -448,3 +449,30 @@ def test_a_node_announces_that_it_cannot_continue_and_older_records_can() -> Non
     assert decode_node(encode_node(able)).continues is True
     with pytest.raises(InvalidNodeError):
         parse_node({**able.to_dict(), "continues": "maybe"})
+
+
+async def test_a_stall_past_the_idle_bound_goes_on_on_the_next_route() -> None:
+    """The head stops sending after 5 words (and would stay silent for a minute): past the
+    forwarder's idle bound between chunks the answer goes on on the next route."""
+    a, b = Continuer("a"), Continuer("b")
+    original = a._stream
+
+    async def stalls(*args: Any) -> AsyncIterator[bytes]:
+        n = 0
+        async for chunk in original(*args):
+            if n == 6:  # the role chunk and 5 words
+                await asyncio.sleep(60)
+            yield chunk
+            n += 1
+
+    a._stream = stalls  # type: ignore[method-assign]
+    mesh = mesh_of(a, b)
+    forwarder = mesh.gateway.forwarder
+    assert isinstance(forwarder, ASGIForwarder)
+    forwarder.idle_s = 1.0  # the longest silence between two chunks
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat(stream=True))
+        assert "".join(c["choices"][0]["delta"].get("content") or ""
+                       for c in events(resp.text)) == TEXT
+        assert "failed mid-stream (stream)" in resp.text
+    assert b.seen[0]["messages"][-1]["content"] == "".join(WORDS[:5])
