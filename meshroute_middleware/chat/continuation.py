@@ -33,7 +33,6 @@ from meshroute_middleware.http.request import RequestKind
 # What a stream keeps of its own answer to continue it: 4 MiB is ~1M tokens of text, past any
 # answer a bound allows (MAX_ANSWER_TOKENS); a larger stream is not continued.
 MAX_TRANSCRIPT_BYTES = 4 * 1024 * 1024
-_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 _DATA = b"data:"
 
 
@@ -273,7 +272,11 @@ class Transcript:
 
     def __call__(self, chunk: bytes) -> bytes:
         data = self._held + chunk if self._held else chunk
-        end = max(data.rfind(e) + len(e) if data.rfind(e) >= 0 else 0 for e in _EVENT_ENDS)
+        end = data.rfind(b"\n\n")
+        end = 0 if end < 0 else end + 2
+        if b"\r" in data:  # events ended by CRLF CRLF
+            crlf = data.rfind(b"\r\n\r\n")
+            end = max(end, 0 if crlf < 0 else crlf + 4)
         whole, self._held = data[:end], data[end:]
         return self._keep(whole)
 

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from meshroute_middleware.chat.continuation import Transcript, partial_of
 from meshroute_middleware.core.contracts.txt import decode_node, encode_node
 from meshroute_middleware.core.errors import InvalidNodeError
 from meshroute_middleware.core.topology import parse_node
@@ -476,3 +477,25 @@ async def test_a_stall_past_the_idle_bound_goes_on_on_the_next_route() -> None:
                        for c in events(resp.text)) == TEXT
         assert "failed mid-stream (stream)" in resp.text
     assert b.seen[0]["messages"][-1]["content"] == "".join(WORDS[:5])
+
+
+def test_the_transcript_sends_whole_events_only_whatever_their_line_ends() -> None:
+    kept = Transcript("chat")
+    assert kept(b'data: {"a": 1}\r\n\r\ndata: {"b"') == b'data: {"a": 1}\r\n\r\n'
+    assert kept(b': 2}\r\n\r\n') == b'data: {"b": 2}\r\n\r\n'
+    assert kept(b'data: {"c": 3}\n\ndata: [DO') == b'data: {"c": 3}\n\n'
+    assert kept.flush() == b"data: [DO"
+    assert bytes(kept.sent) == b'data: {"a": 1}\r\n\r\ndata: {"b": 2}\r\n\r\ndata: {"c": 3}\n\n'
+
+
+@pytest.mark.parametrize(("deltas", "refusal"), [
+    ([{"content": "a"}, {"content": "b"}], ""),
+    ([{"content": "a"}, {"tool_calls": [{"index": 0}]}], "it relayed a tool call"),
+    ([{"reasoning_content": "hmm"}], "it relayed reasoning"),
+])
+def test_what_a_stream_told_its_client(deltas: list[dict[str, Any]], refusal: str) -> None:
+    sent = b"".join(b"data: " + json.dumps({"id": "x", "choices": [
+        {"index": 0, "delta": d}]}).encode() + b"\n\n" for d in deltas)
+    told = partial_of(sent, "chat")
+    assert told.refusal == refusal and told.id == "x"
+    assert told.text == "".join(d.get("content", "") for d in deltas)
