@@ -158,6 +158,7 @@ class Splice:
     routes: list[str]  # every route that served a part, in order
     done: list[int] = field(default_factory=list)  # tokens each failed attempt delivered
     comment: bytes = b""  # sent before the next event: the switch, visible
+    _failed: str = ""  # the route that failed last, and how
     _echo: str | None = None  # the text relayed so far, while the continuation may repeat it
     _pending: str = ""  # the continuation's text so far, while it is a prefix of the echo
 
@@ -165,15 +166,18 @@ class Splice:
         """The `meshroute` field of the answer's last chunks."""
         return {"attempts": len(self.routes), "routes": list(self.routes)}
 
-    def switch(self, failed: str, error: str, following: str, tokens_done: int,
-               echo: str = "") -> None:
-        """`failed` broke off (`error`) after `tokens_done` tokens; `following` goes on,
-        perhaps first repeating `echo` (a chat prefill: the text relayed so far)."""
+    def switch(self, failed: str, error: str, tokens_done: int, echo: str = "") -> None:
+        """`failed` broke off (`error`) after `tokens_done` tokens; the next route may first
+        repeat `echo` (a chat prefill: the text relayed so far)."""
         self.done.append(tokens_done)
-        self.routes.append(following)
-        self.comment += (f": meshroute: {failed} failed mid-stream ({error}); the answer "
-                         f"continues on {following}\n\n").encode()
+        self._failed = f"{failed} failed mid-stream ({error})"
         self._echo, self._pending = (echo or None), ""
+
+    def going_on(self, route: str) -> None:
+        """`route` answered the continuation: its events come next."""
+        self.routes.append(route)
+        self.comment += f": meshroute: {self._failed}; the answer continues on {route}\n\n" \
+            .encode()
 
     def __call__(self, events: bytes) -> bytes:
         """The whole events `events` of the continuing route, rewritten."""

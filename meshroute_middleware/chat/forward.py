@@ -148,6 +148,8 @@ class ForwardMode:
             upstream.close()
             return Failed("context", f"the route did not continue the answer "
                                      f"({upstream.status})", code="capability")
+        assert going.transcript.splice is not None
+        going.transcript.splice.going_on(decision.signature)
         await self._relay(decision, measurement, upstream, ex, ex.attempts, going.transcript)
         return None
 
@@ -248,7 +250,7 @@ class ForwardMode:
             return False
         if splice is None:
             splice = transcript.splice = Splice(partial, [decision.signature])
-        splice.switch(decision.signature, error, following.signature, done,
+        splice.switch(decision.signature, error, done,
                       partial.text if ex.req.kind == "chat" else "")
         transcript.restart()
         attempts.telemetry.failover(decision, following, error)

@@ -499,3 +499,18 @@ def test_what_a_stream_told_its_client(deltas: list[dict[str, Any]], refusal: st
     told = partial_of(sent, "chat")
     assert told.refusal == refusal and told.id == "x"
     assert told.text == "".join(d.get("content", "") for d in deltas)
+
+
+async def test_a_continuation_route_that_fails_at_once_is_passed_for_the_next() -> None:
+    a, b, c = Continuer("a", die_after=5), Continuer("b"), Continuer("c")
+    mesh = Mesh({1: a, 3: c})  # type: ignore[dict-item]  # b's head: nobody listens
+    mesh.add(node("a", 0, 39, 1, tps=30), node("b", 0, 39, 2, tps=20),
+             node("c", 0, 39, 3, tps=10))
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat(stream=True))
+        chunks = events(resp.text)
+        assert "".join(ch["choices"][0]["delta"].get("content") or ""
+                       for ch in chunks) == TEXT
+        assert chunks[-1]["meshroute"]["routes"] == ["m|a[0-39]", "m|c[0-39]"]
+        assert "continues on m|c[0-39]" in resp.text and "on m|b" not in resp.text
+    assert b.seen == []
