@@ -95,6 +95,8 @@ class NodeSettings:
     register: tuple[str, ...] = ()
     node_token: str | None = field(default=None, repr=False)  # their --node-token
     mdns: bool = True  # --no-mdns: no mDNS announcement (HTTP registration only)
+    # --no-continue: the server cannot continue a trailing assistant message (issue 34)
+    continues: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                              "MESHROUTE_NODE_TOKEN, which ps does not show)")
     parser.add_argument("--mdns", action=argparse.BooleanOptionalAction, default=None,
                         help="announce over mDNS (default on; --no-mdns: only --register)")
+    parser.add_argument("--continue", dest="continues", action=argparse.BooleanOptionalAction,
+                        default=None, help="the server continues a trailing assistant message, "
+                        "so answers broken mid-stream go on here (default on)")
     parser.add_argument("--emulate", action="store_true", help="also serve an emulated node")
     parser.add_argument("--host", default="127.0.0.1", help="emulator listen address")
     parser.add_argument("--port", type=int, default=0, help="emulator port (0: any free)")
@@ -181,7 +186,8 @@ def node_settings(cli: Mapping[str, Any], environ: Mapping[str, str]) -> NodeSet
         caps=None if values.get("caps") is None else parse_caps(values["caps"], "--caps"),
         api_key=_api_key(values.get("api_key_env"), environ),
         slots=None if values.get("slots") is None else slot_count(values["slots"], "--slots"),
-        register=register, node_token=values.get("node_token") or None, mdns=mdns)
+        register=register, node_token=values.get("node_token") or None, mdns=mdns,
+        continues=values.get("continues") is not False)
 
 
 def _api_key(name: str | None, environ: Mapping[str, str]) -> str | None:
@@ -213,7 +219,8 @@ def node_record(s: NodeSettings, url: str, node_id: str | None, tps: float,
     return parse_node({"node_id": node_id or s.node_id or default_node_id(s, where),
                        "model": s.model, "start": s.start, "end": s.end, "layers": s.layers,
                        "url": url, "tps": tps,
-                       "caps": None if s.caps is None else sorted(s.caps), "slots": slots})
+                       "caps": None if s.caps is None else sorted(s.caps), "slots": slots,
+                       "continues": s.continues})
 
 
 def reachable_url(url: str, interfaces: str) -> str:

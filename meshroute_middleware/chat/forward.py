@@ -15,11 +15,25 @@ import asyncio
 import logging
 import re
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
+from meshroute_middleware.chat.continuation import (
+    Splice,
+    Transcript,
+    continuation_body,
+    next_continuing,
+)
 from meshroute_middleware.chat.deadlines import FirstByteDeadlines, GapDeadlines
-from meshroute_middleware.chat.headers import Headers, forwardable, from_node, plan_headers
+from meshroute_middleware.chat.gather import Gathering, gathers
+from meshroute_middleware.chat.headers import (
+    Headers,
+    forwardable,
+    from_node,
+    is_sse,
+    plan_headers,
+)
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.relay import broken_text, relay
@@ -70,6 +84,9 @@ class ForwardMode:
         task = self._watchdog.watch(ex)
         if self.hedging is not None:
             ex.attempts.hedge = self.hedging.for_request(ex.req.model, ex)
+        gathered = gathers(ex.req, ex.attempts.router, first)
+        if gathered is not None:  # not streamed: gathered from a stream, to be continued
+            ex.req.body, ex.send = gathered, Gathering(ex.send, ex.req.kind)
         try:
             last, failed = await ex.attempts.run(first, self.attempt, ex)
             if failed is not None and not ex.started:
@@ -87,6 +104,20 @@ class ForwardMode:
         request's deadline. With `size_falls_over` (a chain's mesh entries, issue 33), a
         head's 400 or 413 refusing the request's size (`max_tokens`, the context) is a
         `context` failure the chain falls over from, not the client's answer."""
+        upstream = await self._open(decision, measurement, ex, ex.req.body)
+        if isinstance(upstream, Failed):
+            return upstream
+        if self.size_falls_over and upstream.status in SIZE_STATUSES:
+            refused = await _size_refusal(upstream, ex)
+            if isinstance(refused, Failed):
+                return refused
+            upstream = refused
+        await self._relay(decision, measurement, upstream, ex, ex.attempts)
+        return None
+
+    async def _open(self, decision: Decision, measurement: Measurement, ex: Exchange,
+                    body: bytes) -> UpstreamResponse | Failed:
+        """Send `body` to `decision`'s head; its answer once its head is in, or why not."""
         req = ex.req
         reached, req.reached = req.reached, decision.signature  # charged its prompt from here
         signature = decision.signature
@@ -95,8 +126,7 @@ class ForwardMode:
         try:
             async with asyncio.timeout_at(cut_at):
                 upstream = await self.forwarder.open(
-                    decision.route.head.url + req.path, req.body,
-                    self._headers(decision, ex))
+                    decision.route.head.url + req.path, body, self._headers(decision, ex))
         except ForwardError as exc:
             if exc.kind == "connect":  # never reached the head
                 req.reached = reached
@@ -108,12 +138,25 @@ class ForwardMode:
                                          f"{learned:.2f} s")
             return Failed("timeout", "no answer within the request's deadline")
         self.deadlines.observe(signature, time.perf_counter() - measurement.start)
-        if self.size_falls_over and upstream.status in SIZE_STATUSES:
-            refused = await _size_refusal(upstream, ex)
-            if isinstance(refused, Failed):
-                return refused
-            upstream = refused
-        await self._relay(decision, measurement, upstream, ex, ex.attempts)
+        return upstream
+
+    async def _continue(self, decision: Decision, measurement: Measurement,
+                        going: GoingOn) -> Failed | None:
+        """An attempt that continues a stream another route began (chat/continuation.py):
+        its answer is spliced into the stream the client is reading. A route that refuses
+        the continuation (a 4xx: a server that takes no assistant prefill) is passed over
+        without a record: it says nothing of the route's speed."""
+        ex = going.ex
+        upstream = await self._open(decision, measurement, ex, going.body)
+        if isinstance(upstream, Failed):
+            return upstream
+        if upstream.status != 200 or not is_sse(upstream.headers):
+            upstream.close()
+            return Failed("context", f"the route did not continue the answer "
+                                     f"({upstream.status})", code="capability")
+        assert going.transcript.splice is not None
+        going.transcript.splice.going_on(decision.signature)
+        await self._relay(decision, measurement, upstream, ex, ex.attempts, going.transcript)
         return None
 
     def _headers(self, decision: Decision, ex: Exchange) -> Headers:
@@ -129,22 +172,29 @@ class ForwardMode:
                 (b"authorization", b"Bearer " + bound[1].reveal().encode())]
 
     async def _relay(self, decision: Decision, m: Measurement, upstream: UpstreamResponse,
-                     ex: Exchange, attempts: Attempts) -> None:
-        """Stream the head's answer to the client, measuring it; then settle the attempt."""
-        if 400 <= upstream.status < 500:
+                     ex: Exchange, attempts: Attempts,
+                     transcript: Transcript | None = None) -> None:
+        """Stream the head's answer to the client, measuring it; then settle the attempt. A
+        stream that may be continued (`transcript`: given when it continues another route's)
+        goes on on the next route when this one fails mid-way (`_failover`)."""
+        going_on = transcript is not None
+        if 400 <= upstream.status < 500 and not going_on:
             attempts.settle(decision, m, status=upstream.status)
             await _pipe_plain(decision, upstream, ex)
             return
         send = ex.send
         meter = m.answer(upstream.headers)
         note_node_load(attempts.router, decision, upstream.headers)
+        if transcript is None and meter.streaming and ex.req.continues:
+            transcript = Transcript(ex.req.kind)
         error: ErrorKind | Literal[""] = ""
         try:
-            ex.started = True
-            await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": from_node(upstream.headers, decision)})
+            if not going_on:
+                ex.started = True
+                await send({"type": "http.response.start", "status": upstream.status,
+                            "headers": from_node(upstream.headers, decision)})
             paced = self.gaps.paced(decision.signature, upstream.chunks())
-            error = await relay(send, paced, attempts.deadline, m)
+            error = await relay(send, paced, attempts.deadline, m, transcript)
             if not error:
                 paced.learn()
         except OSError:
@@ -164,18 +214,73 @@ class ForwardMode:
                         "connection", decision.signature, error)
             attempts.settle(decision, m, error, gone=ex.gone)
             return
+        settled = False
+        if error and transcript is not None and not ex.gone:
+            attempts.settle(decision, m, error)
+            settled = True
+            if await self._failover(decision, m, ex, transcript, error):
+                return
         if not ex.gone:
             # The client's response ends before the bookkeeping: a stream's last chunk is
             # not held back by recording it.
-            tail = sse_error_event(broken_text(error)) if error and meter.streaming else b""
+            held = b"" if transcript is None or error else transcript.flush()
+            tail = held + (sse_error_event(broken_text(error))
+                           if error and meter.streaming else b"")
             try:
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
             except OSError:
                 ex.gone = True
             except BaseException:
-                attempts.settle(decision, m, error, gone=ex.gone)
+                if not settled:
+                    attempts.settle(decision, m, error, gone=ex.gone)
                 raise
-        attempts.settle(decision, m, error, gone=ex.gone)
+        if not settled:
+            attempts.settle(decision, m, error, gone=ex.gone)
+
+    async def _failover(self, decision: Decision, m: Measurement, ex: Exchange,
+                        transcript: Transcript, error: ErrorKind) -> bool:
+        """`decision`'s stream broke off (`error`) after content reached the client: go on
+        on the next route that can continue it (chat/continuation.py). True when the stream
+        was ended here (continued, or its continuation failed too); False when it cannot be
+        continued: the caller ends it with the error event."""
+        attempts = ex.attempts
+        partial = transcript.partial()
+        why = partial.refusal or ("" if not attempts.too_late()
+                                  else "the request's deadline ran out")
+        done = m.meter.completion_tokens if m.meter is not None else 0
+        splice = transcript.splice
+        body = continuation_body(ex.req.body, ex.req.kind, partial.text,
+                                 done + (sum(splice.done) if splice is not None else 0))
+        if body is None:
+            why = why or "its prompt is not one string"
+        following = None if why else next_continuing(attempts.router, decision)
+        if following is None or body is None:
+            log.info("meshroute: %s broke off mid-stream (%s); not continued: %s",
+                     decision.signature, error, why or "no other route can continue it")
+            return False
+        if splice is None:
+            splice = transcript.splice = Splice(partial, [decision.signature])
+        splice.switch(decision.signature, error, done,
+                      partial.text if ex.req.kind == "chat" else "")
+        transcript.restart()
+        attempts.telemetry.failover(decision, following, error)
+        _, failed = await attempts.run(following, self._continue, GoingOn(ex, body, transcript))
+        if failed is not None and not ex.gone:
+            try:
+                await ex.send({"type": "http.response.body", "more_body": False,
+                               "body": sse_error_event(broken_text(error))})
+            except OSError:
+                ex.gone = True
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class GoingOn:
+    """A stream being continued: its exchange, the body that continues it, its transcript."""
+
+    ex: Exchange
+    body: bytes
+    transcript: Transcript
 
 
 async def _size_refusal(upstream: UpstreamResponse, ex: Exchange) -> UpstreamResponse | Failed:

@@ -59,6 +59,9 @@ class NodeRecord:
     slots: int | None = None
     # How many it runs and queues now, every sender's, where it says (core/node_load.py).
     held: int | None = None
+    # Whether its server continues a trailing assistant message (mid-stream failover, issue
+    # 34); a node says so only when it cannot (`continues: false`).
+    continues: bool = True
 
     @property
     def effective_tps(self) -> float:
@@ -73,6 +76,7 @@ class NodeRecord:
             "queue": self.queue, "rep": self.rep, "seen_at": self.seen_at,
             "caps": [c for c in CAPABILITIES if c in self.caps],
             **prior_fields(self.cache), **slot_fields(self.slots), **held_fields(self.held),
+            **({} if self.continues else {"continues": False}),
         }
 
 
@@ -195,7 +199,18 @@ def parse_node(data: Mapping[str, Any], *, now: float = 0.0,
         raise InvalidNodeError(f"'rep' must be in [0, 1], got {rep:g}")
     return NodeRecord(node_id, model, start, end, layers, url.rstrip("/"), tps, queue, rep, now,
                       _caps(data), cache=parse_cache_prior(data),
-                      slots=parse_slot_count(data), held=parse_held_field(data))
+                      slots=parse_slot_count(data), held=parse_held_field(data),
+                      continues=_continues(data))
+
+
+def _continues(data: Mapping[str, Any]) -> bool:
+    """A record's `continues` (a JSON boolean, or the TXT record's text); True when absent."""
+    value = data.get("continues", True)
+    if value in (True, False):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise InvalidNodeError(f"'continues' must be true or false, got {str(value)[:16]!r}")
 
 
 def _caps(data: Mapping[str, Any]) -> frozenset[str]:

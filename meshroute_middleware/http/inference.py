@@ -13,6 +13,7 @@ from meshroute_middleware.http.request import (
     ChatRequest,
     RequestKind,
     answer_bound,
+    may_continue,
     parse_chat,
     parse_common,
 )
@@ -85,7 +86,8 @@ def parse_completion(body: bytes, objective: bytes | None = None,
     prefix = (message_chain([{"role": "user", "content": prompt}], session_id)
               if isinstance(prompt, str) else None)
     return ChatRequest(body, model, pin, answer_bound(payload), prefix,
-                       needs=NEEDS["completions"], kind="completions", objective=chosen)
+                       needs=NEEDS["completions"], kind="completions", objective=chosen,
+                       stream=payload.get("stream") is True, continues=may_continue(payload))
 
 
 # (body, the x-meshroute-objective header, the x-session-id header) -> the request

@@ -33,8 +33,8 @@ from meshroute_middleware.http.shape import (
 )
 
 __all__ = ["CHAT_PATH", "PATHS", "ChatRequest", "RequestError", "RequestKind", "answer_bound",
-           "check_large", "load_object", "loads", "parse_chat", "parse_common", "read_body",
-           "replay"]
+           "check_large", "load_object", "loads", "may_continue", "parse_chat", "parse_common",
+           "read_body", "replay"]
 
 MAX_PIN_HOPS = 64
 DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body must arrive within this (slowloris: 408)
@@ -69,6 +69,7 @@ class ChatRequest:
     reached: str | None = None
     # its token estimate, from the one parse of its body (chat requests; None: not read)
     tokens: TokenEstimate | None = None
+    continues: bool = True  # `"meshroute": {"continue": false}`: no mid-stream failover
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -144,7 +145,7 @@ H_OBJECTIVE = b"x-meshroute-objective"
 # The body's own field for meshroute's per-request options, stripped before forwarding, and
 # the options it may hold.
 OPTIONS = "meshroute"
-OPTION_NAMES = ("objective",)
+OPTION_NAMES = ("objective", "continue")
 
 
 def header_value(scope: Scope, name: bytes) -> bytes | None:
@@ -185,7 +186,8 @@ def parse_chat(body: bytes, objective: bytes | None = None,
                        stream=payload.get("stream") is True,
                        asks_usage=isinstance(options, dict)
                        and options.get("include_usage") is True,
-                       tokens=estimate(payload) if count_tokens else None)
+                       tokens=estimate(payload) if count_tokens else None,
+                       continues=may_continue(payload))
 
 
 def parse_common(body: bytes, objective: bytes | None = None
@@ -222,9 +224,18 @@ def _options(options: object, objective: Objective) -> Objective:
         raise HttpError.INVALID_REQUEST.error(
             f"'{OPTIONS}' must be an object with only "
             f"{', '.join(map(repr, OPTION_NAMES))}")
+    if not isinstance(options.get("continue", True), bool):
+        raise HttpError.INVALID_REQUEST.error(f"'{OPTIONS}.continue' must be true or false")
     if "objective" not in options:
         return objective
     return _objective(options["objective"], f"'{OPTIONS}.objective'")
+
+
+def may_continue(payload: dict[str, Any]) -> bool:
+    """Whether an answer may be continued on another route when its own fails mid-stream
+    (issue 34): unless the body's `meshroute.continue` is false (checked by parse_common)."""
+    options = payload.get(OPTIONS)
+    return not isinstance(options, dict) or options.get("continue") is not False
 
 
 def _objective(value: object, where: str) -> Objective:

@@ -241,6 +241,7 @@ class Telemetry:
         self.forward_errors: dict[str, int] = {}  # kind -> n
         self.rejected: dict[str, int] = {}  # source -> n
         self.rejected_by: dict[tuple[str, str], int] = {}  # (source, reason kind) -> n
+        self.failovers: dict[str, int] = {}  # model -> answers continued mid-stream (issue 34)
         # chat requests routed, by the objective they asked for (issue 26; /v1/routing)
         self._objectives: dict[str, int] = dict.fromkeys(OBJECTIVES, 0)
         self.services = ServiceStates()  # the supervised background services (/healthz)
@@ -278,6 +279,8 @@ class Telemetry:
                        "Failures of a route head before its first byte", ["kind"],
                        self.forward_errors)
         yield _rejected(self.rejected_by)
+        yield _counter("meshroute_failovers", "Answers continued on another route after "
+                       "theirs failed mid-stream", ["model"], self.failovers)
         if self.requests is not None:
             yield _counter("meshroute_requests", "Chat requests by what their client got: "
                            "answered (a 200 that did not end in an error) or failed",
@@ -351,6 +354,12 @@ class Telemetry:
         """A route was selected for an attempt."""
         _bump(self.decisions, (decision.model, decision.mode))
         self.events.publish_lazy("route-selected", _selected_fields, _selected(decision))
+
+    def failover(self, failed: Decision, following: Decision, error: str) -> None:
+        """`failed` broke off mid-stream (`error`); its answer goes on on `following`."""
+        self.failovers[failed.model] = self.failovers.get(failed.model, 0) + 1
+        self.events.publish("failover", {"model": failed.model, "from": failed.signature,
+                                         "to": following.signature, "error": error})
 
     def finished(self, decision: Decision, outcome: Outcome, result: str,
                  kind: str = "chat") -> None:

@@ -57,8 +57,9 @@ def mesh() -> Iterator[dict[str, Any]]:
 
 def test_openai_client_non_stream_and_stream(mesh: dict[str, Any]) -> None:
     client = openai.OpenAI(base_url=mesh["url"] + "/v1", api_key="unused", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": "hi"}])
+    raw = client.chat.completions.with_raw_response.create(  # as sent, not gathered from a
+        model="m", messages=[{"role": "user", "content": "hi"}],  # stream (chat/gather.py)
+        extra_body={"meshroute": {"continue": False}})
     completion = raw.parse()
     route = raw.headers["x-meshroute-route"]
     assert route in {"m|cpu[0-39]", "m|gpu[0-21]->cpu[22-39]"}

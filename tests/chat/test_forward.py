@@ -79,7 +79,8 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str) -> dict[st
 
 async def test_cold_start_goes_to_best_prior_and_learns(two_heads: Any) -> None:
     mesh, client = two_heads
-    resp = await client.post("/v1/chat/completions", json=chat())
+    # forwarded as sent (else gathered from a stream to be continued: chat/gather.py)
+    resp = await client.post("/v1/chat/completions", json=chat(meshroute={"continue": False}))
     assert resp.status_code == 200
     assert resp.headers["x-meshroute-route"] == "m|fast[0-39]"
     assert resp.headers["x-meshroute-mode"] == "greedy-fallback"

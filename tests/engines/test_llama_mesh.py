@@ -81,8 +81,10 @@ def test_returning_turns_reach_their_warm_server(mesh: Mesh) -> None:
 def test_a_server_killed_mid_stream_costs_that_stream_only(tmp_path: Path) -> None:
     mesh = start_mesh(tmp_path)
     try:
+        # not continued on the other server (tests/engines/test_failover.py does that)
         body = {"model": mesh.model, "max_tokens": 400, "stream": True, "temperature": 0,
-                "messages": [{"role": "user", "content": "Count from 1 to 300, one per line."}]}
+                "messages": [{"role": "user", "content": "Count from 1 to 300, one per line."}],
+                "meshroute": {"continue": False}}
         events: list[str] = []
         with httpx.stream("POST", mesh.gateway + "/v1/chat/completions", json=body,
                           timeout=180) as resp:

@@ -56,7 +56,8 @@ class MeshEntry:
         ex.attempts = attempts
         ex.req = ChatRequest(json.dumps({**{k: v for k, v in payload.items()
                                             if k != "route"}, "model": model}).encode(),
-                             model, None, bound, kind=kind, inputs=inputs)
+                             model, None, bound, kind=kind, inputs=inputs,
+                             continues=cr.ex.req.continues)
         send = ex.send
         assert isinstance(send, TallySend)
         sent = time.perf_counter()

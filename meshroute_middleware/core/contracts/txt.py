@@ -50,12 +50,15 @@ CACHE_KEYS: Final[Mapping[str, str]] = {"ch": "cache_hit", "ck": "cache_tokens"}
 SLOTS_KEYS: Final[Mapping[str, str]] = {"sl": "slots"}
 # The requests its engine runs and queues now, every sender's (core/node_load.py).
 HELD_KEYS: Final[Mapping[str, str]] = {"hd": "held"}
+# Said only by a node whose server cannot continue a trailing assistant message (issue 34).
+CONTINUES_KEYS: Final[Mapping[str, str]] = {"co": "continues"}
 # A node's announcement count: read by no one, it makes each TXT update differ from the
 # ones before, as mDNS delivers no update whose TXT a tracker's cache still holds (a load
 # going 0 -> 1 -> 0 would stay at 1: tests/node_agent/test_held_travels.py).
 SERIAL_KEY: Final = "n"
 # What a record carries only when the node has it.
-_OPTIONAL_KEYS: Final[Mapping[str, str]] = {**CACHE_KEYS, **SLOTS_KEYS, **HELD_KEYS}
+_OPTIONAL_KEYS: Final[Mapping[str, str]] = {**CACHE_KEYS, **SLOTS_KEYS, **HELD_KEYS,
+                                             **CONTINUES_KEYS}
 # Tracker record: its id, HTTP port (optional) and gossip port.
 TRACKER_ID_KEY, TRACKER_HTTP_KEY, TRACKER_GOSSIP_KEY = "id", "hp", "gp"
 

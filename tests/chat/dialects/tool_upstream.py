@@ -94,8 +94,8 @@ class ToolChat:
             yield b"data: " + json.dumps({
                 "id": "c", "object": "chat.completion.chunk", "created": 0,
                 "model": body["model"], "choices": [],
-                "usage": {"prompt_tokens": 7, "completion_tokens": len(chunks),
-                          "total_tokens": 7 + len(chunks)}}).encode() + b"\n\n"
+                "usage": {"prompt_tokens": 7, "completion_tokens": len(chunks) - 1,
+                          "total_tokens": 6 + len(chunks)}}).encode() + b"\n\n"  # no role
         yield b"data: [DONE]\n\n"
 
 

@@ -1,0 +1,158 @@
+"""Mid-stream failover for requests that are not streamed (issue 34): to know what a route had
+said when it died, the gateway asks it for a stream and gathers the stream into the one JSON
+answer the client asked for.
+
+Only where it can help: a chat or completions request that may be continued
+(`meshroute.continue` not false), asks for no tools, logprobs or several choices (none of
+which is continued), and whose model has another route that can continue it (`gathers`).
+`Gathering` is the client's `send` for such a request: a stream passes through it into a
+`chat.completion` (or `text_completion`) object sent whole at the end, with
+`x-meshroute-attempts` and the `meshroute` field when the answer was continued; a stream that
+ended with an error event becomes a 502 `upstream_failed`; an answer that is not a stream
+(an error) passes as it came.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import Message, Send
+
+from meshroute_middleware.chat.continuation import can_continue, events_of, json_object
+from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.core import Decision, Router
+from meshroute_middleware.http.errors import HttpError
+from meshroute_middleware.http.request import ChatRequest
+
+# request fields whose answers are not continued (a tool call, logprobs, several choices)
+_NOT_CONTINUED = ("tools", "functions", "logprobs", "n", "best_of", "echo")
+_NAMED = (*(f'"{k}"'.encode() for k in _NOT_CONTINUED), b'"stream')
+_STREAMED = b', "stream": true, "stream_options": {"include_usage": true}'
+_DROPPED = frozenset({b"content-type", b"content-length", b"content-encoding"})
+H_ATTEMPTS = b"x-meshroute-attempts"
+
+
+def gathers(req: ChatRequest, router: Router, first: Decision) -> bytes | None:
+    """The streamed body to send in place of `req`'s when its answer is to be gathered from
+    a stream (see the module's docstring); None to forward it as it is. The body is parsed
+    only when it names a field that may stop it (a substring search first)."""
+    if req.stream or not req.continues or req.kind not in ("chat", "completions"):
+        return None
+    if not any(can_continue(r) for r in router.candidates(req.model, req.needs)
+               if r.signature != first.signature):
+        return None
+    body = req.body
+    if not any(name in body for name in _NAMED):
+        end = body.rfind(b"}")
+        return None if end < 0 else body[:end] + _STREAMED + body[end:]
+    payload = json_object(body)
+    if payload is None or any(payload.get(k) not in (None, False, 1) for k in _NOT_CONTINUED):
+        return None
+    payload["stream"] = True
+    payload["stream_options"] = {"include_usage": True}
+    return json.dumps(payload).encode()
+
+
+class Gathering:
+    """The `send` of a request whose answer is gathered from a stream."""
+
+    __slots__ = ("_client", "_held", "_start", "kind")
+
+    def __init__(self, send: Send, kind: str) -> None:
+        self._client = send
+        self.kind = kind
+        self._start: Message | None = None
+        self._held: list[bytes] | None = None  # None: not a stream, passed on as it came
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if is_sse(message.get("headers", ())):
+                self._start, self._held = message, []
+                return
+        elif self._held is not None and message["type"] == "http.response.body":
+            self._held.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            await self._answer(b"".join(self._held))
+            return
+        await self._client(message)
+
+    async def _answer(self, raw: bytes) -> None:
+        assert self._start is not None
+        answer = gather(raw, self.kind)
+        if answer is None:
+            await HttpError.UPSTREAM_FAILED.send(
+                self._client, "the route failed mid-answer and it could not be continued")
+            return
+        body = json.dumps(answer).encode()
+        headers = [(k, v) for k, v in self._start.get("headers", ()) if k.lower() not in _DROPPED]
+        headers += [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())]
+        meshroute = answer.get("meshroute")
+        if isinstance(meshroute, dict):
+            headers.append((H_ATTEMPTS, str(meshroute.get("attempts", 1)).encode()))
+        await self._client({**self._start, "headers": headers})
+        await self._client({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def gather(raw: bytes, kind: str) -> dict[str, Any] | None:
+    """The one answer object a chat (or completions) stream `raw` makes; None when the stream
+    ended with an error event or without any chunk."""
+    answer: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    for data in events_of(raw):
+        chunk = json_object(data)
+        if chunk is None:
+            continue
+        if "error" in chunk:
+            return None
+        for key, value in chunk.items():
+            if key != "choices" and (key not in answer or key not in ("id", "created", "model")):
+                answer[key] = value
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict):
+                _add(choices.setdefault(int(choice.get("index", 0)), {}), choice, kind)
+    if not answer:
+        return None
+    answer["object"] = "text_completion" if kind == "completions" else "chat.completion"
+    answer["choices"] = [_choice(i, parts, kind) for i, parts in sorted(choices.items())]
+    return answer
+
+
+def _add(parts: dict[str, Any], choice: dict[str, Any], kind: str) -> None:
+    """One chunk's choice, added to what the choice gathered so far."""
+    if choice.get("finish_reason") is not None:
+        parts["finish_reason"] = choice["finish_reason"]
+    delta = choice if kind == "completions" else choice.get("delta")
+    if not isinstance(delta, dict):
+        return
+    for name in ("content", "reasoning_content", "text", "refusal"):
+        piece = delta.get(name)
+        if isinstance(piece, str):
+            parts[name] = parts.get(name, "") + piece
+    for call in delta.get("tool_calls") or ():
+        if isinstance(call, dict):
+            calls = parts.setdefault("tool_calls", {})
+            into = calls.setdefault(int(call.get("index", 0)), {"function": {"arguments": ""}})
+            for key in ("id", "type"):
+                if key in call:
+                    into[key] = call[key]
+            function = call.get("function") or {}
+            if "name" in function:
+                into["function"]["name"] = function["name"]
+            into["function"]["arguments"] += function.get("arguments") or ""
+
+
+def _choice(index: int, parts: dict[str, Any], kind: str) -> dict[str, Any]:
+    finish = parts.get("finish_reason")
+    if kind == "completions":
+        return {"index": index, "text": parts.get("text", ""), "logprobs": None,
+                "finish_reason": finish}
+    message: dict[str, Any] = {"role": "assistant", "content": parts.get("content")}
+    for name in ("reasoning_content", "refusal"):
+        if name in parts:
+            message[name] = parts[name]
+    if "tool_calls" in parts:
+        message["tool_calls"] = [parts["tool_calls"][i] for i in sorted(parts["tool_calls"])]
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
