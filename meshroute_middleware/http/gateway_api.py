@@ -256,7 +256,7 @@ class GatewayAPI:
             table["requests"] = self.telemetry.requests.to_dict()
         table["objectives"] = dict(self.telemetry.objectives)  # requests routed by each
         return json.dumps(table, ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":")).encode()
+                         separators=(",", ":")).encode()
 
     async def events(self, request: Request) -> Response:
         """Server-Sent Events: history after ?since= (or Last-Event-ID), then live."""

@@ -99,17 +99,22 @@ class WorkerMetrics:
                compute: Callable[[], bytes]) -> bytes:
         """The body any worker last computed as `name`, while it is younger than `max_age_s`
         and was computed with the same `tag` (a word: what the body depends on beyond its
-        age); else `compute()`'s, kept for the others. Under one lock per name, so that two
-        workers never compute it at once and a reader never sees half of one."""
+        age); else `compute()`'s, kept for the others. One worker computes it at a time,
+        under a lock per name; while another one is at it, the last body of the same tag is
+        answered rather than waiting for the lock (an event loop blocked on it would stall
+        every request of the worker): never a body older than one already answered, so
+        counts never go back. The file is replaced whole: no reader sees half of one."""
         cache = self.files.directory / name
-        with _locked(self.files.directory / f".{name}.lock"):
-            try:
-                head, _, body = cache.read_bytes().partition(b"\n")
-                stamp, _, seen = head.decode().partition(" ")
-                if seen == tag and 0 <= now - float(stamp) < max_age_s:
-                    return body
-            except (FileNotFoundError, ValueError):
-                pass
+        last = _read(cache)
+        if last is not None and last[1] == tag and 0 <= now - last[0] < max_age_s:
+            return last[2]
+        with _locked(self.files.directory / f".{name}.lock",
+                     wait=last is None or last[1] != tag) as held:
+            if not held and last is not None:
+                return last[2]
+            last = _read(cache)  # another worker's, written while this one waited
+            if last is not None and last[1] == tag and 0 <= now - last[0] < max_age_s:
+                return last[2]
             body = compute()
             staging = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
             staging.write_bytes(f"{now!r} {tag}\n".encode() + body)
@@ -159,13 +164,29 @@ def _by_label(metric: Metric | None, label: str, keys: tuple[str, ...]) -> dict[
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """The lock file `path` held while the block runs (True); without `wait`, False at once
+    when another process holds it."""
     with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read(cache: Path) -> tuple[float, str, bytes] | None:
+    """A shared body's file: (when, tag, body); None when there is none yet."""
+    try:
+        head, _, body = cache.read_bytes().partition(b"\n")
+        stamp, _, tag = head.decode().partition(" ")
+        return float(stamp), tag, body
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
