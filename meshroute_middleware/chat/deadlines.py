@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from meshroute_middleware.core.learned import (
@@ -26,7 +26,7 @@ from meshroute_middleware.core.learned import (
     learned_s,
     quantile,
 )
-from meshroute_middleware.forwarding.client import ForwardError
+from meshroute_middleware.forwarding.client import UpstreamResponse
 
 __all__ = ["FLOOR_S", "MARGIN", "MIN_SAMPLES", "QUANTILE", "WINDOW", "FirstByteDeadlines",
            "GapDeadlines", "KeyDeadlines", "LearnedCut", "Paced", "learned_s"]
@@ -100,18 +100,22 @@ class GapDeadlines(FirstByteDeadlines):
             return None
         return learned
 
-    def paced(self, route: str, chunks: AsyncIterable[bytes]) -> Paced:
-        """`chunks`, each within the route's learned gap of the one before (ForwardError
-        'timeout' past it, and the route forgets); `Paced.learn()` once the answer came
-        whole learns its longest gap."""
-        return Paced(self, route, chunks.__aiter__(), self.deadline_s(route))
+    def paced(self, route: str, upstream: UpstreamResponse) -> Paced:
+        """`upstream`'s chunks, timed; a warm route's learned gap becomes the response's
+        idle timeout (the forwarder's own read timer enforces it: no timer per chunk), and
+        `Paced.end()` learns the answer's longest gap, or forgets the route when a stream
+        it held broke off."""
+        limit = self.deadline_s(route)
+        if limit is not None and limit < getattr(upstream, "idle_s", 0.0):
+            upstream.idle_s = limit  # type: ignore[attr-defined]  # the forwarders' response
+        return Paced(self, route, upstream.chunks().__aiter__(), limit)
 
 
 class Paced:
-    """GapDeadlines.paced's iterator: one small object per open stream, and no coroutine of
-    its own while the route is cold (tests/chat/test_stream_footprint.py counts them). A
-    gap is timed from one request for a chunk to the next (the wait and the chunk's send),
-    from the second chunk on (the first is the first-byte deadline's)."""
+    """GapDeadlines.paced's iterator: one small object per open stream and no coroutine of
+    its own (tests/chat/test_stream_footprint.py counts them). A gap is timed from one ask
+    for a chunk to the next (the wait and the chunk's send), from the second chunk on (the
+    first is the first-byte deadline's)."""
 
     __slots__ = ("asked", "gaps", "last", "limit", "longest", "route", "source")
 
@@ -131,23 +135,17 @@ class Paced:
         if self.asked > 2 and at - self.last > self.longest:
             self.longest = at - self.last
         self.last = at
-        if self.limit is None or self.asked == 1:
-            return self.source.__anext__()
-        return self._within(self.limit)
+        return self.source.__anext__()
 
-    async def _within(self, limit: float) -> bytes:
-        try:
-            async with asyncio.timeout(limit):
-                return await self.source.__anext__()
-        except TimeoutError:
+    def end(self, error: str) -> None:
+        """The relay ended (`error`: how it broke off, "" when whole): a whole answer's
+        longest gap is one of the route's samples; a stream held to a learned gap that broke
+        off leaves the route cold (the idle timeout holds until it relearns)."""
+        if not error:
+            if self.asked > 2:
+                self.gaps.observe(self.route, self.longest)
+        elif self.limit is not None:
             self.gaps.forget(self.route)
-            raise ForwardError("timeout", f"silent for more than the route's learned "
-                                          f"{limit:.2f} s between two chunks") from None
-
-    def learn(self) -> None:
-        """The answer came whole: its longest gap is one of the route's samples."""
-        if self.asked > 2:
-            self.gaps.observe(self.route, self.longest)
 
 
 class LearnedCut(TimeoutError):

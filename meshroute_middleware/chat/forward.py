@@ -193,10 +193,9 @@ class ForwardMode:
                 ex.started = True
                 await send({"type": "http.response.start", "status": upstream.status,
                             "headers": from_node(upstream.headers, decision)})
-            paced = self.gaps.paced(decision.signature, upstream.chunks())
+            paced = self.gaps.paced(decision.signature, upstream)
             error = await relay(send, paced, attempts.deadline, m, transcript)
-            if not error:
-                paced.learn()
+            paced.end(error)
         except OSError:
             ex.gone = True
         except BaseException as exc:  # cancelled (the client left, a hedge won) or a bug

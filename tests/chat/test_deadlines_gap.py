@@ -27,15 +27,21 @@ IDLE_S = 30.0  # the forwarder's idle timeout (the default)
 
 @dataclass
 class _Stream:
+    """As the real forwarders' responses: silent past `idle_s` mid-answer, it breaks off."""
+
     owner: Stalling
     stall: bool
     status: int = 200
     headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: list(SSE))
+    idle_s: float = IDLE_S
 
     async def chunks(self) -> AsyncIterator[bytes]:
         for i in range(6):
             if i:
-                await asyncio.sleep(IDLE_S if self.stall and i == 3 else self.owner.gap_s)
+                silence = 2 * IDLE_S if self.stall and i == 3 else self.owner.gap_s
+                await asyncio.sleep(min(silence, self.idle_s))
+                if silence > self.idle_s:
+                    raise ForwardError("stream", "the head stalled mid-response")
             yield b'data: {"choices":[{"delta":{"content":"w' + str(i).encode() + b'"}}]}\n\n'
         yield b"data: [DONE]\n\n"
 
@@ -96,7 +102,7 @@ def test_a_warm_route_falling_silent_mid_answer_is_cut_at_its_learned_gap() -> N
 def test_a_cold_route_keeps_the_idle_timeout() -> None:
     upstream = Stalling(stalls={2})
     answers = run_virtual(lambda: _streams(_gateway(upstream), 2))
-    assert answers[-1][0] >= IDLE_S  # nothing learned yet: the head's own silence holds
+    assert IDLE_S <= answers[-1][0] < IDLE_S + 0.5  # nothing learned yet: the idle timeout
 
 
 def test_the_learned_gap_is_its_quantile_under_the_idle_ceiling() -> None:
@@ -109,22 +115,14 @@ def test_the_learned_gap_is_its_quantile_under_the_idle_ceiling() -> None:
     assert gaps.deadline_s("r") is None  # 3 × 2 s is past the idle timeout: it holds
 
 
-def test_a_cut_route_forgets_its_gaps() -> None:
+def test_a_learned_gap_becomes_the_responses_idle_timeout() -> None:
     gaps = GapDeadlines(ceiling_s=IDLE_S)
+    stream = _Stream(Stalling(), stall=False)
+    gaps.paced("r", stream)
+    assert stream.idle_s == IDLE_S  # cold: untouched
     for _ in range(MIN_SAMPLES):
         gaps.observe("r", 0.01)
-
-    async def silent() -> AsyncIterator[bytes]:
-        yield b"a"
-        await asyncio.sleep(10)
-        yield b"b"
-
-    async def main() -> list[bytes]:
-        got = []
-        with pytest.raises(ForwardError, match="learned"):
-            async for chunk in gaps.paced("r", silent()):
-                got.append(chunk)
-        return got
-
-    assert run_virtual(main) == [b"a"]
+    paced = gaps.paced("r", stream)
+    assert stream.idle_s == FLOOR_S
+    paced.end("stream")  # it broke off while held to the learned gap: cold again
     assert gaps.deadline_s("r") is None
