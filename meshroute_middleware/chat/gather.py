@@ -19,7 +19,12 @@ from typing import Any
 
 from starlette.types import Message, Send
 
-from meshroute_middleware.chat.continuation import can_continue, events_of, json_object
+from meshroute_middleware.chat.continuation import (
+    can_continue,
+    constrained,
+    events_of,
+    json_object,
+)
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.http.errors import HttpError
@@ -43,6 +48,8 @@ def gathers(req: ChatRequest, router: Router, first: Decision) -> bytes | None:
                if r.signature != first.signature):
         return None
     body = req.body
+    if constrained(body):
+        return None
     if not any(name in body for name in _NAMED):
         end = body.rfind(b"}")
         return None if end < 0 else body[:end] + _STREAMED + body[end:]
