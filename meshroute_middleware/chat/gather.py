@@ -25,7 +25,7 @@ from meshroute_middleware.chat.continuation import (
     events_of,
     json_object,
 )
-from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.headers import H_ATTEMPTS, is_sse
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import ChatRequest
@@ -35,7 +35,6 @@ _NOT_CONTINUED = ("tools", "functions", "logprobs", "n", "best_of", "echo")
 _NAMED = (*(f'"{k}"'.encode() for k in _NOT_CONTINUED), b'"stream')
 _STREAMED = b', "stream": true, "stream_options": {"include_usage": true}'
 _DROPPED = frozenset({b"content-type", b"content-length", b"content-encoding"})
-H_ATTEMPTS = b"x-meshroute-attempts"
 
 
 def gathers(req: ChatRequest, router: Router, first: Decision) -> bytes | None:
