@@ -119,6 +119,24 @@ def partial_of(sent: bytes, kind: RequestKind) -> Partial:
     return out
 
 
+# what names a constrained output format (OpenAI's response_format, llama.cpp's grammar and
+# json_schema, vLLM's guided_*): looked for as bytes before the body is parsed
+_CONSTRAINTS = (b'"response_format"', b'"grammar"', b'"json_schema"', b'"guided_')
+
+
+def constrained(body: bytes) -> bool:
+    """Whether the request constrains its answer's format by a grammar or schema: a server
+    applies it from the continuation's first token, as if the answer began there, so such an
+    answer is not continued."""
+    if not any(name in body for name in _CONSTRAINTS):
+        return False
+    payload = json_object(body) or {}
+    shape = payload.get("response_format")
+    return ((isinstance(shape, dict) and shape.get("type") not in (None, "text"))
+            or bool(payload.get("grammar") or payload.get("json_schema"))
+            or any(k.startswith("guided_") and payload[k] for k in payload))
+
+
 def continuation_body(body: bytes, kind: RequestKind, text: str,
                       tokens_done: int) -> bytes | None:
     """The request that continues an answer that got as far as `text` (`tokens_done` tokens

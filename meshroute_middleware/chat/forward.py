@@ -22,6 +22,7 @@ from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measu
 from meshroute_middleware.chat.continuation import (
     Splice,
     Transcript,
+    constrained,
     continuation_body,
     next_continuing,
 )
@@ -244,8 +245,9 @@ class ForwardMode:
         continued: the caller ends it with the error event."""
         attempts = ex.attempts
         partial = transcript.partial()
-        why = partial.refusal or ("" if not attempts.too_late()
-                                  else "the request's deadline ran out")
+        why = (partial.refusal
+               or ("its format is constrained" if constrained(ex.req.body) else "")
+               or ("the request's deadline ran out" if attempts.too_late() else ""))
         done = m.meter.completion_tokens if m.meter is not None else 0
         splice = transcript.splice
         body = continuation_body(ex.req.body, ex.req.kind, partial.text,

@@ -19,8 +19,13 @@ from typing import Any
 
 from starlette.types import Message, Send
 
-from meshroute_middleware.chat.continuation import can_continue, events_of, json_object
-from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.continuation import (
+    can_continue,
+    constrained,
+    events_of,
+    json_object,
+)
+from meshroute_middleware.chat.headers import H_ATTEMPTS, is_sse
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import ChatRequest
@@ -30,7 +35,6 @@ _NOT_CONTINUED = ("tools", "functions", "logprobs", "n", "best_of", "echo")
 _NAMED = (*(f'"{k}"'.encode() for k in _NOT_CONTINUED), b'"stream')
 _STREAMED = b', "stream": true, "stream_options": {"include_usage": true}'
 _DROPPED = frozenset({b"content-type", b"content-length", b"content-encoding"})
-H_ATTEMPTS = b"x-meshroute-attempts"
 
 
 def gathers(req: ChatRequest, router: Router, first: Decision) -> bytes | None:
@@ -43,6 +47,8 @@ def gathers(req: ChatRequest, router: Router, first: Decision) -> bytes | None:
                if r.signature != first.signature):
         return None
     body = req.body
+    if constrained(body):
+        return None
     if not any(name in body for name in _NAMED):
         end = body.rfind(b"}")
         return None if end < 0 else body[:end] + _STREAMED + body[end:]

@@ -23,6 +23,7 @@ from meshroute_middleware.core.contracts.plan import MODE_HEADER, PLAN_HEADER, R
 Headers = list[tuple[bytes, bytes]]
 H_ROUTE, H_PLAN, H_MODE = ROUTE_HEADER.encode(), PLAN_HEADER.encode(), MODE_HEADER.encode()
 OURS = b"x-meshroute-"
+H_ATTEMPTS = b"x-meshroute-attempts"  # how many routes an answer took (the chain, a failover)
 _HOP_BY_HOP_REQUEST = frozenset({
     b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
     b"upgrade", b"te", b"trailer", b"proxy-authorization", b"proxy-connection",

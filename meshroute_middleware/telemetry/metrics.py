@@ -406,6 +406,7 @@ class Telemetry:
         for table in (self.decisions, self.outcomes):
             for key in [k for k in table if k[0] == model]:
                 del table[key]
+        self.failovers.pop(model, None)
 
     def reject(self, source: str, reason: str, kind: str = "") -> None:
         """Hostile or malformed input was refused. `source` and `kind` are fixed words (the

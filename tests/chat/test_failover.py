@@ -514,3 +514,22 @@ async def test_a_continuation_route_that_fails_at_once_is_passed_for_the_next() 
         assert chunks[-1]["meshroute"]["routes"] == ["m|a[0-39]", "m|c[0-39]"]
         assert "continues on m|c[0-39]" in resp.text and "on m|b" not in resp.text
     assert b.seen == []
+
+
+@pytest.mark.parametrize("shape", [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+    {"grammar": "root ::= \"a\""},
+])
+async def test_a_constrained_format_is_not_continued(shape: dict[str, Any]) -> None:
+    """A grammar or schema would start over at the continuation's first token."""
+    a, b = Continuer("a", die_after=5), Continuer("b")
+    mesh = mesh_of(a, b)
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat(stream=True, **shape))
+        assert events(resp.text)[-1]["error"]["code"] == "upstream_failed"
+        whole = await client.post("/v1/chat/completions", json=chat(**shape))
+        assert whole.status_code == 200  # forwarded as sent: not gathered from a stream
+    seen = a.seen + b.seen
+    assert not any(m["role"] == "assistant" for body in seen for m in body["messages"])
+    assert sum(1 for body in seen if "stream" not in body) == 1  # the whole one, as sent

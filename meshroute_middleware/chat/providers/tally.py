@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from starlette.types import Message, Send
 
 from meshroute_middleware.chat.attempts import Attempts
+from meshroute_middleware.chat.headers import H_ATTEMPTS as H_ATTEMPTS  # its home: headers
 from meshroute_middleware.chat.headers import H_ROUTE, OURS
 
-H_ATTEMPTS, H_TRIED = b"x-meshroute-attempts", b"x-meshroute-tried"
+H_TRIED = b"x-meshroute-tried"
 H_CLAMPED = b"x-meshroute-clamped"
 
 
