@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
+from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.learned import (
     FLOOR_S,
     MARGIN,
@@ -148,7 +149,7 @@ class Paced:
             self.gaps.forget(self.route)
 
 
-class LearnedCut(TimeoutError):
+class LearnedCut(MeshRouteError, TimeoutError):
     """An attempt cut at its route's learned first-byte deadline: a timeout the chain falls
     over from like any other."""
 

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from meshroute_middleware.core.errors import MeshRouteError
+
 DEFAULT_MAX_SHARE = 0.05  # hedges per request at most (issue 34: "≤ 5 % of requests")
 # hedges the cap's credit holds at most: a hedge of an unlucky fast request just before a
 # slow one still leaves credit for the slow one (over n requests: ≤ share × n hedges)
@@ -22,7 +24,7 @@ _QUANTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 _DELAY = re.compile(r"(\d+(?:\.\d+)?)(ms|s)")
 
 
-class HedgeSyntaxError(ValueError):
+class HedgeSyntaxError(MeshRouteError, ValueError):
     """A hedge setting that is neither `pNN` nor a delay (`250ms`, `1.5s`) nor `off`."""
 
 

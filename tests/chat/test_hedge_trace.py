@@ -4,19 +4,16 @@ from the `hedge` event published as the hedge starts."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from meshroute_middleware.telemetry.events import EventBus
 
-trace_sdk = pytest.importorskip("opentelemetry.sdk.trace")
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
     InMemorySpanExporter,
 )
 
-from meshroute_middleware.telemetry.tracing import _Trace  # noqa: E402
+from meshroute_middleware.telemetry.tracing import Tracing, _Trace  # noqa: E402
 
 
 def selected(signature: str, attempt: int, mode: str = "provider") -> dict[str, object]:
@@ -25,10 +22,8 @@ def selected(signature: str, attempt: int, mode: str = "provider") -> dict[str, 
 
 
 def test_a_provider_hedge_span_says_hedge_and_its_fallbacks_do_not() -> None:
-    provider = trace_sdk.TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
-    tracing = SimpleNamespace(tracer=provider.get_tracer("test"))
-    trace = _Trace(tracing, {"path": "/v1/chat/completions", "headers": [],  # type: ignore[arg-type]
+    tracing = Tracing("http://127.0.0.1:9", exporter=InMemorySpanExporter())
+    trace = _Trace(tracing, {"path": "/v1/chat/completions", "headers": [],
                              "method": "POST"})
     bus = EventBus()
     bus.publish("route-selected", selected("fastco/big#1", 0))
@@ -38,6 +33,7 @@ def test_a_provider_hedge_span_says_hedge_and_its_fallbacks_do_not() -> None:
     bus.publish("route-selected", selected("fastco/third#1", 2))
     for entry in bus.entries():
         trace(entry)
+    tracing.shutdown()
     modes = {sig: span.attributes["meshroute.mode"] for (sig, _), span in trace.attempts.items()}
     assert modes == {"fastco/big#1": "exploit", "fastco/other#1": "hedge",
                      "fastco/third#1": "fallback"}
