@@ -9,11 +9,11 @@ import pytest
 from meshroute_middleware.telemetry.events import EventBus
 
 pytest.importorskip("opentelemetry.sdk.trace")
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from meshroute_middleware.telemetry.tracing import Tracing, _Trace  # noqa: E402
+from meshroute_middleware.telemetry.tracing import Tracing, _Trace
 
 
 def selected(signature: str, attempt: int, mode: str = "provider") -> dict[str, object]:
