@@ -40,11 +40,15 @@ N = 40
 # 102.8 on 2026-12-07 (three runs alike; issues 32 and 36): the request's token estimate,
 # computed once at parse and kept with it (one parse per request), and the one relay's
 # deadline (asyncio.timeout) around the upstream's chunks; each one object per stream.
-MAX_OBJECTS_PER_STREAM = 105
+# 101.6 -> 104.9 on 2026-12-07, evening (issue 34): the stream's transcript kept for a
+# mid-stream failover (chat/continuation.py) and the learned gap's pacer (chat/deadlines.py
+# Paced), one small slotted object each plus what they hold; 120.6 seen once for Responses
+# under a loaded parallel run (115.9 quiet).
+MAX_OBJECTS_PER_STREAM = 108
 # A /v1/responses stream adds its translation: the request's echo (its tools, text format),
 # the stream's items and the SSE line splitter. Measured 2026-12-02: 114.3 per stream (98.6
 # for chat in the same runs), the same in three runs; a list or closure per chunk crosses it.
-MAX_OBJECTS_PER_RESPONSES_STREAM = 120
+MAX_OBJECTS_PER_RESPONSES_STREAM = 123
 
 # A head streaming one token every 0.2 s for far longer than the test: every stream stays open.
 _HEAD = """
