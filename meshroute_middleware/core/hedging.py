@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshroute_middleware.core.errors import MeshRouteError
+from .errors import MeshRouteError
 
 DEFAULT_MAX_SHARE = 0.05  # hedges per request at most (issue 34: "≤ 5 % of requests")
 # hedges the cap's credit holds at most: a hedge of an unlucky fast request just before a
