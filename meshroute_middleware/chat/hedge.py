@@ -142,10 +142,12 @@ class Hedge:
         return _free if reserve is None else await reserve(self.ex, self.chain)
 
     def _delay_s(self, decision: Any) -> float | None:
-        learned = None
+        learned = median = None
         if self.after.quantile is not None:
-            learned = self.hedging.first_bytes.quantile_s(_route(decision), self.after.quantile)
-        return self.after.delay_s(learned)
+            route, first_bytes = _route(decision), self.hedging.first_bytes
+            learned = first_bytes.quantile_s(route, self.after.quantile)
+            median = first_bytes.quantile_s(route, 0.5)
+        return self.after.delay_s(learned, median)
 
     async def race(self, attempts: Attempts, decision: Any, measurement: Measurement,
                    attempt: RouteAttempt[Any, Any], ctx: Any

@@ -184,9 +184,10 @@ class _Run:
         after = self.policy.hedge
         if after is None or not self.cap.may():
             return None
-        learned = (self.learned.quantile(route.name, after.quantile)
-                   if after.quantile is not None else None)
-        return after.delay_s(learned)
+        if after.quantile is None:
+            return after.delay_s(None)
+        return after.delay_s(self.learned.quantile(route.name, after.quantile),
+                             self.learned.quantile(route.name, 0.5))
 
     def _streamed(self, route: SimRoute, tokens: int) -> tuple[float, int, bool]:
         """(seconds, tokens delivered, whole) of one route's stream of `tokens`."""
