@@ -85,7 +85,7 @@ class ForwardMode:
         task = self._watchdog.watch(ex)
         if self.hedging is not None:
             ex.attempts.hedge = self.hedging.for_request(ex.req.model, ex)
-        gathered = gathers(ex.req, ex.attempts.router, first)
+        gathered = gathers(ex.req, first)
         if gathered is not None:  # not streamed: gathered from a stream, to be continued
             ex.req.body, ex.send = gathered, Gathering(ex.send, ex.req.kind)
         try:
@@ -194,9 +194,12 @@ class ForwardMode:
                 ex.started = True
                 await send({"type": "http.response.start", "status": upstream.status,
                             "headers": from_node(upstream.headers, decision)})
-            paced = self.gaps.paced(decision.signature, upstream)
-            error = await relay(send, paced, attempts.deadline, m, transcript)
-            paced.end(error)
+            if meter.streaming:  # a stream's gaps are timed and learned (chat/deadlines.py)
+                paced = self.gaps.paced(decision.signature, upstream)
+                error = await relay(send, paced, attempts.deadline, m, transcript)
+                paced.end(error)
+            else:  # a whole answer's body chunks say nothing of a route's gaps
+                error = await relay(send, upstream.chunks(), attempts.deadline, m, transcript)
         except OSError:
             ex.gone = True
         except BaseException as exc:  # cancelled (the client left, a hedge won) or a bug

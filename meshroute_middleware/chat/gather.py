@@ -26,7 +26,7 @@ from meshroute_middleware.chat.continuation import (
     json_object,
 )
 from meshroute_middleware.chat.headers import H_ATTEMPTS, is_sse
-from meshroute_middleware.core import Decision, Router
+from meshroute_middleware.core import Decision
 from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import ChatRequest
 
@@ -37,14 +37,13 @@ _STREAMED = b', "stream": true, "stream_options": {"include_usage": true}'
 _DROPPED = frozenset({b"content-type", b"content-length", b"content-encoding"})
 
 
-def gathers(req: ChatRequest, router: Router, first: Decision) -> bytes | None:
+def gathers(req: ChatRequest, first: Decision) -> bytes | None:
     """The streamed body to send in place of `req`'s when its answer is to be gathered from
     a stream (see the module's docstring); None to forward it as it is. The body is parsed
     only when it names a field that may stop it (a substring search first)."""
     if req.stream or not req.continues or req.kind not in ("chat", "completions"):
         return None
-    if not any(can_continue(r) for r in router.candidates(req.model, req.needs)
-               if r.signature != first.signature):
+    if not any(can_continue(r) for r in first.alternatives()):
         return None
     body = req.body
     if constrained(body):

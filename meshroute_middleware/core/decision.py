@@ -3,8 +3,9 @@ use) and what the router knew of the route when the attempt began."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from .kinds import DecisionMode
 from .objectives import DEFAULT_OBJECTIVE, TTFT, Objective
@@ -37,6 +38,13 @@ class Decision:
     def signature(self) -> str:
         """The chosen route's signature."""
         return self.route.signature
+
+    def alternatives(self) -> tuple[Route, ...] | Iterator[Route]:
+        """The fallback chain's routes in no particular order: whether one of them can do
+        something needs no ranking (and a decision with one route has none)."""
+        if not self._unranked:
+            return self._ranked
+        return chain(self._ranked, (a.route for a in self._unranked))
 
     @property
     def ranked(self) -> tuple[Route, ...]:
