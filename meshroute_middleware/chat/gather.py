@@ -22,7 +22,6 @@ from starlette.types import Message, Send
 from meshroute_middleware.chat.continuation import (
     can_continue,
     constrained,
-    events_of,
     json_object,
 )
 from meshroute_middleware.chat.headers import H_ATTEMPTS, is_sse
@@ -60,32 +59,36 @@ def gathers(req: ChatRequest, first: Decision) -> bytes | None:
 
 
 class Gathering:
-    """The `send` of a request whose answer is gathered from a stream."""
+    """The `send` of a request whose answer is gathered from a stream: each event is folded
+    into the answer as it comes (what is kept is the answer's text, not the stream's bytes)."""
 
-    __slots__ = ("_client", "_held", "_start", "kind")
+    __slots__ = ("_answer", "_client", "_line", "_start", "kind")
 
     def __init__(self, send: Send, kind: str) -> None:
         self._client = send
         self.kind = kind
         self._start: Message | None = None
-        self._held: list[bytes] | None = None  # None: not a stream, passed on as it came
+        self._answer: Gathered | None = None  # None: not a stream, passed on as it came
+        self._line = b""  # a line not yet whole
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             if is_sse(message.get("headers", ())):
-                self._start, self._held = message, []
+                self._start, self._answer = message, Gathered(self.kind)
                 return
-        elif self._held is not None and message["type"] == "http.response.body":
-            self._held.append(message.get("body", b""))
+        elif self._answer is not None and message["type"] == "http.response.body":
+            lines = (self._line + message.get("body", b"")).split(b"\n")
+            self._line = lines.pop()
+            self._answer.feed(lines)
             if message.get("more_body", False):
                 return
-            await self._answer(b"".join(self._held))
+            self._answer.feed([self._line])
+            await self._send(self._answer.result())
             return
         await self._client(message)
 
-    async def _answer(self, raw: bytes) -> None:
+    async def _send(self, answer: dict[str, Any] | None) -> None:
         assert self._start is not None
-        answer = gather(raw, self.kind)
         if answer is None:
             await HttpError.UPSTREAM_FAILED.send(
                 self._client, "the route failed mid-answer and it could not be continued")
@@ -101,32 +104,52 @@ class Gathering:
         await self._client({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def gather(raw: bytes, kind: str) -> dict[str, Any] | None:
-    """The one answer object a chat (or completions) stream `raw` makes; None when the stream
-    ended with an error event or without any chunk."""
-    answer: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for data in events_of(raw):
-        chunk = json_object(data)
-        if chunk is None:
-            continue
-        if "error" in chunk:
+class Gathered:
+    """The one answer object a chat (or completions) stream makes, folded event by event."""
+
+    __slots__ = ("answer", "choices", "failed", "kind")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.answer: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.failed = False  # the stream ended with an error event
+
+    def feed(self, lines: list[bytes]) -> None:
+        """Whole lines of the stream (`data:` lines are its events; the rest is framing)."""
+        for line in lines:
+            if self.failed or not line.startswith(b"data:"):
+                continue
+            chunk = json_object(line[5:].strip())
+            if chunk is None:
+                continue
+            if "error" in chunk:
+                self.failed = True
+                continue
+            for key, value in chunk.items():
+                if key != "choices" and (key not in self.answer
+                                         or key not in ("id", "created", "model")):
+                    self.answer[key] = value
+            for choice in chunk.get("choices") or ():
+                if isinstance(choice, dict):
+                    index = choice.get("index", 0)
+                    at = index if isinstance(index, int) else 0
+                    _add(self.choices.setdefault(at, {}), choice, self.kind)
+
+    def result(self) -> dict[str, Any] | None:
+        """The answer; None when the stream ended with an error event or had no chunk."""
+        if self.failed or not self.answer:
             return None
-        for key, value in chunk.items():
-            if key != "choices" and (key not in answer or key not in ("id", "created", "model")):
-                answer[key] = value
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict):
-                _add(choices.setdefault(int(choice.get("index", 0)), {}), choice, kind)
-    if not answer:
-        return None
-    answer["object"] = "text_completion" if kind == "completions" else "chat.completion"
-    answer["choices"] = [_choice(i, parts, kind) for i, parts in sorted(choices.items())]
-    return answer
+        answer = self.answer
+        answer["object"] = "text_completion" if self.kind == "completions" else "chat.completion"
+        answer["choices"] = [_choice(i, parts, self.kind)
+                             for i, parts in sorted(self.choices.items())]
+        return answer
 
 
 def _add(parts: dict[str, Any], choice: dict[str, Any], kind: str) -> None:
-    """One chunk's choice, added to what the choice gathered so far."""
+    """One chunk's choice, added to what the choice gathered so far (text as a list of
+    pieces, joined once at the end)."""
     if choice.get("finish_reason") is not None:
         parts["finish_reason"] = choice["finish_reason"]
     delta = choice if kind == "completions" else choice.get("delta")
@@ -135,29 +158,40 @@ def _add(parts: dict[str, Any], choice: dict[str, Any], kind: str) -> None:
     for name in ("content", "reasoning_content", "text", "refusal"):
         piece = delta.get(name)
         if isinstance(piece, str):
-            parts[name] = parts.get(name, "") + piece
+            parts.setdefault(name, []).append(piece)
     for call in delta.get("tool_calls") or ():
         if isinstance(call, dict):
             calls = parts.setdefault("tool_calls", {})
-            into = calls.setdefault(int(call.get("index", 0)), {"function": {"arguments": ""}})
+            index = call.get("index", 0)
+            into = calls.setdefault(index if isinstance(index, int) else 0,
+                                    {"function": {"arguments": ""}})
             for key in ("id", "type"):
                 if key in call:
                     into[key] = call[key]
-            function = call.get("function") or {}
+            function = call.get("function")
+            if not isinstance(function, dict):
+                continue
             if "name" in function:
                 into["function"]["name"] = function["name"]
-            into["function"]["arguments"] += function.get("arguments") or ""
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                into["function"]["arguments"] += arguments
+
+
+def _text(parts: dict[str, Any], name: str) -> str | None:
+    pieces = parts.get(name)
+    return None if pieces is None else "".join(pieces)
 
 
 def _choice(index: int, parts: dict[str, Any], kind: str) -> dict[str, Any]:
     finish = parts.get("finish_reason")
     if kind == "completions":
-        return {"index": index, "text": parts.get("text", ""), "logprobs": None,
+        return {"index": index, "text": _text(parts, "text") or "", "logprobs": None,
                 "finish_reason": finish}
-    message: dict[str, Any] = {"role": "assistant", "content": parts.get("content")}
+    message: dict[str, Any] = {"role": "assistant", "content": _text(parts, "content")}
     for name in ("reasoning_content", "refusal"):
         if name in parts:
-            message[name] = parts[name]
+            message[name] = _text(parts, name)
     if "tool_calls" in parts:
         message["tool_calls"] = [parts["tool_calls"][i] for i in sorted(parts["tool_calls"])]
     return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
