@@ -261,11 +261,12 @@ class Attempts:
         return self._now() >= self.deadline
 
     async def run(self, first: D, attempt: RouteAttempt[D, T],
-                  ctx: T) -> tuple[D, Failed | None]:
+                  ctx: T, *, hedged: bool = True) -> tuple[D, Failed | None]:
         """Try `first` (its caller chose it within the deadline), then the ranked fallbacks
         while attempts fail before their first byte and the deadline allows; return the last
         decision and, if no route answered, the last failure (TOO_LATE when the deadline ran
-        out between attempts)."""
+        out between attempts). `hedged=False`: no hedge races here (a continuation runs
+        inside the racer that won the request's race: chat/forward.py `_failover`)."""
         ranking = self.ranking
         decision = first
         while True:
@@ -275,7 +276,7 @@ class Attempts:
                 return decision, TOO_LATE
             measurement = self.measured = Measurement(self.max_tokens, inputs=self.inputs,
                                                       text=self.text)
-            if self.hedge is None:
+            if self.hedge is None or not hedged:
                 failed = await attempt(decision, measurement, ctx)
             else:  # raced beside a hedge: the lifecycle goes on from what the race says
                 decision, measurement, failed = await self.hedge.race(

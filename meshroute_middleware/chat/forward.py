@@ -268,7 +268,8 @@ class ForwardMode:
                       partial.text if ex.req.kind == "chat" else "")
         transcript.restart()
         attempts.telemetry.failover(decision, following, error)
-        _, failed = await attempts.run(following, self._continue, GoingOn(ex, body, transcript))
+        _, failed = await attempts.run(following, self._continue,
+                                       GoingOn(ex, body, transcript), hedged=False)
         if failed is not None and not ex.gone:
             try:
                 await ex.send({"type": "http.response.body", "more_body": False,

@@ -200,8 +200,10 @@ class Hedge:
                                  return_exceptions=True)
             ex.send = send
             ex.started = gate.winner >= 0  # a held start never reached the client
-            outcome = self._outcome(attempts, racers, gate)  # the client leaving included
-            await self._released(racers, gate)
+            try:
+                outcome = self._outcome(attempts, racers, gate)  # the client leaving included
+            finally:  # a racer's own exception re-raised there still releases the hedge
+                await self._released(racers, gate)
         return outcome
 
     async def _hedge(self, attempts: Attempts, decision: Any,

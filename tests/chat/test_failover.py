@@ -43,6 +43,7 @@ class Continuer:
     tool_call: bool = False
     refuse_prefill: bool = False  # answer a trailing assistant message with a 400
     echo: bool = False  # repeat a prefill before the new text, as llama.cpp's server does
+    delay_s: float = 0.0  # before its answer's head (a slow first byte)
     seen: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -52,6 +53,7 @@ class Continuer:
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         self.seen.append(body)
+        await asyncio.sleep(self.delay_s)
         completions = "prompt" in body
         if completions:
             done = body["prompt"].removeprefix(PROMPT)
@@ -533,3 +535,24 @@ async def test_a_constrained_format_is_not_continued(shape: dict[str, Any]) -> N
     seen = a.seen + b.seen
     assert not any(m["role"] == "assistant" for body in seen for m in body["messages"])
     assert sum(1 for body in seen if "stream" not in body) == 1  # the whole one, as sent
+
+
+async def test_a_hedge_that_won_and_then_died_is_continued() -> None:
+    """The hedge's race is won by the hedge, whose stream then dies: the continuation runs
+    without a race of its own (a second race inside the first once cut every such
+    continuation with CancelledError) and the client reads the whole answer."""
+    slow, hedge, third = (Continuer("a", delay_s=5.0), Continuer("b", die_after=5),
+                          Continuer("c"))
+    mesh = Mesh({1: slow, 2: hedge, 3: third},  # type: ignore[dict-item]
+                hedge_after="20ms", hedge_max_share=1.0)
+    mesh.add(node("a", 0, 39, 1, tps=30), node("b", 0, 39, 2, tps=20),
+             node("c", 0, 39, 3, tps=10))
+    mesh.gateway.hedging.cap.credit = 1.0  # type: ignore[union-attr]
+    async with mesh.client() as client:
+        resp = await client.post("/v1/chat/completions", json=chat(stream=True))
+    chunks = events(resp.text)
+    assert not any("error" in c for c in chunks), chunks[-1]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c["choices"]) == TEXT
+    assert chunks[-1]["meshroute"]["routes"] == ["m|b[0-39]", "m|c[0-39]"]
+    assert mesh.gateway.hedging.counts["won"] == 1  # type: ignore[union-attr]
