@@ -35,6 +35,7 @@ import aiohttp
 import anyio
 
 from meshroute_middleware.core.cache_prior import CachePrior
+from meshroute_middleware.core.contracts.load import MAX_HELD
 from meshroute_middleware.core.errors import InvalidNodeError
 from meshroute_middleware.core.slot_count import slot_count
 
@@ -132,7 +133,7 @@ class LoadReader:
         """The engine's running plus waiting requests, every sender's, to announce now
         (None before its first read)."""
         latest = self.latest
-        return None if latest is None else latest.running + latest.waiting
+        return None if latest is None else min(latest.running + latest.waiting, MAX_HELD)
 
     def slot_count(self) -> int | None:
         """The engine's slot count to announce now (None: it gives none)."""

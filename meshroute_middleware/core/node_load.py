@@ -82,7 +82,7 @@ class NodeLoads:
         """An own request on these nodes ended (at `now`, remembered for lagging reports)."""
         own = self.own
         for node in node_ids:
-            if now is not None:
+            if now is not None and node in self.others:  # only a reporting node lags
                 ends = self.ended.setdefault(node, [])
                 ends.append(now)
                 if len(ends) > MAX_ENDS:

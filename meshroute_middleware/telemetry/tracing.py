@@ -229,6 +229,7 @@ class _Trace:
         self.pending = b""  # a stream's unfinished line
         self.found: dict[str, Any] = {}  # model, usage, the answer's text (streams)
         self.text: list[str] = []
+        self.kept = 0  # characters in self.text
         self.raised: str | None = None
 
     # the routing events (events.TAP), in the request's context as they are published
@@ -337,8 +338,10 @@ class _Trace:
                 self.found.setdefault("model", part["model"])
             if isinstance(part.get("usage"), dict):
                 self.found["usage"] = {**self.found.get("usage", {}), **part["usage"]}
-        if self.tracing.content and self.streaming:
-            self.text.extend(stream_text(obj))
+        if self.tracing.content and self.streaming and self.kept < MAX_CONTENT:
+            pieces = list(stream_text(obj))
+            self.text.extend(pieces)  # a long stream keeps only what the span can carry
+            self.kept += sum(len(p) for p in pieces)
 
     def finish(self) -> None:
         attrs = self.attributes

@@ -211,3 +211,15 @@ def test_a_full_signed_record_with_its_serial_fits_the_txt_limits() -> None:
     props = encode_node(record, "s3cret", serial=123456)
     assert props["n"] == "123456"
     assert decode_node(props, secret="s3cret") == record
+
+
+def test_a_node_that_never_reported_keeps_no_end_times() -> None:
+    loads = NodeLoads()
+    for i in range(200):
+        loads.begin(["quiet"])
+        loads.end(["quiet"], now=float(i))
+    assert "quiet" not in loads.ended and "quiet" not in loads.own
+    loads.report("busy", 0, 0.0)
+    loads.begin(["busy"])
+    loads.end(["busy"], now=1.0)
+    assert loads.ended["busy"] == [1.0]  # a reporting node's own ends are still kept
