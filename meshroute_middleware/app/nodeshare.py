@@ -16,7 +16,8 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +51,20 @@ class NodeLog:
         self.path, self.origin, self.clock = path, origin, clock
         self.seen = 0  # the last row this worker has read
 
-    def _connect(self) -> sqlite3.Connection:
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on a connection closed after it (the poll runs every POLL_S)."""
         db = sqlite3.connect(self.path, timeout=10)
-        db.execute(_SCHEMA)
-        return db
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
 
     def open(self) -> NodeLog:
         """Start reading after the rows written so far (a new worker registers afresh)."""
         with self._connect() as db:
+            db.execute(_SCHEMA)
             self.seen = int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM node_writes")
                             .fetchone()[0])
         return self
