@@ -270,14 +270,22 @@ def join_workers(telemetry: Telemetry, app: ASGIApp, workers: WorkersDir,
     tasks: list[asyncio.Task[None]] = []
 
     def start() -> None:
-        tasks.append(asyncio.create_task(metrics.run(telemetry)))
-        tasks.append(asyncio.create_task(relay.run()))
+        for name, work in (("worker files", metrics.run(telemetry)), ("event relay", relay.run())):
+            task = asyncio.create_task(work, name=name)
+            task.add_done_callback(_crashed)  # said when it happens, not at shutdown
+            tasks.append(task)
 
     async def stop() -> None:
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)  # a crash was logged already
 
     return _Lifespan(app, start, stop)
+
+
+def _crashed(task: asyncio.Task[None]) -> None:
+    """A worker's background task that stopped by itself: logged at once (its siblings no
+    longer see this worker's events, or its files no longer follow)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("meshroute: this worker's %s stopped: %r", task.get_name(), exc,
+                  exc_info=exc)
