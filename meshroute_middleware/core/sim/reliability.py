@@ -169,29 +169,32 @@ class _Run:
         return min(learned, self.policy.first_byte_timeout_s) if learned is not None \
             else self.policy.first_byte_timeout_s
 
-    def _opened(self, order: list[SimRoute]) -> tuple[float, SimRoute] | None:
+    def _opened(self, order: list[SimRoute],
+                hedged: bool = True) -> tuple[float, SimRoute] | None:
         """Seconds to the first byte and the route that sent it, or None (all failed): a
-        race (hedged or not) on the next routes, and after a race all failed, the next."""
+        race on the next routes (hedged unless not `hedged`: a continuation is not, as in
+        chat/forward.py), and after a race all failed, the next."""
         spent, k = 0.0, 0
         while k < len(order):
-            seconds, won, used = self._race(order[k:])
+            seconds, won, used = self._race(order[k:], self.policy.racers if hedged else 1)
             spent += seconds
             if won is not None:
                 return spent, won
             k += used
         return None
 
-    def _race(self, order: list[SimRoute]) -> tuple[float, SimRoute | None, int]:
+    def _race(self, order: list[SimRoute],
+              most: int) -> tuple[float, SimRoute | None, int]:
         """One race from `order[0]`: (seconds, the route that sent the first byte or None,
         routes used). Each racer without its first byte by its route's hedge delay gets the
-        next route beside it, up to `racers` (chat/hedge.py)."""
+        next route beside it, up to `most` (chat/hedge.py)."""
         racers: list[tuple[SimRoute, float, float, float]] = []  # route, start, first, cut
 
         def launch(route: SimRoute, start: float) -> None:
             racers.append((route, start, self._first_byte(route), self._first_deadline(route)))
 
         launch(order[0], 0.0)
-        while len(racers) < min(self.policy.racers, len(order)):
+        while len(racers) < min(most, len(order)):
             route, start, first, cut = racers[-1]
             delay = self._hedge_delay(route)
             if delay is None:
@@ -258,7 +261,7 @@ class _Run:
         if not whole and policy.on_break != "error":
             at = order.index(route) + 1
             rest = order[at:] + order[:at]
-            again = self._opened(rest)
+            again = self._opened(rest, hedged=policy.on_break != "continue")
             if again is not None:
                 left = tokens - done if policy.on_break == "continue" else tokens
                 more, _, whole = self._streamed(again[1], left)
