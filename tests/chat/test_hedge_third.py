@@ -23,6 +23,10 @@ from meshroute_middleware.middleware import MeshRouteMiddleware, MiddlewareConfi
 from meshroute_middleware.state.limits import MemoryLimits
 
 from ..conftest import FakeClock
+from .test_deadlines_keys import Provider
+from .test_deadlines_keys import _client as chain_client
+from .test_deadlines_keys import _gateway as keys_gateway
+from .test_deadlines_keys import _post as post_chain
 from .test_hedge import T0, SlowTail, _first_bytes, _nothing, _statuses, node
 from .virtual_time import run_virtual
 
@@ -105,3 +109,19 @@ def test_each_hedge_is_reserved_against_the_clients_rpm_and_each_loser_charged()
     assert (row["route"], row["requests"], row["errors"]) == ("m", 4, 2)
     assert spend.counters.requests[("bob", "m", "499")] == 2
 
+
+
+def test_a_chain_hedges_on_its_third_route_too() -> None:
+    provider = Provider(slow=frozenset({2, 3}))  # the second request's route and hedge
+    gateway = keys_gateway(provider, ("fastco/big", "fastco/other", "fastco/third"),
+                           hedge_after="100ms", hedge_max_share=1.0)
+
+    async def main() -> list[tuple[int, float]]:
+        async with chain_client(gateway) as client:
+            return [await post_chain(client) for _ in range(2)]
+
+    answers = run_virtual(main)
+    assert [status for status, _ in answers] == [200, 200]
+    assert answers[1][1] < 0.3  # 100 + 100 ms of hedge delays, then 20 ms: not 2 s
+    assert provider.opened == 4 and provider.cut == 2  # both losers cancelled
+    assert gateway.hedging is not None and gateway.hedging.counts == {"won": 1, "lost": 1}
