@@ -197,7 +197,7 @@ class Hedge:
                     delay, attempts.deadline - loop.time())))
                 if latest.task.done() or gate.winner >= 0:
                     break
-                latest = await self._hedge(attempts, latest.decision, start)
+                latest = await self._hedge(attempts, latest, gate, start)
             await _decided(racers, gate)
         finally:  # the race's end (the client leaving included): nothing left running
             for racer in racers:
@@ -213,18 +213,24 @@ class Hedge:
                 await self._released(racers, gate)
         return outcome
 
-    async def _hedge(self, attempts: Attempts, decision: Any,
+    async def _hedge(self, attempts: Attempts, late: _Racer, gate: Gate,
                      start: Callable[[Any, Measurement], _Racer]) -> _Racer | None:
-        """Start the next ranked route beside `decision`, if the cap, the deadline and its
-        client's limits allow; the hedge's racer, else None."""
+        """Start the next ranked route beside `late`'s, if the cap, the deadline and its
+        client's limits allow and the race is still open once they said so (an admission
+        may wait on the limits' store); the hedge's racer, else None."""
         if attempts.too_late() or not self.hedging.cap.may():
             return None
-        ranking = attempts.ranking
+        ranking, decision = attempts.ranking, late.decision
+
+        def decided() -> bool:
+            return gate.winner >= 0 or (late.task is not None and late.task.done())
         release = await self._reserve()
         if release is None:  # its client is over a limit: no hedge
             return None
-        following = await ranking.next(decision, HEDGED)
-        if following is None:
+        following = None if decided() else await ranking.next(decision, HEDGED)
+        if following is None or decided():
+            if following is not None:
+                ranking.cancel(following)
             await release(None)
             return None
         self.releases.append(release)

@@ -6,15 +6,18 @@ client's limits, and every loser's connection is closed. Virtual clock
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from dataclasses import replace
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
-from meshroute_middleware.chat.hedge import Hedging, client_reserve
+from meshroute_middleware.chat.attempts import Exchange
+from meshroute_middleware.chat.hedge import Hedging, Release, _free, client_reserve
 from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core import RouterConfig, parse_node
 from meshroute_middleware.core.clients import CLIENT_STATE, Client
@@ -27,7 +30,7 @@ from .test_deadlines_keys import Provider
 from .test_deadlines_keys import _client as chain_client
 from .test_deadlines_keys import _gateway as keys_gateway
 from .test_deadlines_keys import _post as post_chain
-from .test_hedge import T0, SlowTail, _first_bytes, _nothing, _statuses, node
+from .test_hedge import SSE, T0, SlowTail, _first_bytes, _nothing, _statuses, node
 from .virtual_time import run_virtual
 
 NAMES = ("one", "two", "three", "four")
@@ -125,3 +128,61 @@ def test_a_chain_hedges_on_its_third_route_too() -> None:
     assert answers[1][1] < 0.3  # 100 + 100 ms of hedge delays, then 20 ms: not 2 s
     assert provider.opened == 4 and provider.cut == 2  # both losers cancelled
     assert gateway.hedging is not None and gateway.hedging.counts == {"won": 1, "lost": 1}
+
+
+@dataclass
+class _Long:
+    """A head answering its first byte after `head_s` (request 2: `late_s`), then a stream
+    of 4 chunks 50 ms apart."""
+
+    head_s: float = 0.02
+    late_s: float = 0.06
+    opened: int = 0
+
+    async def open(self, url: str, body: bytes,
+                   headers: Iterable[tuple[bytes, bytes]]) -> _LongAnswer:
+        self.opened += 1
+        await asyncio.sleep(self.late_s if self.opened == 2 else self.head_s)
+        return _LongAnswer()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass
+class _LongAnswer:
+    status: int = 200
+    headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: list(SSE))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for i in range(4):
+            if i:
+                await asyncio.sleep(0.05)
+            yield b'data: {"choices":[{"delta":{"content":"w' + str(i).encode() + b'"}}]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    def close(self) -> None:
+        pass
+
+
+def test_no_hedge_starts_once_the_race_was_decided_during_its_admission() -> None:
+    """The hedge's admission waits on the limits' store (here 50 ms, from 40 ms on); the
+    first route's byte came meanwhile (60 ms) and its answer still streams: no hedge is
+    sent, nothing counted, nothing left in flight."""
+    upstream = _Long()
+
+    async def slow_reserve(ex: Exchange, chain: bool) -> Release | None:
+        await asyncio.sleep(0.05)
+        return _free
+
+    hedging = Hedging(HedgePlan(HedgeAfter(fixed_s=0.04), max_share=1.0), slow_reserve)
+    app = MeshRouteMiddleware(_nothing, MiddlewareConfig(), forwarder=upstream,
+                              hedging=hedging)
+    for n, name in enumerate(NAMES[:3], 1):
+        app.router.upsert_node(parse_node(node(name, n, tps=60 - 5 * n)))
+
+    assert run_virtual(lambda: _statuses(app, 2)) == [200, 200]
+    assert upstream.opened == 2
+    assert hedging.counts == {"won": 0, "lost": 0} and hedging.cap.hedges == 0
+    assert all(r["in_flight"] == 0
+               for r in app.router.routing_table()["models"]["m"]["candidates"])
