@@ -8,14 +8,24 @@ attempt at it waits at most MARGIN × their QUANTILE, and never less than FLOOR_
 also the ceiling of every learned one (the forwarder's own timer runs beside it). A route cut
 at its learned deadline forgets its samples, so its next attempt waits the full ceiling: a
 route that became slow for good relearns its new normal instead of being cut for ever.
+
+Mesh routes and provider keys learn their gaps by the one rule (`GapDeadlines`, `Paced`):
+forward mode per route signature, a provider call per key route (`fastco/big#2`), each with
+its forwarder's idle timeout as the ceiling.
+
+Every table keeps only the routes still in use (`RouteTable`): a route unseen for
+LEFT_AFTER_S has left (the mesh or the config) and is dropped, and at most MAX_ROUTES are
+kept, so memory stays bounded however many routes come and go.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Generic, TypeVar
 
 from meshroute_middleware.core.errors import MeshRouteError
 from meshroute_middleware.core.learned import (
@@ -29,11 +39,59 @@ from meshroute_middleware.core.learned import (
 )
 from meshroute_middleware.forwarding.client import UpstreamResponse
 
-__all__ = ["FLOOR_S", "MARGIN", "MIN_SAMPLES", "QUANTILE", "WINDOW", "FirstByteDeadlines",
-           "GapDeadlines", "KeyDeadlines", "LearnedCut", "Paced", "learned_s"]
+__all__ = ["FLOOR_S", "LEFT_AFTER_S", "MARGIN", "MAX_ROUTES", "MIN_SAMPLES", "QUANTILE",
+           "WINDOW", "FirstByteDeadlines", "GapDeadlines", "KeyDeadlines", "LearnedCut", "Paced",
+           "RouteTable", "learned_s"]
 
 T = TypeVar("T")
+V = TypeVar("V")
 REFRESH = 8  # the deadline is recomputed after this many new samples (not per request)
+LEFT_AFTER_S = 3600.0  # a route unseen this long has left: its times are dropped
+# routes a table keeps at most (~2 KB of times each); past it the least recently seen goes
+# cold, which is safe: a cold route waits the ceiling
+MAX_ROUTES = 1024
+
+
+class RouteTable(Generic[V]):
+    """What a table learned per route, for the routes still in use: when a new route comes,
+    routes unseen for LEFT_AFTER_S are dropped (they left the mesh or the config), and the
+    least recently seen while more than MAX_ROUTES remain. `clock`: seconds, monotonic."""
+
+    __slots__ = ("_clock", "_make", "_seen", "_values")
+
+    def __init__(self, make: Callable[[], V],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._make, self._clock = make, clock
+        self._values: dict[str, V] = {}
+        self._seen: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def get(self, route: str) -> V | None:
+        """`route`'s entry; None when it has none."""
+        return self._values.get(route)
+
+    def seen(self, route: str) -> V:
+        """`route`'s entry, made when it is new (dropping the routes that left), seen now."""
+        now = self._clock()
+        value = self._values.get(route)
+        if value is None:
+            self._drop_gone(now)
+            value = self._values[route] = self._make()
+        self._seen[route] = now
+        return value
+
+    def pop(self, route: str) -> None:
+        """Forget `route`."""
+        self._values.pop(route, None)
+        self._seen.pop(route, None)
+
+    def _drop_gone(self, now: float) -> None:
+        for route in [r for r, at in self._seen.items() if now - at > LEFT_AFTER_S]:
+            self.pop(route)
+        while len(self._values) >= MAX_ROUTES:
+            self.pop(min(self._seen, key=self._seen.__getitem__))
 
 
 class _Times:
@@ -50,8 +108,8 @@ class FirstByteDeadlines:
 
     __slots__ = ("_routes",)
 
-    def __init__(self) -> None:
-        self._routes: dict[str, _Times] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._routes: RouteTable[_Times] = RouteTable(_Times, clock)
 
     def deadline_s(self, route: str) -> float | None:
         """Seconds an attempt at `route` waits for its answer's head; None when the route is
@@ -61,9 +119,7 @@ class FirstByteDeadlines:
 
     def observe(self, route: str, seconds: float) -> None:
         """An attempt at `route` got its answer's head after `seconds`."""
-        times = self._routes.get(route)
-        if times is None:
-            times = self._routes[route] = _Times()
+        times = self._routes.seen(route)
         times.times.append(seconds)
         times.fresh += 1
         if len(times.times) >= MIN_SAMPLES and (times.deadline_s is None
@@ -80,7 +136,7 @@ class FirstByteDeadlines:
 
     def forget(self, route: str) -> None:
         """The route was cut at its learned deadline: cold again (the ceiling holds)."""
-        self._routes.pop(route, None)
+        self._routes.pop(route)
 
 
 class GapDeadlines(FirstByteDeadlines):
@@ -91,8 +147,9 @@ class GapDeadlines(FirstByteDeadlines):
 
     __slots__ = ("ceiling_s",)
 
-    def __init__(self, ceiling_s: float | None = None) -> None:
-        super().__init__()
+    def __init__(self, ceiling_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
         self.ceiling_s = ceiling_s
 
     def deadline_s(self, route: str) -> float | None:
@@ -167,28 +224,26 @@ class KeyDeadlines:
 
     __slots__ = ("_flying", "_times")
 
-    def __init__(self) -> None:
-        self._times: dict[str, deque[tuple[float, int]]] = {}
-        self._flying: dict[str, int] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._times: RouteTable[deque[tuple[float, int]]] = RouteTable(
+            partial(deque, maxlen=WINDOW), clock)
+        self._flying: dict[str, int] = {}  # attempts in flight per key (only while any)
 
     def deadline_s(self, route: str, load: int) -> float | None:
         """The learned deadline of an attempt at `route` with `load` attempts in flight on
         it; None when fewer than MIN_SAMPLES times were taken under as much load."""
-        times = [s for s, at in self._times.get(route, ()) if at >= load]
+        times = [s for s, at in self._times.get(route) or () if at >= load]
         if len(times) < MIN_SAMPLES:
             return None
         return max(learned_s(times), max(times))
 
     def observe(self, route: str, seconds: float, load: int) -> None:
         """An attempt at `route` got its answer's head after `seconds`, under `load`."""
-        times = self._times.get(route)
-        if times is None:
-            times = self._times[route] = deque(maxlen=WINDOW)
-        times.append((seconds, load))
+        self._times.seen(route).append((seconds, load))
 
     def forget(self, route: str) -> None:
         """The key was cut at its learned deadline: cold again (the ceiling holds)."""
-        self._times.pop(route, None)
+        self._times.pop(route)
 
     async def open(self, route: str, opening: Awaitable[T], budget_s: float) -> T:
         """`opening` (an upstream's head), within `budget_s` (TimeoutError past it) and the
@@ -215,4 +270,7 @@ class KeyDeadlines:
                 load = self._flying[route]  # a burst came meanwhile: its deadline, if any
         finally:
             task.cancel()  # (done: no effect) an attempt cut closes its connection
-            self._flying[route] -= 1
+            if self._flying[route] > 1:
+                self._flying[route] -= 1
+            else:  # none in flight: no entry (a key that left leaves nothing behind)
+                del self._flying[route]

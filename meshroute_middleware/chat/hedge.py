@@ -1,7 +1,9 @@
 """Hedged first tokens (issue 34): an attempt whose first byte has not come after its hedge
 delay (core/hedging.py: a quantile of the route's learned first-byte times, or a fixed delay)
-gets the next ranked route started beside it; the first of the two to send the client a byte
-wins, and the other is cancelled, its upstream connection closed.
+gets the next ranked route started beside it, and a hedge without its own first byte after
+its own route's delay the route after that, up to MAX_RACERS routes racing; the first to
+send the client a byte wins, and the others are cancelled, their upstream connections
+closed.
 
 The race runs inside the one attempt lifecycle (`Attempts.run` hands its attempt to
 `Hedge.race`): both racers are ordinary attempts of the path (forward mode's), and they share
@@ -9,9 +11,9 @@ the exchange. The client's `send` is a `Gate` while they race: a racer's respons
 held back until its first body byte, and the first body byte decides the race. A racer that
 fails before any byte is recorded as any failed attempt; the loser is cancelled and records
 nothing (its first byte never came: its time says nothing of the route but that it was
-slower). The hedge is one more upstream request: it is counted against the gateway's cap
+slower). Each hedge is one more upstream request: it is counted against the gateway's cap
 (`HedgeCap`), reserved against its client's limits and budget like any request (`Reserve`),
-and released once the race is decided, charged its prompt when it lost (it reached an
+and released once the race is decided, charged a prompt when a racer lost (it reached an
 upstream).
 """
 
@@ -30,7 +32,7 @@ from starlette.types import Message, Send
 from meshroute_middleware.chat.attempts import Failed, Measurement, RouteAttempt
 from meshroute_middleware.chat.deadlines import FirstByteDeadlines
 from meshroute_middleware.chat.spend import ClientRefused, ClientSpend
-from meshroute_middleware.core.hedging import HedgeAfter, HedgeCap, HedgePlan
+from meshroute_middleware.core.hedging import MAX_RACERS, HedgeAfter, HedgeCap, HedgePlan
 from meshroute_middleware.core.kinds import HEDGE
 from meshroute_middleware.telemetry.events import EventBus
 
@@ -50,7 +52,7 @@ Release = Callable[[str | None], Awaitable[None]]
 class Hedging:
     """A gateway's hedging: its plan, its cap, the first-byte times it learned per route (on
     the loop's clock, from an attempt's start to its first body byte), and what it counted
-    (`won`, `lost`: `meshroute_hedges_total{outcome}`)."""
+    (per hedge, `won` or `lost`: `meshroute_hedges_total{outcome}`)."""
 
     def __init__(self, plan: HedgePlan, reserve: Reserve | None = None,
                  events: EventBus | None = None) -> None:
@@ -122,16 +124,16 @@ class _Racer:
 
 
 class Hedge:
-    """One request's hedge: `race` runs an attempt, and a hedge beside it when its first
-    byte is late."""
+    """One request's hedge: `race` runs an attempt, and hedges beside it while first bytes
+    are late."""
 
-    __slots__ = ("after", "chain", "ex", "hedging", "losers", "release")
+    __slots__ = ("after", "chain", "ex", "hedging", "losers", "releases")
 
     def __init__(self, hedging: Hedging, after: HedgeAfter, ex: Exchange,
                  chain: bool = False) -> None:
         self.hedging, self.after, self.ex, self.chain = hedging, after, ex, chain
         self.losers: list[Any] = []  # decisions cancelled by the race: settled as nothing
-        self.release: Release | None = None  # the hedge's reservation, while it races
+        self.releases: list[Release] = []  # the hedges' reservations, while they race
 
     def lost(self, decision: Any) -> bool:
         """Whether `decision` lost a race (its settle records nothing)."""
@@ -152,8 +154,10 @@ class Hedge:
     async def race(self, attempts: Attempts, decision: Any, measurement: Measurement,
                    attempt: RouteAttempt[Any, Any], ctx: Any
                    ) -> tuple[Any, Measurement, Failed | None]:
-        """Run `attempt` at `decision`, hedged; return the decision the lifecycle goes on
-        from (the winner, else the last one that failed), its measurement and its failure."""
+        """Run `attempt` at `decision`, hedged (each racer without its first byte after
+        its route's delay gets the next route beside it, up to MAX_RACERS); return the
+        decision the lifecycle goes on from (the winner, else the last one that failed), its
+        measurement and its failure."""
         ex, loop = self.ex, asyncio.get_running_loop()
         racers: list[_Racer] = []
         send = ex.send
@@ -183,14 +187,17 @@ class Hedge:
             return racer
 
         try:
-            first = start(decision, measurement)
-            assert first.task is not None
-            delay = self._delay_s(decision)  # None: a cold route is not hedged
-            if delay is not None and self.hedging.cap.may():
-                await asyncio.wait({first.task}, timeout=max(0.0, min(
+            latest: _Racer | None = start(decision, measurement)
+            while latest is not None and len(racers) < MAX_RACERS:
+                assert latest.task is not None
+                delay = self._delay_s(latest.decision)  # None: a cold route is not hedged
+                if delay is None or not self.hedging.cap.may():
+                    break
+                await asyncio.wait({latest.task}, timeout=max(0.0, min(
                     delay, attempts.deadline - loop.time())))
-                if not first.task.done() and gate.winner < 0:
-                    await self._hedge(attempts, decision, start)
+                if latest.task.done() or gate.winner >= 0:
+                    break
+                latest = await self._hedge(attempts, latest, gate, start)
             await _decided(racers, gate)
         finally:  # the race's end (the client leaving included): nothing left running
             for racer in racers:
@@ -206,21 +213,27 @@ class Hedge:
                 await self._released(racers, gate)
         return outcome
 
-    async def _hedge(self, attempts: Attempts, decision: Any,
-                     start: Callable[[Any, Measurement], _Racer]) -> None:
-        """Start the next ranked route beside `decision`, if the cap, the deadline and its
-        client's limits allow."""
+    async def _hedge(self, attempts: Attempts, late: _Racer, gate: Gate,
+                     start: Callable[[Any, Measurement], _Racer]) -> _Racer | None:
+        """Start the next ranked route beside `late`'s, if the cap, the deadline and its
+        client's limits allow and the race is still open once they said so (an admission
+        may wait on the limits' store); the hedge's racer, else None."""
         if attempts.too_late() or not self.hedging.cap.may():
-            return
-        ranking = attempts.ranking
+            return None
+        ranking, decision = attempts.ranking, late.decision
+
+        def decided() -> bool:
+            return gate.winner >= 0 or (late.task is not None and late.task.done())
         release = await self._reserve()
         if release is None:  # its client is over a limit: no hedge
-            return
-        following = await ranking.next(decision, HEDGED)
-        if following is None:
+            return None
+        following = None if decided() else await ranking.next(decision, HEDGED)
+        if following is None or decided():
+            if following is not None:
+                ranking.cancel(following)
             await release(None)
-            return
-        self.release = release
+            return None
+        self.releases.append(release)
         self.hedging.cap.take()
         if hasattr(following, "mode"):
             following.mode = HEDGE
@@ -228,20 +241,21 @@ class Hedge:
         ranking.decided(following)
         log.info("meshroute: %s has no first byte yet: hedged on %s", _route(decision),
                  _route(following))
-        start(following, Measurement(attempts.max_tokens, inputs=attempts.inputs,
-                                     text=attempts.text))
+        racer = start(following, Measurement(attempts.max_tokens, inputs=attempts.inputs,
+                                             text=attempts.text))
         if self.hedging.events is not None:  # before the hedge's own route-selected event
             self.hedging.events.publish("hedge", {"model": attempts.model,
                                                   "signature": _route(following),
                                                   "after": _route(decision)})
+        return racer
 
     def _outcome(self, attempts: Attempts, racers: list[_Racer],
                  gate: Gate) -> tuple[Any, Measurement, Failed | None]:
-        """The race decided: counted, and each racer that failed before any byte recorded
-        (the last one by the lifecycle, when none won)."""
-        hedged = len(racers) > 1
-        if hedged:
-            self.hedging.counts["won" if gate.winner > 0 else "lost"] += 1
+        """The race decided: each hedge counted (won: it sent the first byte), and each
+        racer that failed before any byte recorded (the last one by the lifecycle, when none
+        won)."""
+        for index in range(1, len(racers)):
+            self.hedging.counts["won" if gate.winner == index else "lost"] += 1
         last = racers[gate.winner] if gate.winner >= 0 else racers[-1]
         for racer in racers:
             if racer is not last and not self.lost(racer.decision):
@@ -249,17 +263,15 @@ class Hedge:
         return last.decision, last.measurement, _result(last)
 
     async def _released(self, racers: list[_Racer], gate: Gate) -> None:
-        """The hedge's reservation ends: charged as the request that lost (its prompt, when
-        it was cancelled after reaching its upstream), else as nothing."""
-        release, self.release = self.release, None
-        if release is None:
-            return
-        loser = next((r for r in racers if self.lost(r.decision)), None)
-        try:
-            await release(None if loser is None or gate.winner < 0
-                          else _route(loser.decision))
-        except Exception:  # a bug of ours must not fail the answer already given
-            log.exception("meshroute: releasing a hedge's reservation failed")
+        """The hedges' reservations end: each charged as one request that lost (its prompt:
+        it was cancelled after reaching its upstream), the rest as nothing."""
+        releases, self.releases = self.releases, []
+        losers = [_route(r.decision) for r in racers if self.lost(r.decision)]
+        for k, release in enumerate(releases):
+            try:
+                await release(losers[k] if gate.winner >= 0 and k < len(losers) else None)
+            except Exception:  # a bug of ours must not fail the answer already given
+                log.exception("meshroute: releasing a hedge's reservation failed")
 
     @staticmethod
     def _record_failure(attempts: Attempts, racer: _Racer) -> None:

@@ -3,7 +3,9 @@ may spend.
 
 A hedge starts the next ranked route beside an attempt whose first byte has not come after
 `HedgeAfter` (a quantile of that route's learned first-byte times, `p95`, or a fixed delay,
-`250ms`); the first of the two to send a byte wins, the other is cancelled (chat/hedge.py).
+`250ms`); a hedge without its first byte after its own route's delay gets the route after
+it started too, up to MAX_RACERS routes racing; the first to send a byte wins, the others
+are cancelled (chat/hedge.py).
 Hedges are capped: `HedgeCap` lets at most `max_share` of the requests it sees hedge, so a
 gateway never spends more than that share on extra upstream requests.
 """
@@ -25,6 +27,12 @@ BURST = 2.0
 # fast requests just past p95 wins nothing and spends the cap (5 % of requests pass p95 by
 # definition: the whole default cap) before the slow ones come
 MEDIAN_FACTOR = 2.0
+# routes racing for one request's first byte at most: the first and two hedges. A third
+# route helps when a tail is common enough that first and hedge are both slow (1 in 10
+# slow: 1 % of requests; docs/benchmarks/reliability.md r1); a fourth would win at most
+# the 0.1 % all three slow, for a whole request more each time, and the cap's credit (at
+# most BURST = 2 hedges) could not pay for it anyway
+MAX_RACERS = 3
 _QUANTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 _DELAY = re.compile(r"(\d+(?:\.\d+)?)(ms|s)")
 

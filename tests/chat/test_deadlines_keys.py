@@ -86,7 +86,8 @@ def _gateway(provider: Provider, chain: tuple[str, ...] = ("fastco/big",),
            "providers": [{"name": "fastco", "base_url": "http://127.0.0.1:9/v1",
                           "keys": ["env:KEY_A"],
                           "models": [{"id": "big", "tier": "large", "context": 4096},
-                                     {"id": "other", "tier": "large", "context": 4096}]}]}
+                                     {"id": "other", "tier": "large", "context": 4096},
+                                     {"id": "third", "tier": "large", "context": 4096}]}]}
     base = replace(ServeSettings(), mdns=False, seed=3, state_file=":memory:",
                    router=RouterConfig(explore_share=0.0),
                    providers=parse_providers_config(doc))  # first-byte timeout: 60 s

@@ -13,8 +13,9 @@ Nothing reaches the client before the first content byte of an answer: until the
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
 event. Every wait is bounded by the first-byte timeout, the chain's budget and the request's
 deadline, and the head's by the key's learned first-byte deadline under its load
-(chat/deadlines.py `KeyDeadlines`); a head silent between two chunks is the forwarder's idle
-timeout.
+(chat/deadlines.py `KeyDeadlines`); a head silent between two chunks by the key's learned gap
+once warm (`GapDeadlines`, as a mesh route's: a stall past it breaks the stream), else the
+forwarder's idle timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from meshroute_middleware.chat.attempts import Failed, Measurement
-from meshroute_middleware.chat.deadlines import KeyDeadlines, LearnedCut
+from meshroute_middleware.chat.deadlines import GapDeadlines, KeyDeadlines, LearnedCut
 from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
     ChatStream,
     chat_completion,
@@ -102,6 +103,7 @@ class ProviderCall:
         self.timeouts, self.clock = timeouts, clock
         self._scrubber = Scrubber(s.reveal() for keys in secrets.values() for s in keys)
         self.deadlines = KeyDeadlines()  # first-byte deadlines learned per key and load
+        self.gaps = GapDeadlines(timeouts.idle_s)  # the gap between chunks, learned per key
 
     async def __call__(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                        m: Measurement) -> Failed | None:
@@ -231,7 +233,8 @@ class ProviderCall:
                       budget: float) -> Failed | None:
         """An SSE answer: nothing is sent before its first chunk; then it is relayed
         (chat.relay) until it ends, breaks or the request's deadline cuts it."""
-        chunks = decode_stream(upstream.headers, upstream.chunks()).__aiter__()
+        paced = self.gaps.paced(got.route, upstream)
+        chunks = decode_stream(upstream.headers, paced).__aiter__()
         scrub = self._scrubber.stream()  # holds back only a possible key's start
         held = bytearray()  # held back until content (a role-only chunk is no answer yet)
         until = time.perf_counter() + budget
@@ -242,6 +245,7 @@ class ProviderCall:
         except TimeoutError:
             return _failed("timeout", "no content within the attempt's budget")
         except ForwardError as exc:
+            paced.end(exc.kind)
             return _failed("connect", str(exc))
         except UndecodableError as exc:
             return _failed("upstream_invalid", str(exc))
@@ -282,6 +286,7 @@ class ProviderCall:
                            + cr.tally.headers()})
             error = await relay(ex.send, _readable(bytes(held), chunks), cr.deadline, m,
                                 passed_on)
+            paced.end(error)
             error = "" if not error else "timeout" if error == "timeout" else "connect"
             last = b"" if chat is None or error else scrub.feed(chat.close())
             end = last + scrub.flush() + (b"" if not error else broken_event(

@@ -8,9 +8,10 @@ first byte (log-normal noise; a share of them `tail_factor` × slower), its spee
 whether its stream breaks or falls silent before its end. A policy decides what the gateway
 does about it, with the gateway's own rules: a learned first-byte deadline and gap
 (core/learned.py), a hedge after a quantile of the route's learned first-byte times capped
-by core/hedging.HedgeCap, a stream continued on the next route after a break (mid-stream
-failover), or, as the peers' clients do, the whole request sent again. Pure and seeded: one
-`random.Random` per run, no clock.
+by core/hedging.HedgeCap (and a hedge without its own first byte by its route's delay gets
+the route after it, up to core/hedging.MAX_RACERS racing), a stream continued on the next
+route after a break (mid-stream failover), or, as the peers' clients do, the whole request
+sent again. Pure and seeded: one `random.Random` per run, no clock.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..hedging import DEFAULT_MAX_SHARE, HedgeAfter, HedgeCap
+from ..hedging import DEFAULT_MAX_SHARE, MAX_RACERS, HedgeAfter, HedgeCap
 from ..learned import MIN_SAMPLES, WINDOW, learned_s, quantile
 
 
@@ -53,8 +54,11 @@ class Policy:
 
     name: str
     learned: bool = False  # first-byte deadline and gap learned per route (else the timeouts)
+    learned_gap: bool = True  # with `learned`: the gap too (False: provider streams before
+    # issue 34's provider gap, the idle timeout between chunks)
     hedge: HedgeAfter | None = None
     max_share: float = DEFAULT_MAX_SHARE
+    racers: int = MAX_RACERS  # routes racing at most (2: one hedge per request)
     on_break: str = "error"  # "error": the client gets the partial answer and an error;
     # "continue": the next route continues it (mid-stream failover); "retry": the client
     # sends the whole request again (what the peers' SDKs do)
@@ -65,6 +69,7 @@ class Policy:
 POLICIES: tuple[Policy, ...] = (
     Policy("timeouts only (peers)", on_break="retry"),
     Policy("learned deadlines", learned=True),
+    Policy("learned first byte, idle-timeout gap", learned=True, learned_gap=False),
     Policy("learned + hedge p95", learned=True, hedge=HedgeAfter(quantile=0.95)),
     Policy("learned + hedge p95, cap 15 %", learned=True, hedge=HedgeAfter(quantile=0.95),
            max_share=0.15),
@@ -72,6 +77,10 @@ POLICIES: tuple[Policy, ...] = (
            max_share=0.15),
     Policy("learned + hedge 100ms, cap 15 %", learned=True, hedge=HedgeAfter(fixed_s=0.1),
            max_share=0.15),
+    Policy("learned + hedge 100ms, cap 25 %", learned=True, hedge=HedgeAfter(fixed_s=0.1),
+           max_share=0.25),
+    Policy("learned + hedge 100ms, cap 25 %, 2 routes", learned=True,
+           hedge=HedgeAfter(fixed_s=0.1), max_share=0.25, racers=2),
     Policy("learned + continue", learned=True, on_break="continue"),
     Policy("learned + hedge p95 + continue", learned=True, hedge=HedgeAfter(quantile=0.95),
            on_break="continue"),
@@ -86,6 +95,10 @@ RELIABILITY_SCENARIOS: tuple[ReliabilityScenario, ...] = (
                               for n in _ALIKE)),
     ReliabilityScenario("r3-issue-34", "issue 34's case: 20 ms first bytes, 2 s one in 25",
                         tuple(SimRoute(n, tail_share=0.04) for n in _ALIKE)),
+    ReliabilityScenario("r4-provider-stalls", "provider streams (first byte 400 ms, chunks "
+                        "~25 ms apart) falling silent mid-answer (5 %)",
+                        tuple(SimRoute(n, ttfb_s=0.4, tps=40.0, stalls_share=0.05)
+                              for n in _ALIKE)),
 )
 
 
@@ -98,7 +111,7 @@ class ReliabilityResult:
     tokens: int = 0  # in answers delivered whole
     whole: int = 0  # answers delivered whole
     upstream: int = 0  # upstream requests sent
-    hedges: int = 0
+    hedges: int = 0  # the run's HedgeCap.hedges, its one count
 
     def summary(self) -> dict[str, float]:
         n = len(self.ttft_s)
@@ -109,10 +122,14 @@ class ReliabilityResult:
 
 
 class _Learned:
-    """Per route: its last first-byte times and longest gaps (the gateway's windows)."""
+    """Per route: its last first-byte times and longest gaps (the gateway's windows): the
+    deadlines' first bytes (`first`: heads that came, chat/forward.py) apart from the
+    hedge's (`hedged`: every race's winner and a loser's wait as a lower bound,
+    chat/hedge.py), so a loser cancelled early never lowers its route's deadline."""
 
     def __init__(self) -> None:
         self.first: dict[str, deque[float]] = {}
+        self.hedged: dict[str, deque[float]] = {}
         self.gaps: dict[str, deque[float]] = {}
 
     @staticmethod
@@ -125,7 +142,7 @@ class _Learned:
         return learned_s(times) if times is not None and len(times) >= MIN_SAMPLES else None
 
     def quantile(self, route: str, q: float) -> float | None:
-        times = self.first.get(route)
+        times = self.hedged.get(route)
         return quantile(times, q) if times is not None and len(times) >= MIN_SAMPLES else None
 
 
@@ -152,33 +169,56 @@ class _Run:
         return min(learned, self.policy.first_byte_timeout_s) if learned is not None \
             else self.policy.first_byte_timeout_s
 
-    def _opened(self, order: list[SimRoute]) -> tuple[float, SimRoute] | None:
-        """Seconds to the first byte and the route that sent it, or None (all failed)."""
-        spent = 0.0
-        for k, route in enumerate(order):
-            first = self._first_byte(route)
-            deadline = self._first_deadline(route)
-            hedge = self._hedge_delay(route) if k == 0 else None
-            if hedge is not None and first > hedge and k + 1 < len(order) and self.cap.take():
-                self.out.hedges += 1
-                other = order[k + 1]
-                second = hedge + self._first_byte(other)
-                mine = first if first <= deadline else math.inf
-                if min(mine, second) < math.inf:
-                    won = route if mine <= second else other
-                    at = min(mine, second)
-                    self.learned._add(self.learned.first, won.name, at - (0 if won is route
-                                                                          else hedge))
-                    if won is other:
-                        self.learned._add(self.learned.first, route.name, at)  # a lower bound
-                    return spent + at, won
-            if first <= deadline:
-                self.learned._add(self.learned.first, route.name, first)
-                return spent + first, route
-            spent += deadline  # cut at its deadline: the next route
-            if self.policy.learned and deadline < self.policy.first_byte_timeout_s:
-                self.learned.first.pop(route.name, None)  # cut: cold again
+    def _opened(self, order: list[SimRoute],
+                hedged: bool = True) -> tuple[float, SimRoute] | None:
+        """Seconds to the first byte and the route that sent it, or None (all failed): a
+        race on the next routes (hedged unless not `hedged`: a continuation is not, as in
+        chat/forward.py), and after a race all failed, the next."""
+        spent, k = 0.0, 0
+        while k < len(order):
+            seconds, won, used = self._race(order[k:], self.policy.racers if hedged else 1)
+            spent += seconds
+            if won is not None:
+                return spent, won
+            k += used
         return None
+
+    def _race(self, order: list[SimRoute],
+              most: int) -> tuple[float, SimRoute | None, int]:
+        """One race from `order[0]`: (seconds, the route that sent the first byte or None,
+        routes used). Each racer without its first byte by its route's hedge delay gets the
+        next route beside it, up to `most` (chat/hedge.py)."""
+        racers: list[tuple[SimRoute, float, float, float]] = []  # route, start, first, cut
+
+        def launch(route: SimRoute, start: float) -> None:
+            racers.append((route, start, self._first_byte(route), self._first_deadline(route)))
+
+        launch(order[0], 0.0)
+        while len(racers) < min(most, len(order)):
+            route, start, first, cut = racers[-1]
+            delay = self._hedge_delay(route)
+            if delay is None:
+                break
+            at = start + delay
+            if any(s + f <= at and f <= c for _, s, f, c in racers) or start + cut <= at:
+                break  # answered before, or the latest racer was cut before: no hedge
+            if not self.cap.take():
+                break
+            launch(order[len(racers)], at)
+        answered = [(s + f, r) for r, s, f, c in racers if f <= c]
+        at, won = min(answered, key=lambda a: a[0]) if answered else (math.inf, None)
+        for route, start, first, cut in racers:
+            if route is won:
+                self.learned._add(self.learned.first, route.name, first)
+                self.learned._add(self.learned.hedged, route.name, first)
+            elif start + cut <= at:  # cut at its deadline first
+                if self.policy.learned and cut < self.policy.first_byte_timeout_s:
+                    self.learned.first.pop(route.name, None)  # cut: cold again
+            else:  # a loser still waiting: its wait, a lower bound
+                self.learned._add(self.learned.hedged, route.name, at - start)
+        if won is None:
+            return max(s + c for _, s, _, c in racers), None, len(racers)
+        return at, won, len(racers)
 
     def _hedge_delay(self, route: SimRoute) -> float | None:
         after = self.policy.hedge
@@ -200,7 +240,7 @@ class _Run:
         seconds = at * gap
         if draw >= route.breaks_share:  # silent: cut at the learned gap or the idle timeout
             learned = (self.learned._deadline(self.learned.gaps, route.name)
-                       if self.policy.learned else None)
+                       if self.policy.learned and self.policy.learned_gap else None)
             seconds += min(learned or math.inf, self.policy.idle_timeout_s)
             self.learned.gaps.pop(route.name, None)
         return seconds, at, False
@@ -221,7 +261,7 @@ class _Run:
         if not whole and policy.on_break != "error":
             at = order.index(route) + 1
             rest = order[at:] + order[:at]
-            again = self._opened(rest)
+            again = self._opened(rest, hedged=policy.on_break != "continue")
             if again is not None:
                 left = tokens - done if policy.on_break == "continue" else tokens
                 more, _, whole = self._streamed(again[1], left)
@@ -238,4 +278,5 @@ def run_reliability(scenario: ReliabilityScenario, policy: Policy,
     run = _Run(scenario, policy, seed)
     for i in range(scenario.requests):
         run.request(i)
+    run.out.hedges = run.cap.hedges
     return run.out
