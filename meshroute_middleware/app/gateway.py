@@ -140,7 +140,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     embeddings = build_embeddings_router(router, seed=settings.seed)
-    telemetry = Telemetry(router, ClientEvents())  # events name their request's client
+    telemetry = Telemetry(router, ClientEvents(),  # events name their request's client
+                          embeddings_router=embeddings)
     mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
