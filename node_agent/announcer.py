@@ -22,10 +22,11 @@ from .mdns import NODE_SERVICE, TRACKER_SERVICE, encode_record, open_zeroconf, s
 log = logging.getLogger("meshroute.node_agent")
 
 UPDATE_MIN_INTERVAL_S = 1.0  # at most one TXT update a second: each one multicasts a packet
-# ... but a change of the engine's load alone (`held`) goes out within a quarter second:
-# trackers take it as the requests others sent (core/node_load.py), and a second-old count
-# on a node serving answers of a few seconds misleads them (docs/architecture.md, "One
-# node, several trackers").
+# ... but a change of the engine's load alone (`held`, with the `queue` that moves with it
+# once its slots are full) goes out within a quarter second: trackers take it as the
+# requests others sent (core/node_load.py), and a second-old count on a node serving
+# answers of a few seconds misleads them (docs/architecture.md, "One node, several
+# trackers"; issue 31: "within a fraction of a second").
 HELD_MIN_INTERVAL_S = 0.25
 TPS_CHANGE_SHARE = 0.10  # a tps change below 10 % is noise, not news
 CACHE_HIT_CHANGE = 0.05  # nor is a prefix-cache hit rate moving by less than 5 points
@@ -80,8 +81,9 @@ def next_record(record: NodeRecord, queue: int, tps: float,
 
 def min_interval(old: NodeRecord, new: NodeRecord, interval_s: float) -> float:
     """The seconds to keep between publications before `new` may follow `old`: the
-    shorter HELD_MIN_INTERVAL_S when only the engine's load (`held`) changed."""
-    if old.held != new.held and replace(old, held=new.held) == new:
+    shorter HELD_MIN_INTERVAL_S when only the engine's load changed (`held`, and the
+    `queue` beside it: the waiting requests are part of the load)."""
+    if old.held != new.held and replace(old, held=new.held, queue=new.queue) == new:
         return min(interval_s, HELD_MIN_INTERVAL_S)
     return interval_s
 

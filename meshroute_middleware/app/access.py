@@ -47,13 +47,14 @@ class AccessRecord:
     stream (tests/chat/test_stream_footprint.py counts them)."""
 
     __slots__ = ("_receive", "_send", "attempts", "body", "clock", "completion_tokens", "cut",
-                 "error", "meter", "prompt_tokens", "route", "start", "state", "status",
-                 "ttfb_ms")
+                 "error", "logged", "meter", "prompt_tokens", "route", "start", "state",
+                 "status", "ttfb_ms")
 
     def __init__(self, state: dict[str, Any], receive: Receive, send: Send,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], logged: bool = True) -> None:
         self.state = state  # the scope's: the client, once authenticated
         self._receive, self._send, self.clock = receive, send, clock
+        self.logged = logged  # a line will be written (else no body head, no meter)
         self.start = clock()
         self.body = b""  # the request body's head, as it arrived (its `model`)
         self.cut = False  # whether the body went on past _MAX_MODEL_BODY
@@ -122,7 +123,7 @@ class AccessRecord:
             self.attempts = 1
         if self.status >= 400:
             self.error = bytearray()
-        elif self.client() is None:  # a client's tokens come from its meter (AccessCounters)
+        elif self.logged and self.client() is None:  # a client's come from AccessCounters
             self.meter = TokenMeter(streaming=is_sse(headers))
 
     def _error(self) -> dict[str, Any]:
@@ -185,7 +186,8 @@ class AccessLog:
     """ASGI wrapper: one `meshroute.access` line per request on `paths` (when INFO is on).
     With `clients()` true (any [[clients]] configured now: a reload may add some), a request's
     record is kept with the log off too, for its events' `client` and a client refusal's
-    `rejected` event; with neither, a request passes straight through."""
+    `rejected` event (without the body's head or the answer's tokens, which only the line
+    reads); with neither, a request passes straight through."""
 
     def __init__(self, app: ASGIApp, telemetry: Telemetry, paths: Iterable[str],
                  clock: Callable[[], float] = time.perf_counter,
@@ -204,10 +206,10 @@ class AccessLog:
         state = scope.get("state")
         if not isinstance(state, dict):
             scope["state"] = state = {}
-        record = AccessRecord(state, receive, send, self.clock)
+        record = AccessRecord(state, receive, send, self.clock, logged)
         token = ACCESS.set(record)
-        try:
-            await self.app(scope, record.receive, record)
+        try:  # the body's head is kept for the line's `model` only
+            await self.app(scope, record.receive if logged else receive, record)
         finally:
             ACCESS.reset(token)
             self._done(scope, record, logged)

@@ -5,8 +5,8 @@ At shutdown (app/run.py, SIGTERM or Ctrl-C) `stop_accepting()` closes the routin
 so event streams (/v1/routing/events, the dashboard's EventSource) end cleanly, and answers a
 new chat request on a connection still open with a 503; `settle()` waits for the chat
 requests in flight to finish, up to `--drain-timeout` (issue 33). What is still open then is
-cut (`drain()`): every chat request still being served is cancelled, which settles its
-attempts as any cancellation does;
+cut (`drain()`): every chat request still being served is cancelled, its attempts ended
+without a record (the cut is ours: it says nothing of a route, chat/relay.py `cut_by_us`);
 its client then gets, in place of the rest: a 503 JSON error when nothing was sent yet, the
 SSE error event and the stream's end mid-stream, and a JSON answer already under way is cut
 short without its final chunk (never passed off as complete). The other APIs' requests
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshroute_middleware.chat.dialects import DIALECTS
 from meshroute_middleware.chat.headers import is_sse
+from meshroute_middleware.chat.relay import DRAIN_STATE
 from meshroute_middleware.core.contracts.error_body import sse_error_event
 from meshroute_middleware.http.errors import SHUTTING_DOWN_MESSAGE, HttpError
 from meshroute_middleware.http.request import PATHS
@@ -109,6 +110,7 @@ class Drain:
             assert task is not None
         state = _Open()
         self._open[task] = state
+        scope[DRAIN_STATE] = state  # a cut answer teaches its route nothing (chat/relay.py)
 
         async def tracked(message: Message) -> None:
             state.last = message

@@ -5,8 +5,9 @@ for the page's first polls (`GET /v1/routing/chain` per chain, `GET /v1/usage`).
 The documents are those endpoints' own: each chain as `/v1/routing/chain?model=M` answers it
 (kept when it says more than a mesh route does: several routes or a provider one, as the page
 keeps them), the usage as `/v1/usage?group_by=client,route` answers an admin. Usage goes into
-the page only for whom `/v1/usage` would show it without a key: a loopback browser of a
-gateway with no admin token; anyone else's page fetches it, with its token, as before.
+the page only for whom `/v1/usage` would show it without a key (its own rule, `open_to`: a
+loopback browser of a gateway with no admin token); anyone else's page fetches it, with its
+token, as before.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from meshroute_middleware.core import UnknownModelError
 from meshroute_middleware.core.clients_budget import usage_report
 from meshroute_middleware.core.objectives import DEFAULT_OBJECTIVE
 from meshroute_middleware.core.providers.chain import InvalidModelError
-from meshroute_middleware.http.access import is_loopback_client
+from meshroute_middleware.http.usage_api import UsageAPI
 from meshroute_middleware.state.limits import LimitsStoreDown
 
 if TYPE_CHECKING:
@@ -30,10 +31,11 @@ USAGE_GROUPS = ("client", "route")  # the page's own query (static/dashboard.htm
 
 class FirstPaint:
     """`await first_paint(request)`: {"chains": {model: view}, "usage": rows}, each present
-    when there is something to show; read from `gateway` as it is now (a reload included)."""
+    when there is something to show; read from `gateway` as it is now (a reload included),
+    the usage as `usage` (the gateway's `/v1/usage`) shows it."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, gateway: Gateway, usage: UsageAPI) -> None:
+        self.gateway, self.usage_api = gateway, usage
 
     async def __call__(self, request: Request) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -76,9 +78,8 @@ class FirstPaint:
         return out
 
     async def usage(self, request: Request) -> list[dict[str, Any]] | None:
-        settings, spend = self.gateway.config.settings, self.gateway.spend
-        if spend is None or settings.admin_token or settings.node_token \
-                or not is_loopback_client(request):
+        spend = self.usage_api.spend
+        if spend is None or not self.usage_api.open_to(request):
             return None
         try:
             rows = await spend.usage_rows(None, 0.0)

@@ -140,7 +140,8 @@ def _build_gateway(config: GatewayConfig, store: StateStore | None,
     router = build_router(settings.router, seed=settings.seed, origin=config.tracker_id,
                           clock=clock)
     embeddings = build_embeddings_router(router, seed=settings.seed)
-    telemetry = Telemetry(router, ClientEvents())  # events name their request's client
+    telemetry = Telemetry(router, ClientEvents(),  # events name their request's client
+                          embeddings_router=embeddings)
     mesh = Mesh(router, telemetry, settings.max_nodes, Listening.on(settings.host, settings.port))
     if settings.nodes_file:
         load_static_nodes(mesh, settings.nodes_file)
@@ -215,12 +216,13 @@ def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:
         max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s,
         refresh=None if gw.gates is None else gw.gates.refresh).routes()
     assert gw.spend is not None
-    extra = [*extra, *UsageAPI(gw.spend, config.clients, admin_token=admin).routes()]
+    usage = UsageAPI(gw.spend, config.clients, admin_token=admin)
+    extra = [*extra, *usage.routes()]
     inner: Starlette = build_api_app(GatewayAPI(
         gw.mesh, settings.node_token, admin_token=admin, warnings=config_warnings(config),
         providers=providers, embeddings_router=gw.embeddings_router,
         embeddings_providers=None if chat is None else chat.embeddings_providers,
-        first_paint=FirstPaint(gw)), extra)
+        first_paint=FirstPaint(gw, usage)), extra)
     if lifespan is not None:
         inner.router.lifespan_context = lifespan
     # one guard in front of every endpoint, chat included (Host, Origin, Content-Type)

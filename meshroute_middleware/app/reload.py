@@ -42,13 +42,24 @@ class Reloader:
     def __init__(self, gateway: Gateway, reread: Callable[[], ServeSettings],
                  environ: Mapping[str, str]) -> None:
         self.gateway, self.reread, self.environ = gateway, reread, environ
-        self._running: asyncio.Task[bool] | None = None
+        self._running: asyncio.Task[None] | None = None
+        self._again = False  # a signal came during the reload running now
 
     def soon(self) -> None:
-        """Start a reload on the running loop (one at a time; a signal during one is folded
-        into it)."""
+        """Start a reload on the running loop, one at a time: signals during one are folded
+        into one more after it (the file may have changed after it was read)."""
         if self._running is None or self._running.done():
-            self._running = asyncio.get_running_loop().create_task(self.reload())
+            self._running = asyncio.get_running_loop().create_task(self._reloads())
+        else:
+            self._again = True
+
+    async def _reloads(self) -> None:
+        """Reload, and again while a signal came during the last one."""
+        again = True
+        while again:
+            self._again = False
+            await self.reload()
+            again = self._again
 
     async def reload(self) -> bool:
         """Read and apply the config; False (and one log line) when it has an error."""

@@ -37,7 +37,7 @@ from meshroute_middleware.chat.headers import (
 )
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets
-from meshroute_middleware.chat.relay import broken_text, relay
+from meshroute_middleware.chat.relay import broken_text, cut_by_us, relay
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
@@ -205,8 +205,11 @@ class ForwardMode:
         except BaseException as exc:  # cancelled (the client left, a hedge won) or a bug
             upstream.close()
             m.last = time.perf_counter()
-            attempts.settle(decision, m, error,
-                            gone=ex.gone or isinstance(exc, asyncio.CancelledError))
+            if cut_by_us(ex.scope, exc):  # stopping: our cut, not the route's doing
+                attempts.router.cancel(decision)
+            else:
+                attempts.settle(decision, m, error,
+                                gone=ex.gone or isinstance(exc, asyncio.CancelledError))
             raise
         upstream.close()
         m.last = time.perf_counter()

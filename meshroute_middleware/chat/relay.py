@@ -5,7 +5,8 @@ Forward mode, a provider chain's calls and the mitmproxy addon's relay all strea
 (through the path's `transform`, if any: a translation, a key scrubber) and counted on its way
 by the attempt's Measurement, so the client never waits for the bookkeeping. The caller sends
 the response start before and the last body part after (`broken_text` says how a stream that
-broke off ends: the API's error event).
+broke off ends: the API's error event). An answer the gateway itself cut as it stops
+(`cut_by_us`) is no sample of its route.
 """
 
 from __future__ import annotations
@@ -15,19 +16,32 @@ import time
 from collections.abc import AsyncIterable, Callable
 from typing import Literal
 
-from starlette.types import Send
+from starlette.types import Scope, Send
 
 from meshroute_middleware.chat.attempts import Measurement
 from meshroute_middleware.core.kinds import ErrorKind
-from meshroute_middleware.forwarding.client import ForwardError
+from meshroute_middleware.forwarding.client import ForwarderClosed, ForwardError
 
 BROKEN_TEXT = "the route failed mid-stream; partial response"
 STALLED_TEXT = "the route stalled or the request's deadline ran out; partial response"
+# A served request's scope holds its drain state here (app/drain.py: `cut` once the drain
+# cut the request short as the server stops).
+DRAIN_STATE = "meshroute.drain"
 
 
 def broken_text(error: str) -> str:
     """What the error event of a stream that broke off with `error` says."""
     return STALLED_TEXT if error == "timeout" else BROKEN_TEXT
+
+
+def cut_by_us(scope: Scope, exc: BaseException) -> bool:
+    """Whether `exc` ends an answer the gateway itself cut as it stops: its forwarder closed
+    under the answer (ForwarderClosed), or the drain cut the request (its cancellation). The
+    route did nothing: such an answer teaches it nothing, neither a sample nor a failure."""
+    if isinstance(exc, ForwarderClosed):
+        return True
+    return isinstance(exc, asyncio.CancelledError) \
+        and getattr(scope.get(DRAIN_STATE), "cut", False) is True
 
 
 async def relay(send: Send, chunks: AsyncIterable[bytes], deadline: float,

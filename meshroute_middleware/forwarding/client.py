@@ -44,6 +44,7 @@ HOP_BY_HOP = frozenset({
     b"accept-encoding", b"proxy-connection",
 })
 _ERROR_BODY_LIMIT = 64 * 1024
+_CONNECTION_CLOSED = "Connection closed."  # aiohttp's RuntimeError (streams.py `_wait`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,7 @@ class _AiohttpResponse:
     headers: list[tuple[bytes, bytes]]
     raw: aiohttp.ClientResponse
     idle_s: float
+    cut_off: bool = False  # the forwarder closed under it (`cut`)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         # The silence between two chunks is bounded by aiohttp's own read timer, the
@@ -148,14 +150,21 @@ class _AiohttpResponse:
             raise ForwardError("stream", f"the head stalled {what}") from exc
         except aiohttp.ClientError as exc:
             raise ForwardError("stream", f"the head failed mid-response: {exc!r}") from exc
-        except RuntimeError as exc:  # aiohttp's "Connection closed.": the session closed
-            raise ForwarderClosed("upstream connections closed mid-response") from exc
+        except RuntimeError as exc:
+            # aiohttp's "Connection closed.": a read found the connection already closing.
+            # Ours only when the forwarder closed (`cut`); else the head's connection broke.
+            if self.cut_off:
+                raise ForwarderClosed("upstream connections closed mid-response") from exc
+            if str(exc) != _CONNECTION_CLOSED:
+                raise  # no failure of the head's: a bug, reported as one
+            raise ForwardError("stream", "the head's connection closed mid-response") from exc
 
     def close(self) -> None:
         self.raw.close()
 
     def cut(self) -> None:
         """The forwarder closes: a read waiting now, or the next, raises ForwarderClosed."""
+        self.cut_off = True
         self.raw.content.set_exception(
             ForwarderClosed("upstream connections closed mid-response"))
 

@@ -249,7 +249,8 @@ class GatewayAPI:
                     row["in_flight"] = max(row["in_flight"], flying.get(row["signature"], 0))
         if self.embeddings_router is not None:
             table["embeddings"] = embeddings_table(self.embeddings_router, model,
-                                                   self.embeddings_providers)
+                                                   self.embeddings_providers,
+                                                   self.telemetry.route_in_flight("embeddings"))
         if self.warnings:
             table["config"]["warnings"] = self.warnings
         if self.telemetry.requests is not None:

@@ -3,6 +3,7 @@ request may use though no listing shows it, and the embeddings part of /v1/routi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from meshroute_middleware.core import Router
@@ -59,17 +60,26 @@ def routable_model(cfg: ProvidersConfig, model: str) -> dict[str, Any] | None:
 
 
 def embeddings_table(router: Router, model: str | None,
-                     providers: ProviderRouter | None = None) -> dict[str, Any]:
+                     providers: ProviderRouter | None = None,
+                     flying: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The embeddings statistics of the models with embeddings traffic, over their routes
     that declare `embeddings`: `tps` there is inputs per second (also as `inputs_per_s`),
-    `ttfb_ms` the whole answer's latency (also as `latency_ms`: it comes in one piece)."""
+    `ttfb_ms` the whole answer's latency (also as `latency_ms`: it comes in one piece). A
+    route's `in_flight` is the whole gateway's when `flying` counts every worker's."""
     out: dict[str, Any] = {}
-    # only the models embeddings were sent to: a table per model costs (shares are sampled)
-    measured = {key[0] for key, _ in router.stats} if model is None else {model}
+    flying = flying or {}
+    # only the models embeddings were sent to (or go to now): a table per model costs (shares
+    # are sampled)
+    busy = {**router.own_in_flight(), **flying}
+    measured = ({key[0] for key, _ in router.stats}
+                | {sig.partition("|")[0] for sig, n in busy.items() if n}
+                if model is None else {model})
     for name in sorted(m for m in measured if router.topology.model(m) is not None):
         entry = router.routing_table(name)["models"][name]
         capable = {r.signature for r in router.candidates(name, NEEDS["embeddings"])}
         rows = [r for r in entry["candidates"] if r["signature"] in capable]
+        for row in rows:
+            row["in_flight"] = max(row["in_flight"], flying.get(row["signature"], 0))
         if not any(r["successes"] or r["failures"] or r["in_flight"] for r in rows):
             continue  # no embeddings traffic: chat's table says all there is
         total = sum(r["share"] for r in rows)

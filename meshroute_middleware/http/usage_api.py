@@ -81,11 +81,18 @@ class UsageAPI:
         return JSONResponse({"object": "list", "group_by": ",".join(groups), "since": since,
                              "client": client, "data": data})
 
+    def open_to(self, request: Request) -> bool:
+        """Whether `request` sees every client's usage without a key: it presents none, no
+        admin token is set and its peer is loopback (the one rule: the dashboard's first
+        paint asks it too, app/firstpaint.py)."""
+        return (not self.admin_token and is_loopback_client(request)
+                and not presented_keys(request.scope.get("headers", ())))
+
     def _caller(self, request: Request) -> Client | Response | None:
         """The client whose key this is; None for the admin; else the 401 to answer."""
         keys = presented_keys(request.scope.get("headers", ()))  # the chat path's one reader
         if not keys:
-            if not self.admin_token and is_loopback_client(request):
+            if self.open_to(request):
                 return None
             return HttpError.MISSING_API_KEY.response(
                 "/v1/usage needs the admin token or a client's key "

@@ -230,11 +230,22 @@ def _embeddings_outcome_fields(event: tuple[Selected, Outcome, str]) -> Payload:
     return {**_outcome_fields(event), "kind": "embeddings"}
 
 
+def _route_in_flight(name: str, text: str, router: Router) -> GaugeMetricFamily:
+    """`router`'s own attempts open on each mesh route (routes with none left out: a route's
+    series comes and goes with its traffic, bounded by the routes in use)."""
+    family = GaugeMetricFamily(name, text, labels=["signature"])
+    for signature, count in sorted(router.own_in_flight().items()):
+        family.add_metric([signature], count)
+    return family
+
+
 class Telemetry:
     """Events and metrics of one gateway; its own registry, so several can live in a process."""
 
-    def __init__(self, router: Router, events: EventBus | None = None) -> None:
+    def __init__(self, router: Router, events: EventBus | None = None,
+                 embeddings_router: Router | None = None) -> None:
         self.events = events or EventBus()
+        self.embeddings_router = embeddings_router  # embeddings' own statistics and counts
         self.registry = CollectorRegistry()
         self.decisions: dict[tuple[str, str], int] = {}  # (model, mode) -> n
         self.outcomes: dict[tuple[str, str], int] = {}  # (model, result) -> n
@@ -302,23 +313,20 @@ class Telemetry:
         in_flight = GaugeMetricFamily("meshroute_in_flight", "Requests being served")
         in_flight.add_metric([], self.in_flight)
         yield in_flight
-        yield self._route_in_flight()
+        yield _route_in_flight("meshroute_route_in_flight", "Attempts in flight on a mesh route",
+                               self._learned.router)
+        if self.embeddings_router is not None:
+            yield _route_in_flight("meshroute_embeddings_route_in_flight",
+                                   "Embeddings attempts in flight on a mesh route",
+                                   self.embeddings_router)
 
-    def _route_in_flight(self) -> GaugeMetricFamily:
-        """This process's own attempts open on each mesh route (routes with none left out:
-        a route's series comes and goes with its traffic, bounded by the routes in use)."""
-        family = GaugeMetricFamily("meshroute_route_in_flight",
-                                   "Attempts in flight on a mesh route", labels=["signature"])
-        for signature, count in sorted(self._learned.router.own_in_flight().items()):
-            family.add_metric([signature], count)
-        return family
-
-    def route_in_flight(self) -> dict[str, int] | None:
-        """Each mesh route's attempts in flight in the whole gateway, every worker's (None:
-        one process, whose routing table counts its own already)."""
+    def route_in_flight(self, kind: str = "chat") -> dict[str, int] | None:
+        """Each mesh route's attempts in flight in the whole gateway, every worker's, of chat
+        or of `embeddings` (None: one process, whose routing table counts its own already)."""
         if self.workers is None:
             return None
-        return self.workers.counts(self).in_flight
+        counts = self.workers.counts(self)
+        return counts.embeddings_in_flight if kind == "embeddings" else counts.in_flight
 
     def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
         """Export more metrics (gossip, discovery) computed at scrape time."""

@@ -33,6 +33,7 @@ SYNC_S = 0.5  # how old a sibling's counts may be in a scrape (plus the 1 s rend
 GAUGE_MODES: dict[str, str] = {
     "meshroute_in_flight": "livesum",  # requests being served, by the whole gateway
     "meshroute_route_in_flight": "livesum",  # attempts open on a route (/v1/routing)
+    "meshroute_embeddings_route_in_flight": "livesum",  # embeddings' (/v1/routing)
     "meshroute_event_subscribers": "livesum",  # open event streams, on any worker
     "meshroute_service_up": "livemin",  # 0 while the service is restarting in any worker
     "meshroute_gossip_peers": "livemin",  # the worker knowing the fewest peers

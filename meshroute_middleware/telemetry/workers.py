@@ -50,6 +50,7 @@ class GatewayCounts:
     requests: dict[str, int]
     objectives: dict[str, int]
     in_flight: dict[str, int]  # attempts open on each mesh route, by signature
+    embeddings_in_flight: dict[str, int]  # embeddings attempts, likewise
 
 
 class _Families:
@@ -135,6 +136,8 @@ class WorkerMetrics:
                                _by_label(merged.get("meshroute_objective_requests"),
                                          "objective", OBJECTIVES),
                                _by_label(merged.get("meshroute_route_in_flight"),
+                                         "signature", ()),
+                               _by_label(merged.get("meshroute_embeddings_route_in_flight"),
                                          "signature", ()))
         self._counts = (now, counts)
         return counts

@@ -8,14 +8,19 @@ import json
 import logging
 import signal
 from pathlib import Path
+from typing import cast
 
+import anyio
 import httpx
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
+from meshroute_middleware.app.access import ACCESS, AccessLog
 from meshroute_middleware.app.config import GatewayConfig, limits_store_name
 from meshroute_middleware.app.gateway import build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.core.clients import parse_clients
+from meshroute_middleware.telemetry.metrics import Telemetry
 
 from ..upstream import FakeChat, ServerThread, serve_process
 
@@ -104,3 +109,39 @@ def test_events_name_the_client_and_an_rpm_refusal_is_a_rejected_event(
 def test_the_limits_store_is_named_without_its_password(store: str | None, state: str | None,
                                                         name: str) -> None:
     assert limits_store_name(ServeSettings(limits_store=store, state_file=state)) == name
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.WARNING])  # the access log on, off
+def test_the_body_and_the_answer_are_read_only_for_a_line(
+        caplog: pytest.LogCaptureFixture, level: int) -> None:
+    """With clients configured a request keeps its record with the log off too (its events
+    name the client), but nothing reads its body's head or its answer's tokens then: neither
+    is copied."""
+    body = json.dumps({"model": "m", "messages": HI}).encode()
+    seen: dict[str, object] = {}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["body"] == body
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"choices": []}'})
+        record = ACCESS.get()
+        assert record is not None
+        seen["body"], seen["meter"] = record.body, record.meter
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Message) -> None:
+        pass
+
+    logged = AccessLog(app, cast(Telemetry, None), ["/v1/chat/completions"],
+                       clients=lambda: True)
+    caplog.set_level(level, logger="meshroute.access")
+    anyio.run(logged, {"type": "http", "path": "/v1/chat/completions"}, receive, send)
+    if level == logging.INFO:
+        assert seen["body"] == body and seen["meter"] is not None
+        assert [r.access["model"] for r in caplog.records  # type: ignore[attr-defined]
+                if r.name == "meshroute.access"] == ["m"]
+    else:
+        assert seen == {"body": b"", "meter": None}

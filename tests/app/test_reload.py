@@ -3,7 +3,7 @@ config read again; what the gateway learned stays; a config with an error change
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -61,3 +61,34 @@ def test_a_reload_with_an_error_changes_nothing(
     refused = [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()]
     assert len(refused) == 2 and "'typo-model'" in refused[0], refused
     assert "needs a restart" in refused[1]
+
+
+def test_signals_during_a_reload_fold_into_one_more_after_it() -> None:
+    """SIGHUP while a reload runs (its file may have changed after it was read): one more
+    reload after it, however many came; none is lost, none runs beside another."""
+    reloader = Reloader(cast(Any, None), ServeSettings, ENV)
+    started: list[int] = []
+    release = anyio.Event()
+
+    async def reload() -> bool:
+        started.append(len(started))
+        await release.wait()
+        return True
+
+    reloader.reload = reload  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        reloader.soon()
+        await anyio.sleep(0)
+        assert started == [0]
+        reloader.soon()  # two signals during the first reload
+        reloader.soon()
+        await anyio.sleep(0)
+        assert started == [0]  # not beside it
+        release.set()
+        running = reloader._running
+        assert running is not None
+        await running
+        assert started == [0, 1]  # one more, after it
+
+    anyio.run(scenario)

@@ -6,8 +6,9 @@ through uvicorn, so ~100 ms with 1,000 streams open). Here, in-process (the chat
 aiohttp's client and asyncio; no uvicorn), the objects that N more open streams keep alive,
 per stream, must stay under a generous bound: a per-chunk list that grows, a closure or a
 task per chunk, a second timer per stream would cross it. The counts are taken when every
-stream has had a chunk and waits for the next, with no await between the collection and the
-count, so nothing here depends on timing."""
+stream has had its head's HELD_AFTER chunks and waits for a next one that never comes (the
+head holds every answer there), with no await between the collection and the count: no chunk
+is in flight however slow the machine is, so nothing here depends on timing."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from meshroute_middleware.app.gateway import Gateway, build_gateway
 from meshroute_middleware.app.settings import ServeSettings
 from meshroute_middleware.chat import watchdog
 from meshroute_middleware.core import RouterConfig
-from meshroute_middleware.forwarding.client import AiohttpForwarder
+from meshroute_middleware.forwarding.client import AiohttpForwarder, ForwardTimeouts
 
 from ..upstream import heads_elsewhere
 
@@ -43,21 +44,44 @@ N = 40
 # 101.6 -> 104.9 on 2026-12-07, evening (issue 34): the stream's transcript kept for a
 # mid-stream failover (chat/continuation.py) and the learned gap's pacer (chat/deadlines.py
 # Paced), one small slotted object each plus what they hold; 120.6 seen once for Responses
-# under a loaded parallel run (115.9 quiet).
+# under a loaded parallel run (115.9 quiet), the chunks in flight counted with the streams.
+# Counted at rest (the head holds every stream after HELD_AFTER chunks), 2026-12-07: chat
+# 104.5-104.9, Responses 119.0, the same with 1, 4, 16 or 64 chunks per stream and at load 8.
 MAX_OBJECTS_PER_STREAM = 108
 # A /v1/responses stream adds its translation: the request's echo (its tools, text format),
 # the stream's items and the SSE line splitter. Measured 2026-12-02: 114.3 per stream (98.6
 # for chat in the same runs), the same in three runs; a list or closure per chunk crosses it.
 MAX_OBJECTS_PER_RESPONSES_STREAM = 123
 
-# A head streaming one token every 0.2 s for far longer than the test: every stream stays open.
+# A head streaming HELD_AFTER tokens at once, then holding every answer open (a wait, no
+# polling): the streams stay open, idle, for as long as the test runs.
+HELD_AFTER = 16
 _HEAD = """
-import json, sys
-from tests.upstream import FakeChat, ServerThread
-server = ServerThread(FakeChat("slow", tokens=10_000, token_delay_s=0.2).app()).__enter__()
+import asyncio, json, sys
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+from tests.upstream import ServerThread
+
+def chunk(i):
+    delta = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
+    return ("data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0,
+                                   "model": "m", "choices": [delta]}) + "\\n\\n").encode()
+
+async def chat(request):
+    await request.body()
+    async def stream():
+        for i in range(HELD_AFTER):
+            yield chunk(i)
+        await asyncio.Event().wait()
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+server = ServerThread(app).__enter__()
 print(json.dumps(server.url), flush=True)
 sys.stdin.read()
-"""
+""".replace("HELD_AFTER", str(HELD_AFTER))
+LAST = f"t{HELD_AFTER - 1} ".encode()  # the last token the head sends
 
 
 @pytest.fixture
@@ -77,7 +101,8 @@ def head() -> Iterator[str]:
 @pytest.fixture
 async def gateway(head: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
     monkeypatch.setattr(watchdog, "WATCH_AFTER_S", 0.0)  # every stream gets its watcher
-    forwarder = AiohttpForwarder()
+    # a held stream is not cut for its silence while the test runs (pytest's timeout bounds it)
+    forwarder = AiohttpForwarder(ForwardTimeouts(idle_s=3600.0))
     gw = build_gateway(ServeSettings(mdns=False, seed=7,
                                      router=RouterConfig(explore_share=0.0)),
                        forwarder=forwarder)
@@ -93,12 +118,13 @@ RESPONSES = ("/v1/responses", {"model": "m", "stream": True, "input": "hi"})
 
 
 class Stream:
-    """One chat stream straight into the ASGI app; counts chunks, keeps none."""
+    """One chat stream straight into the ASGI app; counts chunks, keeps none; `held` once the
+    head's last token came through (nothing more will)."""
 
     def __init__(self, app: Any, api: tuple[str, dict[str, Any]] = CHAT) -> None:
         self.path, self.body = api
         self.chunks = 0
-        self.first = asyncio.Event()
+        self.held = asyncio.Event()
         self.task = asyncio.ensure_future(app(self.scope(), self.receive, self.send))
         self._delivered = False
 
@@ -119,7 +145,8 @@ class Stream:
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
             self.chunks += 1
-            self.first.set()
+            if LAST in message["body"]:
+                self.held.set()
 
 
 def _tracked() -> int:
@@ -132,14 +159,14 @@ def _tracked() -> int:
 async def test_an_open_stream_keeps_few_objects_alive(
         gateway: Gateway, api: tuple[str, dict[str, Any]], bound: int) -> None:
     warm = [Stream(gateway.app, api) for _ in range(4)]  # pools, caches, the watchdog's timer
-    await asyncio.gather(*(s.first.wait() for s in warm))
+    await asyncio.gather(*(s.held.wait() for s in warm))
     streams: list[Stream] = []
     try:
         counts = []
         for _ in range(2):
             batch = [Stream(gateway.app, api) for _ in range(N)]
             streams += batch
-            await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in batch)), 60)
+            await asyncio.gather(*(s.held.wait() for s in batch))  # pytest's timeout bounds it
             counts.append(_tracked())
         per_stream = (counts[1] - counts[0]) / N
         assert all(not s.task.done() for s in streams)  # all still open

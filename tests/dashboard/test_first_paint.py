@@ -66,6 +66,23 @@ def test_usage_stays_out_of_the_page_when_an_admin_token_guards_it(
     assert "usage" not in doc and "auto" in doc["chains"]
 
 
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer key-alice"},
+                                     {"x-api-key": "not-a-key"}])
+def test_the_page_holds_the_usage_just_when_v1_usage_shows_it_for_the_same_request(
+        fakes: tuple[FakeProvider, FakeProvider], headers: dict[str, str]) -> None:
+    """One rule for both (`UsageAPI.open_to`): a page asked for with a key gets no ledger of
+    every client's, as `/v1/usage` with that key shows none."""
+    fast, slow = fakes
+    with served(priced_doc(fast, slow), [make_client("alice")], FakeClock(T0)) as gw:
+        assert gw.chat("alice").status_code == 200
+        doc = _snapshot(gw.url, **headers)
+        usage = httpx.get(f"{gw.url}/v1/usage?group_by=client,route", headers=headers)
+    if headers:  # no client of this gateway's: /v1/usage refuses it, the page holds none
+        assert usage.status_code == 401 and "usage" not in doc, doc.get("usage")
+    else:
+        assert doc["usage"] == usage.json()["data"] and doc["usage"]
+
+
 class Stalled:
     """The gateway with its polled documents held back (until the test ends): what the page
     shows then, it had from its first paint."""

@@ -17,9 +17,11 @@ LOOPBACK = "127.0.0.1"  # zeroconf on loopback: its default interfaces multicast
 
 
 # How long a test waits for something that must happen (discovery, a goodbye, a route): a
-# bound that a loaded 2-core machine keeps. How fast it happens is measured by
-# benchmarks/bench_discovery.py (docs/benchmarks.md), not asserted here.
-PATIENCE_S = 30.0
+# bound that a loaded 2-core machine keeps, a process's start included (15-35 s at load
+# 20-33, docs/benchmarks/suite.md; 30 s was missed: tests/upstream.py's SERVE_PATIENCE_S).
+# How fast it happens is measured by benchmarks/bench_discovery.py (docs/benchmarks.md), not
+# asserted here.
+PATIENCE_S = 90.0
 
 
 class RecordingSink:

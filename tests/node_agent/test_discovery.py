@@ -42,7 +42,7 @@ async def test_node_process_found_then_removed_by_goodbye_and_by_health(
 
         polite.send_signal(signal.SIGTERM)
         await sink.wait_for(lambda: "polite" not in sink.records, PATIENCE_S)
-        assert polite.wait(5) == 0
+        assert polite.wait(PATIENCE_S) == 0
         assert "polite" not in discovery.down  # the goodbye removed it, not health checks
 
         killed.kill()

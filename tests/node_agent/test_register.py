@@ -24,7 +24,7 @@ from node_agent.cli import node_settings
 from node_agent.register import HttpRegistrar, parse_trackers
 
 from ..upstream import ServerThread
-from .conftest import LOOPBACK
+from .conftest import LOOPBACK, PATIENCE_S
 from .test_plain_backends import _free_port, processes, until
 
 __all__ = ["processes"]  # the fixture, used by name below
@@ -152,6 +152,7 @@ async def test_a_tracker_down_or_refusing_is_retried_and_the_record_refreshed(
     assert fake.deletes == ["n1"]
 
 
+@pytest.mark.timeout(3 * PATIENCE_S)  # two process starts one after the other, then a stop
 def test_a_node_process_registers_over_http_and_leaves_on_sigint(
         tmp_path: Path, processes: Callable[..., subprocess.Popen[Any]]) -> None:
     """`meshroute serve --no-mdns` and `meshroute node --emulate --no-mdns --register URL`,
@@ -180,7 +181,7 @@ def test_a_node_process_registers_over_http_and_leaves_on_sigint(
     until(lambda: (_get(url + "/v1/nodes") or {"nodes": [1]})["nodes"] == [],
           "the node is removed")
     gone_s = time.monotonic() - left
-    assert node.wait(10) == 0
+    assert node.wait(PATIENCE_S) == 0
     print(f"routed {routed_s:.2f} s after the node process started; gone {gone_s:.2f} s "
           "after SIGINT")
     assert gone_s < 10.0
