@@ -165,7 +165,9 @@ def test_sigterm_lets_a_5_s_stream_finish_then_exits_0(tmp_path: Path, workers: 
             def connect_refused() -> bool:
                 try:
                     httpx.get(f"{url}/healthz", timeout=PATIENCE_S)
-                except httpx.ConnectError:
+                # refused, or closed (or reset) unanswered: a connection the kernel had queued
+                # on a listening socket as it closed (seen under load, base code included)
+                except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
                     refused.set()
                 return refused.is_set() or stream.done.is_set()
             _until(connect_refused, "neither refused nor ended")
