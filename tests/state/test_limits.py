@@ -189,6 +189,23 @@ def test_the_share_of_a_minute_spread_over_seconds_is_half_of_its_sum() -> None:
     assert sum(r is not None for r in local) == 5
 
 
+def test_reservations_in_flight_are_shared_together_not_each_rounded_up() -> None:
+    """26 tokens in flight over six reservations (five of 5, one of 1): each of two trackers
+    holds 13 of them while the store is away, not 5 x 3 + 1 = 16 (each rounded up on its
+    own), so 37 of its 50 (tpm 100 / 2) are left, not 34."""
+    cfg = config(tpm=100)
+    store = MemoryLimits()
+    a, b = workers(cfg, store, n=2)
+    for g in (a, b):
+        g.trackers = 2  # as the heartbeat counts them
+    assert all(take(b, cfg, T0, tokens=5) is not None for _ in range(5))
+    assert take(a, cfg, T0, tokens=1) is not None  # a reads the rows: 26 in flight
+    store.down = True
+    assert take(a, cfg, T0 + 0.5, tokens=38) is None  # 13 + 38 > 50
+    assert take(a, cfg, T0 + 0.6, tokens=37) is not None  # 13 + 37 = 50
+    assert not a.up
+
+
 def test_sqlite_rows_are_the_state_files_own(tmp_path: Path) -> None:
     """What the shared gates write is what a restarted single process restores."""
     path = str(tmp_path / "state.db")
