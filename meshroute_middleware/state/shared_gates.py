@@ -109,10 +109,7 @@ class SharedGates(KeyGates):
             return g.take(provider, model, tokens, now, prefer)
 
         if self._usable(now) and await self._write_back(now):
-            try:
-                if now - self._beat_at >= HEARTBEAT_S:
-                    self._beat_at = now
-                    self.trackers = max(1, await self.store.heartbeat(self.tracker, now))
+            try:  # no heartbeat here: `heartbeats` says it, off the request path
                 return self._took(await self._timed(self.store.transact(
                     rows_of_route(provider, model), op, now, self._next_ids())))
             except LimitsStoreDown as exc:
