@@ -65,14 +65,12 @@ class _ClientRow:
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
     inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
-    rolled: int = -1  # the second of the last roll (as Window's: once per second)
 
     def roll(self, now: float) -> None:
-        second = int(now // 1)
-        if second == self.rolled:
+        """The window's roll, and with it (once per second, Window's rule) the USD held by
+        reservations that expired and a past month's spend."""
+        if not self.window.roll(now):
             return
-        self.rolled = second
-        self.window.roll(now)
         if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
             held = self.window.inflight
             self.inflight_usd = {i: v for i, v in self.inflight_usd.items() if i in held}
