@@ -133,11 +133,6 @@ class ClientSpend:
         self.ledger = LedgerWriter(store, self._gates, sleep)  # requests' ends, behind
         self._rows = getattr(store, "reads_rows", True)  # a store that reads named rows
 
-    @property
-    def owed(self) -> LedgerWriter:
-        """Requests' ends not written to the store yet."""
-        return self.ledger
-
     async def admit(self, client: Client, req: ChatRequest, send: Send,
                     chain: bool = True) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a

@@ -195,16 +195,16 @@ async def test_a_settle_the_store_failed_is_retried_until_it_lands() -> None:
     app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
                                        "layers": 10, "url": "http://127.0.0.1:1"}))
     assert [a.status_code for a in await post(as_bob(app), 1)] == [200]
-    assert len(spend.owed) == 1
+    assert len(spend.ledger) == 1
     for _ in range(20):  # still away: retried, still owed
         await asyncio.sleep(0)
-    assert len(spend.owed) == 1
+    assert len(spend.ledger) == 1
     store.down = False
     for _ in range(100):
-        if not spend.owed:
+        if not spend.ledger:
             break
         await asyncio.sleep(0)
-    assert not spend.owed
+    assert not spend.ledger
     rows = await spend.usage_rows()
     assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         (1, 4, 9)]
@@ -286,10 +286,10 @@ async def test_at_shutdown_the_owed_settles_are_tried_once_more(
                                     _drop)
         store.down = True
         await metered.close()
-        assert len(spend.owed) == 1
+        assert len(spend.ledger) == 1
         store.down = not up_at_shutdown
         await spend.aclose()
-        assert len(spend.owed) == owed_after
+        assert len(spend.ledger) == owed_after
     assert sum("usage of 1 requests is lost" in r.getMessage() for r in caplog.records) == 1
     store.down = False
     assert [r["requests"] for r in await store.usage(None, 0)] == [1]  # the first one's
