@@ -18,7 +18,8 @@ first byte; and every request's end (its settle, or the record of a client witho
 is written behind its answer, carried by the next admission's transaction or flushed by a
 supervised task, and a write the store failed is kept and retried until the store takes it,
 never dropped (chat/ledger.py). A client without limits costs no store transaction of its
-own.
+own; in one process's memory (no state file, no Redis) no client does: the gates are held
+live, and decided and written in place.
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ class ClientSpend:
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
         self.ledger = LedgerWriter(store, self._gates, sleep)  # requests' ends, behind
+        self._live = self.ledger.live  # one process's gates held live: decided in place
+        if self._live is not None:
+            self._live.number_from(self._ids)
         self._rows = getattr(store, "reads_rows", True)  # a store that reads named rows
 
     async def admit(self, client: Client, req: ChatRequest, send: Send,
@@ -223,7 +227,10 @@ class ClientSpend:
                         usd: float = 0.0) -> Any:
         """`client`'s admission (or refusal) in the store, carrying the ends queued before
         it (so this tracker decides on its own settles); _FAILED when the store is away
-        (the ends go back to the queue)."""
+        (the ends go back to the queue). On live gates, decided in place: no transaction,
+        and no end is ever queued (each is written at once)."""
+        if self._live is not None:
+            return self._live.admit(client, tokens, now, usd)
         ends = self.ledger.take()
         if not ends:
             return await self._transact(client.name, None,
