@@ -22,7 +22,7 @@ key: the UTC day number). A store loads the rows one decision reads into a fresh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .clients import Client
 from .providers.keys import Refusal, RowName, Snapshot
@@ -36,9 +36,9 @@ NO_ROUTE = "none"  # the ledger's route of a request no route answered
 MINUTE_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A client's request let in: its estimate counts in flight until settled."""
+class Admission(NamedTuple):
+    """A client's request let in: its estimate counts in flight until settled. (A tuple:
+    one is made per request, and a frozen dataclass's fields are each set by a call.)"""
 
     id: int
     client: str
@@ -46,9 +46,8 @@ class Admission:
     usd: float = 0.0  # the worst case held against monthly_usd until settled
 
 
-@dataclass(frozen=True, slots=True)
-class Spent:
-    """What one request used, as its answer said (or as estimated)."""
+class Spent(NamedTuple):
+    """What one request used, as its answer said (or as estimated); a tuple, as Admission."""
 
     route: str  # the ledger's route: `provider/model`, a mesh model, or NO_ROUTE
     prompt_tokens: int
