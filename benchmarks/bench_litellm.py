@@ -15,11 +15,21 @@ per stream) and every request carries the same bearer token. Phases, each target
 wrk -t1 at c=1 and c=32 (--rounds interleaved, median), then N held SSE streams.
 CPU per request: the server's utime+stime (/proc/PID/stat, children included) over the phase
 divided by the requests it completed; RSS: statm after start-up, VmHWM at the end.
+
+With `--keyed plain|limits` (issue 32, "the side-by-side table with a key configured") a
+second meshroute gateway, "meshroute keyed", runs beside the first on the same backends with
+one `[[clients]]` client whose key is the bearer token every request carries (LiteLLM's
+master key), without limits (`plain`) or with rpm, tpm, daily_tokens and monthly_usd set
+high enough never to refuse (`limits`), in this process's memory (no state file). LiteLLM's
+own keyed mode, virtual keys with budgets, needs its Postgres database (`DATABASE_URL`),
+which does not run here: it is measured with its master key, which every request presents
+(its proxy refuses to start without one).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -32,6 +42,7 @@ from benchmarks import _load as L
 from benchmarks import _procs as P
 
 KEY = "sk-bench-not-a-secret"
+KEYED = "meshroute keyed"  # the target of --keyed
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
 # uvicorn's logging with the access log off: LiteLLM logs one INFO line per request otherwise.
@@ -54,6 +65,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stream-tps", type=float, default=1.0, help="tokens/s of one stream")
     p.add_argument("--stream-tokens", type=int, default=15, help="tokens per stream")
     p.add_argument("--stream-timeout", type=float, default=120, help="seconds, per stream")
+    p.add_argument("--keyed", choices=("none", "plain", "limits"), default="none",
+                   help="also run a meshroute gateway with a [[clients]] key (see above)")
     p.add_argument("--json", default=str(P.ROOT / "benchmarks/results/litellm.json"))
     p.add_argument("--no-isolate", action="store_true", help="don't re-run in scripts/isolated")
     return p.parse_args()
@@ -86,6 +99,16 @@ def start_litellm(procs: P.Procs, venv: Path, models: dict[str, str],
     return url, proc.pid
 
 
+def client_config(keyed: str, path: Path) -> Path:
+    """A config with one `[[clients]]` client whose key is KEY (its digest), with every limit
+    set high enough never to refuse when `keyed` is "limits"."""
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    limits = ("rpm = 1000000000\ntpm = 1000000000000\ndaily_tokens = 1000000000000\n"
+              "monthly_usd = 1000000000000.0\n") if keyed == "limits" else ""
+    path.write_text(f'[[clients]]\nname = "bench"\nkey = "sha256:{digest}"\n{limits}')
+    return path
+
+
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     streams = [int(x) for x in args.streams.split(",") if x]
     slots = max(streams) + 64
@@ -97,18 +120,26 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                             slots, 4 * slots, tmp / "paced.log")
         gw, gw_pid = P.start_gateway(procs, {"fast-0": ("fast", fast),
                                              "paced-0": ("paced", paced)}, tmp / "gw.log")
-        lt, lt_pid = start_litellm(procs, venv, {"fast": fast, "paced": paced}, tmp)
         targets = {"direct": ((fast, fast_pid), (paced, paced_pid)),
-                   "meshroute": ((gw, gw_pid), (gw, gw_pid)),
-                   "litellm": ((lt, lt_pid), (lt, lt_pid))}
-        out: dict[str, Any] = {"rss_idle_mb": {"meshroute": P.rss_mb(gw_pid),
-                                               "litellm": P.rss_mb(lt_pid)}}
+                   "meshroute": ((gw, gw_pid), (gw, gw_pid))}
+        if args.keyed != "none":
+            env = {"MESHROUTE_CONFIG": str(client_config(args.keyed, tmp / "keyed.toml"))}
+            kw, kw_pid = P.start_gateway(procs, {"fast-0": ("fast", fast),
+                                                 "paced-0": ("paced", paced)},
+                                         tmp / "gw-keyed.log", extra_env=env)
+            targets[KEYED] = ((kw, kw_pid), (kw, kw_pid))
+        lt, lt_pid = start_litellm(procs, venv, {"fast": fast, "paced": paced}, tmp)
+        targets["litellm"] = ((lt, lt_pid), (lt, lt_pid))
+        out: dict[str, Any] = {"rss_idle_mb": {name: P.rss_mb(pid) for name, ((_, pid), _)
+                                               in targets.items() if name != "direct"},
+                               "keyed": args.keyed}
         for name, ((url, _), _) in targets.items():  # warm-up, not recorded
             print(f"warm-up {name}", file=sys.stderr, flush=True)
             await L.wrk(url + "/v1/chat/completions", json.dumps(CHAT), 8, 2, AUTH, 30)
         out["nonstream"] = await nonstream(args, targets)
         out["sse"] = await sse(args, streams, targets)
-        out["peak_rss_mb"] = {"meshroute": P.hwm_mb(gw_pid), "litellm": P.hwm_mb(lt_pid)}
+        out["peak_rss_mb"] = {name: P.hwm_mb(pid) for name, ((_, pid), _) in targets.items()
+                              if name != "direct"}
         out["litellm_version"] = subprocess.run(
             [str(venv / "bin/python"), "-c",
              "import importlib.metadata as m; print(m.version('litellm'))"],
@@ -137,7 +168,7 @@ async def nonstream(args: argparse.Namespace,
         d, m, lt = out[f"direct c={c}"], out[f"meshroute c={c}"], out[f"litellm c={c}"]
         added = {n: {q: t[f"{q}_ms"] - d[f"{q}_ms"] for q in ("p50", "p95", "p99")}
                  for n, t in (("meshroute", m), ("litellm", lt))}
-        out[f"ratio c={c}"] = {
+        ratios = out[f"ratio c={c}"] = {
             "rps_meshroute_over_litellm": _over(m["rps"], lt["rps"]),
             "rps_meshroute_over_direct": _over(m["rps"], d["rps"]),
             "rps_litellm_over_direct": _over(lt["rps"], d["rps"]),
@@ -147,6 +178,19 @@ async def nonstream(args: argparse.Namespace,
                for q in ("p50", "p99")},
             "cpu_per_request_litellm_over_meshroute":
                 _over(lt["cpu_us_per_request"], m["cpu_us_per_request"])}
+        k = out.get(f"{KEYED} c={c}")
+        if k is not None:  # the keyed gateway against LiteLLM (keyed too) and unkeyed
+            added_k = {q: k[f"{q}_ms"] - d[f"{q}_ms"] for q in ("p50", "p95", "p99")}
+            ratios.update({
+                "rps_keyed_over_litellm": _over(k["rps"], lt["rps"]),
+                "rps_keyed_over_unkeyed": _over(k["rps"], m["rps"]),
+                "added_ms_keyed": added_k,
+                **{f"added_{q}_litellm_over_keyed": _over(added["litellm"][q], added_k[q])
+                   for q in ("p50", "p99")},
+                "cpu_per_request_litellm_over_keyed":
+                    _over(lt["cpu_us_per_request"], k["cpu_us_per_request"]),
+                "cpu_per_request_keyed_over_unkeyed":
+                    _over(k["cpu_us_per_request"], m["cpu_us_per_request"])})
     return out
 
 
@@ -174,10 +218,10 @@ async def sse(args: argparse.Namespace, streams: list[int],
             "streams_ok_meshroute_over_litellm": m["streams_ok"] / max(lt["streams_ok"], 1),
             "chunks_per_s_meshroute_over_litellm": _over(m["chunks_per_s"],
                                                           lt["chunks_per_s"]),
-            "added_ttft_p50_ms": {t: r["ttft_p50_ms"] - d["ttft_p50_ms"]
-                                  for t, r in (("meshroute", m), ("litellm", lt))},
-            "added_ttft_p99_ms": {t: r["ttft_p99_ms"] - d["ttft_p99_ms"]
-                                  for t, r in (("meshroute", m), ("litellm", lt))},
+            "added_ttft_p50_ms": {t: out[f"{t} {n} streams"]["ttft_p50_ms"] - d["ttft_p50_ms"]
+                                  for t in targets if t != "direct"},
+            "added_ttft_p99_ms": {t: out[f"{t} {n} streams"]["ttft_p99_ms"] - d["ttft_p99_ms"]
+                                  for t in targets if t != "direct"},
             "cpu_per_stream_litellm_over_meshroute":
                 _over(lt["cpu_us_per_stream"], m["cpu_us_per_stream"])}
     return out

@@ -186,7 +186,7 @@ class MeshRouteMiddleware:
             objective = header_value(scope, H_OBJECTIVE)
             if self.config.body_limits.inline(body):  # small: read at once
                 req = parse(body, translation, kind, objective, session_id,
-                            client is not None and self.spend is not None)
+                            client is not None and client.limited and self.spend is not None)
             else:  # judged and read off the loop
                 req = await parse_large(body, self.config.body_limits, translation, kind,
                                         objective, session_id, self.spend, client)

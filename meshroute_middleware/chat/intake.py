@@ -37,8 +37,8 @@ def parse(body: bytes, translation: Translation | None, kind: RequestKind,
           objective: bytes | None, session_id: str | None,
           count_tokens: bool = True) -> ChatRequest:
     """The request a body holds, in its API's translation (RequestError when invalid).
-    `count_tokens`: a chat request keeps its token estimate (a client's admission reads it;
-    without a client it is not counted)."""
+    `count_tokens`: a chat request keeps its token estimate (a limited client's admission
+    reads it; otherwise it is not counted)."""
     if translation is not None:
         body = translation.request(body)
     if kind == "chat":
@@ -60,6 +60,7 @@ async def parse_large(body: bytes, limits: BodyLimits, translation: Translation 
     the body's shape is judged within `limits` and read, in a worker thread (off the loop)."""
     if spend is not None and client is not None:
         await spend.check(client)
+    # estimated here for any client (off the loop), not later on it (`Metered.close`)
     return await asyncio.to_thread(_parse_large, body, limits, translation, kind, objective,
                                    session_id, spend is not None and client is not None)
 

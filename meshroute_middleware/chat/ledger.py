@@ -10,7 +10,9 @@ FLUSH_S. A write the store fails is put back and retried (backing off up to
 FLUSH_RETRY_MAX_S), never dropped; a task that died while entries wait is started again;
 reading the ledger (`GET /v1/usage`) flushes first; at shutdown the queue is flushed once
 more, and what the store still does not take is logged, and lost with the process. A settle
-is idempotent (core/clients_budget.py): one written twice changes nothing.
+is idempotent (core/clients_budget.py): one written twice changes nothing. On one process's
+live gates (state/live_clients.py: no state file, no Redis) nothing is saved by waiting: an
+end is written on them at once, and nothing is ever queued.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from meshroute_middleware.core.clients_budget import (
 )
 from meshroute_middleware.core.providers.keys import RowName
 from meshroute_middleware.state.limits import LimitsStore
+from meshroute_middleware.state.live_clients import LiveClients
 
 log = logging.getLogger("meshroute.clients")
 T = TypeVar("T")
@@ -67,13 +70,23 @@ class LedgerWriter:
         self._lock = asyncio.Lock()  # one flusher's write at a time
         self._task: asyncio.Task[None] | None = None
         self.failures = 0  # writes the store failed
+        # one process's clients' gates held live (state/live_clients.py): an end is written
+        # on them at once, with no transaction to save and nothing queued
+        self.live = store.gates if isinstance(store, LiveClients) else None
 
     def __len__(self) -> int:
         return len(self._queue)
 
     def add(self, client: str, admission: Admission | None, spent: Spent,
             now: float) -> None:
-        """Queue one request's end; the flusher starts unless it runs."""
+        """Queue one request's end; the flusher starts unless it runs. On live gates it is
+        written at once instead."""
+        if self.live is not None:
+            if admission is None:
+                self.live.record(client, spent, now)
+            else:
+                self.live.settle(admission, spent, now)
+            return
         self._queue.append((client, admission, spent, now))
         if self._task is None or self._task.done():
             self._start()

@@ -18,7 +18,8 @@ first byte; and every request's end (its settle, or the record of a client witho
 is written behind its answer, carried by the next admission's transaction or flushed by a
 supervised task, and a write the store failed is kept and retried until the store takes it,
 never dropped (chat/ledger.py). A client without limits costs no store transaction of its
-own.
+own; in one process's memory (no state file, no Redis) no client does: the gates are held
+live, and decided and written in place.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ from meshroute_middleware.core.clients_budget import (
 from meshroute_middleware.core.contracts.retry_text import retry_text
 from meshroute_middleware.core.providers.config import ProvidersConfig
 from meshroute_middleware.core.providers.keys import Refusal, RowName
-from meshroute_middleware.core.providers.tokens import DEFAULT_COMPLETION_TOKENS, estimate
+from meshroute_middleware.core.providers.tokens import (
+    DEFAULT_COMPLETION_TOKENS,
+    TokenEstimate,
+    estimate,
+)
 from meshroute_middleware.forwarding.measure import TokenMeter
 from meshroute_middleware.http.errors import HttpError, RequestError
 from meshroute_middleware.http.request import ChatRequest
@@ -131,28 +136,21 @@ class ClientSpend:
         self._up = True
         self._ids = secrets.randbits(40) << 22  # admission ids unique across processes
         self.ledger = LedgerWriter(store, self._gates, sleep)  # requests' ends, behind
+        self._live = self.ledger.live  # one process's gates held live: decided in place
+        if self._live is not None:
+            self._live.number_from(self._ids)
         self._rows = getattr(store, "reads_rows", True)  # a store that reads named rows
-
-    @property
-    def owed(self) -> LedgerWriter:
-        """Requests' ends not written to the store yet."""
-        return self.ledger
 
     async def admit(self, client: Client, req: ChatRequest, send: Send,
                     chain: bool = True) -> Metered:
         """`client`'s request admitted: its metered send (ClientRefused when it is over a
         limit or a budget). `chain`: the request goes to provider routes (priced), else to
         the mesh (free). A client without limits is let in with no store transaction: its
-        usage is written behind (chat/ledger.py)."""
-        est = req.tokens
-        if est is None:  # a request parse_chat did not read (embeddings, completions)
-            try:
-                payload = orjson.loads(req.body)
-            except orjson.JSONDecodeError:  # parsed before: never here
-                payload = {}
-            est = estimate(payload if isinstance(payload, dict) else {})
+        usage is written behind (chat/ledger.py); its prompt is estimated only when its
+        answer says no usage (`Metered.close`)."""
         if not client.limited:
-            return Metered(self, client, None, est.prompt, req, send)
+            return Metered(self, client, None, None, req, send)
+        est = estimate_of(req)
         routes = self.routes_of(req, chain)
         completion = est.max_completion
         if completion is None and not routes:  # the mesh: our default cap
@@ -228,7 +226,10 @@ class ClientSpend:
                         usd: float = 0.0) -> Any:
         """`client`'s admission (or refusal) in the store, carrying the ends queued before
         it (so this tracker decides on its own settles); _FAILED when the store is away
-        (the ends go back to the queue)."""
+        (the ends go back to the queue). On live gates, decided in place: no transaction,
+        and no end is ever queued (each is written at once)."""
+        if self._live is not None:
+            return self._live.admit(client, tokens, now, usd)
         ends = self.ledger.take()
         if not ends:
             return await self._transact(client.name, None,
@@ -303,6 +304,19 @@ class ClientSpend:
         return ClientGates(first_id=first_id)
 
 
+def estimate_of(req: ChatRequest) -> TokenEstimate:
+    """`req`'s token estimate: intake's (`parse_chat`), else from its body (a request
+    intake did not estimate: embeddings, completions, a small body of a client without
+    limits)."""
+    if req.tokens is not None:
+        return req.tokens
+    try:
+        payload = orjson.loads(req.body)
+    except orjson.JSONDecodeError:  # parsed before: never here
+        payload = {}
+    return estimate(payload if isinstance(payload, dict) else {})
+
+
 class Metered:
     """The `send` of one admitted client request: reads its answer's status, route and
     `usage` as they pass, and records the request once, when its answer ends or, for an
@@ -312,7 +326,8 @@ class Metered:
                  "_prompt_estimate", "_req", "_route", "_send", "_spend", "_status")
 
     def __init__(self, spend: ClientSpend, client: Client, admission: Admission | None,
-                 prompt_estimate: int, req: ChatRequest, send: Send) -> None:
+                 prompt_estimate: int | None, req: ChatRequest, send: Send) -> None:
+        """`prompt_estimate`: None to estimate it from `req` if the answer says no usage."""
         self._spend, self._client, self._admission = spend, client, admission
         self._prompt_estimate, self._req, self._send = prompt_estimate, req, send
         self._status, self._route, self._priced = 0, NO_ROUTE, False
@@ -359,7 +374,11 @@ class Metered:
         prompt, completion, cached, written = meter.counts() if meter is not None \
             else (None, 0, 0, 0)
         if prompt is None:  # no usage: the estimate, when a route answered (or was sent it)
-            prompt = self._prompt_estimate if self._status in (200, 499) else 0
+            prompt = 0
+            if self._status in (200, 499):
+                prompt = self._prompt_estimate
+                if prompt is None:
+                    prompt = estimate_of(self._req).prompt
         # a 429 or 5xx is the gateway's own "no route answered" (routes tried are in its
         # body), whatever x-meshroute-route says was tried last
         route = NO_ROUTE if not self._status or self._status == 429 or self._status >= 500 \

@@ -22,7 +22,7 @@ key: the UTC day number). A store loads the rows one decision reads into a fresh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .clients import Client
 from .providers.keys import Refusal, RowName, Snapshot
@@ -36,9 +36,9 @@ NO_ROUTE = "none"  # the ledger's route of a request no route answered
 MINUTE_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A client's request let in: its estimate counts in flight until settled."""
+class Admission(NamedTuple):
+    """A client's request let in: its estimate counts in flight until settled. (A tuple:
+    one is made per request, and a frozen dataclass's fields are each set by a call.)"""
 
     id: int
     client: str
@@ -46,9 +46,8 @@ class Admission:
     usd: float = 0.0  # the worst case held against monthly_usd until settled
 
 
-@dataclass(frozen=True, slots=True)
-class Spent:
-    """What one request used, as its answer said (or as estimated)."""
+class Spent(NamedTuple):
+    """What one request used, as its answer said (or as estimated); a tuple, as Admission."""
 
     route: str  # the ledger's route: `provider/model`, a mesh model, or NO_ROUTE
     prompt_tokens: int
@@ -65,14 +64,12 @@ class _ClientRow:
     month: int = -1  # year * 12 + month - 1, UTC
     month_usd: float = 0.0
     inflight_usd: dict[int, float] = field(default_factory=dict)  # admission id -> USD held
-    rolled: int = -1  # the second of the last roll (as Window's: once per second)
 
     def roll(self, now: float) -> None:
-        second = int(now // 1)
-        if second == self.rolled:
+        """The window's roll, and with it (once per second, Window's rule) the USD held by
+        reservations that expired and a past month's spend."""
+        if not self.window.roll(now):
             return
-        self.rolled = second
-        self.window.roll(now)
         if len(self.inflight_usd) > len(self.window.inflight):  # expired with its tokens
             held = self.window.inflight
             self.inflight_usd = {i: v for i, v in self.inflight_usd.items() if i in held}

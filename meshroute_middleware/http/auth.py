@@ -29,6 +29,7 @@ LOG_EVERY_S = 1.0  # a flood of refused keys logs one line a second, with the co
 KEY_HEADERS = frozenset({b"authorization", b"x-api-key"})
 CHALLENGE = ((b"www-authenticate", b'Bearer realm="meshroute"'),)  # RFC 9110 §11.6.1
 _BEARER = b"bearer "
+_BEARER_LEN = len(_BEARER)
 MAX_PRESENTED = 4  # keys looked at per request, however many header lines carry one
 
 
@@ -53,8 +54,8 @@ class ClientAuth:
         MissingKeyError without a key, InvalidKeyError with a key that is no client's."""
         if not self.clients:
             return None
-        headers = scope.get("headers", ())
-        presented = presented_keys(headers)
+        kept: list[tuple[bytes, bytes]] = []
+        presented = presented_keys(scope.get("headers", ()), kept)
         if not presented:
             raise MissingKeyError("this gateway needs a client key: 'Authorization: Bearer "
                                   "<key>' or 'x-api-key: <key>'")
@@ -64,7 +65,7 @@ class ClientAuth:
             found = found or client
         if found is None:
             raise InvalidKeyError("the client key is not valid")
-        scope["headers"] = [(k, v) for k, v in headers if k not in KEY_HEADERS]
+        scope["headers"] = kept
         scope.setdefault("state", {})[CLIENT_STATE] = found
         return found
 
@@ -87,14 +88,22 @@ def client_of(scope: Scope) -> Client | None:
     return client if isinstance(client, Client) else None
 
 
-def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
-    """The keys a request presents: each `Authorization: Bearer` token and `x-api-key`."""
+def presented_keys(headers: Iterable[tuple[bytes, bytes]],
+                   others: list[tuple[bytes, bytes]] | None = None) -> list[bytes]:
+    """The keys a request presents: each `Authorization: Bearer` token and `x-api-key`;
+    the headers that are no key header go into `others` on the way (one pass)."""
     out = []
-    for name, value in headers:
-        if name == b"authorization" and value[:len(_BEARER)].lower() == _BEARER:
-            key = value[len(_BEARER):].strip()
-        elif name == b"x-api-key":
+    for header in headers:
+        name = header[0]
+        if name not in KEY_HEADERS:
+            if others is not None:
+                others.append(header)
+            continue
+        value = header[1]
+        if name == b"x-api-key":
             key = value.strip()
+        elif value[:_BEARER_LEN].lower() == _BEARER:
+            key = value[_BEARER_LEN:].strip()
         else:
             continue
         if key:

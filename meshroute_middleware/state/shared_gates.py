@@ -109,10 +109,7 @@ class SharedGates(KeyGates):
             return g.take(provider, model, tokens, now, prefer)
 
         if self._usable(now) and await self._write_back(now):
-            try:
-                if now - self._beat_at >= HEARTBEAT_S:
-                    self._beat_at = now
-                    self.trackers = max(1, await self.store.heartbeat(self.tracker, now))
+            try:  # no heartbeat here: `heartbeats` says it, off the request path
                 return self._took(await self._timed(self.store.transact(
                     rows_of_route(provider, model), op, now, self._next_ids())))
             except LimitsStoreDown as exc:
@@ -411,18 +408,20 @@ def shared_part(rows: Snapshot, share: int) -> Snapshot:
     """`rows` with every count divided by `share` (rounded up): on gates that admit 1/share
     of each limit, what is left to this tracker is 1/share of what the limit had left. A
     window's 1-second buckets are divided together (each the rise of its running total's
-    share), so that 10 requests over buckets of 3 and 7 are 5 of a half, not 2 + 4."""
+    share), so that 10 requests over buckets of 3 and 7 are 5 of a half, not 2 + 4; so are
+    its reservations in flight (five of 5 tokens are 13 of a half, not 5 x 3)."""
     if share <= 1:
         return rows
 
     def part(n: Any) -> int:
         return -(-int(n) // share)
 
-    def parts(buckets: list[list[int]]) -> list[list[int]]:
+    def parts(items: list[list[Any]]) -> list[list[Any]]:
+        """Each [name, count, ...] with its count the rise of the running total's share."""
         out, total, shown = [], 0, 0
-        for second, n in buckets:
+        for name, n, *rest in items:
             total += int(n)
-            out.append([second, part(total) - shown])
+            out.append([name, part(total) - shown, *rest])
             shown = part(total)
         return out
 
@@ -430,7 +429,7 @@ def shared_part(rows: Snapshot, share: int) -> Snapshot:
     out["windows"] = [{**r, "requests": parts(r["requests"]), "tokens": parts(r["tokens"]),
                        "day_requests": part(r["day_requests"]),
                        "day_tokens": part(r["day_tokens"]),
-                       "inflight": [[i, part(n), at] for i, n, at in r.get("inflight", ())]}
+                       "inflight": parts(list(r.get("inflight", ())))}
                       for r in rows.get("windows", [])]
     out["keys"] = [{**r, "month_tokens": part(r["month_tokens"])} for r in rows.get("keys", [])]
     return out

@@ -185,3 +185,33 @@ async def test_live_gates_hold_no_rows_of_other_gates() -> None:
     spend.ledger.add("free", None, Spent("m", 1, 2, 0.0, False), T0)
     assert [r["requests"] for r in await spend.usage_rows("free")] == [1]
     assert await store.scan("clients") and await store.scan("windows") == []
+
+
+class CountingLive(LiveClients):
+    """LiveClients that counts its transactions."""
+
+    transactions = 0
+
+    async def transact_with(self, rows: Sequence[RowName], make: Callable[[int], G],
+                            op: Callable[[G], Any], now: float,
+                            first_id: int) -> Outcome[Any]:
+        self.transactions += 1
+        return await super().transact_with(rows, make, op, now, first_id)
+
+
+async def test_live_gates_decide_in_place_and_write_at_once() -> None:
+    """One process's memory (no state file, no Redis): nothing is saved by waiting, so a
+    request's end is on the live gates as soon as it ends (nothing queued, no flusher), and
+    a limited client's admission decides on them with no transaction."""
+    store = CountingLive(FakeClock(T0))
+    spend = ClientSpend(store, clock=FakeClock(T0), sleep=never)
+    await _one(spend, FREE)
+    await _one(spend, BOB)
+    assert len(spend.ledger) == 0 and store.transactions == 0
+    assert sorted((r["client"], r["requests"], r["completion_tokens"])
+                  for r in store.gates.ledger()) == [("bob", 1, 9), ("free", 1, 9)]
+    await _one(spend, BOB)
+    with pytest.raises(ClientRefused):  # rpm 2, decided on the live gates
+        await spend.admit(BOB, parse_chat(BODY), _drop)
+    assert store.transactions == 0
+

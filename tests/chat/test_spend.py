@@ -195,16 +195,16 @@ async def test_a_settle_the_store_failed_is_retried_until_it_lands() -> None:
     app.router.upsert_node(parse_node({"node_id": "a", "model": "m", "start": 0, "end": 9,
                                        "layers": 10, "url": "http://127.0.0.1:1"}))
     assert [a.status_code for a in await post(as_bob(app), 1)] == [200]
-    assert len(spend.owed) == 1
+    assert len(spend.ledger) == 1
     for _ in range(20):  # still away: retried, still owed
         await asyncio.sleep(0)
-    assert len(spend.owed) == 1
+    assert len(spend.ledger) == 1
     store.down = False
     for _ in range(100):
-        if not spend.owed:
+        if not spend.ledger:
             break
         await asyncio.sleep(0)
-    assert not spend.owed
+    assert not spend.ledger
     rows = await spend.usage_rows()
     assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         (1, 4, 9)]
@@ -286,10 +286,10 @@ async def test_at_shutdown_the_owed_settles_are_tried_once_more(
                                     _drop)
         store.down = True
         await metered.close()
-        assert len(spend.owed) == 1
+        assert len(spend.ledger) == 1
         store.down = not up_at_shutdown
         await spend.aclose()
-        assert len(spend.owed) == owed_after
+        assert len(spend.ledger) == owed_after
     assert sum("usage of 1 requests is lost" in r.getMessage() for r in caplog.records) == 1
     store.down = False
     assert [r["requests"] for r in await store.usage(None, 0)] == [1]  # the first one's
@@ -297,3 +297,48 @@ async def test_at_shutdown_the_owed_settles_are_tried_once_more(
 
 async def _drop(message: Message) -> None:
     pass
+
+
+
+async def test_a_client_without_limits_is_estimated_only_when_its_answer_has_no_usage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It reserves nothing, so its prompt's estimate is read only when its answer says no
+    usage: the body is not walked for it on every request (issue 32, "a key costs little")."""
+    import meshroute_middleware.chat.spend as spend_module
+    import meshroute_middleware.http.request as request_module
+
+    calls: list[int] = []
+    real = request_module.estimate
+
+    def counted(body: Any) -> Any:
+        calls.append(1)
+        return real(body)
+
+    for module in (request_module, spend_module):
+        monkeypatch.setattr(module, "estimate", counted)
+    free = Client("free", hashlib.sha256(b"free").digest())
+
+    async def quiet_app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"choices": []}'})
+
+    spend = ClientSpend(MemoryLimits(), clock=FakeClock(T0))
+    usage_app = mesh_app(spend)
+    quiet = MeshRouteMiddleware(quiet_app, MiddlewareConfig(mode="annotate"), spend=spend,
+                                router=usage_app.router)
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 40}]}  # 14 tokens
+    for app, expected in ((usage_app, []), (usage_app, []), (quiet, [1])):
+        async def as_free(scope: Scope, receive: Receive, send: Send,
+                          app: ASGIApp = app) -> None:
+            scope.setdefault("state", {})[CLIENT_STATE] = free
+            await app(scope, receive, send)
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_free),
+                                     base_url="http://t") as client:
+            answer = await client.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200
+        assert calls == expected  # usage in the answer: no estimate; none: one
+    rows = await spend.usage_rows()
+    assert [(r["requests"], r["prompt_tokens"]) for r in rows] == [(3, 4 + 4 + 14)]

@@ -135,7 +135,6 @@ def test_a_store_gone_leaves_each_tracker_its_share_and_comes_back() -> None:
     a, b = workers(cfg, store, n=2)
     for g in (a, b):
         g.trackers = 2  # as the store's heartbeat counted them
-        g._beat_at = T0
     store.down = True
     admitted = [take(a, cfg, T0 + i * 0.01) for i in range(20)]
     assert sum(r is not None for r in admitted) == 5  # 10 / 2 trackers
@@ -155,8 +154,7 @@ def test_local_gates_start_from_the_rows_last_read_and_settles_are_written_back(
     store = MemoryLimits()
     a, b = workers(cfg, store, n=2)
     for g in (a, b):
-        g.trackers = 2
-        g._beat_at = T0
+        g.trackers = 2  # as the heartbeat counts them
     sent = [take(b, cfg, T0) for _ in range(4)] + [take(a, cfg, T0)]  # a reads 5 used
     store.down = True
     local = [take(a, cfg, T0 + 0.5 + i * 0.01) for i in range(10)]
@@ -179,14 +177,30 @@ def test_the_share_of_a_minute_spread_over_seconds_is_half_of_its_sum() -> None:
     store = MemoryLimits()
     a, b = workers(cfg, store, n=2)
     for g in (a, b):
-        g.trackers = 2
-        g._beat_at = T0
-    for second, (g, n) in enumerate(((a, 3), (b, 3), (b, 1), (a, 3))):  # both beat
+        g.trackers = 2  # as the heartbeat counts them
+    for second, (g, n) in enumerate(((a, 3), (b, 3), (b, 1), (a, 3))):
         assert all(take(g, cfg, T0 + second + i * 0.01) is not None for i in range(n))
     assert a.trackers == 2
     store.down = True
     local = [take(a, cfg, T0 + 4.5 + i * 0.01) for i in range(10)]
     assert sum(r is not None for r in local) == 5
+
+
+def test_reservations_in_flight_are_shared_together_not_each_rounded_up() -> None:
+    """26 tokens in flight over six reservations (five of 5, one of 1): each of two trackers
+    holds 13 of them while the store is away, not 5 x 3 + 1 = 16 (each rounded up on its
+    own), so 37 of its 50 (tpm 100 / 2) are left, not 34."""
+    cfg = config(tpm=100)
+    store = MemoryLimits()
+    a, b = workers(cfg, store, n=2)
+    for g in (a, b):
+        g.trackers = 2  # as the heartbeat counts them
+    assert all(take(b, cfg, T0, tokens=5) is not None for _ in range(5))
+    assert take(a, cfg, T0, tokens=1) is not None  # a reads the rows: 26 in flight
+    store.down = True
+    assert take(a, cfg, T0 + 0.5, tokens=38) is None  # 13 + 38 > 50
+    assert take(a, cfg, T0 + 0.6, tokens=37) is not None  # 13 + 37 = 50
+    assert not a.up
 
 
 def test_sqlite_rows_are_the_state_files_own(tmp_path: Path) -> None:
@@ -223,7 +237,7 @@ def test_an_async_store_that_cannot_keep_up_counts_as_failed() -> None:
 
 @pytest.mark.anyio
 async def test_the_share_during_an_outage_counts_every_tracker_of_the_last_minute() -> None:
-    """Issue 33 item 10: b took its first key before a came; a used the store 10 s before it
+    """Issue 33 item 10: b took its first key before a came; a came 10 s before the store
     went away. b's heartbeats (every HEARTBEAT_S, requests or not) counted a meanwhile, so b
     admits half of the limit during the outage, not all of it; a tracker quiet for over a
     minute no longer counts."""
@@ -238,12 +252,14 @@ async def test_the_share_during_an_outage_counts_every_tracker_of_the_last_minut
 
     a, b = (SharedGates(cfg, store, name, clock, sleep) for name in ("a", "b"))
     p = cfg.providers[0]
-    assert (await b.atake(p, p.models[0], 10, T0))[0] is not None  # b alone: counts 1
-    beats = {g: asyncio.ensure_future(g.heartbeats()) for g in (a, b)}  # their lifespans
+    beats = {b: asyncio.ensure_future(b.heartbeats())}  # b's lifespan: b alone counts 1
     await asyncio.sleep(0)
+    assert (await b.atake(p, p.models[0], 10, T0))[0] is not None
     assert b.trackers == 1
     clock.advance(5)
-    assert (await a.atake(p, p.models[0], 10, clock()))[0] is not None  # a counts 2
+    beats[a] = asyncio.ensure_future(a.heartbeats())  # a's lifespan: it counts 2
+    await asyncio.sleep(0)
+    assert (await a.atake(p, p.models[0], 10, clock()))[0] is not None
     assert a.trackers == 2 and b.trackers == 1  # b has not looked since
     clock.advance(10)
     await _tick(ticks)  # b's loop beats: it sees a (10 s ago, within the minute)
@@ -260,6 +276,30 @@ async def test_the_share_during_an_outage_counts_every_tracker_of_the_last_minut
     await _tick(ticks)
     assert b.trackers == 1
     beats[b].cancel()
+
+
+@pytest.mark.anyio
+async def test_taking_a_key_waits_for_no_heartbeat_of_its_own() -> None:
+    """Who uses the store is counted by the background heartbeat (`heartbeats`) alone: a
+    request's take makes no heartbeat round trip to the store, however long since the last
+    one (it used to, once a second, on the request path)."""
+
+    class Counting(MemoryLimits):
+        beats = 0
+
+        async def heartbeat(self, tracker: str, now: float) -> int:
+            self.beats += 1
+            return await super().heartbeat(tracker, now)
+
+    cfg = config(rpm=100)
+    store = Counting()
+    gates = SharedGates(cfg, store, "a", FakeClock(T0))
+    p = cfg.providers[0]
+    for i in range(3):
+        assert (await gates.atake(p, p.models[0], 10, T0 + 2 * i))[0] is not None
+    assert store.beats == 0
+    await gates.beat(T0 + 10)  # what the heartbeat loop calls
+    assert store.beats == 1 and gates.trackers == 1
 
 
 async def _tick(ticks: asyncio.Event) -> None:

@@ -63,8 +63,11 @@ def test_store_killed_then_restarted(tmp_path: Path) -> None:
 
         async def run() -> None:
             a, b = (SharedGates(cfg, RedisLimits(server.url), f"t{i}") for i in range(2))
+            for g in (b, a):  # their heartbeat loops: a counts 2 trackers using the store
+                await g.beat(T0)
             assert await take(b, cfg, T0) is not None
-            assert await take(a, cfg, T0) is not None  # a counts 2 trackers using the store
+            assert await take(a, cfg, T0) is not None
+            assert a.trackers == 2
             server.stop()
             got = [await take(a, cfg, T0 + 1 + i * 0.01) for i in range(12)]
             # a last read 2 used: its half of the 8 left

@@ -32,13 +32,14 @@ class Window:
     inflight: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (tokens, at)
     rolled: int = -1  # the second of the last roll
 
-    def roll(self, now: float) -> None:
+    def roll(self, now: float) -> bool:
         """Drop what left the minute, reservations past INFLIGHT_TTL_S, and a past day's
         counts; once per second (buckets and days change on whole seconds; a reservation
-        then expires up to a second late, never early)."""
+        then expires up to a second late, never early). Whether it rolled (False: already
+        rolled in this second)."""
         second = int(now // 1)
         if second == self.rolled:
-            return
+            return False
         self.rolled = second
         for buckets in (self.requests, self.tokens):  # oldest first: seconds come in order
             while buckets:
@@ -54,6 +55,7 @@ class Window:
         day = int(now // DAY_S)
         if day != self.day:
             self.day, self.day_requests, self.day_tokens = day, 0, 0
+        return True
 
 
 def leaves(second: int) -> float:
