@@ -1,5 +1,6 @@
 """Mid-stream failover (issue 34): a streamed answer whose route dies after content reached
-the client is continued on the next route of the same model, in the same stream.
+the client is continued on the next route of the same model, in the same stream (the rule:
+chat/failover.py; mesh routes: chat/forward.py; provider routes: chat/providers/continued.py).
 
 The next route gets the original request plus what was relayed so far: chat completions as a
 trailing assistant message (llama.cpp's server continues it, as most servers that accept a
@@ -190,6 +191,10 @@ class Splice:
         self.done.append(tokens_done)
         self._failed = f"{failed} failed mid-stream ({error})"
         self._echo, self._pending = (echo or None), ""
+
+    def echoes(self, text: str) -> None:
+        """The next route may first repeat `text` only (not the whole text relayed so far)."""
+        self._echo, self._pending = (text or None), ""
 
     def going_on(self, route: str) -> None:
         """`route` answered the continuation: its events come next."""

@@ -9,12 +9,13 @@ which is continued), and whose model has another route that can continue it (`ga
 `chat.completion` (or `text_completion`) object sent whole at the end, with
 `x-meshroute-attempts` and the `meshroute` field when the answer was continued; a stream that
 ended with an error event becomes a 502 `upstream_failed`; an answer that is not a stream
-(an error) passes as it came.
+(an error) passes as it came. A provider chain gathers alike (chat/providers/continued.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Message, Send
@@ -24,7 +25,7 @@ from meshroute_middleware.chat.continuation import (
     constrained,
     json_object,
 )
-from meshroute_middleware.chat.headers import H_ATTEMPTS, is_sse
+from meshroute_middleware.chat.headers import H_ATTEMPTS, Headers, is_sse
 from meshroute_middleware.core import Decision
 from meshroute_middleware.http.errors import HttpError
 from meshroute_middleware.http.request import ChatRequest
@@ -44,6 +45,15 @@ def gathers(req: ChatRequest, first: Decision) -> bytes | None:
         return None
     if not any(can_continue(r) for r in first.alternatives()):
         return None
+    return streamed(req)
+
+
+def streamed(req: ChatRequest) -> bytes | None:
+    """`req`'s body asking for a stream with its usage, when its answer may be continued
+    (not streamed, no `continue: false`, no tools, logprobs, several choices or constrained
+    format); None when it is not to be gathered."""
+    if req.stream or not req.continues or req.kind not in ("chat", "completions"):
+        return None
     body = req.body
     if constrained(body):
         return None
@@ -62,11 +72,13 @@ class Gathering:
     """The `send` of a request whose answer is gathered from a stream: each event is folded
     into the answer as it comes (what is kept is the answer's text, not the stream's bytes)."""
 
-    __slots__ = ("_answer", "_client", "_line", "_start", "kind")
+    __slots__ = ("_answer", "_client", "_fresh", "_line", "_start", "kind")
 
-    def __init__(self, send: Send, kind: str) -> None:
+    def __init__(self, send: Send, kind: str,
+                 fresh: Callable[[], Headers] | None = None) -> None:
         self._client = send
         self.kind = kind
+        self._fresh = fresh  # the path's own `x-meshroute-*` headers, as they are at the end
         self._start: Message | None = None
         self._answer: Gathered | None = None  # None: not a stream, passed on as it came
         self._line = b""  # a line not yet whole
@@ -83,23 +95,27 @@ class Gathering:
             if message.get("more_body", False):
                 return
             self._answer.feed([self._line])
-            await self._send(self._answer.result())
+            await self._send(self._answer)
             return
         await self._client(message)
 
-    async def _send(self, answer: dict[str, Any] | None) -> None:
+    async def _send(self, gathered: Gathered) -> None:
         assert self._start is not None
+        fresh = [] if self._fresh is None else self._fresh()
+        answer = gathered.result()
         if answer is None:
             await HttpError.UPSTREAM_FAILED.send(
-                self._client, "the route failed mid-answer and it could not be continued")
+                self._client, "the route failed mid-answer and it could not be continued", fresh)
             return
         body = json.dumps(answer).encode()
-        headers = [(k, v) for k, v in self._start.get("headers", ()) if k.lower() not in _DROPPED]
-        headers += [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())]
         meshroute = answer.get("meshroute")
-        if isinstance(meshroute, dict):
-            headers.append((H_ATTEMPTS, str(meshroute.get("attempts", 1)).encode()))
+        if isinstance(meshroute, dict) and not fresh:
+            fresh = [(H_ATTEMPTS, str(meshroute.get("attempts", 1)).encode())]
+        names = {k for k, _ in fresh}
+        headers = [(k, v) for k, v in self._start.get("headers", ())
+                   if k.lower() not in _DROPPED and k.lower() not in names]
+        headers += [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()), *fresh]
         await self._client({**self._start, "headers": headers})
         await self._client({"type": "http.response.body", "body": body, "more_body": False})
 

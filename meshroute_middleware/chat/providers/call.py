@@ -33,8 +33,15 @@ from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
     chat_completion,
     chat_error,
 )
+from meshroute_middleware.chat.failover import GoingOn
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.providers.continued import (
+    Going,
+    continuation,
+    fail_over,
+    transcript_of,
+)
 from meshroute_middleware.chat.providers.messages_api import (
     broken_event,
     messages_error,
@@ -107,12 +114,28 @@ class ProviderCall:
                        m: Measurement) -> Failed | None:
         """Try `got`'s key; None once answered (or relayed), else why it failed."""
         c = got.candidate
-        assert c.provider is not None and got.key is not None
-        secret = self.secrets[c.provider.name][got.key - 1]
         payload = request_payload(cr, c)
         body = json.dumps({**{k: v for k, v in payload.items() if k != "route"},
                            "model": c.upstream_model}).encode()
-        if c.model is None or c.model.api == "openai":
+        url, headers = self._where(cr, got, c.model is not None and c.model.api != "openai")
+        ranking.begin(got)
+        return await self._attempt(cr, got, ranking, m, url, body, headers)
+
+    async def go_on(self, cr: ChainRequest, ranking: ProviderRanking, got: ChainAttempt,
+                    m: Measurement, on: GoingOn) -> Failed | None:
+        """Continue the stream `on` (chat/failover.py) on `got`'s key (continued.py)."""
+        body, going = continuation(on, got.candidate)
+        url, headers = self._where(cr, got, going.messages)
+        ranking.begin(got)
+        return await self._attempt(cr, got, ranking, m, url, body, headers, going)
+
+    def _where(self, cr: ChainRequest, got: ChainAttempt,
+               messages: bool) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """The URL and headers of an attempt on `got`'s key (a Messages upstream's or not)."""
+        c = got.candidate
+        assert c.provider is not None and got.key is not None
+        secret = self.secrets[c.provider.name][got.key - 1]
+        if not messages:
             headers = [(b"content-type", b"application/json"),
                        (b"authorization", b"Bearer " + secret.reveal().encode())]
             url = c.provider.base_url.rstrip("/") + cr.ex.req.path.removeprefix("/v1")
@@ -121,8 +144,7 @@ class ProviderCall:
             url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        ranking.begin(got)
-        return await self._attempt(cr, got, ranking, m, url, body, headers)
+        return url, headers
 
     def _budget(self, cr: ChainRequest) -> float:
         return min(self.timeouts.first_byte_s, cr.time_to_deadline(),
@@ -130,7 +152,8 @@ class ProviderCall:
 
     async def _attempt(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                        m: Measurement, url: str, body: bytes,
-                       headers: list[tuple[bytes, bytes]]) -> Failed | None:
+                       headers: list[tuple[bytes, bytes]],
+                       going: Going | None = None) -> Failed | None:
         budget = self._budget(cr)
         sent = time.perf_counter()
         req = cr.ex.req
@@ -153,10 +176,13 @@ class ProviderCall:
         try:
             if upstream.status in REVOKING_STATUSES:
                 return _failed(f"http_{upstream.status}", f"the provider refused key {got.key}")
+            if going is not None and (upstream.status >= 400 or not is_sse(upstream.headers)):
+                return _failed("capability", f"the route did not continue the answer "
+                                             f"({upstream.status})")
             if upstream.status >= 400:
                 return await self._client_error(cr, got, ranking, upstream, budget)
             if is_sse(upstream.headers):
-                return await self._stream(cr, got, ranking, m, upstream, sent, budget)
+                return await self._stream(cr, got, ranking, m, upstream, sent, budget, going)
             return await self._whole(cr, got, ranking, upstream, sent, budget)
         finally:
             upstream.close()
@@ -228,9 +254,11 @@ class ProviderCall:
 
     async def _stream(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                       m: Measurement, upstream: UpstreamResponse, sent: float,
-                      budget: float) -> Failed | None:
+                      budget: float, going: Going | None = None) -> Failed | None:
         """An SSE answer: nothing is sent before its first chunk; then it is relayed
-        (chat.relay) until it ends, breaks or the request's deadline cuts it."""
+        (chat.relay) until it ends, breaks or the request's deadline cuts it. A stream that
+        may be continued (chat/providers/continued.py) goes on on the next route that can
+        continue it when it breaks; `going`: this one continues another's."""
         chunks = decode_stream(upstream.headers, upstream.chunks()).__aiter__()
         scrub = self._scrubber.stream()  # holds back only a possible key's start
         held = bytearray()  # held back until content (a role-only chunk is no answer yet)
@@ -248,26 +276,34 @@ class ProviderCall:
         except StopAsyncIteration:  # ended without content: relay what it said, if anything
             if not held:
                 return _failed("connect", "the stream ended before any content")
-        native = native_of(cr, got.candidate)
+        native = None if going is not None else native_of(cr, got.candidate)
         if native is not None:
             native.relay()
         m.answer(upstream.headers)
         options = cr.payload.get("stream_options")
         chat = (ChatStream(got.candidate.upstream_model, isinstance(options, dict)
                            and options.get("include_usage") is True)
-                if reverse(cr, got.candidate) else None)
+                if (reverse(cr, got.candidate) if going is None else going.messages) else None)
+        transcript = transcript_of(cr, got, native, going)
         tail = bytearray()  # the stream's last bytes: its usage
 
         def passed_on(chunk: bytes) -> bytes:
             tail[:] = (tail + chunk)[-4096:]
-            return scrub.feed(chunk if chat is None else chat.feed(chunk))
+            out = chunk if chat is None else chat.feed(chunk)
+            return scrub.feed(out if transcript is None else transcript(out))
 
         ex = cr.ex
-        cr.tally.route = got.route
+        if going is None:
+            cr.tally.route = got.route
         ex.started = True
         error = ""
+        recorded = False
 
         def record() -> None:
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
             seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
             tokens = m.meter.completion_tokens if m.meter is not None else 0
             first_at = m.first if m.first is not None else time.perf_counter()
@@ -277,14 +313,23 @@ class ProviderCall:
                             ttfb_ms=(first_at - sent) * 1000)
 
         try:
-            await ex.send({"type": "http.response.start", "status": upstream.status,
-                           "headers": self._scrubber.headers(_passed_on(upstream.headers))
-                           + cr.tally.headers()})
-            error = await relay(ex.send, _readable(bytes(held), chunks), cr.deadline, m,
+            if going is None:
+                await ex.send({"type": "http.response.start", "status": upstream.status,
+                               "headers": self._scrubber.headers(_passed_on(upstream.headers))
+                               + cr.tally.headers()})
+            broke = await relay(ex.send, _readable(bytes(held), chunks), cr.deadline, m,
                                 passed_on)
-            error = "" if not error else "timeout" if error == "timeout" else "connect"
-            last = b"" if chat is None or error else scrub.feed(chat.close())
-            end = last + scrub.flush() + (b"" if not error else broken_event(
+            error = "" if not broke else "timeout" if broke == "timeout" else "connect"
+            if broke and transcript is not None:
+                upstream.close()
+                record()
+                if await fail_over(cr, got, ranking, m, transcript, broke, scrub.flush(),
+                                   self.go_on):
+                    return None
+            last = b"" if chat is None or error else chat.close()
+            if transcript is not None and not error:
+                last = transcript(last) + transcript.flush()
+            end = scrub.feed(last) + scrub.flush() + (b"" if not error else broken_event(
                 broken_text(error), native is not None))
         except OSError:
             ex.gone = True

@@ -36,6 +36,7 @@ from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
+from meshroute_middleware.chat.providers.continued import gather_whole
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
 from meshroute_middleware.chat.providers.ranking import Acquire, ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest, header
@@ -172,6 +173,7 @@ class ProviderChat:
         first = await ranking.first()
         failed = None
         if first is not None:
+            gather_whole(cr, res, first)  # a whole answer that may be continued: from a stream
             _, failed = await attempts.run(first, ranking.attempt, cr)
             if failed is None or ex.started:
                 return
