@@ -8,8 +8,9 @@ which is continued), and whose model has another route that can continue it (`ga
 `Gathering` is the client's `send` for such a request: a stream passes through it into a
 `chat.completion` (or `text_completion`) object sent whole at the end, with
 `x-meshroute-attempts` and the `meshroute` field when the answer was continued; a stream that
-ended with an error event becomes a 502 `upstream_failed`; an answer that is not a stream
-(an error) passes as it came. A provider chain gathers alike (chat/providers/continued.py).
+ended with an error event becomes a 502 `upstream_failed`, one whose text outgrew
+MAX_GATHERED_TEXT a 502 `invalid_upstream_answer`; an answer that is not a stream (an error)
+passes as it came. A provider chain gathers alike (chat/providers/continued.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ _NOT_CONTINUED = ("tools", "functions", "logprobs", "n", "best_of", "echo")
 _NAMED = (*(f'"{k}"'.encode() for k in _NOT_CONTINUED), b'"stream')
 _STREAMED = b', "stream": true, "stream_options": {"include_usage": true}'
 _DROPPED = frozenset({b"content-type", b"content-length", b"content-encoding"})
+# Characters of text a gathered answer holds (content, reasoning, tool arguments): 4 Mi is ~1M
+# tokens, past any answer a bound allows (MAX_ANSWER_TOKENS), as a transcript keeps
+# (MAX_TRANSCRIPT_BYTES); past it, a 502 instead of the answer.
+MAX_GATHERED_TEXT = 4 * 1024 * 1024
 
 
 def gathers(req: ChatRequest, first: Decision) -> bytes | None:
@@ -102,6 +107,11 @@ class Gathering:
     async def _send(self, gathered: Gathered) -> None:
         assert self._start is not None
         fresh = [] if self._fresh is None else self._fresh()
+        if gathered.size > MAX_GATHERED_TEXT:
+            await HttpError.UPSTREAM_ANSWER_INVALID.send(
+                self._client, f"the route's answer is larger than meshroute gathers "
+                f"({MAX_GATHERED_TEXT:,} characters of text)", fresh)
+            return
         answer = gathered.result()
         if answer is None:
             await HttpError.UPSTREAM_FAILED.send(
@@ -123,18 +133,19 @@ class Gathering:
 class Gathered:
     """The one answer object a chat (or completions) stream makes, folded event by event."""
 
-    __slots__ = ("answer", "choices", "failed", "kind")
+    __slots__ = ("answer", "choices", "failed", "kind", "size")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.answer: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.failed = False  # the stream ended with an error event
+        self.size = 0  # characters of text kept; past MAX_GATHERED_TEXT, none is
 
     def feed(self, lines: list[bytes]) -> None:
         """Whole lines of the stream (`data:` lines are its events; the rest is framing)."""
         for line in lines:
-            if self.failed or not line.startswith(b"data:"):
+            if self.failed or self.size > MAX_GATHERED_TEXT or not line.startswith(b"data:"):
                 continue
             chunk = json_object(line[5:].strip())
             if chunk is None:
@@ -150,7 +161,9 @@ class Gathered:
                 if isinstance(choice, dict):
                     index = choice.get("index", 0)
                     at = index if isinstance(index, int) else 0
-                    _add(self.choices.setdefault(at, {}), choice, self.kind)
+                    self.size += _add(self.choices.setdefault(at, {}), choice, self.kind)
+                    if self.size > MAX_GATHERED_TEXT:
+                        self.choices.clear()  # what was kept goes: the answer is an error
 
     def result(self) -> dict[str, Any] | None:
         """The answer; None when the stream ended with an error event or had no chunk."""
@@ -163,18 +176,20 @@ class Gathered:
         return answer
 
 
-def _add(parts: dict[str, Any], choice: dict[str, Any], kind: str) -> None:
+def _add(parts: dict[str, Any], choice: dict[str, Any], kind: str) -> int:
     """One chunk's choice, added to what the choice gathered so far (text as a list of
-    pieces, joined once at the end)."""
+    pieces, joined once at the end); how many characters of text it added."""
     if choice.get("finish_reason") is not None:
         parts["finish_reason"] = choice["finish_reason"]
     delta = choice if kind == "completions" else choice.get("delta")
     if not isinstance(delta, dict):
-        return
+        return 0
+    added = 0
     for name in ("content", "reasoning_content", "text", "refusal"):
         piece = delta.get(name)
         if isinstance(piece, str):
             parts.setdefault(name, []).append(piece)
+            added += len(piece)
     for call in delta.get("tool_calls") or ():
         if isinstance(call, dict):
             calls = parts.setdefault("tool_calls", {})
@@ -192,6 +207,8 @@ def _add(parts: dict[str, Any], choice: dict[str, Any], kind: str) -> None:
             arguments = function.get("arguments")
             if isinstance(arguments, str):
                 into["function"]["arguments"] += arguments
+                added += len(arguments)
+    return added
 
 
 def _text(parts: dict[str, Any], name: str) -> str | None:
