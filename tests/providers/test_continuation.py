@@ -58,6 +58,8 @@ class ChatUpstream:
 
     die_after: int | None = 5
     tool_call: bool = False
+    die_again: int | None = None  # its second request dies this many words in
+    refuse_prefill: int = 0  # this many requests with a trailing assistant message get a 400
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (key, body)
 
     def app(self) -> Starlette:
@@ -68,6 +70,9 @@ class ChatUpstream:
         self.seen.append((request.headers.get("authorization", "")[7:], body))
         last = body["messages"][-1]
         done = last["content"] if last["role"] == "assistant" else ""
+        if done and self.refuse_prefill:
+            self.refuse_prefill -= 1
+            return JSONResponse({"error": {"message": "no prefill", "type": "x"}}, 400)
         assert TEXT.startswith(done), f"{done!r} is not how the answer begins"
         rest = WORDS[len(done.split()):]
         usage = {"prompt_tokens": 10 + len(done.split()), "completion_tokens": len(rest),
@@ -77,7 +82,7 @@ class ChatUpstream:
                                  "model": body["model"], "usage": usage, "choices": [{
                                      "index": 0, "finish_reason": "stop", "message": {
                                          "role": "assistant", "content": "".join(rest)}}]})
-        dies = self.die_after if len(self.seen) == 1 else None
+        dies = {1: self.die_after, 2: self.die_again}.get(len(self.seen))
         return StreamingResponse(self._stream(len(self.seen), rest, usage, dies),
                                  media_type="text/event-stream")
 
@@ -171,7 +176,7 @@ def doc(*, api: str = "openai", continues: bool | None = True, keys: int = 2,
         chain: tuple[str, ...] = ("fastco/big-model",)) -> dict[str, Any]:
     return {"routing": {"chain": list(chain), "strategy": "priority"},
             "providers": [{"name": "fastco", "base_url": f"{FAST}/v1", "cache_ttl": 0,
-                           "keys": ["env:FAST_A", "env:FAST_B"][:keys],
+                           "keys": ["env:FAST_A", "env:FAST_B", "env:SLOW_A"][:keys],
                            "models": [model(api, continues)]}, *(more or [])]}
 
 
@@ -308,6 +313,30 @@ async def test_one_key_and_no_other_route_ends_with_the_error_event() -> None:
         resp = await client.post("/v1/chat/completions", json=chat(stream=True))
     assert events(resp.text)[-1]["error"]["code"] == "upstream_failed"
     assert len(upstream.seen) == 1
+
+
+async def test_a_second_death_goes_on_on_the_third_key() -> None:
+    upstream = ChatUpstream(die_again=3)
+    async with gateway(doc(keys=3), {FAST: upstream}) as (_, client):
+        resp = await client.post("/v1/chat/completions", json=chat(
+            stream=True, stream_options={"include_usage": True}))
+    chunks = events(resp.text)
+    assert streamed_text(chunks) == TEXT and not any("error" in c for c in chunks)
+    assert chunks[-1]["meshroute"]["routes"] == [FIRST, SECOND, "fastco/big-model#3"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 20  # 5 + 3 + the last 12
+    assert upstream.seen[2][1]["messages"][-1] == {"role": "assistant",
+                                                   "content": "".join(WORDS[:8])}
+    assert len({key for key, _ in upstream.seen}) == 3
+
+
+async def test_a_key_that_refuses_the_continuation_is_passed_for_the_next() -> None:
+    upstream = ChatUpstream(refuse_prefill=1)
+    async with gateway(doc(keys=3), {FAST: upstream}) as (_, client):
+        resp = await client.post("/v1/chat/completions", json=chat(stream=True))
+    chunks = events(resp.text)
+    assert streamed_text(chunks) == TEXT and not any("error" in c for c in chunks)
+    assert chunks[-1]["meshroute"]["routes"] == [FIRST, "fastco/big-model#3"]
+    assert len(upstream.seen) == 3
 
 
 async def test_another_provider_of_the_same_model_continues_and_others_are_passed() -> None:
