@@ -6,7 +6,10 @@ error event, as before.
 
 The continuation is an attempt of the request's own lifecycle (`Attempts.run`, without a
 hedge race: it runs inside the attempt that broke), so it is decided, recorded, fallen back
-from and bounded by the request's deadline like any attempt. Its answer is spliced into the
+from and bounded by the request's deadline like any attempt. A limited client's continuation
+is first reserved against its limits and budgets with its own request, whose prompt holds
+the text so far (`reserved`; refused: not continued), as a hedge is; what it spent is the
+answer's, whose usage sums the attempts. Its answer is spliced into the
 stream the client is reading (`Splice`); a continuation that fails mid-way is continued in
 turn, and when no route took it the stream ends with the error event here.
 """
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
+
+from starlette.types import Message
 
 from meshroute_middleware.chat.attempts import Exchange, RouteAttempt
 from meshroute_middleware.chat.continuation import (
@@ -25,6 +30,7 @@ from meshroute_middleware.chat.continuation import (
     constrained,
     continuation_body,
 )
+from meshroute_middleware.chat.spend import ClientRefused, ClientSpend, Metered
 from meshroute_middleware.core.kinds import ErrorKind
 
 log = logging.getLogger("meshroute.failover")
@@ -50,13 +56,15 @@ class Broke:
     error: ErrorKind
     tokens: int
     body: bytes
+    chain: bool = False  # a provider route's (priced), not a mesh route's (free)
 
 
 async def fail_over(ex: Exchange, transcript: Transcript, broke: Broke,
                     following: Callable[[], Awaitable[D | None]],
                     attempt: RouteAttempt[D, GoingOn], end: bytes, *,
                     echo: bool = True,
-                    announce: Callable[[D], None] | None = None) -> bool:
+                    announce: Callable[[D], None] | None = None,
+                    spend: ClientSpend | None = None) -> bool:
     """Continue the stream `broke` left on `following()`'s route (begun: its reservation
     taken; None when there is none) by `attempt`. True when the stream was ended here
     (continued, or its continuation failed too and `end`, the API's error event, was sent);
@@ -72,8 +80,13 @@ async def fail_over(ex: Exchange, transcript: Transcript, broke: Broke,
                              broke.tokens + (sum(splice.done) if splice is not None else 0))
     if body is None:
         why = why or "its prompt is not one string"
+    held = None if why or body is None else await reserved(spend, ex, body, broke.chain)
+    if held is None:
+        why = why or "its client is over a limit"
     nxt = None if why or body is None else await following()
     if nxt is None or body is None:
+        if isinstance(held, Metered):
+            await held.close()
         log.info("meshroute: %s broke off mid-stream (%s); not continued: %s", broke.route,
                  broke.error, why or "no other route can continue it")
         return False
@@ -84,10 +97,34 @@ async def fail_over(ex: Exchange, transcript: Transcript, broke: Broke,
     transcript.restart()
     if announce is not None:
         announce(nxt)
-    _, failed = await attempts.run(nxt, attempt, GoingOn(ex, body, transcript), hedged=False)
+    try:
+        _, failed = await attempts.run(nxt, attempt, GoingOn(ex, body, transcript),
+                                       hedged=False)
+    finally:
+        if isinstance(held, Metered):
+            await held.close()
     if failed is not None and not ex.gone:
         try:
             await ex.send({"type": "http.response.body", "more_body": False, "body": end})
         except OSError:
             ex.gone = True
     return True
+
+
+async def reserved(spend: ClientSpend | None, ex: Exchange, body: bytes,
+                   chain: bool) -> Metered | bool | None:
+    """A continuation's reservation against a limited client's limits and budgets, made
+    with the request that continues (`body`); True when there is none to make, None when
+    refused. Its `close()` ends it, spending nothing of its own."""
+    client = ex.req.client
+    if spend is None or client is None or not client.limited:
+        return True
+    try:
+        return await spend.admit(client, replace(ex.req, body=body, tokens=None, reached=None),
+                                 _nowhere, chain)
+    except ClientRefused:
+        return None
+
+
+async def _nowhere(message: Message) -> None:
+    """A reservation's own admission answers nobody."""

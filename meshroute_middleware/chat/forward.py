@@ -32,6 +32,7 @@ from meshroute_middleware.chat.headers import (
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.relay import broken_text, relay
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
@@ -64,8 +65,9 @@ class ForwardMode:
     def __init__(self, forwarder: Forwarder, *,
                  forward_headers: frozenset[bytes] = frozenset(),
                  node_keys: NodeSecrets | None = None, size_falls_over: bool = False,
-                 hedging: Hedging | None = None) -> None:
+                 hedging: Hedging | None = None, spend: ClientSpend | None = None) -> None:
         self.forwarder = forwarder
+        self.spend = spend  # a limited client's continuation is reserved (chat/failover.py)
         self.size_falls_over = size_falls_over
         self.forward_headers = forward_headers  # credentials the operator lets through
         self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
@@ -248,7 +250,8 @@ class ForwardMode:
         return await fail_over(
             ex, transcript, Broke(decision.signature, error, done, ex.req.body), following,
             self._continue, sse_error_event(broken_text(error)),
-            announce=lambda nxt: attempts.telemetry.failover(decision, nxt, error))
+            announce=lambda nxt: attempts.telemetry.failover(decision, nxt, error),
+            spend=self.spend)
 
 
 async def _size_refusal(upstream: UpstreamResponse, ex: Exchange) -> UpstreamResponse | Failed:

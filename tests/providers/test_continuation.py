@@ -368,12 +368,37 @@ async def test_usage_is_summed_and_charged_to_the_client() -> None:
             H_TEST_CLIENT.decode(): "alice"}, json=chat(stream=True))
         assert streamed_text(events(resp.text)) == TEXT
         assert not any(c.get("usage") for c in events(resp.text))  # not asked for
-        rows = (await client.get("/v1/usage", params={"client": "alice"})).json()["data"]
+        rows = (await client.get("/v1/usage", params={
+            "client": "alice", "group_by": "route"})).json()["data"]
     # the continuation read 15 prompt tokens (10 + the 5 words) and made 15; the dead
     # attempt read 10 and made 5
-    [row] = rows
-    assert (row["prompt_tokens"], row["completion_tokens"]) == (25, 20)
+    by_route = {r["route"]: r for r in rows}
+    row = by_route["fastco/big-model"]
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (1, 25, 20)
     assert row["cost_usd"] == pytest.approx((25 * PRICE_IN + 20 * PRICE_OUT) / 1e6)
+    # the continuation's reservation, released: one more upstream request, nothing spent
+    reserved = by_route["none"]
+    assert (reserved["requests"], reserved["prompt_tokens"], reserved["cost_usd"]) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(("daily_tokens", "continued"), [(1_000, True), (150, False)])
+async def test_a_continuation_is_reserved_against_the_clients_budget_first(
+        daily_tokens: int, continued: bool) -> None:
+    """The request reserves ~110 tokens (its prompt and max_tokens 100); its continuation
+    ~115 more (the prompt, the 5 words, 95): a budget of 150 admits the request, not both."""
+    alice = Client("alice", hashlib.sha256(b"key-alice").digest(), daily_tokens=daily_tokens)
+    upstream = ChatUpstream()
+    async with gateway(doc(), {FAST: upstream}, [alice]) as (_, client):
+        resp = await client.post("/v1/chat/completions", headers={
+            H_TEST_CLIENT.decode(): "alice"}, json=chat(stream=True, max_tokens=100))
+    chunks = events(resp.text)
+    assert resp.status_code == 200
+    if continued:
+        assert streamed_text(chunks) == TEXT and not any("error" in c for c in chunks)
+        assert len(upstream.seen) == 2
+    else:  # over its budget: not continued, never sent
+        assert chunks[-1]["error"]["code"] == "upstream_failed"
+        assert len(upstream.seen) == 1
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -54,6 +54,7 @@ from meshroute_middleware.chat.providers.ranking import ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -104,8 +105,9 @@ class ProviderCall:
 
     def __init__(self, providers: ProviderRouter, secrets: Mapping[str, tuple[Secret, ...]],
                  forwarder: Forwarder, timeouts: ForwardTimeouts,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], spend: ClientSpend | None = None) -> None:
         self.providers, self.secrets, self.forwarder = providers, secrets, forwarder
+        self.spend = spend  # a limited client's continuation is reserved (chat/failover.py)
         self.timeouts, self.clock = timeouts, clock
         self._scrubber = Scrubber(s.reveal() for keys in secrets.values() for s in keys)
         self.deadlines = KeyDeadlines()  # first-byte deadlines learned per key and load
@@ -324,7 +326,7 @@ class ProviderCall:
                 upstream.close()
                 record()
                 if await fail_over(cr, got, ranking, m, transcript, broke, scrub.flush(),
-                                   self.go_on):
+                                   self.go_on, self.spend):
                     return None
             last = b"" if chat is None or error else chat.close()
             if transcript is not None and not error:

@@ -28,6 +28,7 @@ from meshroute_middleware.chat.providers.messages_api import broken_event, nativ
 from meshroute_middleware.chat.providers.ranking import ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.chat.relay import broken_text
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.core.providers.chain import Candidate, Resolution
 from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
@@ -108,7 +109,7 @@ def transcript_of(cr: ChainRequest, got: ChainAttempt, native: Native | None,
 
 async def fail_over(cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                     m: Measurement, transcript: Transcript, error: ErrorKind, held: bytes,
-                    go_on: GoOn) -> bool:
+                    go_on: GoOn, spend: ClientSpend | None = None) -> bool:
     """`got`'s stream broke off after content: continued on the next route of its model that
     can continue it (chat/failover.py's rule), the chain's ranking kept to such routes
     meanwhile. True when the stream was ended there."""
@@ -128,9 +129,9 @@ async def fail_over(cr: ChainRequest, got: ChainAttempt, ranking: ProviderRankin
     attempts.ranking = Continuing(ranking, keep)
     try:
         return await fail_over_rule(
-            ex, transcript, Broke(got.route, error, done, chain_body(cr)), following, attempt,
-            broken_event(broken_text(error), False),
-            announce=lambda nxt: announce(ranking.telemetry, got, nxt, error))
+            ex, transcript, Broke(got.route, error, done, chain_body(cr), chain=True), following,
+            attempt, broken_event(broken_text(error), False),
+            announce=lambda nxt: announce(ranking.telemetry, got, nxt, error), spend=spend)
     finally:
         attempts.ranking = ranking
 
