@@ -137,8 +137,8 @@ class ForwardMode:
         self.deadlines.observe(signature, time.perf_counter() - measurement.start)
         return upstream
 
-    async def _continue(self, decision: Decision, measurement: Measurement,
-                        going: GoingOn) -> Failed | None:
+    async def continuing(self, decision: Decision, measurement: Measurement,
+                         going: GoingOn) -> Failed | None:
         """An attempt that continues a stream another route began (chat/continuation.py):
         its answer is spliced into the stream the client is reading. A route that refuses
         the continuation (a 4xx: a server that takes no assistant prefill) is passed over
@@ -249,7 +249,7 @@ class ForwardMode:
 
         return await fail_over(
             ex, transcript, Broke(decision.signature, error, done, ex.req.body), following,
-            self._continue, sse_error_event(broken_text(error)),
+            self.continuing, sse_error_event(broken_text(error)),
             announce=lambda nxt: attempts.telemetry.failover(decision, nxt, error),
             spend=self.spend)
 

@@ -59,6 +59,7 @@ class ChatUpstream:
     die_after: int | None = 5
     tool_call: bool = False
     die_again: int | None = None  # its second request dies this many words in
+    echo: bool = False  # a continuation repeats the prefill first, in two pieces
     refuse_prefill: int = 0  # this many requests with a trailing assistant message get a 400
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (key, body)
 
@@ -75,6 +76,8 @@ class ChatUpstream:
             return JSONResponse({"error": {"message": "no prefill", "type": "x"}}, 400)
         assert TEXT.startswith(done), f"{done!r} is not how the answer begins"
         rest = WORDS[len(done.split()):]
+        if self.echo and done:
+            rest = [done[:4], done[4:], *rest]
         usage = {"prompt_tokens": 10 + len(done.split()), "completion_tokens": len(rest),
                  "total_tokens": 10 + len(done.split()) + len(rest)}
         if not body.get("stream"):
@@ -359,6 +362,47 @@ async def test_another_provider_of_the_same_model_continues_and_others_are_passe
     assert third.seen[0][1]["messages"][-1] == {"role": "assistant", "content": PARTIAL}
     assert third.seen[0][1]["model"] == "big-model"
     assert chunks[-1]["meshroute"]["routes"] == ["fastco/big-model#1", "thirdco/big-model#1"]
+
+
+@pytest.mark.parametrize("echo", [False, True])
+async def test_a_chains_mesh_entry_of_the_same_model_continues_a_provider_stream(
+        echo: bool) -> None:
+    """fastco's big-model (one key) dies; the chain's mesh model `big-model` goes on, on its
+    node's route (a server that may repeat the prefill first, as llama.cpp's does)."""
+    first, node_head = ChatUpstream(), ChatUpstream(die_after=None, echo=echo)
+    head = "http://127.0.0.1:9104"
+    config = doc(keys=1, chain=("fastco/big-model", "big-model"))
+    config["mesh"] = {"big-model": {"tier": "large"}}
+    async with gateway(config, {FAST: first, head: node_head}) as (gw, client):
+        gw.mesh.upsert_raw({"node_id": "n1", "model": "big-model", "start": 0, "end": 39,
+                            "layers": 40, "url": head, "tps": 20}, "test")
+        resp = await client.post("/v1/chat/completions", json=chat(model="auto", stream=True))
+    chunks = events(resp.text)
+    assert streamed_text(chunks) == TEXT and not any("error" in c for c in chunks)
+    assert node_head.seen[0][1]["messages"][-1] == {"role": "assistant", "content": PARTIAL}
+    assert node_head.seen[0][1]["model"] == "big-model"
+    assert chunks[-1]["meshroute"]["routes"] == [FIRST,
+                                                 "big-model|n1[0-39]"]
+
+
+async def test_a_mesh_route_that_dies_continuing_goes_on_on_the_next_mesh_route() -> None:
+    first, dying, last = ChatUpstream(), ChatUpstream(die_after=3), ChatUpstream(die_after=None)
+    heads = {"http://127.0.0.1:9104": (dying, 30), "http://127.0.0.1:9105": (last, 10)}
+    config = doc(keys=1, chain=("fastco/big-model", "big-model"))
+    config["mesh"] = {"big-model": {"tier": "large"}}
+    async with gateway(config, {FAST: first, **{u: h for u, (h, _) in heads.items()}}) \
+            as (gw, client):
+        for i, (url, (_, tps)) in enumerate(heads.items()):
+            gw.mesh.upsert_raw({"node_id": f"n{i}", "model": "big-model", "start": 0,
+                                "end": 39, "layers": 40, "url": url, "tps": tps}, "test")
+        resp = await client.post("/v1/chat/completions", json=chat(model="auto", stream=True))
+    chunks = events(resp.text)
+    assert streamed_text(chunks) == TEXT and not any("error" in c for c in chunks)
+    messages = last.seen[0][1]["messages"]
+    assert messages == [{"role": "user", "content": "count"},
+                        {"role": "assistant", "content": "".join(WORDS[:8])}]
+    assert chunks[-1]["meshroute"]["routes"] == [FIRST, "big-model|n0[0-39]",
+                                                 "big-model|n1[0-39]"]
 
 
 async def test_usage_is_summed_and_charged_to_the_client() -> None:

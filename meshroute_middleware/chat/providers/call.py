@@ -38,6 +38,7 @@ from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
 from meshroute_middleware.chat.providers.continued import (
     Going,
+    MeshGoOn,
     continuation,
     fail_over,
     transcript_of,
@@ -108,6 +109,7 @@ class ProviderCall:
                  clock: Callable[[], float], spend: ClientSpend | None = None) -> None:
         self.providers, self.secrets, self.forwarder = providers, secrets, forwarder
         self.spend = spend  # a limited client's continuation is reserved (chat/failover.py)
+        self.mesh: MeshGoOn | None = None  # the lane's mesh entry: it may continue a stream
         self.timeouts, self.clock = timeouts, clock
         self._scrubber = Scrubber(s.reveal() for keys in secrets.values() for s in keys)
         self.deadlines = KeyDeadlines()  # first-byte deadlines learned per key and load
@@ -326,7 +328,7 @@ class ProviderCall:
                 upstream.close()
                 record()
                 if await fail_over(cr, got, ranking, m, transcript, broke, scrub.flush(),
-                                   self.go_on, self.spend):
+                                   self.go_on, self.mesh, self.spend):
                     return None
             last = b"" if chat is None or error else chat.close()
             if transcript is not None and not error:

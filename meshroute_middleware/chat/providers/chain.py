@@ -92,10 +92,10 @@ class ProviderChat:
         forward = ForwardMode(forwarder, node_keys=node_keys, size_falls_over=True, spend=spend)
 
         def lane(ranking: ProviderRouter, mesh_router: Router, kind: str = "chat") -> _Lane:
-            return _Lane(ranking, ProviderCall(ranking, secrets, forwarder,
-                                               timeouts or ForwardTimeouts(), clock, spend),
-                         MeshEntry(mesh_router, telemetry, forward),
-                         mesh_router.config.min_sample_tokens, kind)
+            call = ProviderCall(ranking, secrets, forwarder, timeouts or ForwardTimeouts(),
+                                clock, spend)
+            call.mesh = MeshEntry(mesh_router, telemetry, forward)  # it continues streams too
+            return _Lane(ranking, call, call.mesh, mesh_router.config.min_sample_tokens, kind)
         # Embeddings rank and record provider routes in statistics of their own (inputs/s),
         # over the same key gates and sessions: a key's limits are the provider's, whatever
         # the endpoint (docs/architecture.md, "Statistics per request kind").

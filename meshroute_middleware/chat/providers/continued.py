@@ -1,7 +1,8 @@
 """Mid-stream failover on provider routes (issue 34): a provider model whose config declares
 `continue = true` may have its broken stream continued on a route of the same model that
-declares it too: another key of the same provider model, or another provider's model of the
-same id, in the chain's order (chat/failover.py's rule, chat/providers/call.py's attempts).
+declares it too: another key of the same provider model, another provider's model of the same
+id, or the chain's mesh model of that name (its routes that can continue), in the chain's order
+(chat/failover.py's rule; chat/providers/call.py's and mesh_entry.py's attempts).
 
 An OpenAI-compatible upstream gets the chat request with the text so far as a trailing
 assistant message; an Anthropic Messages upstream gets it translated to Messages, where a
@@ -38,6 +39,9 @@ from meshroute_middleware.telemetry.metrics import Telemetry
 Keep = Callable[[Candidate], bool]  # which candidates may continue a stream
 GoOn = Callable[[ChainRequest, ProviderRanking, ChainAttempt, Measurement, GoingOn],
                 Awaitable[Failed | None]]  # a continuation attempt (ProviderCall.go_on)
+# a mesh entry's attempts continuing a stream (MeshEntry.__call__ with `going`)
+MeshGoOn = Callable[[ChainRequest, ChainAttempt, ProviderRanking, Measurement, GoingOn],
+                    Awaitable[Failed | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +62,11 @@ def may_continue(cr: ChainRequest, c: Candidate) -> bool:
 
 def same_model(c: Candidate) -> Keep:
     """Which candidates may continue a stream of `c`: provider models of its id that
-    declare `continue` (a chain's mesh entries are not continued onto)."""
+    declare `continue`, and the mesh model of that name (its routes that can continue:
+    chat/providers/mesh_entry.py)."""
     def keep(other: Candidate) -> bool:
+        if other.provider is None:
+            return other.route == c.upstream_model
         return (other.model is not None and other.model.continues
                 and other.upstream_model == c.upstream_model)
     return keep
@@ -109,7 +116,8 @@ def transcript_of(cr: ChainRequest, got: ChainAttempt, native: Native | None,
 
 async def fail_over(cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                     m: Measurement, transcript: Transcript, error: ErrorKind, held: bytes,
-                    go_on: GoOn, spend: ClientSpend | None = None) -> bool:
+                    go_on: GoOn, mesh: MeshGoOn | None = None,
+                    spend: ClientSpend | None = None) -> bool:
     """`got`'s stream broke off after content: continued on the next route of its model that
     can continue it (chat/failover.py's rule), the chain's ranking kept to such routes
     meanwhile. True when the stream was ended there."""
@@ -124,7 +132,11 @@ async def fail_over(cr: ChainRequest, got: ChainAttempt, ranking: ProviderRankin
         return await ranking.going_on(got, keep)
 
     async def attempt(nxt: ChainAttempt, m2: Measurement, on: GoingOn) -> Failed | None:
-        return await go_on(cr, ranking, nxt, m2, on)
+        if nxt.candidate.is_provider:
+            return await go_on(cr, ranking, nxt, m2, on)
+        if mesh is None:
+            return Failed("connect", "no mesh entry here", code="capability")
+        return await mesh(cr, nxt, ranking, m2, on)
 
     attempts.ranking = Continuing(ranking, keep)
     try:
