@@ -60,6 +60,7 @@ class ChatUpstream:
     tool_call: bool = False
     die_again: int | None = None  # its second request dies this many words in
     echo: bool = False  # a continuation repeats the prefill first, in two pieces
+    stall: bool = False  # its first request stalls (rather than dies) `die_after` words in
     refuse_prefill: int = 0  # this many requests with a trailing assistant message get a 400
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (key, body)
 
@@ -101,6 +102,8 @@ class ChatUpstream:
             yield chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                          "function": {"name": "f", "arguments": "{\"a\""}}]})
         for i, word in enumerate(rest):
+            if i == dies and self.stall and n == 1:
+                await asyncio.sleep(600)  # cut by the gateway's idle bound long before
             if i == dies:
                 raise ConnectionError("emulated death mid-stream")
             await asyncio.sleep(0)
@@ -185,13 +188,15 @@ def doc(*, api: str = "openai", continues: bool | None = True, keys: int = 2,
 
 @contextlib.asynccontextmanager
 async def gateway(config: dict[str, Any], apps: dict[str, Any],
-                  clients: list[Client] = ()) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+                  clients: list[Client] = (), idle_s: float = 30.0
+                  ) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
     settings = ServeSettings(mdns=False, seed=3, router=RouterConfig(explore_share=0.0),
                              first_byte_timeout_s=5.0, state_file=":memory:",
                              providers=parse_providers_config(config))
     gw = build_gateway(GatewayConfig.build(settings, ENV), clock=FakeClock(1_796_040_000.0),
                        forwarder=ASGIForwarder({u: a.app() for u, a in apps.items()},
-                                               ForwardTimeouts(first_byte_s=5.0)))
+                                               ForwardTimeouts(first_byte_s=5.0,
+                                                               idle_s=idle_s)))
     app = as_client(gw.app, {c.name: c for c in clients}) if clients else gw.app
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
@@ -316,6 +321,15 @@ async def test_one_key_and_no_other_route_ends_with_the_error_event() -> None:
         resp = await client.post("/v1/chat/completions", json=chat(stream=True))
     assert events(resp.text)[-1]["error"]["code"] == "upstream_failed"
     assert len(upstream.seen) == 1
+
+
+async def test_a_stream_stalled_past_the_idle_bound_goes_on_on_the_next_key() -> None:
+    upstream = ChatUpstream(stall=True)
+    async with gateway(doc(), {FAST: upstream}, idle_s=1.0) as (_, client):
+        resp = await client.post("/v1/chat/completions", json=chat(stream=True))
+    chunks = events(resp.text)
+    assert streamed_text(chunks) == TEXT and not any("error" in c for c in chunks)
+    assert upstream.seen[1][1]["messages"][-1] == {"role": "assistant", "content": PARTIAL}
 
 
 async def test_a_second_death_goes_on_on_the_third_key() -> None:
