@@ -11,10 +11,11 @@ any other request goes translated to Messages and its answer comes back as chat 
 Nothing reaches the client before the first content byte of an answer: until then a failure
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
-event. Every wait is bounded by the first-byte timeout, the chain's budget and the request's
-deadline, and the head's by the key's learned first-byte deadline under its load
-(chat/deadlines.py `KeyDeadlines`); a head silent between two chunks is the forwarder's idle
-timeout.
+event, unless its model declares `continue` and another route can go on with it
+(chat/providers/continued.py). Every wait is bounded by the first-byte timeout, the chain's
+budget and the request's deadline, and the head's by the key's learned first-byte deadline
+under its load (chat/deadlines.py `KeyDeadlines`); a head silent between two chunks is the
+forwarder's idle timeout.
 """
 
 from __future__ import annotations
