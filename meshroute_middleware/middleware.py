@@ -111,7 +111,7 @@ class MeshRouteMiddleware:
         self._mode: AnnotateMode | ForwardMode = (
             AnnotateMode(app) if self.annotate else ForwardMode(
                 self.forwarder, forward_headers=allow_list(self.config.forward_headers),
-                node_keys=node_keys, hedging=hedging))
+                node_keys=node_keys, hedging=hedging, spend=spend))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -202,7 +202,7 @@ def provider_chat(gw: Gateway, config: GatewayConfig,
                         else functools.partial(gates.acquire, providers),
                         node_keys=config.node_secrets,
                         embeddings_router=gw.embeddings_router,
-                        hedging=hedging_of(gw, settings))
+                        hedging=hedging_of(gw, settings), spend=gw.spend)
 
 
 def front(gw: Gateway, lifespan: Lifespan | None = None) -> ASGIApp:

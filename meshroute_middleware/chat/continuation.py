@@ -1,5 +1,6 @@
 """Mid-stream failover (issue 34): a streamed answer whose route dies after content reached
-the client is continued on the next route of the same model, in the same stream.
+the client is continued on the next route of the same model, in the same stream (the rule:
+chat/failover.py; mesh routes: chat/forward.py; provider routes: chat/providers/continued.py).
 
 The next route gets the original request plus what was relayed so far: chat completions as a
 trailing assistant message (llama.cpp's server continues it, as most servers that accept a
@@ -11,9 +12,9 @@ the usage chunk.
 
 What is not continued (docs/reliability.md, "Mid-stream failover"): a stream that relayed a
 tool call, reasoning or more than one choice, that had already finished, that is larger than
-MAX_TRANSCRIPT_BYTES, a request that says `"meshroute": {"continue": false}`, a prompt that is
-not one string, and a route a node announced cannot continue. Those end as before: with the
-API's SSE error event.
+MAX_TRANSCRIPT_BYTES or sent an event larger than MAX_EVENT_BYTES, a request that says
+`"meshroute": {"continue": false}`, a prompt that is not one string, and a route a node
+announced cannot continue. Those end as before: with the API's SSE error event.
 
 `Transcript` is the relay's transform: it sends whole SSE events only (an event cut in half
 would be read by nobody) and keeps the bytes it sent, parsed only when a route fails.
@@ -33,6 +34,9 @@ from meshroute_middleware.http.request import RequestKind
 # What a stream keeps of its own answer to continue it: 4 MiB is ~1M tokens of text, past any
 # answer a bound allows (MAX_ANSWER_TOKENS); a larger stream is not continued.
 MAX_TRANSCRIPT_BYTES = 4 * 1024 * 1024
+# An event held back until its blank line: a route that sends a larger one (or never ends it)
+# has it passed on as it comes, and its stream is no more continued.
+MAX_EVENT_BYTES = 1024 * 1024
 _DATA = b"data:"
 
 
@@ -191,6 +195,10 @@ class Splice:
         self._failed = f"{failed} failed mid-stream ({error})"
         self._echo, self._pending = (echo or None), ""
 
+    def echoes(self, text: str) -> None:
+        """The next route may first repeat `text` only (not the whole text relayed so far)."""
+        self._echo, self._pending = (text or None), ""
+
     def going_on(self, route: str) -> None:
         """`route` answered the continuation: its events come next."""
         self.routes.append(route)
@@ -279,9 +287,9 @@ def _empty(choices: object) -> bool:
 
 
 class Transcript:
-    """The relay's transform for a stream that may be continued: whole events only, each
-    kept (up to MAX_TRANSCRIPT_BYTES) for `partial()`; a continuing route's events pass
-    through its `splice` first."""
+    """The relay's transform for a stream that may be continued: whole events only (up to
+    MAX_EVENT_BYTES each), each kept (up to MAX_TRANSCRIPT_BYTES) for `partial()`; a
+    continuing route's events pass through its `splice` first."""
 
     __slots__ = ("_held", "kind", "overflow", "sent", "splice")
 
@@ -300,6 +308,9 @@ class Transcript:
             crlf = data.rfind(b"\r\n\r\n")
             end = max(end, 0 if crlf < 0 else crlf + 4)
         whole, self._held = data[:end], data[end:]
+        if len(self._held) > MAX_EVENT_BYTES:
+            whole, self._held = data, b""
+            self.overflow, self.sent = True, bytearray()
         return self._keep(whole)
 
     def _keep(self, whole: bytes) -> bytes:

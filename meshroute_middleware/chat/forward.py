@@ -15,18 +15,12 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import Literal
 
 from meshroute_middleware.chat.attempts import Attempts, Exchange, Failed, Measurement, retry_at
-from meshroute_middleware.chat.continuation import (
-    Splice,
-    Transcript,
-    constrained,
-    continuation_body,
-    next_continuing,
-)
+from meshroute_middleware.chat.continuation import Transcript, next_continuing
 from meshroute_middleware.chat.deadlines import FirstByteDeadlines, GapDeadlines
+from meshroute_middleware.chat.failover import Broke, GoingOn, fail_over
 from meshroute_middleware.chat.gather import Gathering, gathers
 from meshroute_middleware.chat.headers import (
     Headers,
@@ -38,6 +32,7 @@ from meshroute_middleware.chat.headers import (
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets
 from meshroute_middleware.chat.relay import broken_text, cut_by_us, relay
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import Decision, Router
 from meshroute_middleware.core.contracts.load import LOAD_HEADER, parse_held
@@ -70,8 +65,9 @@ class ForwardMode:
     def __init__(self, forwarder: Forwarder, *,
                  forward_headers: frozenset[bytes] = frozenset(),
                  node_keys: NodeSecrets | None = None, size_falls_over: bool = False,
-                 hedging: Hedging | None = None) -> None:
+                 hedging: Hedging | None = None, spend: ClientSpend | None = None) -> None:
         self.forwarder = forwarder
+        self.spend = spend  # a limited client's continuation is reserved (chat/failover.py)
         self.size_falls_over = size_falls_over
         self.forward_headers = forward_headers  # credentials the operator lets through
         self.node_keys = node_keys or {}  # [[node_keys]]: a node's own key, for it alone
@@ -141,8 +137,8 @@ class ForwardMode:
         self.deadlines.observe(signature, time.perf_counter() - measurement.start)
         return upstream
 
-    async def _continue(self, decision: Decision, measurement: Measurement,
-                        going: GoingOn) -> Failed | None:
+    async def continuing(self, decision: Decision, measurement: Measurement,
+                         going: GoingOn) -> Failed | None:
         """An attempt that continues a stream another route began (chat/continuation.py):
         its answer is spliced into the stream the client is reading. A route that refuses
         the continuation (a 4xx: a server that takes no assistant prefill) is passed over
@@ -246,49 +242,19 @@ class ForwardMode:
     async def _failover(self, decision: Decision, m: Measurement, ex: Exchange,
                         transcript: Transcript, error: ErrorKind) -> bool:
         """`decision`'s stream broke off (`error`) after content reached the client: go on
-        on the next route that can continue it (chat/continuation.py). True when the stream
-        was ended here (continued, or its continuation failed too); False when it cannot be
-        continued: the caller ends it with the error event."""
+        on the next route that can continue it (chat/failover.py's rule). True when the
+        stream was ended there; False when it cannot be continued."""
         attempts = ex.attempts
-        partial = transcript.partial()
-        why = (partial.refusal
-               or ("its format is constrained" if constrained(ex.req.body) else "")
-               or ("the request's deadline ran out" if attempts.too_late() else ""))
         done = m.meter.completion_tokens if m.meter is not None else 0
-        splice = transcript.splice
-        body = continuation_body(ex.req.body, ex.req.kind, partial.text,
-                                 done + (sum(splice.done) if splice is not None else 0))
-        if body is None:
-            why = why or "its prompt is not one string"
-        following = None if why else next_continuing(attempts.router, decision)
-        if following is None or body is None:
-            log.info("meshroute: %s broke off mid-stream (%s); not continued: %s",
-                     decision.signature, error, why or "no other route can continue it")
-            return False
-        if splice is None:
-            splice = transcript.splice = Splice(partial, [decision.signature])
-        splice.switch(decision.signature, error, done,
-                      partial.text if ex.req.kind == "chat" else "")
-        transcript.restart()
-        attempts.telemetry.failover(decision, following, error)
-        _, failed = await attempts.run(following, self._continue,
-                                       GoingOn(ex, body, transcript), hedged=False)
-        if failed is not None and not ex.gone:
-            try:
-                await ex.send({"type": "http.response.body", "more_body": False,
-                               "body": sse_error_event(broken_text(error))})
-            except OSError:
-                ex.gone = True
-        return True
 
+        async def following() -> Decision | None:
+            return next_continuing(attempts.router, decision)
 
-@dataclass(frozen=True, slots=True)
-class GoingOn:
-    """A stream being continued: its exchange, the body that continues it, its transcript."""
-
-    ex: Exchange
-    body: bytes
-    transcript: Transcript
+        return await fail_over(
+            ex, transcript, Broke(decision.signature, error, done, ex.req.body), following,
+            self.continuing, sse_error_event(broken_text(error)),
+            announce=lambda nxt: attempts.telemetry.failover(decision, nxt, error),
+            spend=self.spend)
 
 
 async def _size_refusal(upstream: UpstreamResponse, ex: Exchange) -> UpstreamResponse | Failed:

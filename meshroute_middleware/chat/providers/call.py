@@ -11,11 +11,12 @@ any other request goes translated to Messages and its answer comes back as chat 
 Nothing reaches the client before the first content byte of an answer: until then a failure
 (429, 5xx, timeout, connect, a stream that breaks before its first chunk) is returned, for
 the chain to try the next route. After it, a broken or cut stream ends with an SSE error
-event. Every wait is bounded by the first-byte timeout, the chain's budget and the request's
-deadline, and the head's by the key's learned first-byte deadline under its load
-(chat/deadlines.py `KeyDeadlines`); a head silent between two chunks by the key's learned gap
-once warm (`GapDeadlines`, as a mesh route's: a stall past it breaks the stream), else the
-forwarder's idle timeout.
+event, unless its model declares `continue` and another route can go on with it
+(chat/providers/continued.py). Every wait is bounded by the first-byte timeout, the chain's
+budget and the request's deadline, and the head's by the key's learned first-byte deadline
+under its load (chat/deadlines.py `KeyDeadlines`); a head silent between two chunks by the
+key's learned gap once warm (`GapDeadlines`, as a mesh route's: a stall past it breaks the
+stream), else the forwarder's idle timeout.
 """
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ from meshroute_middleware.chat.dialects.wire.anthropic_chat import (
     chat_completion,
     chat_error,
 )
+from meshroute_middleware.chat.failover import GoingOn
 from meshroute_middleware.chat.headers import is_sse
 from meshroute_middleware.chat.keyring import Secret
+from meshroute_middleware.chat.providers.continued import (
+    Going,
+    MeshGoOn,
+    continuation,
+    fail_over,
+    transcript_of,
+)
 from meshroute_middleware.chat.providers.messages_api import (
     broken_event,
     messages_error,
@@ -48,6 +57,7 @@ from meshroute_middleware.chat.providers.ranking import ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.relay import broken_text, relay
 from meshroute_middleware.chat.scrub import Scrubber, UndecodableError, decode_body, decode_stream
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.core.kinds import ErrorKind
 from meshroute_middleware.core.providers.keys import REVOKING_STATUSES, parse_retry_after
 from meshroute_middleware.core.providers.router import ChainAttempt, ProviderRouter
@@ -98,8 +108,10 @@ class ProviderCall:
 
     def __init__(self, providers: ProviderRouter, secrets: Mapping[str, tuple[Secret, ...]],
                  forwarder: Forwarder, timeouts: ForwardTimeouts,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], spend: ClientSpend | None = None) -> None:
         self.providers, self.secrets, self.forwarder = providers, secrets, forwarder
+        self.spend = spend  # a limited client's continuation is reserved (chat/failover.py)
+        self.mesh: MeshGoOn | None = None  # the lane's mesh entry: it may continue a stream
         self.timeouts, self.clock = timeouts, clock
         self._scrubber = Scrubber(s.reveal() for keys in secrets.values() for s in keys)
         self.deadlines = KeyDeadlines()  # first-byte deadlines learned per key and load
@@ -109,12 +121,28 @@ class ProviderCall:
                        m: Measurement) -> Failed | None:
         """Try `got`'s key; None once answered (or relayed), else why it failed."""
         c = got.candidate
-        assert c.provider is not None and got.key is not None
-        secret = self.secrets[c.provider.name][got.key - 1]
         payload = request_payload(cr, c)
         body = json.dumps({**{k: v for k, v in payload.items() if k != "route"},
                            "model": c.upstream_model}).encode()
-        if c.model is None or c.model.api == "openai":
+        url, headers = self._where(cr, got, c.model is not None and c.model.api != "openai")
+        ranking.begin(got)
+        return await self._attempt(cr, got, ranking, m, url, body, headers)
+
+    async def go_on(self, cr: ChainRequest, ranking: ProviderRanking, got: ChainAttempt,
+                    m: Measurement, on: GoingOn) -> Failed | None:
+        """Continue the stream `on` (chat/failover.py) on `got`'s key (continued.py)."""
+        body, going = continuation(on, got.candidate)
+        url, headers = self._where(cr, got, going.messages)
+        ranking.begin(got)
+        return await self._attempt(cr, got, ranking, m, url, body, headers, going)
+
+    def _where(self, cr: ChainRequest, got: ChainAttempt,
+               messages: bool) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """The URL and headers of an attempt on `got`'s key (a Messages upstream's or not)."""
+        c = got.candidate
+        assert c.provider is not None and got.key is not None
+        secret = self.secrets[c.provider.name][got.key - 1]
+        if not messages:
             headers = [(b"content-type", b"application/json"),
                        (b"authorization", b"Bearer " + secret.reveal().encode())]
             url = c.provider.base_url.rstrip("/") + cr.ex.req.path.removeprefix("/v1")
@@ -123,8 +151,7 @@ class ProviderCall:
             url = c.provider.base_url.rstrip("/") + "/messages"
         if (accept := header(cr.ex.scope, b"accept")) is not None:
             headers.append((b"accept", accept.encode("latin-1")))
-        ranking.begin(got)
-        return await self._attempt(cr, got, ranking, m, url, body, headers)
+        return url, headers
 
     def _budget(self, cr: ChainRequest) -> float:
         return min(self.timeouts.first_byte_s, cr.time_to_deadline(),
@@ -132,7 +159,8 @@ class ProviderCall:
 
     async def _attempt(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                        m: Measurement, url: str, body: bytes,
-                       headers: list[tuple[bytes, bytes]]) -> Failed | None:
+                       headers: list[tuple[bytes, bytes]],
+                       going: Going | None = None) -> Failed | None:
         budget = self._budget(cr)
         sent = time.perf_counter()
         req = cr.ex.req
@@ -155,10 +183,13 @@ class ProviderCall:
         try:
             if upstream.status in REVOKING_STATUSES:
                 return _failed(f"http_{upstream.status}", f"the provider refused key {got.key}")
+            if going is not None and (upstream.status >= 400 or not is_sse(upstream.headers)):
+                return _failed("capability", f"the route did not continue the answer "
+                                             f"({upstream.status})")
             if upstream.status >= 400:
                 return await self._client_error(cr, got, ranking, upstream, budget)
             if is_sse(upstream.headers):
-                return await self._stream(cr, got, ranking, m, upstream, sent, budget)
+                return await self._stream(cr, got, ranking, m, upstream, sent, budget, going)
             return await self._whole(cr, got, ranking, upstream, sent, budget)
         finally:
             upstream.close()
@@ -230,9 +261,11 @@ class ProviderCall:
 
     async def _stream(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
                       m: Measurement, upstream: UpstreamResponse, sent: float,
-                      budget: float) -> Failed | None:
+                      budget: float, going: Going | None = None) -> Failed | None:
         """An SSE answer: nothing is sent before its first chunk; then it is relayed
-        (chat.relay) until it ends, breaks or the request's deadline cuts it."""
+        (chat.relay) until it ends, breaks or the request's deadline cuts it. A stream that
+        may be continued (chat/providers/continued.py) goes on on the next route that can
+        continue it when it breaks; `going`: this one continues another's."""
         paced = self.gaps.paced(got.route, upstream)
         chunks = decode_stream(upstream.headers, paced).__aiter__()
         scrub = self._scrubber.stream()  # holds back only a possible key's start
@@ -252,26 +285,34 @@ class ProviderCall:
         except StopAsyncIteration:  # ended without content: relay what it said, if anything
             if not held:
                 return _failed("connect", "the stream ended before any content")
-        native = native_of(cr, got.candidate)
+        native = None if going is not None else native_of(cr, got.candidate)
         if native is not None:
             native.relay()
         m.answer(upstream.headers)
         options = cr.payload.get("stream_options")
         chat = (ChatStream(got.candidate.upstream_model, isinstance(options, dict)
                            and options.get("include_usage") is True)
-                if reverse(cr, got.candidate) else None)
+                if (reverse(cr, got.candidate) if going is None else going.messages) else None)
+        transcript = transcript_of(cr, got, native, going)
         tail = bytearray()  # the stream's last bytes: its usage
 
         def passed_on(chunk: bytes) -> bytes:
             tail[:] = (tail + chunk)[-4096:]
-            return scrub.feed(chunk if chat is None else chat.feed(chunk))
+            out = chunk if chat is None else chat.feed(chunk)
+            return scrub.feed(out if transcript is None else transcript(out))
 
         ex = cr.ex
-        cr.tally.route = got.route
+        if going is None:
+            cr.tally.route = got.route
         ex.started = True
         error = ""
+        recorded = False
 
         def record() -> None:
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
             seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
             tokens = m.meter.completion_tokens if m.meter is not None else 0
             first_at = m.first if m.first is not None else time.perf_counter()
@@ -281,15 +322,24 @@ class ProviderCall:
                             ttfb_ms=(first_at - sent) * 1000)
 
         try:
-            await ex.send({"type": "http.response.start", "status": upstream.status,
-                           "headers": self._scrubber.headers(_passed_on(upstream.headers))
-                           + cr.tally.headers()})
-            error = await relay(ex.send, _readable(bytes(held), chunks), cr.deadline, m,
+            if going is None:
+                await ex.send({"type": "http.response.start", "status": upstream.status,
+                               "headers": self._scrubber.headers(_passed_on(upstream.headers))
+                               + cr.tally.headers()})
+            broke = await relay(ex.send, _readable(bytes(held), chunks), cr.deadline, m,
                                 passed_on)
-            paced.end(error)
-            error = "" if not error else "timeout" if error == "timeout" else "connect"
-            last = b"" if chat is None or error else scrub.feed(chat.close())
-            end = last + scrub.flush() + (b"" if not error else broken_event(
+            paced.end(broke)
+            error = "" if not broke else "timeout" if broke == "timeout" else "connect"
+            if broke and transcript is not None:
+                upstream.close()
+                record()
+                if await fail_over(cr, got, ranking, m, transcript, broke, scrub.flush(),
+                                   self.go_on, self.mesh, self.spend):
+                    return None
+            last = b"" if chat is None or error else chat.close()
+            if transcript is not None and not error:
+                last = transcript(last) + transcript.flush()
+            end = scrub.feed(last) + scrub.flush() + (b"" if not error else broken_event(
                 broken_text(error), native is not None))
         except OSError:
             ex.gone = True

@@ -36,10 +36,12 @@ from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.hedge import Hedging
 from meshroute_middleware.chat.keyring import NodeSecrets, Secret
 from meshroute_middleware.chat.providers.call import ProviderCall
+from meshroute_middleware.chat.providers.continued import gather_whole
 from meshroute_middleware.chat.providers.mesh_entry import MeshEntry
 from meshroute_middleware.chat.providers.ranking import Acquire, ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest, header
 from meshroute_middleware.chat.providers.tally import Tally, TallySend, with_tried
+from meshroute_middleware.chat.spend import ClientSpend
 from meshroute_middleware.chat.watchdog import Watchdog
 from meshroute_middleware.core import InvalidPinError, Router, UnknownModelError
 from meshroute_middleware.core.capabilities import UnsupportedCapabilityError
@@ -79,7 +81,7 @@ class ProviderChat:
                  rng: random.Random | None = None, acquire: Acquire | None = None,
                  node_keys: NodeSecrets | None = None,
                  embeddings_router: Router | None = None,
-                 hedging: Hedging | None = None) -> None:
+                 hedging: Hedging | None = None, spend: ClientSpend | None = None) -> None:
         self.providers, self.router, self.telemetry = providers, router, telemetry
         self.hedging = hedging  # hedged first tokens (chat/hedge.py), when configured
         self.acquire = acquire  # shared key gates (state/shared_gates.py); None: the router's
@@ -87,13 +89,13 @@ class ProviderChat:
         self.clock = clock
         self.rng = rng or random.Random()
         # a mesh entry's node refusing the request's size falls over to the next route
-        forward = ForwardMode(forwarder, node_keys=node_keys, size_falls_over=True)
+        forward = ForwardMode(forwarder, node_keys=node_keys, size_falls_over=True, spend=spend)
 
         def lane(ranking: ProviderRouter, mesh_router: Router, kind: str = "chat") -> _Lane:
-            return _Lane(ranking, ProviderCall(ranking, secrets, forwarder,
-                                               timeouts or ForwardTimeouts(), clock),
-                         MeshEntry(mesh_router, telemetry, forward),
-                         mesh_router.config.min_sample_tokens, kind)
+            call = ProviderCall(ranking, secrets, forwarder, timeouts or ForwardTimeouts(),
+                                clock, spend)
+            call.mesh = MeshEntry(mesh_router, telemetry, forward)  # it continues streams too
+            return _Lane(ranking, call, call.mesh, mesh_router.config.min_sample_tokens, kind)
         # Embeddings rank and record provider routes in statistics of their own (inputs/s),
         # over the same key gates and sessions: a key's limits are the provider's, whatever
         # the endpoint (docs/architecture.md, "Statistics per request kind").
@@ -172,6 +174,7 @@ class ProviderChat:
         first = await ranking.first()
         failed = None
         if first is not None:
+            gather_whole(cr, res, first)  # a whole answer that may be continued: from a stream
             _, failed = await attempts.run(first, ranking.attempt, cr)
             if failed is None or ex.started:
                 return

@@ -9,6 +9,8 @@ import time
 from typing import Any
 
 from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement
+from meshroute_middleware.chat.continuation import can_continue, next_continuing
+from meshroute_middleware.chat.failover import GoingOn
 from meshroute_middleware.chat.forward import ForwardMode
 from meshroute_middleware.chat.providers.call import failure_reason
 from meshroute_middleware.chat.providers.ranking import ProviderRanking
@@ -31,9 +33,11 @@ class MeshEntry:
         self.router, self.telemetry, self.forward = router, telemetry, forward
 
     async def __call__(self, cr: ChainRequest, got: ChainAttempt, ranking: ProviderRanking,
-                       m: Measurement) -> Failed | None:
+                       m: Measurement, going: GoingOn | None = None) -> Failed | None:
         """The mesh model's attempts (with `max_tokens` lowered when its `[mesh.MODEL]`
-        clamps, core/providers/chain.mesh_fit); None once answered, else why it failed."""
+        clamps, core/providers/chain.mesh_fit); None once answered, else why it failed.
+        `going`: they continue a provider route's stream (chat/providers/continued.py), on
+        the model's routes that can continue it."""
         model = got.candidate.route
         clamp_to = mesh_fit(got.candidate, cr.prompt, cr.asked).max_tokens
         payload = cr.payload if clamp_to is None else clamped(cr.payload, clamp_to)
@@ -48,20 +52,36 @@ class MeshEntry:
             return Failed("client_error", "no node has the capabilities", code="capability")
         except (UnknownModelError, NoRouteError) as exc:
             return Failed("connect", str(exc))
+        if going is not None and not can_continue(decision.route):
+            router.cancel(decision)
+            following = next_continuing(router, decision)
+            if following is None:
+                return Failed("connect", f"no route of {model} can continue the answer",
+                              code="capability")
+            decision = following
         first = cr.opened[0]
         attempts = Attempts(router, self.telemetry, model, bound, first.timeout_s,
                             deadline=first.deadline, kind=kind, inputs=inputs)
         cr.opened.append(attempts)
         ex = cr.ex
+        saved = ex.attempts, ex.req
         ex.attempts = attempts
-        ex.req = ChatRequest(json.dumps({**{k: v for k, v in payload.items()
-                                            if k != "route"}, "model": model}).encode(),
-                             model, None, bound, kind=kind, inputs=inputs,
-                             continues=cr.ex.req.continues)
+        ex.req = ChatRequest(_body(payload, model), model, None, bound, kind=kind,
+                             inputs=inputs, continues=cr.ex.req.continues,
+                             client=cr.ex.req.client)
         send = ex.send
         assert isinstance(send, TallySend)
         sent = time.perf_counter()
-        _, failed = await attempts.run(decision, self.forward.attempt, ex)
+        if going is None:
+            _, failed = await attempts.run(decision, self.forward.attempt, ex)
+        else:  # the model's next routes continue it too (ForwardMode's failover)
+            going_on = json.loads(going.body)
+            body = _body(going_on if clamp_to is None else clamped(going_on, clamp_to), model)
+            try:
+                _, failed = await attempts.run(decision, self.forward.continuing,
+                                               GoingOn(ex, body, going.transcript), hedged=False)
+            finally:
+                ex.attempts, ex.req = saved
         if not ex.started:  # nothing was answered with the lowered bound
             cr.tally.clamped = None
         if failed is not None and failed.kind == CONTEXT:  # the node refused the size
@@ -82,6 +102,12 @@ class MeshEntry:
         ranking.outcome(got, OutcomeKind.SUCCESS, tokens_per_s=ranking.tps(tokens, seconds),
                         ttfb_ms=(first_at - sent) * 1000)
         return None
+
+
+def _body(payload: dict[str, Any], model: str) -> bytes:
+    """What the mesh model's nodes are sent: the chain's request for `model`."""
+    return json.dumps({**{k: v for k, v in payload.items() if k != "route"},
+                       "model": model}).encode()
 
 
 def clamped(payload: dict[str, Any], max_tokens: int) -> dict[str, Any]:

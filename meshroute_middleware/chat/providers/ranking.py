@@ -97,6 +97,17 @@ class ProviderRanking:
                 return got
         return await self._advance()
 
+    async def going_on(self, after: ChainAttempt,
+                       keep: Callable[[Candidate], bool]) -> ChainAttempt | None:
+        """The route to continue a stream `after` broke off (chat/failover.py): another key of
+        its candidate, else the next ranked candidate `keep` accepts; None when none."""
+        got = await self._take(after.candidate, skip=after.key) if keep(after.candidate) \
+            else None
+        for c in self._ranked if got is None else ():
+            if keep(c) and (got := await self._take(c)) is not None:
+                break
+        return got
+
     def cancel(self, got: ChainAttempt) -> None:
         """The attempt ended without a record (the client left): settle its reservation,
         blame nobody."""
@@ -185,8 +196,9 @@ class ProviderRanking:
         self.passed.clear()
         return True
 
-    async def _take(self, c: Candidate) -> ChainAttempt | None:
-        """Take `c` (a key through its gates), or None with why it was passed over."""
+    async def _take(self, c: Candidate, skip: int | None = None) -> ChainAttempt | None:
+        """Take `c` (a key through its gates, `skip` never), or None with why it was passed
+        over."""
         cr = self.cr
         fit = mesh_fit(c, cr.prompt, cr.asked)
         if not fit.fits:  # larger than its [mesh.MODEL] allows: a route that fits, instead
@@ -198,6 +210,12 @@ class ProviderRanking:
                 or cr.opened[0].too_late()):
             return None
         prefer = self._key_order(c)
+        if skip is not None and c.provider is not None:  # the keys after it, in turn
+            n = len(c.provider.keys)
+            order = prefer or tuple((skip + i) % n + 1 for i in range(n))
+            prefer = tuple(k for k in order if k != skip)
+            if not prefer:
+                return None
         got = (self.gates.acquire(c, cr.reserve, self.clock(), context_tokens=cr.context_need,
                                   prefer=prefer)
                if self._acquire is None

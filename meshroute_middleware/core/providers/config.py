@@ -15,8 +15,19 @@ from typing import Any
 
 from ..aliases import NO_ALIASES, Aliases, parse_aliases
 from ..capabilities import DEFAULT_CAPS, parse_caps
-from ..errors import MeshRouteError
 from .affinity import DEFAULT_CACHE_TTL_S, parse_ttl
+from .config_read import ProviderConfigError as ProviderConfigError
+from .config_read import (
+    _chain,
+    _choice,
+    _flag,
+    _list,
+    _no_unknown,
+    _number,
+    _opt_int,
+    _opt_str,
+    _table,
+)
 from .scoring import AUTO_ALIASES
 
 # top-level tables owned here
@@ -31,10 +42,6 @@ DEFAULT_TOTAL_BUDGET_S = 120.0  # wall time for all attempts of one request toge
 _NAME = re.compile(r"[a-z0-9-]+")
 _ENV_REF = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]*")
 _LIMITS = ("rpm", "rpd", "tpm", "tpd")
-
-
-class ProviderConfigError(MeshRouteError, ValueError):
-    """A provider table is malformed; the message names the table and key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class ProviderModel:
     # None = not stated: price_in
     price_cached_in: float | None = None
     price_cache_write: float | None = None
+    continues: bool = False  # `continue`: a broken stream may go on here (chat/continuation.py)
 
     @property
     def cache_prices(self) -> tuple[float, float]:
@@ -292,7 +300,7 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
         raise ProviderConfigError(f"{here} must be a table")
     _no_unknown(t, here, {"id", "tier", "context", "price_in", "price_out", "monthly_tokens",
                           "capabilities", "api", "max_output", "price_cached_in",
-                          "price_cache_write"})
+                          "price_cache_write", "continue"})
     model_id = t.get("id")
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ProviderConfigError(f"{here}: id must be a non-empty string")
@@ -300,14 +308,15 @@ def _model(where: str, j: int, t: object) -> ProviderModel:
     tier = _choice(t, "tier", TIERS, here, None)
     if tier is None:
         raise ProviderConfigError(f"{here}: tier is required ({' | '.join(TIERS)})")
+    cached = [None if k not in t else _number(t, k, here, 0.0, low=0.0)
+              for k in ("price_cached_in", "price_cache_write")]
     return ProviderModel(model_id, tier, _opt_int(t, "context", here),
                          _number(t, "price_in", here, 0.0, low=0.0),
                          _number(t, "price_out", here, 0.0, low=0.0),
                          _opt_int(t, "monthly_tokens", here), _capabilities(t, here),
                          _choice(t, "api", APIS, here, "openai") or "openai",
-                         _opt_int(t, "max_output", here),
-                         *(None if k not in t else _number(t, k, here, 0.0, low=0.0)
-                           for k in ("price_cached_in", "price_cache_write")))
+                         _opt_int(t, "max_output", here), cached[0], cached[1],
+                         _flag(t, "continue", here))
 
 
 def _capabilities(t: Mapping[str, Any], where: str) -> frozenset[str]:
@@ -334,9 +343,7 @@ def _mesh_tier(name: object, t: object) -> str:
 def _mesh_limits(name: object, t: Mapping[str, Any]) -> MeshLimits:
     """`context`, `max_tokens` and `clamp` of a `[mesh.MODEL]` table (checked by _mesh_tier)."""
     where = f"[mesh.{name}]"
-    clamp = t.get("clamp", False)
-    if not isinstance(clamp, bool):
-        raise ProviderConfigError(f"{where}: clamp must be true or false, got {clamp!r}")
+    clamp = _flag(t, "clamp", where)
     context, max_tokens = _opt_int(t, "context", where), _opt_int(t, "max_tokens", where)
     if context is not None and max_tokens is not None and max_tokens > context:
         raise ProviderConfigError(f"{where}: max_tokens ({max_tokens}) cannot exceed context "
@@ -380,70 +387,3 @@ def _check_aliases(cfg: ProvidersConfig) -> None:
         if cfg.names_provider(target) and cfg.split_route(target) is None:
             raise ProviderConfigError(f"{where}: {target!r} names provider "
                                       f"{target.partition('/')[0]!r}, which has no such model")
-
-
-# -- small typed readers ---------------------------------------------------------------------
-
-def _table(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    value = doc.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ProviderConfigError(f"{where or 'config'}: [{key}] must be a table")
-    return value
-
-
-def _list(doc: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    value = doc.get(key, [])
-    if not isinstance(value, list):
-        raise ProviderConfigError(f"{where or 'config'}: {key} must be an array of tables "
-                                  f"([[{key}]])")
-    return value
-
-
-def _no_unknown(t: Mapping[str, Any], where: str, known: set[str]) -> None:
-    unknown = sorted(set(t) - known)
-    if unknown:
-        raise ProviderConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
-
-
-def _chain(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
-    chain = t.get("chain", [])
-    if not isinstance(chain, list) or not all(isinstance(e, str) and e.strip() for e in chain):
-        raise ProviderConfigError(f"{where}: chain must be a list of model names")
-    if len(set(chain)) != len(chain):
-        raise ProviderConfigError(f"{where}: chain lists an entry twice")
-    return tuple(chain)
-
-
-def _choice(t: Mapping[str, Any], key: str, allowed: tuple[str, ...], where: str,
-            default: str | None) -> str | None:
-    value = t.get(key, default)
-    if value is not None and value not in allowed:
-        raise ProviderConfigError(f"{where}: {key} must be one of {' | '.join(allowed)}, "
-                                  f"got {value!r}")
-    return value if value is None else str(value)
-
-
-def _opt_str(t: Mapping[str, Any], key: str, where: str) -> str | None:
-    value = t.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ProviderConfigError(f"{where}: {key} must be a non-empty string")
-    return value
-
-
-def _opt_int(t: Mapping[str, Any], key: str, where: str) -> int | None:
-    if key not in t:
-        return None
-    return int(_number(t, key, where, 0, low=1, integer=True))
-
-
-def _number(t: Mapping[str, Any], key: str, where: str, default: float, *, low: float,
-            integer: bool = False) -> float:
-    value: Any = t.get(key, default)
-    wrong = isinstance(value, bool) or not isinstance(value, int | float)
-    if wrong or (integer and not isinstance(value, int)):
-        kind = "an integer" if integer else "a number"
-        raise ProviderConfigError(f"{where}: {key} must be {kind}, got {value!r}")
-    number = float(value)
-    if not number >= low:  # also refuses NaN
-        raise ProviderConfigError(f"{where}: {key} must be >= {low:g}, got {value!r}")
-    return number
