@@ -111,7 +111,7 @@ def take(router: ProviderRouter, route: str, turn: Turn, now: float) -> ChainAtt
     order = key_order(turn.conversation, route, len(candidate.provider.keys)) \
         if candidate.provider else ()
     got = router.acquire(candidate, 10, now,
-                         prefer=preferred(order, router.affinity.warm(turn, now), route))
+                         prefer=preferred(order, router.warm(turn, now)[0], route))
     assert isinstance(got, ChainAttempt), got
     return got
 

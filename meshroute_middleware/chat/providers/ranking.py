@@ -189,7 +189,7 @@ class ProviderRanking:
             tokens=cr.context_need, needs=cr.ex.req.needs, mesh_serves=self.serves,
             objective=cr.objective, turn=self.turn)
         self.affinity = ranked.affinity
-        self._held = self.providers.affinity.warm(self.turn, self.clock())
+        self._held = self.providers.warm(self.turn, self.clock())[0]
         return iter([s.candidate for s in ranked])
 
     async def _advance(self) -> ChainAttempt | None:
@@ -248,7 +248,7 @@ class ProviderRanking:
         if turn is None or provider is None or len(provider.keys) < 2 or not provider.cache_ttl_s:
             return ()
         order = key_order(turn.conversation, c.route, len(provider.keys))
-        return preferred(order, self.providers.affinity.warm(turn, self.clock()), c.route)
+        return preferred(order, self.providers.warm(turn, self.clock())[0], c.route)
 
 
 def conversation_turn(prefix: Prefix | None, messages: Any, prompt_tokens: int) -> Turn | None:

@@ -17,8 +17,9 @@ that reaches another key pays the whole prompt again. So:
   `cache_ttl` (default 5 min, `DEFAULT_CACHE_TTL_S`): while it is warm the conversation keeps
   that route unless another route is better by more than the cache saves (`keeps`), and that
   key even when its order would now start elsewhere (it moved off a cooling key, whose cache
-  is cold). The memory is the process's own; with `--workers` another worker falls back to
-  the fixed order.
+  is cold). The memory is the process's own; the conversations it moved off their first key
+  (`moves`) go to its gossip peers (the other `--workers` too: gossiped.py), which take the
+  newer of theirs and that word (`recall`'s `told`).
 - What a cache hit saves is learned per provider route (`FirstBytes`): its first-byte time
   against the prompt's tokens the provider did not read from its cache (the prompt less the
   `cached_tokens` it reported), fitted by the rule that learns a mesh route's cold prefill
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # config.py imports this module, and chain.py and keys.py imp
 
 DEFAULT_CACHE_TTL_S = 300.0  # OpenAI's and Anthropic's default prompt-cache lifetime: 5 min
 MAX_CONVERSATIONS = 16_384  # remembered at most (least recently served dropped first)
+MAX_MOVED = 1024  # conversations off their first key told to peers (least recent out)
 # What a cached prompt token saves in first-byte time before a route's own turns say:
 # 0.05 s per 1,000 tokens, the lower of Anthropic's published examples (prompt caching's
 # announcement, Aug 2024: a 10,000-token prompt 1.6 -> 1.1 s, a 100,000-token one
@@ -241,6 +243,9 @@ class Affinity:
     def __init__(self, max_entries: int = MAX_CONVERSATIONS) -> None:
         self.max_entries = max_entries
         self._held: OrderedDict[int, Held] = OrderedDict()
+        # conversations served off their key order's first key (and their later turns):
+        # what the other workers and trackers are told (gossiped.py), as no order says it
+        self._moved: OrderedDict[int, Held] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._held)
@@ -250,11 +255,16 @@ class Affinity:
         never, or longer ago (then forgotten)."""
         return self.recall(turn, now)[0]
 
-    def recall(self, turn: Turn | None, now: float) -> tuple[Held | None, str | None]:
-        """`warm`, and when it is None why: Verdict.NEW or EXPIRED (None: no conversation)."""
+    def recall(self, turn: Turn | None, now: float,
+               told: Held | None = None) -> tuple[Held | None, str | None]:
+        """`warm`, and when it is None why: Verdict.NEW or EXPIRED (None: no conversation).
+        `told`: where a peer served it last off its first key, taken when newer and warm."""
         if turn is None:
             return None, None
         held = self._held.get(turn.conversation)
+        if told is not None and now - told.at <= told.ttl_s and (
+                held is None or told.at > held.at):
+            return told, None
         if held is None:
             return None, Verdict.NEW
         if now - held.at > held.ttl_s:
@@ -262,13 +272,25 @@ class Affinity:
             return None, Verdict.EXPIRED
         return held, None
 
+    def moves(self, now: float) -> dict[int, Held]:
+        """The conversations served off their first key that are still warm."""
+        while self._moved and now - (old := next(iter(self._moved.values()))).at > old.ttl_s:
+            self._moved.popitem(last=False)  # the least recent first: cold now
+        return {c: h for c, h in self._moved.items() if now - h.at <= h.ttl_s}
+
     def served(self, turn: Turn | None, route: str, key: int, now: float,
-               ttl_s: float = DEFAULT_CACHE_TTL_S) -> None:
-        """A provider key answered the conversation's turn now (`ttl_s`: its `cache_ttl`)."""
+               ttl_s: float = DEFAULT_CACHE_TTL_S, moved: bool = False) -> None:
+        """A provider key answered the conversation's turn now (`ttl_s`: its `cache_ttl`;
+        `moved`: the key is not its order's first, or a peer said it had been moved)."""
         if turn is None or ttl_s <= 0:
             return
         conversation = turn.conversation
-        self._held[conversation] = Held(route, key, now, turn.prompt_tokens, ttl_s)
+        held = self._held[conversation] = Held(route, key, now, turn.prompt_tokens, ttl_s)
         self._held.move_to_end(conversation)
         while len(self._held) > self.max_entries:
             self._held.popitem(last=False)
+        if moved or conversation in self._moved:
+            self._moved[conversation] = held
+            self._moved.move_to_end(conversation)
+            while len(self._moved) > MAX_MOVED:
+                self._moved.popitem(last=False)

@@ -217,8 +217,7 @@ class ProviderRouter(Gossiped):
             if pin is not None and not has_caps(pin, needs, mesh_serves):
                 raise UnsupportedCapabilityError(pinned or res.model, needs)
             candidates = [c for c in candidates if has_caps(c, needs, mesh_serves)]
-        held, verdict = (self.affinity.recall(turn, now) if res.strategy != PRIORITY
-                         else (None, None))
+        held, verdict = self.warm(turn, now) if res.strategy != PRIORITY else (None, None)
         if held is not None and (refused := warm_refused(
                 self.gates, held, candidates, tokens, now)):
             held, verdict = None, refused
@@ -312,9 +311,10 @@ class ProviderRouter(Gossiped):
                 if ttfb_ms is not None:
                     self.first_bytes.add(attempt.candidate.route, prompt_tokens or (
                         turn.prompt_tokens if turn else 0), cached_tokens, ttfb_ms)
-                provider = attempt.candidate.provider
-                self.affinity.served(turn, attempt.candidate.route, attempt.key, now,
-                                     provider.cache_ttl_s if provider else 0.0)
+                c, p = attempt.candidate, attempt.candidate.provider
+                keys, ttl = (len(p.keys), p.cache_ttl_s) if p else (0, 0.0)
+                self.affinity.served(turn, c.route, attempt.key, now, ttl, bool(
+                    turn and keys and self.moved(turn, c.route, attempt.key, keys)))
         if kind is OutcomeKind.SUCCESS:
             self.sessions.served(session, attempt.candidate.route, now)
             return None
