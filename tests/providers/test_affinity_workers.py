@@ -7,6 +7,7 @@ that gossip, on a fake clock."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from meshroute_middleware.core.providers.router import ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
 
 from ..upstream import serve_process
-from .fake_provider import FakeProvider
+from .fake_provider import FakeProvider, Reply
 from .gateway import ENV
 from .test_affinity import ROUTE, T0, CachingProvider, config_doc, take
 from .test_serve_process import config_text
@@ -58,6 +59,54 @@ def test_every_turn_of_a_conversation_lands_on_one_key_across_two_workers(
     for name in keys:
         assert len(keys[name]) == 4 and len(set(keys[name])) == 1, (name, keys[name])
         assert cached[name][0] == 0 and all(c > 0 for c in cached[name][1:]), cached
+
+
+class Scripted(CachingProvider):
+    """CachingProvider that answers its script first (a 429 when pushed)."""
+
+    def _next(self, key: str | None) -> Reply:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        return super()._next(key)
+
+
+COOL_S = 5  # the 429's Retry-After: the moved conversation's word has this long to spread
+
+
+def test_a_conversation_moved_by_a_429_stays_on_its_new_key_across_two_workers(
+        tmp_path: Path) -> None:
+    """Turn 2 of a conversation meets a 429 on its first key and is served by the second;
+    once the first key has cooled off, every later turn (a fresh connection each: either
+    worker) still lands on the second key, where its cache is. With the memory per process
+    the worker that did not serve turn 2 sent its turns back to the first key (then each of
+    six turns stays only with probability 1/2)."""
+    fast, slow = Scripted("fast"), FakeProvider("slow", models=("small-model",))
+    with fast.serve(), slow.serve():
+        config = tmp_path / "meshroute.toml"
+        config.write_text(config_text(fast, slow).replace("cache_ttl = 0", 'cache_ttl = "5m"'))
+        flags = ["--config", str(config), "--state-file", str(tmp_path / "state.db"),
+                 "--workers", "2", "--log-level", "warning"]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+
+        def turn(url: str, text: str) -> list[str | None]:
+            messages.append({"role": "user", "content": text})
+            seen = len(fast.seen)
+            with httpx.Client(timeout=30) as client:  # a new connection: any worker
+                answer = client.post(f"{url}/v1/chat/completions", json={
+                    "model": "fastco/big-model", "messages": messages})
+            assert answer.status_code == 200, answer.text
+            messages.append(answer.json()["choices"][0]["message"])
+            return [s.key for s in fast.seen[seen:]]
+
+        with serve_process(flags, tmp_path / "log", ENV) as (url, _):
+            (first,) = turn(url, "one")
+            fast.push(Reply.rate_limited(str(COOL_S)))
+            cooled, second = turn(url, "two")  # a 429 on the first key, the second answers
+            time.sleep(COOL_S + 1)  # the first key has cooled off
+            later = [key for n in range(6) for key in turn(url, f"later {n}")]
+    assert cooled == first and second != first
+    assert later == [second] * 6, later
 
 
 # -- gateway-wide: what one worker moved, the others hear ------------------------------------
