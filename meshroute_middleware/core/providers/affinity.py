@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from ..policies.prefill import KILO, PrefillFit
@@ -99,8 +100,14 @@ def key_order(conversation: int, route: str, keys: int) -> tuple[int, ...]:
     """The conversation's keys (1-based) on `route`, in the order to try them: rendezvous
     (highest random weight) hashing, so removing a key moves only its own conversations.
     Every process computes the same order (no salted `hash()`)."""
-    seed = _mix(conversation ^ _fnv1a(route.encode()))
+    seed = _mix(conversation ^ _route_hash(route))
     return tuple(sorted(range(1, keys + 1), key=lambda k: _mix(seed ^ k), reverse=True))
+
+
+@lru_cache(maxsize=MAX_ROUTES)
+def _route_hash(route: str) -> int:
+    """A route's FNV-1a, once per route (every turn's key order and record ask it)."""
+    return _fnv1a(route.encode())
 
 
 def _fnv1a(data: bytes) -> int:
