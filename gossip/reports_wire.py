@@ -1,7 +1,10 @@
 """Provider reports on the wire (issue 23): PROVIDERS and PROVIDER_REPORTS bodies.
 
-A report is `{"t", "s", "c", "r", "x", "u"}`: its time, route statistics, and cooldowns,
-revocations, clears and usage as {name: {"key position": leaf}} maps, every leaf checked.
+A report is `{"t", "s", "c", "r", "x", "u", "a"}`: its time, route statistics, and cooldowns,
+revocations, clears and usage as {name: {"key position": leaf}} maps, and the conversations it
+served off their key order's first key (provider-key affinity, issue 35) as {"conversation":
+[route, key, served at, prompt tokens, cache ttl]}, every leaf checked (a peer that predates
+"a" ignores it).
 PROVIDER_REPORTS carries every origin's newest report the sender holds, versioned on its own
 (`REPORTS_VERSION`); a bad origin's report is dropped alone and counted.
 """
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from meshroute_middleware.core.contracts.limits import MAX_ID_CHARS, MAX_TPS
-from meshroute_middleware.core.providers.peers import PeerState, Usage
+from meshroute_middleware.core.providers.peers import Moved, PeerState, Usage
 from meshroute_middleware.core.providers.scoring import PENALTY_CAP, RouteStats
 
 from . import errors as err
@@ -37,6 +40,8 @@ MAX_TTFB_MS = MAX_TTFB_S * 1000
 REPORTS_VERSION = 1  # PROVIDER_REPORTS body shape; another value is refused whole
 MAX_REPORT_ORIGINS = 64  # origins one PROVIDER_REPORTS message may carry
 MAX_REPORT_ITEMS = 8_192  # statistics, cooldowns, revocations, clears and usage, all origins
+MAX_REPORT_MOVED = 1024  # moved conversations one report may carry (affinity.MAX_MOVED)
+MAX_TTL_S = 7 * 86_400.0  # a cache_ttl beyond a week is no provider's
 
 T = TypeVar("T")
 
@@ -58,14 +63,19 @@ def _by_key(items: Mapping[tuple[str, int], Any]) -> dict[str, dict[str, Any]]:
 
 
 def report_obj(r: PeerState) -> dict[str, Any]:
-    """The plain form of one origin's report (a PROVIDERS body)."""
-    return {"t": r.t,
-            "s": {n: [s.ok, s.fail, s.tokens_per_s, s.ttfb_ms, s.penalty, s.penalty_at]
-                  for n, s in r.stats.items()},
-            "c": _by_key({k: list(v) for k, v in r.cooldowns.items()}),
-            "r": _by_key({k: list(v) for k, v in r.revoked.items()}),
-            "x": _by_key(dict(r.clears)),
-            "u": _by_key({k: list(v) for k, v in r.usage.items()})}
+    """The plain form of one origin's report (a PROVIDERS body); "a" only when it has moved
+    conversations (a report without is byte for byte what it was before them)."""
+    obj: dict[str, Any] = {
+        "t": r.t,
+        "s": {n: [s.ok, s.fail, s.tokens_per_s, s.ttfb_ms, s.penalty, s.penalty_at]
+              for n, s in r.stats.items()},
+        "c": _by_key({k: list(v) for k, v in r.cooldowns.items()}),
+        "r": _by_key({k: list(v) for k, v in r.revoked.items()}),
+        "x": _by_key(dict(r.clears)),
+        "u": _by_key({k: list(v) for k, v in r.usage.items()})}
+    if r.moved:
+        obj["a"] = {str(c): list(m) for c, m in r.moved.items()}
+    return obj
 
 
 def reports_obj(body: Reports) -> dict[str, Any]:
@@ -133,6 +143,27 @@ def _stats(leaf: Any) -> RouteStats:
                       number(leaf[5], "penalty_at", -math.inf))
 
 
+def _moved(obj: Any) -> dict[int, Moved]:
+    moved = as_map(obj, "moved conversations")
+    if len(moved) > MAX_REPORT_MOVED:
+        raise fail(f"more than {MAX_REPORT_MOVED} moved conversations")
+    out: dict[int, Moved] = {}
+    for conversation, leaf in moved.items():
+        if not isinstance(conversation, str) or not conversation.isdigit() \
+                or len(conversation) > 20 or int(conversation) >= 2**64:
+            raise fail("a conversation must be a 64-bit number")
+        if not isinstance(leaf, list) or len(leaf) != 5:
+            raise fail("a moved conversation must be [route, key, at, tokens, ttl]")
+        key = integer(leaf[1], "key position", MAX_REPORT_KEYS)
+        if key < 1:
+            raise fail(f"a key position must be 1..{MAX_REPORT_KEYS}")
+        out[int(conversation)] = (text(leaf[0], "route", MAX_ID_CHARS), key,
+                                  number(leaf[2], "served at", -math.inf),
+                                  integer(leaf[3], "prompt tokens", MAX_COUNT),
+                                  number(leaf[4], "cache ttl", 0.0, MAX_TTL_S))
+    return out
+
+
 def read_report(obj: Any) -> PeerState:
     """One origin's report from its plain form, every leaf checked (MalformedMessage)."""
     body = as_map(obj, "report")
@@ -145,12 +176,13 @@ def read_report(obj: Any) -> PeerState:
                      _keyed(body.get("r", {}), "revocations", _revocation),
                      _keyed(body.get("x", {}), "clears",
                             lambda at: number(at, "cleared at", -math.inf), low_key=0),
-                     _keyed(body.get("u", {}), "usage", _usage))
+                     _keyed(body.get("u", {}), "usage", _usage), _moved(body.get("a", {})))
 
 
 def report_items(r: PeerState) -> int:
     """How many items a report carries (what MAX_REPORT_ITEMS bounds)."""
-    return len(r.stats) + len(r.cooldowns) + len(r.revoked) + len(r.clears) + len(r.usage)
+    return (len(r.stats) + len(r.cooldowns) + len(r.revoked) + len(r.clears) + len(r.usage)
+            + len(r.moved))
 
 
 def read_reports(obj: Any, refused: Refused) -> Reports:

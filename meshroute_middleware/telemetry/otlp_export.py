@@ -85,6 +85,10 @@ class CountedExporter(SpanExporter):
         if self.outage.down and now - self._tried < self.probe_s:
             return self._lost(spans)  # away: not even encoded
         self._tried = now
+        if not self.outage.down:  # the baseline an outage this batch begins counts from
+            # (taken before the export: the SDK's own first line, logged inside it, may be
+            # what begins the outage)
+            self._lost_at_start = (self.failures, self.spans_lost)
         try:
             result = self.inner.export(spans)
         except Exception:  # an exporter's bug must not stop the batch thread
@@ -98,8 +102,6 @@ class CountedExporter(SpanExporter):
                          "export log lines not logged", self.failures - failures,
                          self.spans_lost - lost, held)
             return result
-        if not self.outage.down:
-            self._lost_at_start = (self.failures, self.spans_lost)
         self.outage.begin("the collector did not take a batch")
         return self._lost(spans)
 

@@ -231,12 +231,16 @@ class _Trace:
         self.text: list[str] = []
         self.kept = 0  # characters in self.text
         self.raised: str | None = None
+        self.affinity: str | None = None  # provider-key affinity's verdict (ranking.kept)
 
     # the routing events (events.TAP), in the request's context as they are published
     def __call__(self, entry: Entry) -> None:
         kind = entry[1]
         if kind == "hedge":  # the next attempt at this route is a hedge (chat/hedge.py)
             self.hedged.add(str(materialize(entry).get("signature", "")))
+            return
+        if kind == "affinity":  # what provider-key affinity did for the attempt begun last
+            self._affinity(entry[4])
             return
         if kind not in ("route-selected", "outcome"):
             return
@@ -270,6 +274,15 @@ class _Trace:
                      attrs)
         self.attempts[(signature, attempt)] = self.current = span
         self.routes.append(signature)
+
+    def _affinity(self, told: Payload) -> None:
+        """`meshroute.affinity` on the attempt's span, and on the request's (its last
+        attempt's: the one that answered, or the last tried)."""
+        span = self.attempts.get((str(told.get("signature")), number(told.get("attempt")) or 0))
+        value = str(told.get("affinity"))
+        if span is not None:
+            span.attributes["meshroute.affinity"] = value
+        self.affinity = value
 
     def _end(self, event: Payload, signature: str, attempt: int) -> None:
         span = self.attempts.pop((signature, attempt), None)
@@ -366,7 +379,8 @@ class _Trace:
             attrs["gen_ai.conversation.id"] = self.session
         for key, text in (("meshroute.objective", self.objective),
                           ("meshroute.chain", self.chain or model),
-                          ("gen_ai.provider.name", self.provider)):
+                          ("gen_ai.provider.name", self.provider),
+                          ("meshroute.affinity", self.affinity)):
             if text:
                 attrs[key] = text
         attrs["meshroute.attempted_routes"] = tuple(self.routes)

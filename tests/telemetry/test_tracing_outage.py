@@ -86,6 +86,35 @@ def test_an_outage_is_one_line_its_retries_are_counted_and_its_end_is_said(
     assert (exporter.failures, exporter.spans_lost, exporter.outage.suppressed) == (5, 10, 13)
 
 
+def test_each_outage_s_end_counts_its_own_losses(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's first retry line (logged inside the failing export) begins an outage: its
+    end counts from that export, not from an earlier outage's start (the second recovery
+    line said 5 exports and 10 spans, the first outage's included)."""
+    now = [0.0]
+    collector = Collector()
+    exporter = CountedExporter(collector, clock=lambda: now[0])
+    sdk = logging.getLogger(SDK_LOGGER)
+    sdk.addFilter(exporter.outage)
+    try:
+        with caplog.at_level(logging.INFO):
+            for outage in (3, 2):  # an outage of three batches, then one of two
+                collector.up = False
+                for _ in range(outage):
+                    exporter.export(SPANS)
+                    now[0] += PROBE_S
+                collector.up = True
+                exporter.export(SPANS)
+                exporter.export(SPANS)  # up: no line
+    finally:
+        sdk.removeFilter(exporter.outage)
+    assert lines(caplog, logging.INFO) == [
+        "OTLP collector answers again: 3 exports failed, 6 spans lost, 8 export log lines "
+        "not logged",
+        "OTLP collector answers again: 2 exports failed, 4 spans lost, 5 export log lines "
+        "not logged"]
+    assert len(lines(caplog, logging.WARNING)) == 2
+
+
 def test_while_the_collector_is_away_one_batch_per_probe_interval_is_sent() -> None:
     now = [0.0]
     collector = Collector()

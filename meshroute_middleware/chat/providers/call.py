@@ -251,11 +251,12 @@ class ProviderCall:
         # an embeddings answer is measured in inputs/s, recorded in the embeddings lane's
         # own statistics (docs/architecture.md, "Statistics per request kind")
         inputs = cr.ex.req.inputs
-        done_units = meter.completion_tokens if inputs is None else inputs
+        prompt, completion, cached, _ = meter.counts()  # cached: what a cache hit saves
+        done_units = completion if inputs is None else inputs
         ranking.outcome(got, OutcomeKind.SUCCESS, used_tokens=total_tokens(body),
                         completion_tokens=done_units,
                         tokens_per_s=ranking.tps(done_units, seconds),
-                        ttfb_ms=seconds * 1000)
+                        ttfb_ms=seconds * 1000, prompt_tokens=prompt, cached_tokens=cached)
         await self._answer(cr, upstream, got, self._scrubber.scrub(answer))
         return None
 
@@ -314,12 +315,15 @@ class ProviderCall:
                 return
             recorded = True
             seconds = max(time.perf_counter() - sent, 1e-6)  # forwarding to the last byte
-            tokens = m.meter.completion_tokens if m.meter is not None else 0
+            meter = m.meter
+            tokens = meter.completion_tokens if meter is not None else 0
             first_at = m.first if m.first is not None else time.perf_counter()
             ranking.outcome(got, OutcomeKind.FAILURE if error else OutcomeKind.SUCCESS,
                             reason=error or None, used_tokens=total_tokens(bytes(tail)),
                             completion_tokens=tokens, tokens_per_s=ranking.tps(tokens, seconds),
-                            ttfb_ms=(first_at - sent) * 1000)
+                            ttfb_ms=(first_at - sent) * 1000,
+                            prompt_tokens=meter.prompt_tokens if meter is not None else None,
+                            cached_tokens=meter.cached_tokens if meter is not None else 0)
 
         try:
             if going is None:

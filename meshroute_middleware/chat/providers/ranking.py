@@ -16,11 +16,20 @@ from meshroute_middleware.chat.attempts import Failed, Measurement
 from meshroute_middleware.chat.headers import Headers
 from meshroute_middleware.chat.providers.request import ChainRequest
 from meshroute_middleware.core.prefix import Prefix
-from meshroute_middleware.core.providers.affinity import Turn, key_order, preferred
+from meshroute_middleware.core.providers.affinity import (
+    Held,
+    Turn,
+    Verdict,
+    key_order,
+    preferred,
+    refused_verdict,
+)
 from meshroute_middleware.core.providers.chain import Candidate, Resolution, mesh_fit
 from meshroute_middleware.core.providers.exhaustion import Exhaustion, PassedOver
+from meshroute_middleware.core.providers.keys import key_route
 from meshroute_middleware.core.providers.router import ChainAttempt, MeshServes, ProviderRouter
 from meshroute_middleware.core.providers.scoring import OutcomeKind
+from meshroute_middleware.telemetry.events import TAP, as_is
 from meshroute_middleware.telemetry.metrics import Telemetry, provider_outcome
 
 log = logging.getLogger("meshroute.providers")
@@ -57,6 +66,8 @@ class ProviderRanking:
         self._recorded: set[ChainAttempt] = set()
         self._live: dict[ChainAttempt, tuple[int, float]] = {}  # provider attempts: n, start
         self.turn = conversation_turn(cr.ex.req.prefix, cr.payload.get("messages"), cr.prompt)
+        self.affinity: str | None = None  # what became of the warm route (affinity.Verdict)
+        self._held: Held | None = None
         self._ranked = self._rank()
 
     # -- the Ranking protocol -----------------------------------------------------------
@@ -133,6 +144,25 @@ class ProviderRanking:
         self._live[got] = (len(tried) - 1, time.perf_counter())
         self.telemetry.provider_decided(self.cr.tally.chain, got.candidate.route, got.route,
                                         len(tried) - 1, self.cr.objective)
+        if (tap := TAP.get()) is not None and (verdict := self.kept(got)) is not None:
+            tap((0, "affinity", 0.0, as_is, {"signature": got.route, "attempt": len(tried) - 1,
+                                             "affinity": verdict}))
+
+    def kept(self, got: ChainAttempt) -> str | None:
+        """What affinity did for this attempt (a trace's `meshroute.affinity`): `kept` on
+        the warm route's warm key, else why not (the ranking's verdict, or what befell the
+        warm key in this request); None without a conversation."""
+        held, verdict = self._held, self.affinity
+        if held is None or verdict not in (Verdict.KEPT, None):
+            return verdict
+        if got.candidate.route == held.route and got.key == held.key:
+            return Verdict.KEPT
+        warm = key_route(held.route, held.key)
+        why = next((p.reason for p in (*self._earlier, *self.passed) if p.route == warm), None)
+        if why is not None:
+            return refused_verdict(why)
+        first = verdict == Verdict.KEPT and len(self.cr.tally.tried) == 1
+        return Verdict.PINNED if first else None  # a pin or the session's route went first
 
     def outcome(self, got: ChainAttempt, kind: OutcomeKind, *, completion_tokens: int = 0,
                 **kw: Any) -> PassedOver | None:
@@ -165,10 +195,13 @@ class ProviderRanking:
     def _rank(self) -> Iterator[Candidate]:
         cr = self.cr
         pin = cr.ex.req.pin[0] if cr.ex.req.pin else None
-        return iter([s.candidate for s in self.providers.rank(
+        ranked = self.providers.rank(
             self.res, self.clock(), self.rng, pinned=pin, session=cr.session,
             tokens=cr.context_need, needs=cr.ex.req.needs, mesh_serves=self.serves,
-            objective=cr.objective, turn=self.turn)])
+            objective=cr.objective, turn=self.turn)
+        self.affinity = ranked.affinity
+        self._held = self.providers.warm(self.turn, self.clock())[0]
+        return iter([s.candidate for s in ranked])
 
     async def _advance(self) -> ChainAttempt | None:
         """The next candidate that can be taken: once more after a wait for a key reset."""
@@ -233,7 +266,7 @@ class ProviderRanking:
         if turn is None or provider is None or len(provider.keys) < 2 or not provider.cache_ttl_s:
             return ()
         order = key_order(turn.conversation, c.route, len(provider.keys))
-        return preferred(order, self.providers.affinity.warm(turn, self.clock()), c.route)
+        return preferred(order, self.providers.warm(turn, self.clock())[0], c.route)
 
 
 def conversation_turn(prefix: Prefix | None, messages: Any, prompt_tokens: int) -> Turn | None:

@@ -42,6 +42,10 @@ FUTURE = "future"  # dated past our clock by more than MAX_SKEW_S
 STORE_FULL = "store_full"  # MAX_ORIGINS reached
 
 
+# (route, key, served at, prompt tokens, cache ttl s): affinity.Held's fields, in its order
+Moved = tuple[str, int, float, int, float]
+
+
 class Usage(NamedTuple):
     """One key's use in its tracker's windows: the sliding minute and the UTC day."""
 
@@ -64,6 +68,9 @@ class PeerState:
     # (provider for a 401 / route for a 403, key) -> (status, set at)
     clears: dict[tuple[str, int], float] = field(default_factory=dict)  # (route, key) -> at
     usage: dict[tuple[str, int], Usage] = field(default_factory=dict)  # (provider, key) -> use
+    # conversation -> (route, key, served at, prompt tokens, cache ttl): a conversation its
+    # origin served on a key that is not the first of its key order (core/providers/affinity)
+    moved: dict[int, Moved] = field(default_factory=dict)
 
 
 def merged_stats(own: RouteStats | None, peers: list[RouteStats], now: float) -> RouteStats:
@@ -96,7 +103,7 @@ def _newer(state: PeerState, held: PeerState | None) -> bool:
 def _canonical(state: PeerState) -> str:
     """One text per report content, whatever order its maps were built in."""
     return repr([sorted(m.items()) for m in (state.stats, state.cooldowns, state.revoked,
-                                             state.clears, state.usage)])
+                                             state.clears, state.usage, state.moved)])
 
 
 @dataclass(slots=True)
@@ -175,6 +182,16 @@ class Peers:
                 day_r += used.day_requests
                 day_t += used.day_tokens
         return Usage(minute_r, minute_t, today, day_r, day_t)
+
+    def moved(self, conversation: int) -> Moved | None:
+        """Where a peer served the conversation last off its key order's first key (the
+        newest of the origins' reports); None when no peer did."""
+        newest: Moved | None = None
+        for state in self.states.values():
+            told = state.moved.get(conversation)
+            if told is not None and (newest is None or told[2] > newest[2]):
+                newest = told
+        return newest
 
     def cooldowns(self) -> dict[tuple[str, int], tuple[float, float]]:
         """Every peer's cooldown, the latest end per key (a max-register)."""

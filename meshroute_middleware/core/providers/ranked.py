@@ -3,10 +3,12 @@ score, by price, the pin or the session's route first; which routes have what a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from .chain import Candidate
+from .chain import Candidate, Resolution
+from .keys import KeyGates
 
 MeshServes = Callable[[str, frozenset[str]], bool]  # whether a mesh model has a route with them
 
@@ -26,6 +28,35 @@ class Scored:
     price: float
     headroom: float
     rate_limit: float
+
+
+class Ranked(list[Scored]):
+    """A ranking, best first, and what became of the conversation's warm route
+    (affinity.Verdict; None: no conversation, or the `priority` strategy)."""
+
+    def __init__(self, ranked: Iterable[Scored] = (), affinity: str | None = None) -> None:
+        super().__init__(ranked)
+        self.affinity = affinity
+
+
+def chain_view(res: Resolution, ranked: list[Scored], gates: KeyGates, now: float,
+               objective: str) -> dict[str, Any]:
+    """`GET /v1/routing/chain` of a ranking made on expected values; `position` is each
+    route's 1-based place in the chain as written (`score` is None under `priority`, which
+    tries routes by it)."""
+    positions = {c.route: i for i, c in enumerate(res.candidates, 1)}
+    chain = []
+    for s in ranked:
+        c = s.candidate
+        keys = (gates.key_states(c.provider, c.model, now)
+                if c.provider is not None and c.model is not None else [])
+        chain.append({"route": c.route, "kind": "provider" if c.is_provider else "mesh",
+                      "position": positions[c.route], "score": s.score,
+                      "reliability": s.reliability, "speed": s.speed,
+                      "intelligence": s.intelligence, "price": s.price,
+                      "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
+    return {"model": res.model, "strategy": res.strategy, "objective": objective,
+            "chain": chain}
 
 
 def has_caps(candidate: Candidate, needs: frozenset[str],

@@ -17,14 +17,23 @@ clock and the rng come in on every call. The forward loop of the adapter uses it
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..capabilities import NO_NEEDS, UnsupportedCapabilityError
 from ..errors import InvalidPinError, MeshRouteError
 from ..objectives import COST, DEFAULT_OBJECTIVE, TTFT, Objective
-from .affinity import Affinity, Turn, cache_discount, keeps
+from .affinity import (
+    Affinity,
+    FirstBytes,
+    Held,
+    Turn,
+    Verdict,
+    cache_discount,
+    keeps,
+    warm_refused,
+)
 from .chain import (
     Candidate,
     Resolution,
@@ -40,6 +49,7 @@ from .exhaustion import (
     exhaustion,
     soonest_reset,
 )
+from .gossiped import Gossiped
 from .keys import (
     KeyGates,
     Refusal,
@@ -48,10 +58,10 @@ from .keys import (
     key_route,
     split_key_route,
 )
-from .peers import Merged, Peers, PeerState, merged_stats
+from .peers import Peers, merged_stats
 from .ranked import MeshServes as MeshServes  # re-exported: its importers by the old path
+from .ranked import Ranked, by_price, by_score, chain_view, has_caps, move_first
 from .ranked import Scored as Scored
-from .ranked import by_price, by_score, has_caps, move_first
 from .scoring import (
     PRIORITY,
     STRATEGY_WEIGHTS,
@@ -94,7 +104,7 @@ class StateRestoreError(MeshRouteError, ValueError):
     """Stored state does not have the shape `snapshot()` writes."""
 
 
-class ProviderRouter:
+class ProviderRouter(Gossiped):
     """Ranks provider and mesh routes on the same axes and gates provider keys."""
 
     def __init__(self, cfg: ProvidersConfig, gates: KeyGates | None = None,
@@ -106,6 +116,7 @@ class ProviderRouter:
         self._stats_dirty: set[str] = set()
         self.peers: Peers | None = None  # gossiping trackers' reports (core/providers/peers)
         self.affinity = Affinity()  # conversations' warm routes and keys (issue 35)
+        self.first_bytes = FirstBytes()  # what a cache hit saves per provider route
 
     def resolve(self, model: str, mesh_models: Collection[str]) -> Resolution:
         return resolve(self.cfg, model, mesh_models)
@@ -128,12 +139,15 @@ class ProviderRouter:
 
     def score(self, candidate: Candidate, strategy: str, now: float,
               rng: random.Random | None = None,
-              objective: Objective = DEFAULT_OBJECTIVE, warm_share: float = 0.0) -> Scored:
+              objective: Objective = DEFAULT_OBJECTIVE,
+              turn: tuple[int, int] | None = None) -> Scored:
         """All axes of one route; reliability is a Thompson draw when `rng` is given (never
         under `priority`: its axes are shown, not ranked by, so no draw is spent). The
         `ttft` objective scores the first-token axis alone beside reliability; `cost` the
         COST_TIES strategy, which breaks ties of price (`rank` sorts by price first).
-        `warm_share`: the prompt's share in this route's cache, read at `price_cached_in`."""
+        `turn`: (prompt tokens, of them in this route's cache): the cached share is read at
+        `price_cached_in`, and a provider route's first byte is expected at the turn's
+        uncached tokens (affinity.FirstBytes)."""
         if strategy == PRIORITY:
             rng = None
         st = self.stats.get(candidate.route)
@@ -141,15 +155,19 @@ class ProviderRouter:
             st = merged_stats(st, self.peers.stats(candidate.route), now)
         if st is None:
             st = RouteStats()
+        ttfb_ms, warm_share = st.ttfb_ms, 0.0
+        if turn is not None and candidate.is_provider:
+            ttfb_ms = self.first_bytes.expected_ms(candidate.route, ttfb_ms, *turn)
+            warm_share = min(turn[1] / turn[0], 1.0) if turn[0] > 0 else 0.0
         reliability = (expected_reliability(st.ok, st.fail) if rng is None
                        else sample_reliability(st.ok, st.fail, rng))
         first_token = objective == TTFT and strategy != PRIORITY
         if first_token:
-            speed = (first_token_score(st.ttfb_ms) if rng is None
-                     else sample_first_token(st.ttfb_ms, st.ok, rng))
+            speed = (first_token_score(ttfb_ms) if rng is None
+                     else sample_first_token(ttfb_ms, st.ok, rng))
         else:
-            speed = (speed_score(st.tokens_per_s, st.ttfb_ms) if rng is None
-                     else sample_speed(st.tokens_per_s, st.ttfb_ms, st.ok, rng))
+            speed = (speed_score(st.tokens_per_s, ttfb_ms) if rng is None
+                     else sample_speed(st.tokens_per_s, ttfb_ms, st.ok, rng))
         intelligence = intelligence_score(candidate.tier)
         model = candidate.model
         price = price_score(cache_discount(model.price_in, model.price_cached_in, warm_share),
@@ -172,9 +190,10 @@ class ProviderRouter:
              pinned: str | None = None, session: str | None = None,
              tokens: int = 0, needs: frozenset[str] = NO_NEEDS,
              mesh_serves: MeshServes | None = None,
-             objective: Objective = DEFAULT_OBJECTIVE, turn: Turn | None = None) -> list[Scored]:
+             objective: Objective = DEFAULT_OBJECTIVE, turn: Turn | None = None) -> Ranked:
         """The order to try routes in: by score, then the conversation's warm route (unless
-        clearly worse: affinity.py), the session's route, then the pin first.
+        another is better by more than its cache saves: `_keeps`), the session's route, then
+        the pin first; its `affinity` says what became of the warm route (Verdict).
         With `needs`, only the routes having those capabilities (`mesh_serves` says it for a
         mesh model; without it a mesh model's own router decides).
 
@@ -198,26 +217,30 @@ class ProviderRouter:
             if pin is not None and not has_caps(pin, needs, mesh_serves):
                 raise UnsupportedCapabilityError(pinned or res.model, needs)
             candidates = [c for c in candidates if has_caps(c, needs, mesh_serves)]
-        held = self.affinity.warm(turn, now) if res.strategy != PRIORITY else None
-        ranked = [self.score(c, res.strategy, now, rng, objective, held.warm_share(
-            turn.prompt_tokens) if held and turn and c.route == held.route else 0.0)
-            for c in candidates]
+        held, verdict = self.warm(turn, now) if res.strategy != PRIORITY else (None, None)
+        if held is not None and (refused := warm_refused(
+                self.gates, held, candidates, tokens, now)):
+            held, verdict = None, refused
+        ranked = [self.score(c, res.strategy, now, rng, objective, (turn.prompt_tokens, min(
+            held.tokens, turn.prompt_tokens)) if held and turn and c.route == held.route
+            else None) for c in candidates]
         if res.strategy == PRIORITY:
-            return move_first(ranked, pinned)
+            return Ranked(move_first(ranked, pinned))
         if objective == COST:
             ranked.sort(key=by_price)
-            return move_first(ranked, pinned)
-        ranked.sort(key=by_score)
-        if held is not None and self._usable(held.route, ranked, tokens, now) and keeps(
-                next(s.score for s in ranked if s.candidate.route == held.route),
-                ranked[0].score):
-            ranked = move_first(ranked, held.route)
-        sticky = self.sessions.get(session, now)
+        else:
+            ranked.sort(key=by_score)
+        if held is not None and turn is not None:
+            kept = (ranked[0].candidate.route == held.route if objective == COST
+                    else self._keeps(held, turn, candidates, res.strategy, now, objective))
+            ranked = move_first(ranked, held.route) if kept else ranked
+            verdict = Verdict.KEPT if kept else Verdict.WORSE
+        sticky = self.sessions.get(session, now) if objective != COST else None
         if sticky is not None and not self._usable(sticky, ranked, tokens, now):
             sticky = None
         for first in (sticky, pinned):  # the pin ends up in front of the session's route
             ranked = move_first(ranked, first)
-        return ranked
+        return Ranked(ranked, verdict)
 
     # -- taking a route -------------------------------------------------------------------
 
@@ -260,12 +283,15 @@ class ProviderRouter:
                reason: str | None = None, used_tokens: int | None = None,
                tokens_per_s: float | None = None, ttfb_ms: float | None = None,
                retry_after_s: float | None = None, session: str | None = None,
-               turn: Turn | None = None) -> PassedOver | None:
+               turn: Turn | None = None, prompt_tokens: int | None = None,
+               cached_tokens: int = 0) -> PassedOver | None:
         """Fold an attempt's outcome in; the PassedOver to report when the route failed.
 
         `reason` (`http_5xx`, `timeout`, `connect`, or `context` for an upstream's
         context-length refusal, which counts as a client error) names a failure; a 429 is
-        `http_429` by itself. `used_tokens` is `usage.total_tokens` when the upstream said.
+        `http_429` by itself. `used_tokens` is `usage.total_tokens` when the upstream said;
+        `prompt_tokens` and `cached_tokens` its prompt's (else the turn's estimate) and the
+        part it read from its cache: what a cache hit saves is learned from them.
         """
         route = attempt.route
         stats = self.stats.setdefault(attempt.candidate.route, RouteStats())
@@ -282,9 +308,13 @@ class ProviderRouter:
                                                 retry_after_s, now)
             elif kind is OutcomeKind.SUCCESS:
                 self.gates.succeeded(attempt.candidate.route, attempt.key)
-                provider = attempt.candidate.provider
-                self.affinity.served(turn, attempt.candidate.route, attempt.key, now,
-                                     provider.cache_ttl_s if provider else 0.0)
+                if ttfb_ms is not None:
+                    self.first_bytes.add(attempt.candidate.route, prompt_tokens or (
+                        turn.prompt_tokens if turn else 0), cached_tokens, ttfb_ms)
+                c, p = attempt.candidate, attempt.candidate.provider
+                keys, ttl = (len(p.keys), p.cache_ttl_s) if p else (0, 0.0)
+                self.affinity.served(turn, c.route, attempt.key, now, ttl, bool(
+                    turn and keys and self.moved(turn, c.route, attempt.key, keys)))
         if kind is OutcomeKind.SUCCESS:
             self.sessions.served(session, attempt.candidate.route, now)
             return None
@@ -359,48 +389,10 @@ class ProviderRouter:
 
     def chain_view(self, res: Resolution, now: float,
                    objective: Objective = DEFAULT_OBJECTIVE) -> dict[str, Any]:
-        """`GET /v1/routing/chain`: the order a request (with `objective`) would try now, on
-        expected values; `position` is each route's 1-based place in the chain as written
-        (`score` is None under `priority`, which tries routes by it)."""
-        positions = {c.route: i for i, c in enumerate(res.candidates, 1)}
-        chain = []
-        for s in self.rank(res, now, objective=objective):
-            c = s.candidate
-            keys = (self.gates.key_states(c.provider, c.model, now)
-                    if c.provider is not None and c.model is not None else [])
-            chain.append({"route": c.route, "kind": "provider" if c.is_provider else "mesh",
-                          "position": positions[c.route], "score": s.score,
-                          "reliability": s.reliability, "speed": s.speed,
-                          "intelligence": s.intelligence, "price": s.price,
-                          "headroom": s.headroom, "rate_limit": s.rate_limit, "keys": keys})
-        return {"model": res.model, "strategy": res.strategy, "objective": objective,
-                "chain": chain}
-
-    def report(self, now: float) -> PeerState:
-        """What this tracker tells its gossip peers of its provider routes and keys (its key
-        gates only when they take peers' reports in: a shared store counts them already)."""
-        state = self.gates.report(now) if self.gates.peers is not None else PeerState(now)
-        stats = {name: s for name, s in self.stats.items() if self.cfg.split_route(name)}
-        return PeerState(state.t, stats, state.cooldowns, state.revoked, state.clears,
-                         state.usage)
-
-    def merge_peer(self, origin: str, state: PeerState, now: float) -> bool:
-        """A gossip peer's own report (the newest per origin is kept); whether it was taken."""
-        return self.peers is not None and self.peers.merge(origin, state, now)
-
-    def relayed(self, now: float) -> dict[str, PeerState]:
-        """The newest report of every other origin this tracker holds, to pass on."""
-        if self.peers is None:
-            return {}
-        self.peers.prune(now)
-        return dict(self.peers.states)
-
-    def merge_reports(self, sender: str, reports: Mapping[str, PeerState], now: float, *,
-                      own: str, relay: bool) -> Merged:
-        """A peer's reports, last writer wins per origin (core/providers/peers.py)."""
-        if self.peers is None:
-            return Merged(ignored=len(reports))
-        return self.peers.merge_all(reports, now, sender=sender, own=own, relay=relay)
+        """`GET /v1/routing/chain`: the order a request (with `objective`) would try now
+        (ranked.chain_view)."""
+        return chain_view(res, self.rank(res, now, objective=objective), self.gates, now,
+                          objective)
 
     # -- persistence ----------------------------------------------------------------------
 
@@ -431,6 +423,17 @@ class ProviderRouter:
         least = min(self.gates.month_tokens(candidate.route, k, now)
                     for k in range(1, len(provider.keys) + 1))
         return headroom_factor(least, model.monthly_tokens)  # falls as usage rises
+
+    def _keeps(self, held: Held, turn: Turn, candidates: list[Candidate], strategy: str,
+               now: float, objective: Objective) -> bool:
+        """Whether the warm route's expected score, with its cache's saving in first-byte time
+        (learned) and price priced in, is at least every other route's (affinity.keeps)."""
+        warm = (turn.prompt_tokens, min(held.tokens, turn.prompt_tokens))
+        scores = {c.route: self.score(c, strategy, now, None, objective, warm if c.route ==
+                                      held.route else (turn.prompt_tokens, 0)).score
+                  for c in candidates}
+        own = scores.pop(held.route, None)
+        return keeps(own, max((v for v in scores.values() if v is not None), default=None))
 
     def _usable(self, route: str, ranked: list[Scored], tokens: int, now: float) -> bool:
         """A session's route is usable while it is a candidate and one of its keys passes."""
