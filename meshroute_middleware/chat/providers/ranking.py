@@ -111,9 +111,10 @@ class ProviderRanking:
     async def going_on(self, after: ChainAttempt,
                        keep: Callable[[Candidate], bool]) -> ChainAttempt | None:
         """The route to continue a stream `after` broke off (chat/failover.py): another key of
-        its candidate, else the next ranked candidate `keep` accepts; None when none."""
-        got = await self._take(after.candidate, skip=after.key) if keep(after.candidate) \
-            else None
+        its provider candidate, else the next ranked candidate `keep` accepts; None when none
+        (a mesh entry tried its model's routes itself)."""
+        again = after.candidate.is_provider and keep(after.candidate)
+        got = await self._take(after.candidate, skip=after.key) if again else None
         for c in self._ranked if got is None else ():
             if keep(c) and (got := await self._take(c)) is not None:
                 break
