@@ -19,10 +19,12 @@ What each engine is read for (docs/architecture.md, "What a node agent reads"):
   `vllm:gpu_prefix_cache_*`, or V0's gauge `vllm:gpu_prefix_cache_hit_rate`),
   `vllm:cache_config_info`'s `enable_prefix_caching` label, and the decode histogram
   `vllm:inter_token_latency_seconds` (the older `vllm:time_per_output_token_seconds`);
-- SGLang `/metrics` (`--enable-metrics`): `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
-  `sglang:token_usage`, `sglang:cache_hit_rate`, `sglang:max_running_requests` where exported,
-  and the decode histogram `sglang:inter_token_latency_seconds` (the older
-  `sglang:time_per_output_token_seconds`);
+- SGLang `/metrics` (`--enable-metrics`): `sglang:num_running_reqs`, `sglang:num_queue_reqs`
+  (with priority scheduling their priority="" series, the total), `sglang:token_usage`, the
+  prefill counters `sglang:prefill_effective_tokens_total` by `mode` (hits and input tokens;
+  where not exported, the gauge `sglang:cache_hit_rate`, the last prefill batch's rate),
+  `sglang:max_running_requests` where exported, and the decode histogram
+  `sglang:inter_token_latency_seconds` (the older `sglang:time_per_output_token_seconds`);
 - TGI `/metrics`: `tgi_queue_size`, `tgi_batch_current_size`, and
   `tgi_request_mean_time_per_token_duration` (a histogram of each request's mean).
 
