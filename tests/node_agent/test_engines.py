@@ -234,3 +234,12 @@ def test_captured_vllm_with_prefix_caching_off() -> None:
     got = vllm_reading(page("vllm_capture_caching_off.txt"))
     assert got.caching_off and got.cache == Counters(0.0, 0.0)
     assert through_reader("vllm_capture_caching_off.txt").cache_prior() == CachePrior(0.0)
+
+
+def test_captured_vllm_with_two_engines_sums_counts_and_averages_usage() -> None:
+    got = vllm_reading(page("vllm_capture_two_engines.txt"))  # --data-parallel-size 2
+    assert (got.running, got.waiting) == (3 + 2, 2 + 0)
+    assert got.kv_cache_usage == pytest.approx((0.1131591796875 + 0.074462890625) / 2)
+    assert got.cache == Counters(0.0 + 2224.0, 3648.0 + 2400.0)
+    assert got.decode == Counters(57.0 + 38.0, pytest.approx(1.425 + 0.95))
+    assert not got.caching_off  # cache_config_info: one series per engine, both "True"
