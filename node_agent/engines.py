@@ -19,10 +19,12 @@ What each engine is read for (docs/architecture.md, "What a node agent reads"):
   `vllm:gpu_prefix_cache_*`, or V0's gauge `vllm:gpu_prefix_cache_hit_rate`),
   `vllm:cache_config_info`'s `enable_prefix_caching` label, and the decode histogram
   `vllm:inter_token_latency_seconds` (the older `vllm:time_per_output_token_seconds`);
-- SGLang `/metrics` (`--enable-metrics`): `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
-  `sglang:token_usage`, `sglang:cache_hit_rate`, `sglang:max_running_requests` where exported,
-  and the decode histogram `sglang:inter_token_latency_seconds` (the older
-  `sglang:time_per_output_token_seconds`);
+- SGLang `/metrics` (`--enable-metrics`): `sglang:num_running_reqs`, `sglang:num_queue_reqs`
+  (with priority scheduling their priority="" series, the total), `sglang:token_usage`, the
+  prefill counters `sglang:prefill_effective_tokens_total` by `mode` (hits and input tokens;
+  where not exported, the gauge `sglang:cache_hit_rate`, the last prefill batch's rate),
+  `sglang:max_running_requests` where exported, and the decode histogram
+  `sglang:inter_token_latency_seconds` (the older `sglang:time_per_output_token_seconds`);
 - TGI `/metrics`: `tgi_queue_size`, `tgi_batch_current_size`, and
   `tgi_request_mean_time_per_token_duration` (a histogram of each request's mean).
 
@@ -52,14 +54,22 @@ class LoadFormatError(MeshRouteError, ValueError):
     """A page that is not the metrics, slots or props document it claims to be."""
 
 
+# Labels whose values split one metric into parts the readers tell apart: SGLang's
+# `mode` (its prefill counters' input and hit tokens) and `priority` (with priority
+# scheduling its request gauges carry the total under priority="" beside each priority's).
+SPLIT_LABELS = ("mode", "priority")
+
+
 class MetricsPage(NamedTuple):
     """A Prometheus page: values summed over label sets (a server's requests are the sum of
-    its engines'), averaged (a fraction such as a cache usage is not summed), and the first
-    label set of each name (an info metric's labels)."""
+    its engines'), averaged (a fraction such as a cache usage is not summed), the first
+    label set of each name (an info metric's labels), and the sums by (name, label, value)
+    of the SPLIT_LABELS."""
 
     sums: Metrics
     means: Metrics
     labels: dict[str, dict[str, str]]
+    parts: dict[tuple[str, str, str], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,7 @@ def read_metrics(text: str) -> MetricsPage:
     sums: Metrics = {}
     counts: dict[str, int] = {}
     labels: dict[str, dict[str, str]] = {}
+    parts: dict[tuple[str, str, str], float] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -110,8 +121,14 @@ def read_metrics(text: str) -> MetricsPage:
         counts[name] = counts.get(name, 0) + 1
         if name not in labels:
             labels[name] = dict(_LABEL.findall(label_text))
+        if any(f'{label}="' in label_text for label in SPLIT_LABELS):
+            found = dict(_LABEL.findall(label_text))
+            for label in SPLIT_LABELS:
+                if label in found:
+                    key = (name, label, found[label])
+                    parts[key] = parts.get(key, 0.0) + value
     means = {name: total / counts[name] for name, total in sums.items()}
-    return MetricsPage(sums, means, labels)
+    return MetricsPage(sums, means, labels, parts)
 
 
 def parse_prometheus(text: str) -> Metrics:
@@ -194,17 +211,46 @@ def vllm_reading(page: MetricsPage) -> EngineReading:
         refused=tuple(refused))
 
 
+# SGLang's prefill counters (prompt tokens, by `mode`: "input" computed, "device_hit",
+# "host_hit", "storage_hit" found cached), pre-seeded at 0 for every mode; its docs give the
+# windowed hit rate as the hits' rate over all modes' (sglang 0.5.23,
+# srt/observability/metrics_collector.py). Its gauge `sglang:cache_hit_rate` is the last
+# prefill batch's rate only: read where the counters are not exported (older releases).
+SGLANG_PREFILL_COUNTER = "sglang:prefill_effective_tokens_total"
+
+
+def _requests(page: MetricsPage, name: str) -> int:
+    """A request gauge's total: with priority scheduling SGLang exports it under
+    priority="" beside each priority's share, which summing would count twice."""
+    total = page.parts.get((name, "priority", ""))
+    return _count({name: total} if total is not None else page.sums, name)
+
+
+def _sglang_cache(page: MetricsPage) -> Counters | None:
+    """(hit, queried) prompt tokens from SGLang's prefill counters; None if not exported."""
+    modes = {value: count for (name, label, value), count in page.parts.items()
+             if name == SGLANG_PREFILL_COUNTER and label == "mode"}
+    if "input" not in modes:
+        return None
+    hits = sum(count for mode, count in modes.items() if mode.endswith("_hit"))
+    return Counters(hits, hits + modes["input"])
+
+
 def sglang_reading(page: MetricsPage) -> EngineReading:
     """SGLang's /metrics."""
     m = page.sums
     slots = m.get("sglang:max_running_requests")
+    cache = _sglang_cache(page)
     refused: list[str] = []
     return EngineReading(
-        "sglang", _count(m, "sglang:num_running_reqs"), _count(m, "sglang:num_queue_reqs"),
+        "sglang", _requests(page, "sglang:num_running_reqs"),
+        _requests(page, "sglang:num_queue_reqs"),
         slots=None if slots is None else int(page.means["sglang:max_running_requests"]),
         decode=_histogram(m, "sglang:inter_token_latency_seconds",
                           "sglang:time_per_output_token_seconds"),
-        cache_hit_gauge=_positive(_fraction(page.means, refused, "sglang:cache_hit_rate")),
+        cache=cache,
+        cache_hit_gauge=None if cache is not None else _positive(
+            _fraction(page.means, refused, "sglang:cache_hit_rate")),
         kv_cache_usage=_fraction(page.means, refused, "sglang:token_usage"),
         refused=tuple(refused))
 

@@ -1,5 +1,6 @@
 """Each engine's pages read into one reading: llama.cpp's captured from a real server
-(fixtures/llamacpp_real), vLLM's and SGLang's written from their documented metrics."""
+(fixtures/llamacpp_real); vLLM's and SGLang's exposed by the engines' own metrics code fed a
+simulated scheduler (fixtures/*_capture_*.txt), and older ones written from their docs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from meshroute_middleware.core.cache_prior import CachePrior
 from node_agent.engines import (
     EngineReading,
     LoadFormatError,
@@ -20,6 +22,7 @@ from node_agent.engines import (
     tgi_reading,
     vllm_reading,
 )
+from node_agent.load import LoadReader
 from node_agent.windows import Counters
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -150,3 +153,93 @@ def test_pages_that_are_not_what_they_claim() -> None:
         llamacpp_reading(None, {"slots": 4})
     with pytest.raises(LoadFormatError):
         llamacpp_reading(None, None, [1, 2])
+
+
+# Pages the engines' own metrics code exposed (vLLM 0.33.0, SGLang 0.5.23), fed by a
+# simulated scheduler: fixtures/capture_engines.py, docs/benchmarks/captures.md.
+
+def through_reader(*names: str) -> LoadReader:
+    reader = LoadReader("http://127.0.0.1:1/v1", "auto", 10.0)
+    for name in names:
+        reader.take(page(name))
+    return reader
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_captured_busy_page_running_waiting_usage_and_counters(engine: str) -> None:
+    got = {"vllm": vllm_reading, "sglang": sglang_reading}[engine](
+        page(f"{engine}_capture_busy.txt"))
+    # 3 running (the batch), 3 waiting; 180 tokens decoded at 0.025 s each; the prefix
+    # cache found 1,104 of 6,112 queried prompt tokens; no slot count on either page
+    assert (got.running, got.waiting, got.slots) == (3, 3, None)
+    assert got.decode == Counters(180.0, pytest.approx(4.5))
+    assert got.cache == Counters(1104.0, 6112.0) and got.cache_hit_gauge is None
+    assert got.kv_cache_usage == pytest.approx(0.11575, abs=1e-5) and not got.caching_off
+    assert got.context_tokens is None and got.refused == ()
+
+
+def test_sglang_with_priority_scheduling_counts_its_requests_once() -> None:
+    text = (FIXTURES / "sglang_capture_busy.txt").read_text()
+    assert 'sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen2.5-0.5B-' \
+           'Instruct",moe_ep_rank="0",pp_rank="0",priority="0",tp_rank="0"} 3.0' in text
+    got = read_metrics(text)
+    assert got.sums["sglang:num_running_reqs"] == 6.0  # the total and priority 0's share
+    assert got.parts[("sglang:num_running_reqs", "priority", "")] == 3.0
+    assert sglang_reading(got).running == 3
+
+
+def test_sglangs_last_batch_gauge_is_read_only_without_its_counters() -> None:
+    text = (FIXTURES / "sglang_capture_idle.txt").read_text()
+    assert sglang_reading(read_metrics(text)).cache_hit_gauge is None  # the gauge says 0.9
+    older = "\n".join(line for line in text.splitlines()
+                      if "prefill_effective_tokens" not in line)
+    assert sglang_reading(read_metrics(older)).cache_hit_gauge == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_captured_pages_through_the_reader(engine: str) -> None:
+    reader = through_reader(f"{engine}_capture_busy.txt")
+    assert reader.source == engine and reader.held() == 6
+    assert reader.announcement() == (3, pytest.approx(40.0))
+    assert reader.cache_prior() == CachePrior(pytest.approx(1104 / 6112))
+    reader.take(page(f"{engine}_capture_later.txt"))
+    # the hit rate of the window between the pages: 3,408 of 3,744 queried tokens
+    assert reader.cache_prior() == CachePrior(pytest.approx(3408 / 3744))
+    assert reader.announcement() == (0, pytest.approx(40.0)) and reader.held() == 1
+    reader.take(page(f"{engine}_capture_idle.txt"))  # 9 tokens more, nothing queried
+    assert reader.announcement() == (0, pytest.approx(40.0)) and reader.held() == 0
+    assert reader.cache_prior() == CachePrior(pytest.approx(3408 / 3744))
+    assert reader.slot_count() is None and reader.rejected == 0
+    assert reader.latest is not None and reader.latest.kv_cache_usage == 0.0
+
+
+def test_an_idle_first_page_claims_only_what_its_counters_say() -> None:
+    reader = through_reader("vllm_capture_idle.txt")
+    assert reader.held() == 0 and reader.slot_count() is None
+    assert reader.cache_prior() == CachePrior(pytest.approx(4512 / 9856))  # its history
+    assert reader.announcement() == (0, pytest.approx(40.0))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_captured_restart_drops_the_hit_rate_and_keeps_the_speed(engine: str) -> None:
+    reader = through_reader(f"{engine}_capture_later.txt", f"{engine}_capture_restarted.txt")
+    assert reader.speed.restarts == 1 and reader.hits.restarts == 1
+    # the new process: 19 tokens (below a window), 1,184 cold prompt tokens (no hit): no
+    # negative rate, the old process's hit rate gone, its speed kept (the same machine)
+    assert reader.announcement() == (0, pytest.approx(40.0)) and reader.held() == 1
+    assert reader.cache_prior() is None
+
+
+def test_captured_vllm_with_prefix_caching_off() -> None:
+    got = vllm_reading(page("vllm_capture_caching_off.txt"))
+    assert got.caching_off and got.cache == Counters(0.0, 0.0)
+    assert through_reader("vllm_capture_caching_off.txt").cache_prior() == CachePrior(0.0)
+
+
+def test_captured_vllm_with_two_engines_sums_counts_and_averages_usage() -> None:
+    got = vllm_reading(page("vllm_capture_two_engines.txt"))  # --data-parallel-size 2
+    assert (got.running, got.waiting) == (3 + 2, 2 + 0)
+    assert got.kv_cache_usage == pytest.approx((0.1131591796875 + 0.074462890625) / 2)
+    assert got.cache == Counters(0.0 + 2224.0, 3648.0 + 2400.0)
+    assert got.decode == Counters(57.0 + 38.0, pytest.approx(1.425 + 0.95))
+    assert not got.caching_off  # cache_config_info: one series per engine, both "True"
