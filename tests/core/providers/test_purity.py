@@ -11,7 +11,10 @@ import meshroute_middleware.core.providers as package
 
 ALLOWED = {"__future__", "collections", "collections.abc", "dataclasses", "datetime",
            "email.utils", "enum", "functools", "math", "random", "re", "typing"}
-CORE_ALLOWED = {"errors", "capabilities", "aliases", "objectives", "defaults"}
+# ... and the mesh's prefill fit (stdlib arithmetic only): affinity learns what a provider's
+# cache hit saves by the same rule (one rule, issue 35), not a copy of it
+CORE_ALLOWED = {"errors", "capabilities", "aliases", "objectives", "defaults",
+                "policies.prefill"}
 MODULES = sorted(Path(package.__file__).parent.glob("*.py"))
 
 
