@@ -206,8 +206,15 @@ def main() -> int:
     parser.add_argument("--gc", choices=("default", "settled"), default="default",
                         help="settled: the collector as `meshroute serve --gc python` sets "
                         "it (start-up heap frozen, full collections rarer)")
+    parser.add_argument("--stepped-timings", action="store_true",
+                        help="time.perf_counter steps 1 ms per call, as in the instruction "
+                        "counts (forward_instructions.fixed_clocks): the upstream speeds the "
+                        "policy learns from follow the code run, not the machine")
     parser.add_argument("--json", default=str(ROOT / "benchmarks/results/overhead.json"))
     args = parser.parse_args()
+    if args.stepped_timings:
+        from benchmarks.forward_instructions import fixed_clocks
+        fixed_clocks()
     res, keyed = asyncio.run(measure(args.requests, args.rounds, args.clock, args.gc))
     what = "CPU time" if args.clock == "cpu" else "wall time"
     print(f"\nclock: {what} of this process (--clock {args.clock}); --gc {args.gc}")

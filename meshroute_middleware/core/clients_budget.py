@@ -241,10 +241,9 @@ class ClientGates:
             row = self._clients[name]
             row.roll(now)
             win = row.window
-            clients.append({
-                "name": name, "key": 0, "requests": sorted([b, n] for b, n in
-                                                           win.requests.items()),
-                "tokens": sorted([b, n] for b, n in win.tokens.items()), "day": win.day,
+            clients.append({  # the minute's buckets listed in C (up to 61 each)
+                "name": name, "key": 0, "requests": sorted(map(list, win.requests.items())),
+                "tokens": sorted(map(list, win.tokens.items())), "day": win.day,
                 "day_requests": win.day_requests, "day_tokens": win.day_tokens,
                 "inflight": [[i, n, at] for i, (n, at) in win.inflight.items()],
                 "inflight_usd": [[i, usd] for i, usd in row.inflight_usd.items()],
