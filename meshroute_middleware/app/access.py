@@ -47,14 +47,13 @@ class AccessRecord:
     stream (tests/chat/test_stream_footprint.py counts them)."""
 
     __slots__ = ("_receive", "_send", "attempts", "body", "clock", "completion_tokens", "cut",
-                 "error", "logged", "meter", "prompt_tokens", "route", "start", "state",
+                 "error", "meter", "prompt_tokens", "route", "start", "state",
                  "status", "ttfb_ms")
 
     def __init__(self, state: dict[str, Any], receive: Receive, send: Send,
-                 clock: Callable[[], float], logged: bool = True) -> None:
+                 clock: Callable[[], float]) -> None:
         self.state = state  # the scope's: the client, once authenticated
         self._receive, self._send, self.clock = receive, send, clock
-        self.logged = logged  # a line will be written (else no body head, no meter)
         self.start = clock()
         self.body = b""  # the request body's head, as it arrived (its `model`)
         self.cut = False  # whether the body went on past _MAX_MODEL_BODY
@@ -123,7 +122,7 @@ class AccessRecord:
             self.attempts = 1
         if self.status >= 400:
             self.error = bytearray()
-        elif self.logged and self.client() is None:  # a client's come from AccessCounters
+        elif self.client() is None:  # a client's come from AccessCounters
             self.meter = TokenMeter(streaming=is_sse(headers))
 
     def _error(self) -> dict[str, Any]:
@@ -144,6 +143,28 @@ class AccessRecord:
     def error_message(self) -> str:
         message = self._error().get("message")
         return message if isinstance(message, str) else ""
+
+
+class QuietRecord(AccessRecord):
+    """A request's record with the log off (kept for its events' `client` and a client
+    refusal's `rejected` event): it reads the answer's status, and an error answer's body,
+    and nothing else (the line's route, attempts, first byte and tokens go unread)."""
+
+    __slots__ = ()
+
+    def __init__(self, state: dict[str, Any], send: Send) -> None:
+        self.state, self._send = state, send
+        self.status = 0
+        self.error = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            if self.status == 429:  # the one status a client refusal has
+                self.error = bytearray()
+        elif self.error is not None and len(self.error) < _MAX_ERROR_BODY:
+            self.error += message.get("body", b"")
+        await self._send(message)
 
 
 ACCESS: ContextVar[AccessRecord | None] = ContextVar("meshroute_access", default=None)
@@ -206,7 +227,8 @@ class AccessLog:
         state = scope.get("state")
         if not isinstance(state, dict):
             scope["state"] = state = {}
-        record = AccessRecord(state, receive, send, self.clock, logged)
+        record = (AccessRecord(state, receive, send, self.clock) if logged
+                  else QuietRecord(state, send))
         token = ACCESS.set(record)
         try:  # the body's head is kept for the line's `model` only
             await self.app(scope, record.receive if logged else receive, record)
@@ -215,16 +237,17 @@ class AccessLog:
             self._done(scope, record, logged)
 
     def _done(self, scope: Scope, record: AccessRecord, logged: bool) -> None:
-        client, code = record.client(), record.error_code()
+        code = record.error_code() if record.error else None
         if record.status == 429 and code in CLIENT_REFUSALS:
             token = ACCESS.set(record)  # the event names the client
             try:
-                self.telemetry.reject("clients",
-                                      f"{client}: {code}: {record.error_message()}", code or "")
+                self.telemetry.reject("clients", f"{record.client()}: {code}: "
+                                      f"{record.error_message()}", code or "")
             finally:
                 ACCESS.reset(token)
         if not logged:
             return
+        client = record.client()
         prompt, completion = record.prompt_tokens, record.completion_tokens
         if completion is None and record.meter is not None and record.status == 200:
             completion, prompt = record.meter.completion_tokens, record.meter.prompt_tokens
