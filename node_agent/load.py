@@ -15,7 +15,8 @@ announces what they mean (docs/architecture.md, "What a node agent reads"):
   its `/slots` list; SGLang `max_running_requests`), core/slot_count.py;
 - `cache_hit` / `cache_tokens` (core/cache_prior.py), only where the engine says something
   that means them: a hit rate from its prefix-cache counters over at least 512 queried
-  prompt tokens (vLLM, llama.cpp), or its own hit-rate gauge (SGLang, vLLM V0), announced
+  prompt tokens (vLLM, llama.cpp, SGLang's `prefill_effective_tokens_total`), or the
+  engine's own hit-rate gauge where it has no counters (older SGLang, vLLM V0), announced
   once a window found hits and dropped at a restart (the new process's cache is empty); 0
   only where the engine says prefix caching is off (vLLM's `cache_config_info`); the tokens
   one slot holds from llama.cpp's context (`n_ctx`).
