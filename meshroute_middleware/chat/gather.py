@@ -88,6 +88,11 @@ class Gathering:
         self._answer: Gathered | None = None  # None: not a stream, passed on as it came
         self._line = b""  # a line not yet whole
 
+    @property
+    def client(self) -> Send:
+        """The send the gathered answer goes to."""
+        return self._client
+
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             if is_sse(message.get("headers", ())):

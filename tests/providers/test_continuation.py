@@ -399,6 +399,28 @@ async def test_a_chains_mesh_entry_of_the_same_model_continues_a_provider_stream
                                                  "big-model|n1[0-39]"]
 
 
+async def test_a_chains_mesh_entry_continues_a_provider_answer_not_streamed() -> None:
+    """The same without streaming: the answer is gathered (chat/gather.py) on its way to the
+    mesh entry, which reads the client's status under the gathering (it asserted a bare
+    TallySend: a 500 and the mesh route's decision left open)."""
+    first, node_head = ChatUpstream(), ChatUpstream(die_after=None)
+    head = "http://127.0.0.1:9104"
+    config = doc(keys=1, chain=("fastco/big-model", "big-model"))
+    config["mesh"] = {"big-model": {"tier": "large"}}
+    async with gateway(config, {FAST: first, head: node_head}) as (gw, client):
+        gw.mesh.upsert_raw({"node_id": "n1", "model": "big-model", "start": 0, "end": 39,
+                            "layers": 40, "url": head, "tps": 20}, "test")
+        resp = await client.post("/v1/chat/completions", json=chat(model="auto"))
+        routing = (await client.get("/v1/routing")).json()
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert answer["choices"][0]["message"]["content"] == TEXT
+    assert answer["meshroute"]["routes"] == [FIRST, "big-model|n1[0-39]"]
+    assert node_head.seen[0][1]["messages"][-1] == {"role": "assistant", "content": PARTIAL}
+    rows = [r for r in routing.get("routes", []) if r.get("signature", "").startswith("big")]
+    assert all(r.get("in_flight", 0) == 0 for r in rows), rows
+
+
 async def test_a_mesh_route_that_dies_continuing_goes_on_on_the_next_mesh_route() -> None:
     first, dying, last = ChatUpstream(), ChatUpstream(die_after=3), ChatUpstream(die_after=None)
     heads = {"http://127.0.0.1:9104": (dying, 30), "http://127.0.0.1:9105": (last, 10)}

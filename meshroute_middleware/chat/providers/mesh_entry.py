@@ -12,6 +12,7 @@ from meshroute_middleware.chat.attempts import Attempts, Failed, Measurement
 from meshroute_middleware.chat.continuation import can_continue, next_continuing
 from meshroute_middleware.chat.failover import GoingOn
 from meshroute_middleware.chat.forward import ForwardMode
+from meshroute_middleware.chat.gather import Gathering
 from meshroute_middleware.chat.providers.call import failure_reason
 from meshroute_middleware.chat.providers.ranking import ProviderRanking
 from meshroute_middleware.chat.providers.request import ChainRequest
@@ -69,19 +70,21 @@ class MeshEntry:
         ex.req = ChatRequest(_body(payload, model), model, None, bound, kind=kind,
                              inputs=inputs, continues=cr.ex.req.continues,
                              client=cr.ex.req.client)
-        send = ex.send
+        # the client's send, under a gathered answer's (chat/providers/continued.gather_whole)
+        send = ex.send.client if isinstance(ex.send, Gathering) else ex.send
         assert isinstance(send, TallySend)
         sent = time.perf_counter()
-        if going is None:
-            _, failed = await attempts.run(decision, self.forward.attempt, ex)
-        else:  # the model's next routes continue it too (ForwardMode's failover)
-            going_on = json.loads(going.body)
-            body = _body(going_on if clamp_to is None else clamped(going_on, clamp_to), model)
-            try:
+        try:  # the chain's own again after (a provider's failover reads ex.attempts, ex.req)
+            if going is None:
+                _, failed = await attempts.run(decision, self.forward.attempt, ex)
+            else:  # the model's next routes continue it too (ForwardMode's failover)
+                going_on = json.loads(going.body)
+                body = _body(going_on if clamp_to is None else clamped(going_on, clamp_to),
+                             model)
                 _, failed = await attempts.run(decision, self.forward.continuing,
                                                GoingOn(ex, body, going.transcript), hedged=False)
-            finally:
-                ex.attempts, ex.req = saved
+        finally:
+            ex.attempts, ex.req = saved
         if not ex.started:  # nothing was answered with the lowered bound
             cr.tally.clamped = None
         if failed is not None and failed.kind == CONTEXT:  # the node refused the size
