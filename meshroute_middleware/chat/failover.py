@@ -83,21 +83,19 @@ async def fail_over(ex: Exchange, transcript: Transcript, broke: Broke,
     held = None if why or body is None else await reserved(spend, ex, body, broke.chain)
     if held is None:
         why = why or "its client is over a limit"
-    nxt = None if why or body is None else await following()
-    if nxt is None or body is None:
-        if isinstance(held, Metered):
-            await held.close()
-        log.info("meshroute: %s broke off mid-stream (%s); not continued: %s", broke.route,
-                 broke.error, why or "no other route can continue it")
-        return False
-    if splice is None:
-        splice = transcript.splice = Splice(partial, [broke.route])
-    splice.switch(broke.route, broke.error, broke.tokens,
-                  partial.text if echo and ex.req.kind == "chat" else "")
-    transcript.restart()
-    if announce is not None:
-        announce(nxt)
-    try:
+    try:  # the reservation ends however this does (a cut while the next route is chosen)
+        nxt = None if why or body is None else await following()
+        if nxt is None or body is None:
+            log.info("meshroute: %s broke off mid-stream (%s); not continued: %s", broke.route,
+                     broke.error, why or "no other route can continue it")
+            return False
+        if splice is None:
+            splice = transcript.splice = Splice(partial, [broke.route])
+        splice.switch(broke.route, broke.error, broke.tokens,
+                      partial.text if echo and ex.req.kind == "chat" else "")
+        transcript.restart()
+        if announce is not None:
+            announce(nxt)
         _, failed = await attempts.run(nxt, attempt, GoingOn(ex, body, transcript),
                                        hedged=False)
     finally:
