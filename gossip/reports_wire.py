@@ -97,7 +97,8 @@ def _keyed(obj: Any, what: str, leaf: Callable[[Any], T],
         if len(keys) > MAX_REPORT_KEYS:
             raise fail(f"more than {MAX_REPORT_KEYS} keys in {what}")
         for key, value in keys.items():
-            if not isinstance(key, str) or not key.isdigit() or len(key) > 4 or not (
+            if not isinstance(key, str) or not key.isascii() or not key.isdigit() \
+                    or len(key) > 4 or not (
                     low_key <= int(key) <= MAX_REPORT_KEYS):
                 raise fail(f"{what}: a key position must be {low_key}..{MAX_REPORT_KEYS}")
             out[(name, int(key))] = leaf(value)
@@ -143,13 +144,15 @@ def _stats(leaf: Any) -> RouteStats:
                       number(leaf[5], "penalty_at", -math.inf))
 
 
-def _moved(obj: Any) -> dict[int, Moved]:
+def _moved(obj: Any, t: float) -> dict[int, Moved]:
+    """The moved conversations of a report made at `t`: none served after it."""
     moved = as_map(obj, "moved conversations")
     if len(moved) > MAX_REPORT_MOVED:
         raise fail(f"more than {MAX_REPORT_MOVED} moved conversations")
     out: dict[int, Moved] = {}
     for conversation, leaf in moved.items():
-        if not isinstance(conversation, str) or not conversation.isdigit() \
+        if not isinstance(conversation, str) or not conversation.isascii() \
+                or not conversation.isdigit() \
                 or len(conversation) > 20 or int(conversation) >= 2**64:
             raise fail("a conversation must be a 64-bit number")
         if not isinstance(leaf, list) or len(leaf) != 5:
@@ -158,7 +161,7 @@ def _moved(obj: Any) -> dict[int, Moved]:
         if key < 1:
             raise fail(f"a key position must be 1..{MAX_REPORT_KEYS}")
         out[int(conversation)] = (text(leaf[0], "route", MAX_ID_CHARS), key,
-                                  number(leaf[2], "served at", -math.inf),
+                                  number(leaf[2], "served at", -math.inf, t),
                                   integer(leaf[3], "prompt tokens", MAX_COUNT),
                                   number(leaf[4], "cache ttl", 0.0, MAX_TTL_S))
     return out
@@ -171,12 +174,13 @@ def read_report(obj: Any) -> PeerState:
     if len(names) > MAX_REPORT_NAMES:
         raise fail(f"more than {MAX_REPORT_NAMES} routes in statistics")
     stats = {text(n, "route", MAX_ID_CHARS): _stats(v) for n, v in names.items()}
-    return PeerState(number(body.get("t"), "t", -math.inf), stats,
+    t = number(body.get("t"), "t", -math.inf)
+    return PeerState(t, stats,
                      _keyed(body.get("c", {}), "cooldowns", _cooldown),
                      _keyed(body.get("r", {}), "revocations", _revocation),
                      _keyed(body.get("x", {}), "clears",
                             lambda at: number(at, "cleared at", -math.inf), low_key=0),
-                     _keyed(body.get("u", {}), "usage", _usage), _moved(body.get("a", {})))
+                     _keyed(body.get("u", {}), "usage", _usage), _moved(body.get("a", {}), t))
 
 
 def report_items(r: PeerState) -> int:

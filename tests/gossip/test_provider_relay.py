@@ -307,3 +307,15 @@ def test_a_full_store_and_future_reports_are_refused_and_counted() -> None:
     assert merged.applied == MAX_ORIGINS and merged.refused == {STORE_FULL: 3}
     merged = peers.merge_all({"o0": report(now + 3600)}, now, sender="o0", own="C")
     assert merged.refused == {FUTURE: 1} and peers.states["o0"].t == now
+
+
+@pytest.mark.parametrize("moved", [
+    {"²": ["fastco/m", 1, 0.0, 10, 300.0]},  # a Unicode digit: isdigit(), but no int()
+    {"7": ["fastco/m", 1, 1e300, 10, 300.0]},  # served after the report was made
+])
+def test_a_hostile_moved_conversation_is_a_malformed_report(moved: dict[str, object]) -> None:
+    """A peer's moved-conversation entry is checked like every leaf: a key int() cannot read
+    or a time after the report's own is refused as malformed (not a ValueError that stops
+    the exchange, nor a conversation pinned to the peer's choice for ever)."""
+    with pytest.raises(err.MalformedMessage):
+        reports_wire.read_report({"t": 1.0, "a": moved})
