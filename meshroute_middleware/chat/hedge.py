@@ -227,14 +227,18 @@ class Hedge:
         release = await self._reserve()
         if release is None:  # its client is over a limit: no hedge
             return None
-        following = None if decided() else await ranking.next(decision, HEDGED)
-        if following is None or decided():
+        try:  # a cut while the next route is chosen releases the reservation too
+            following = None if decided() else await ranking.next(decision, HEDGED)
+        except BaseException:
+            await release(None)
+            raise
+        # the cap is taken only now (the waits above may have let others spend its credit)
+        if following is None or decided() or not self.hedging.cap.take():
             if following is not None:
                 ranking.cancel(following)
             await release(None)
             return None
         self.releases.append(release)
-        self.hedging.cap.take()
         if hasattr(following, "mode"):
             following.mode = HEDGE
         attempts.opened(following)
