@@ -82,8 +82,11 @@ def next_record(record: NodeRecord, queue: int, tps: float,
 def min_interval(old: NodeRecord, new: NodeRecord, interval_s: float) -> float:
     """The seconds to keep between publications before `new` may follow `old`: the
     shorter HELD_MIN_INTERVAL_S when only the engine's load changed (`held`, and the
-    `queue` beside it: the waiting requests are part of the load)."""
-    if old.held != new.held and replace(old, held=new.held, queue=new.queue) == new:
+    `queue` beside it: the waiting requests are part of the load; a speed that moved by
+    less than TPS_CHANGE_SHARE is re-measured noise, not a change of its own)."""
+    if old.held != new.held and replace(old, held=new.held, queue=new.queue,
+                                        tps=new.tps) == new \
+            and abs(new.tps - old.tps) <= TPS_CHANGE_SHARE * old.tps:
         return min(interval_s, HELD_MIN_INTERVAL_S)
     return interval_s
 

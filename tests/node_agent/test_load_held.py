@@ -58,6 +58,9 @@ async def test_a_change_of_held_alone_goes_out_within_a_quarter_second() -> None
     assert await announcer.refresh(3, 10.0, held=5)  # the queue moves with it: the load
     assert service.sent[-1].properties[b"hd"] == b"5"
     t[0] += HELD_MIN_INTERVAL_S
+    assert await announcer.refresh(3, 10.4, held=4)  # the speed re-measured within noise
+    assert service.sent[-1].properties[b"hd"] == b"4"
+    t[0] += HELD_MIN_INTERVAL_S
     assert not await announcer.refresh(3, 20.0, held=0)  # more than the load: once a second
     t[0] += UPDATE_MIN_INTERVAL_S
     assert await announcer.refresh(3, 20.0, held=0)
