@@ -57,9 +57,16 @@ class Provider:
             "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
 
     def start(self) -> None:
-        threading.Thread(target=self.server.run, daemon=True).start()
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
         while not self.server.started:
             time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Shut the server down and wait for it (a daemon thread left running while the
+        interpreter exits can end the process with a non-zero status)."""
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
 
 
 def main() -> int:
@@ -96,6 +103,8 @@ def main() -> int:
             print(f"  fastco/big-model#{key['key']}: {key['state']}"
                   + (f" for {until - time.time():.0f} s" if until else ""))
         print("\n".join(fastco.log + slowco.log))
+    fastco.stop()
+    slowco.stop()
     return 0
 
 

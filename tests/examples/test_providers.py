@@ -8,6 +8,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from meshroute_middleware.app.settings import load_settings
 from meshroute_middleware.core.providers.config import parse_providers_config
 
@@ -22,6 +24,9 @@ def test_the_example_config_parses_with_its_fallback_chains() -> None:
     assert [p.name for p in config.profiles] == ["coding"]
 
 
+# both examples' fake providers listen on 127.0.0.1:9101 and :9102 (the example config's
+# base_url): one xdist worker runs them, one after the other
+@pytest.mark.xdist_group("examples-providers-ports")
 def test_the_example_try_runs_the_example_config() -> None:
     out, err = run_example_output("providers/try.py")
     assert "-> 200 route=fastco/big-model#1 tried=fastco/big-model#1" in out
@@ -45,6 +50,7 @@ def test_the_example_clients_append_to_the_example_config(tmp_path: Path) -> Non
         b"mr-demo-ci-key-not-a-real-one-0123").digest()  # the key try_clients.py sends
 
 
+@pytest.mark.xdist_group("examples-providers-ports")
 def test_the_example_try_clients_shows_each_answer() -> None:
     out, err = run_example_output("providers/try_clients.py")
     lines = {" ".join(line.split()[:-1]): line.split()[-1] for line in out.splitlines()
